@@ -1,0 +1,224 @@
+//! The contract between gpu-node-autoscaler and a cloud: the [`CloudProvider`] trait and the
+//! plain data types it speaks in. No cloud SDK lives here, so the planner, the simulator and every
+//! provider crate can depend on it without pulling one in.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How an instance is bought.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacityType {
+    Spot,
+    OnDemand,
+}
+
+impl CapacityType {
+    pub const ALL: [CapacityType; 2] = [CapacityType::Spot, CapacityType::OnDemand];
+
+    /// The spelling used in policies, labels and JSON output: `spot` or `on-demand`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacityType::Spot => "spot",
+            CapacityType::OnDemand => "on-demand",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CapacityType> {
+        match s {
+            "spot" => Some(CapacityType::Spot),
+            "on-demand" => Some(CapacityType::OnDemand),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for CapacityType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who made a GPU, which decides the extended resource its device plugin advertises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuVendor {
+    Nvidia,
+    Amd,
+}
+
+/// The accelerators of an instance type.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// Short model name as the catalog gives it, e.g. `A10G`, `A100`, `T4`.
+    pub model: String,
+    pub vendor: GpuVendor,
+    pub count: u32,
+    /// Memory of ONE GPU.
+    pub memory_mib: u64,
+}
+
+/// The shape of an instance type, independent of zone and capacity type.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceType {
+    pub name: String,
+    pub vcpu: u32,
+    pub memory_mib: u64,
+    pub gpu: Option<GpuInfo>,
+    /// On-demand list price in USD per hour, where the source knows one.
+    pub on_demand_price: Option<f64>,
+}
+
+/// One purchasable thing: instance type × zone × capacity type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OfferingKey {
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: CapacityType,
+}
+
+impl fmt::Display for OfferingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.instance_type, self.zone, self.capacity_type)
+    }
+}
+
+/// An offering with its current price and whether the cloud currently has capacity for it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Offering {
+    pub key: OfferingKey,
+    pub price_per_hour: f64,
+    pub available: bool,
+}
+
+/// Everything a provider can launch: shapes and offerings, unavailable ones included.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Catalog {
+    pub instance_types: Vec<InstanceType>,
+    pub offerings: Vec<Offering>,
+}
+
+impl Catalog {
+    pub fn instance_type(&self, name: &str) -> Option<&InstanceType> {
+        self.instance_types.iter().find(|t| t.name == name)
+    }
+}
+
+/// A request to launch `count` instances for one pool, trying `offerings` in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LaunchRequest {
+    /// Idempotency key: launching twice with the same id never creates more than `count`.
+    pub launch_id: String,
+    pub pool: String,
+    pub count: u32,
+    /// Preferred first; a provider may use any of them but should respect the order.
+    pub offerings: Vec<OfferingKey>,
+    /// Extra tags/labels to put on the instances (cluster, pool and launch id are added by the
+    /// provider from the fields above).
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Lifecycle state of an instance as the cloud reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceState {
+    Pending,
+    Running,
+    ShuttingDown,
+    Terminated,
+}
+
+/// An instance the provider owns for us.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Instance {
+    pub id: String,
+    /// The Kubernetes `spec.providerID` its Node will carry.
+    pub provider_id: String,
+    pub pool: String,
+    pub launch_id: String,
+    pub offering: OfferingKey,
+    pub state: InstanceState,
+    /// Launch time in milliseconds since the Unix epoch.
+    pub launched_at_ms: i64,
+}
+
+/// The outcome of a launch: providers fulfil partially, so both lists may be non-empty.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaunchResult {
+    pub launched: Vec<Instance>,
+    /// Offerings that failed, with why. The caller marks insufficient ones unavailable.
+    pub failures: Vec<(OfferingKey, ProviderError)>,
+}
+
+/// Typed provider errors, so that callers can react without parsing messages.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ProviderError {
+    #[error("insufficient capacity for {offering}")]
+    InsufficientCapacity { offering: OfferingKey },
+    #[error("quota exceeded: {message}")]
+    QuotaExceeded { message: String },
+    #[error("throttled by the cloud API{}", retry_after.map(|d| format!(", retry after {}s", d.as_secs())).unwrap_or_default())]
+    Throttled { retry_after: Option<Duration> },
+    #[error("invalid request: {message}")]
+    InvalidRequest { message: String },
+    #[error("not found: {id}")]
+    NotFound { id: String },
+    #[error("{message}")]
+    Other { message: String },
+}
+
+impl ProviderError {
+    /// A short, stable label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ProviderError::InsufficientCapacity { .. } => "insufficient_capacity",
+            ProviderError::QuotaExceeded { .. } => "quota_exceeded",
+            ProviderError::Throttled { .. } => "throttled",
+            ProviderError::InvalidRequest { .. } => "invalid_request",
+            ProviderError::NotFound { .. } => "not_found",
+            ProviderError::Other { .. } => "other",
+        }
+    }
+}
+
+/// A cloud that can launch and terminate GPU instances for node pools.
+///
+/// Implementations must be safe to call concurrently. `terminate` of an instance that is already
+/// gone succeeds. `list` is the truth after a restart: it returns every instance tagged as ours
+/// for the pool, whatever state the controller lost.
+#[async_trait::async_trait]
+pub trait CloudProvider: Send + Sync {
+    /// A short name, e.g. `aws`, `memory`.
+    fn name(&self) -> &str;
+    /// Every offering the provider knows for the given pools' instance types, unavailable ones
+    /// included.
+    async fn catalog(&self) -> Result<Catalog, ProviderError>;
+    async fn launch(&self, request: &LaunchRequest) -> Result<LaunchResult, ProviderError>;
+    async fn terminate(&self, instance_id: &str) -> Result<(), ProviderError>;
+    async fn list(&self, pool: &str) -> Result<Vec<Instance>, ProviderError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_type_spelling_round_trips() {
+        for ct in CapacityType::ALL {
+            assert_eq!(CapacityType::parse(ct.as_str()), Some(ct));
+        }
+        assert_eq!(CapacityType::parse("ondemand"), None);
+    }
+
+    #[test]
+    fn throttled_message_names_retry_after() {
+        let e = ProviderError::Throttled {
+            retry_after: Some(Duration::from_secs(3)),
+        };
+        assert_eq!(e.to_string(), "throttled by the cloud API, retry after 3s");
+        assert_eq!(e.metric_label(), "throttled");
+    }
+}

@@ -1,0 +1,671 @@
+//! Kubernetes objects (as JSON values, whether from a `kubectl get -o yaml` file or from the API)
+//! into model types. The one place that knows Kubernetes field names; pure and unit-tested.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::model::constraints::{Constraints, Effect, Operator, Requirement, Taint, Term, Toleration};
+use crate::model::labels;
+use crate::model::quantity::parse_quantity;
+use crate::model::resources::{self, GpuShare, Resources, SharedGpu};
+use crate::model::{GangRef, Node, Owner, OwnerKind, Pdb, Pod, PodPhase, PodRef, Snapshot, Time};
+
+// ---- the subset of the Kubernetes schema we read ----
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct Meta {
+    name: String,
+    namespace: Option<String>,
+    uid: String,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    owner_references: Vec<OwnerRef>,
+    creation_timestamp: Option<String>,
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct OwnerRef {
+    api_version: String,
+    kind: String,
+    name: String,
+    uid: String,
+    controller: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodSpec {
+    node_name: Option<String>,
+    node_selector: BTreeMap<String, String>,
+    affinity: Option<Affinity>,
+    tolerations: Vec<RawToleration>,
+    containers: Vec<Container>,
+    init_containers: Vec<Container>,
+    overhead: BTreeMap<String, Value>,
+    priority: Option<i32>,
+    volumes: Vec<Volume>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct Affinity {
+    node_affinity: Option<NodeAffinity>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct NodeAffinity {
+    required_during_scheduling_ignored_during_execution: Option<NodeSelector>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct NodeSelector {
+    node_selector_terms: Vec<SelectorTerm>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct SelectorTerm {
+    match_expressions: Vec<Expr>,
+    match_fields: Vec<Expr>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct Expr {
+    key: String,
+    operator: String,
+    values: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct RawToleration {
+    key: Option<String>,
+    operator: Option<String>,
+    value: Option<String>,
+    effect: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct Container {
+    name: String,
+    resources: ContainerResources,
+    restart_policy: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ContainerResources {
+    requests: BTreeMap<String, Value>,
+    limits: BTreeMap<String, Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct Volume {
+    empty_dir: Option<Value>,
+    host_path: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodStatus {
+    phase: String,
+    conditions: Vec<Condition>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct Condition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+    reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawPod {
+    metadata: Meta,
+    spec: PodSpec,
+    status: PodStatus,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct NodeSpec {
+    taints: Vec<RawTaint>,
+    unschedulable: bool,
+    #[serde(rename = "providerID")]
+    provider_id: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawTaint {
+    key: String,
+    value: Option<String>,
+    effect: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct NodeStatus {
+    allocatable: BTreeMap<String, Value>,
+    conditions: Vec<Condition>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawNode {
+    metadata: Meta,
+    spec: NodeSpec,
+    status: NodeStatus,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct LabelSelector {
+    match_labels: BTreeMap<String, String>,
+    match_expressions: Vec<Expr>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PdbSpec {
+    selector: Option<LabelSelector>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PdbStatus {
+    disruptions_allowed: i32,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawPdb {
+    metadata: Meta,
+    spec: PdbSpec,
+    status: PdbStatus,
+}
+
+/// Turns JSON objects into model values, sharing equal constraints between pods.
+#[derive(Default)]
+pub struct Converter {
+    constraints: HashMap<Constraints, Arc<Constraints>>,
+}
+
+fn quantity(v: &Value) -> Result<parse_q::Q, String> {
+    let s = match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => return Err(format!("expected a quantity, got {other}")),
+    };
+    parse_quantity(&s)
+        .map(|q| parse_q::Q { q, text: s })
+        .map_err(|e| e.to_string())
+}
+
+mod parse_q {
+    pub struct Q {
+        pub q: crate::model::quantity::Quantity,
+        pub text: String,
+    }
+}
+
+/// Adds one resource list into `res`/`share`. `path` prefixes error messages.
+fn add_resource_list(
+    list: &BTreeMap<String, Value>,
+    path: &str,
+    res: &mut Resources,
+    share: &mut GpuShare,
+) -> Result<(), String> {
+    for (name, v) in list {
+        let here = format!("{path}.{name}");
+        let q = quantity(v).map_err(|e| format!("{here}: {e}"))?;
+        if q.q.is_negative() {
+            return Err(format!("{here}: negative quantity {:?}", q.text));
+        }
+        let conv = |milli: bool| {
+            if milli {
+                q.q.to_milli_ceil()
+            } else {
+                q.q.to_units_ceil()
+            }
+            .map_err(|e| format!("{here}: {e}"))
+        };
+        match name.as_str() {
+            resources::CPU => res.cpu_milli = res.cpu_milli.saturating_add(conv(true)?),
+            resources::MEMORY => res.memory = res.memory.saturating_add(conv(false)?),
+            // Not planned for: node templates do not know their disk.
+            "ephemeral-storage" | resources::PODS => {}
+            resources::ALIYUN_GPU_MEM => share.mem_gib = share.mem_gib.saturating_add(conv(false)?),
+            resources::ALIYUN_GPU_CORE => {
+                share.core_pct = share.core_pct.saturating_add(conv(false)?)
+            }
+            resources::ALIYUN_GPU_COUNT => {}
+            other => {
+                let cur = res.get(other);
+                res.set(other, cur.saturating_add(conv(false)?));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Requests of one container, with limits standing in for absent requests (as the API server
+/// defaults them).
+fn container_requests(c: &Container, path: &str) -> Result<(Resources, GpuShare), String> {
+    let mut list = c.resources.requests.clone();
+    for (k, v) in &c.resources.limits {
+        list.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    let mut r = Resources::default();
+    let mut s = GpuShare::default();
+    add_resource_list(&list, &format!("{path}.resources.requests"), &mut r, &mut s)?;
+    Ok((r, s))
+}
+
+fn max_into(acc: &mut Resources, other: &Resources) {
+    for (name, v) in other.dimensions() {
+        if v > acc.get(name) {
+            acc.set(name, v);
+        }
+    }
+}
+
+/// Effective pod requests as kube-scheduler computes them: the larger of the app containers (plus
+/// sidecars) and each init container (plus the sidecars started before it), plus overhead.
+fn pod_requests(spec: &PodSpec) -> Result<(Resources, GpuShare), String> {
+    let mut sum = Resources::default();
+    let mut share = GpuShare::default();
+    for (i, c) in spec.containers.iter().enumerate() {
+        let (r, s) = container_requests(c, &format!("spec.containers[{i}]"))?;
+        sum.add(&r);
+        share.mem_gib += s.mem_gib;
+        share.core_pct += s.core_pct;
+    }
+    let mut sidecars = Resources::default();
+    let mut init_max = Resources::default();
+    for (i, c) in spec.init_containers.iter().enumerate() {
+        let (r, s) = container_requests(c, &format!("spec.initContainers[{i}]"))?;
+        share.mem_gib = share.mem_gib.max(s.mem_gib);
+        share.core_pct = share.core_pct.max(s.core_pct);
+        if c.restart_policy.as_deref() == Some("Always") {
+            sidecars.add(&r);
+            max_into(&mut init_max, &sidecars);
+        } else {
+            let mut with = sidecars.clone();
+            with.add(&r);
+            max_into(&mut init_max, &with);
+        }
+    }
+    sum.add(&sidecars);
+    max_into(&mut sum, &init_max);
+    let mut s2 = GpuShare::default();
+    add_resource_list(&spec.overhead, "spec.overhead", &mut sum, &mut s2)?;
+    sum.pods = 1;
+    Ok((sum, share))
+}
+
+fn parse_time(s: &Option<String>) -> Time {
+    s.as_deref()
+        .and_then(|s| Time::parse_rfc3339(s).ok())
+        .unwrap_or(Time::EPOCH)
+}
+
+fn requirement(e: &Expr) -> Result<Requirement, String> {
+    let operator = Operator::parse(&e.operator)
+        .ok_or_else(|| format!("unknown operator {:?} for key {:?}", e.operator, e.key))?;
+    Ok(Requirement {
+        key: e.key.clone(),
+        operator,
+        values: e.values.clone(),
+    })
+}
+
+fn tolerations(list: &[RawToleration]) -> Result<Vec<Toleration>, String> {
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let exists = match t.operator.as_deref() {
+                None | Some("Equal") => false,
+                Some("Exists") => true,
+                Some(o) => return Err(format!("spec.tolerations[{i}].operator: unknown {o:?}")),
+            };
+            let effect = match t.effect.as_deref() {
+                None | Some("") => None,
+                Some(e) => Some(Effect::parse(e).ok_or_else(|| {
+                    format!("spec.tolerations[{i}].effect: unknown {e:?}")
+                })?),
+            };
+            Ok(Toleration {
+                key: t.key.clone().filter(|k| !k.is_empty()),
+                exists,
+                value: t.value.clone().unwrap_or_default(),
+                effect,
+            })
+        })
+        .collect()
+}
+
+fn first_of<'a>(maps: [&'a BTreeMap<String, String>; 2], keys: &[&str]) -> Option<&'a String> {
+    keys.iter()
+        .find_map(|k| maps.iter().find_map(|m| m.get(*k)))
+}
+
+impl Converter {
+    pub fn new() -> Converter {
+        Converter::default()
+    }
+
+    fn intern(&mut self, c: Constraints) -> Arc<Constraints> {
+        self.constraints
+            .entry(c.clone())
+            .or_insert_with(|| Arc::new(c))
+            .clone()
+    }
+
+    /// A Pod. Problems with its spec do not fail the conversion: they are kept on the pod so that
+    /// the planner reports it (and the controller raises an Event), while other pods go on.
+    pub fn pod(&mut self, v: Value) -> Result<Pod, String> {
+        let raw: RawPod = serde_json::from_value(v).map_err(|e| format!("not a Pod: {e}"))?;
+        if raw.metadata.name.is_empty() {
+            return Err("Pod without metadata.name".into());
+        }
+        let m = &raw.metadata;
+        let id = PodRef::new(
+            m.namespace.clone().unwrap_or_else(|| "default".into()),
+            m.name.clone(),
+        );
+        let mut problem = None;
+        let (requests, share) = match pod_requests(&raw.spec) {
+            Ok(x) => x,
+            Err(e) => {
+                problem = Some(e);
+                (
+                    Resources {
+                        pods: 1,
+                        ..Default::default()
+                    },
+                    GpuShare::default(),
+                )
+            }
+        };
+        let share = (share.mem_gib > 0 || share.core_pct > 0).then_some(share);
+        if let Some(s) = share {
+            if s.core_pct % 5 != 0 && problem.is_none() {
+                problem = Some(format!(
+                    "{} must be a multiple of 5, got {}",
+                    resources::ALIYUN_GPU_CORE,
+                    s.core_pct
+                ));
+            }
+        }
+        let mut affinity = None;
+        if let Some(sel) = raw
+            .spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        {
+            let mut terms = Vec::new();
+            for (i, t) in sel.node_selector_terms.iter().enumerate() {
+                let mut reqs = Vec::new();
+                for e in &t.match_expressions {
+                    match requirement(e) {
+                        Ok(r) => reqs.push(r),
+                        Err(e) => {
+                            problem.get_or_insert(format!(
+                                "spec.affinity.nodeAffinity...nodeSelectorTerms[{i}]: {e}"
+                            ));
+                        }
+                    }
+                }
+                let node_names = t
+                    .match_fields
+                    .iter()
+                    .find(|f| f.key == "metadata.name" && f.operator == "In")
+                    .map(|f| f.values.clone());
+                terms.push(Term {
+                    requirements: reqs,
+                    node_names,
+                });
+            }
+            affinity = Some(terms);
+        }
+        let tolerations = tolerations(&raw.spec.tolerations).unwrap_or_else(|e| {
+            problem.get_or_insert(e);
+            Vec::new()
+        });
+        let constraints = self.intern(Constraints {
+            node_selector: raw.spec.node_selector.clone(),
+            affinity,
+            tolerations,
+        });
+        let owner = m
+            .owner_references
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .or_else(|| m.owner_references.first())
+            .map(|o| Owner {
+                kind: OwnerKind::parse(&o.kind, &o.api_version),
+                name: o.name.clone(),
+                uid: o.uid.clone(),
+            });
+        let gang = first_of([&m.labels, &m.annotations], &labels::GANG_KEYS).map(|g| {
+            let min_member = first_of([&m.annotations, &m.labels], &labels::GANG_MIN_MEMBER_KEYS)
+                .and_then(|v| v.parse().ok());
+            GangRef {
+                key: format!("{}/{}", id.namespace, g),
+                min_member,
+            }
+        });
+        let unschedulable = raw.status.conditions.iter().any(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        });
+        let local_storage = raw
+            .spec
+            .volumes
+            .iter()
+            .any(|v| v.empty_dir.is_some() || v.host_path.is_some());
+        Ok(Pod {
+            uid: m.uid.clone(),
+            labels: m.labels.clone(),
+            requests,
+            share,
+            constraints,
+            node_name: raw.spec.node_name.clone().filter(|n| !n.is_empty()),
+            phase: PodPhase::parse(&raw.status.phase),
+            owner,
+            gang,
+            priority: raw.spec.priority.unwrap_or(0),
+            created: parse_time(&m.creation_timestamp),
+            deleting: m.deletion_timestamp.is_some(),
+            unschedulable,
+            local_storage,
+            shared_gpu_index: m
+                .annotations
+                .get("ALIYUN_COM_GPU_MEM_IDX")
+                .and_then(|v| v.parse().ok()),
+            annotations: raw.metadata.annotations,
+            problem,
+            id,
+        })
+    }
+
+    pub fn node(&mut self, v: Value) -> Result<Node, String> {
+        let raw: RawNode = serde_json::from_value(v).map_err(|e| format!("not a Node: {e}"))?;
+        if raw.metadata.name.is_empty() {
+            return Err("Node without metadata.name".into());
+        }
+        let mut allocatable = Resources::default();
+        let mut share_total = GpuShare::default();
+        add_resource_list(
+            &raw.status.allocatable,
+            "status.allocatable",
+            &mut allocatable,
+            &mut share_total,
+        )
+        .map_err(|e| format!("Node {}: {e}", raw.metadata.name))?;
+        let mut shared_gpus = Vec::new();
+        if share_total.mem_gib > 0 {
+            let count = raw
+                .status
+                .allocatable
+                .get(resources::ALIYUN_GPU_COUNT)
+                .and_then(|v| quantity(v).ok())
+                .and_then(|q| q.q.to_units_ceil().ok())
+                .unwrap_or(1)
+                .max(1);
+            let core = if share_total.core_pct > 0 {
+                share_total.core_pct / count
+            } else {
+                100
+            };
+            shared_gpus = (0..count)
+                .map(|_| SharedGpu {
+                    mem_gib: share_total.mem_gib / count,
+                    core_pct: core,
+                })
+                .collect();
+        }
+        let taints = raw
+            .spec
+            .taints
+            .iter()
+            .filter_map(|t| {
+                Effect::parse(&t.effect).map(|effect| Taint {
+                    key: t.key.clone(),
+                    value: t.value.clone().unwrap_or_default(),
+                    effect,
+                })
+            })
+            .collect();
+        let ready = raw
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        Ok(Node {
+            name: raw.metadata.name.clone(),
+            labels: raw.metadata.labels,
+            annotations: raw.metadata.annotations,
+            taints,
+            allocatable,
+            shared_gpus,
+            ready,
+            unschedulable: raw.spec.unschedulable,
+            created: parse_time(&raw.metadata.creation_timestamp),
+            provider_id: raw.spec.provider_id,
+            deleting: raw.metadata.deletion_timestamp.is_some(),
+        })
+    }
+
+    pub fn pdb(&mut self, v: Value) -> Result<Pdb, String> {
+        let raw: RawPdb =
+            serde_json::from_value(v).map_err(|e| format!("not a PodDisruptionBudget: {e}"))?;
+        let mut selector = Vec::new();
+        if let Some(sel) = &raw.spec.selector {
+            for (k, v) in &sel.match_labels {
+                selector.push(Requirement {
+                    key: k.clone(),
+                    operator: Operator::In,
+                    values: vec![v.clone()],
+                });
+            }
+            for e in &sel.match_expressions {
+                selector.push(requirement(e)?);
+            }
+        }
+        Ok(Pdb {
+            namespace: raw.metadata.namespace.unwrap_or_else(|| "default".into()),
+            name: raw.metadata.name,
+            selector,
+            disruptions_allowed: raw.status.disruptions_allowed,
+        })
+    }
+}
+
+/// What reading a cluster file produced: the snapshot and a warning per object it had to skip
+/// or could not fully understand.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub snapshot: Snapshot,
+    pub warnings: Vec<String>,
+}
+
+/// Reads what `kubectl get pods,nodes,pdb -A -o yaml` (or `-o json`) prints: a `List`.
+pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
+    let doc: Value = serde_yaml::from_str(text).map_err(|e| {
+        let at = e
+            .location()
+            .map(|l| format!(":{}:{}", l.line(), l.column()))
+            .unwrap_or_default();
+        format!("{file}{at}: not valid YAML or JSON: {e}")
+    })?;
+    let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
+    let items = match doc.get("items") {
+        Some(Value::Array(items)) if kind == "List" || kind.ends_with("List") => items,
+        _ => {
+            return Err(format!(
+                "{file}: expected a Kubernetes List with `items` (what `kubectl get pods,nodes,pdb -A -o yaml` prints), got {}",
+                if kind.is_empty() { "no `kind`".to_string() } else { format!("kind {kind:?}") }
+            ))
+        }
+    };
+    let mut conv = Converter::new();
+    let mut out = Loaded::default();
+    for (i, item) in items.iter().enumerate() {
+        let kind = item.get("kind").and_then(Value::as_str).unwrap_or("");
+        let name = item
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        let ns = item.pointer("/metadata/namespace").and_then(Value::as_str);
+        let what = match ns {
+            Some(ns) => format!("{file}: items[{i}] {kind} {ns}/{name}"),
+            None => format!("{file}: items[{i}] {kind} {name}"),
+        };
+        match kind {
+            "Pod" => match conv.pod(item.clone()) {
+                Ok(p) => {
+                    if let Some(problem) = &p.problem {
+                        out.warnings.push(format!("{what}: {problem}"));
+                    }
+                    out.snapshot.pods.push(p);
+                }
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
+            "Node" => match conv.node(item.clone()) {
+                Ok(n) => out.snapshot.nodes.push(n),
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
+            "PodDisruptionBudget" => match conv.pdb(item.clone()) {
+                Ok(p) => out.snapshot.pdbs.push(p),
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
+            _ => out
+                .warnings
+                .push(format!("{what}: ignored (only Pods, Nodes and PodDisruptionBudgets are read)")),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[path = "convert_tests.rs"]
+mod tests;

@@ -1,0 +1,12 @@
+//! gpu-node-autoscaler: a Kubernetes node autoscaler for GPU node pools.
+//!
+//! The pure core is [`model`], [`policy`] and [`plan`]: no I/O, time passed in. [`convert`] turns
+//! Kubernetes objects into model values; [`catalog`] reads instance catalogs.
+
+pub mod catalog;
+pub mod convert;
+pub mod model;
+pub mod plan;
+pub mod policy;
+
+pub use gpu_node_autoscaler_provider as provider;

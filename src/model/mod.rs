@@ -1,0 +1,57 @@
+//! Pure data model: resources, pods, nodes, gangs and the cluster snapshot the planner reads.
+//! Nothing here does I/O.
+
+pub mod constraints;
+pub mod gpu;
+pub mod node;
+pub mod pod;
+pub mod quantity;
+pub mod resources;
+pub mod snapshot;
+pub mod time;
+
+pub use constraints::{Constraints, Effect, Operator, Requirement, Taint, Term, Toleration};
+pub use node::Node;
+pub use pod::{GangRef, Owner, OwnerKind, Pod, PodPhase, PodRef};
+pub use resources::{GpuShare, Resources, SharedGpu};
+pub use snapshot::{InFlight, Pdb, Snapshot};
+pub use time::Time;
+
+/// Labels and annotations this project reads and writes.
+pub mod labels {
+    pub const POOL: &str = "gpu-node-autoscaler.io/pool";
+    pub const CAPACITY_TYPE: &str = "gpu-node-autoscaler.io/capacity-type";
+    pub const GPU_MODEL: &str = "gpu-node-autoscaler.io/gpu-model";
+    pub const LAUNCH_ID: &str = "gpu-node-autoscaler.io/launch-id";
+    pub const KARPENTER_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
+    pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+    pub const ZONE: &str = "topology.kubernetes.io/zone";
+    pub const REGION: &str = "topology.kubernetes.io/region";
+    pub const NVIDIA_PRODUCT: &str = "nvidia.com/gpu.product";
+    pub const NVIDIA_COUNT: &str = "nvidia.com/gpu.count";
+    pub const AWS_ACCELERATOR: &str = "k8s.amazonaws.com/accelerator";
+    pub const ARCH: &str = "kubernetes.io/arch";
+    pub const OS: &str = "kubernetes.io/os";
+
+    pub const TO_BE_DELETED_TAINT: &str = "gpu-node-autoscaler.io/to-be-deleted";
+    pub const SAFE_TO_EVICT: &str = "gpu-node-autoscaler.io/safe-to-evict";
+    pub const CA_SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+    pub const SCALE_DOWN_DISABLED: &str = "gpu-node-autoscaler.io/scale-down-disabled";
+    pub const CA_SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+    pub const UNNEEDED_SINCE: &str = "gpu-node-autoscaler.io/unneeded-since";
+
+    /// Pod-group labels/annotations that make pods one gang, in lookup order.
+    pub const GANG_KEYS: [&str; 5] = [
+        "scheduling.k8s.io/group-name",
+        "pod-group.scheduling.sigs.k8s.io",
+        "training.kubeflow.org/job-name",
+        "mpi-job-name",
+        "gpu-node-autoscaler.io/gang",
+    ];
+    /// Annotations that carry a gang's minimum size.
+    pub const GANG_MIN_MEMBER_KEYS: [&str; 3] = [
+        "scheduling.k8s.io/group-min-member",
+        "pod-group.scheduling.sigs.k8s.io/min-available",
+        "gpu-node-autoscaler.io/gang-min-member",
+    ];
+}

@@ -1,0 +1,61 @@
+//! Nodes as the planner sees them.
+
+use std::collections::BTreeMap;
+
+use super::constraints::{Effect, Taint};
+use super::labels;
+use super::resources::{Resources, SharedGpu};
+use super::time::Time;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    /// Allocatable as the kubelet reports it (shared-GPU units excluded, see `shared_gpus`).
+    pub allocatable: Resources,
+    /// Shared-GPU nodes: one entry per physical GPU, at full size.
+    pub shared_gpus: Vec<SharedGpu>,
+    pub ready: bool,
+    /// Cordoned (`spec.unschedulable`).
+    pub unschedulable: bool,
+    pub created: Time,
+    pub provider_id: Option<String>,
+    pub deleting: bool,
+}
+
+impl Node {
+    pub fn pool(&self) -> Option<&str> {
+        self.labels.get(labels::POOL).map(String::as_str)
+    }
+
+    pub fn instance_type(&self) -> Option<&str> {
+        self.labels.get(labels::INSTANCE_TYPE).map(String::as_str)
+    }
+
+    pub fn zone(&self) -> Option<&str> {
+        self.labels.get(labels::ZONE).map(String::as_str)
+    }
+
+    /// Marked for deletion by us (the to-be-deleted taint).
+    pub fn is_being_deleted(&self) -> bool {
+        self.deleting
+            || self
+                .taints
+                .iter()
+                .any(|t| t.key == labels::TO_BE_DELETED_TAINT && t.effect == Effect::NoSchedule)
+    }
+
+    /// New pods can be scheduled here now.
+    pub fn is_schedulable(&self) -> bool {
+        self.ready && !self.unschedulable && !self.is_being_deleted()
+    }
+
+    /// GPUs the node advertises right now, of any kind.
+    pub fn advertised_gpus(&self) -> i64 {
+        self.allocatable.whole_gpus()
+            + self.allocatable.mig_slices().map(|(_, n)| n).sum::<i64>()
+            + self.shared_gpus.len() as i64
+    }
+}

@@ -1,0 +1,165 @@
+//! Pods as the planner sees them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use super::constraints::Constraints;
+use super::resources::{GpuShare, Resources};
+use super::time::Time;
+
+/// `namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodRef {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> PodRef {
+        PodRef {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PodPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl PodPhase {
+    pub fn parse(s: &str) -> PodPhase {
+        match s {
+            "Pending" | "" => PodPhase::Pending,
+            "Running" => PodPhase::Running,
+            "Succeeded" => PodPhase::Succeeded,
+            "Failed" => PodPhase::Failed,
+            _ => PodPhase::Unknown,
+        }
+    }
+
+    /// Succeeded and Failed pods hold no resources.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, PodPhase::Succeeded | PodPhase::Failed)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum OwnerKind {
+    ReplicaSet,
+    ReplicationController,
+    StatefulSet,
+    DaemonSet,
+    Job,
+    /// A Kubeflow training job (`MPIJob`, `PyTorchJob`, `TFJob`, ...), which recreates its pods.
+    Kubeflow(String),
+    Other(String),
+}
+
+impl OwnerKind {
+    pub fn parse(kind: &str, api_version: &str) -> OwnerKind {
+        match kind {
+            "ReplicaSet" => OwnerKind::ReplicaSet,
+            "ReplicationController" => OwnerKind::ReplicationController,
+            "StatefulSet" => OwnerKind::StatefulSet,
+            "DaemonSet" => OwnerKind::DaemonSet,
+            "Job" => OwnerKind::Job,
+            _ if api_version.starts_with("kubeflow.org/") => OwnerKind::Kubeflow(kind.to_string()),
+            _ => OwnerKind::Other(kind.to_string()),
+        }
+    }
+}
+
+/// The controlling owner reference.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner {
+    pub kind: OwnerKind,
+    pub name: String,
+    pub uid: String,
+}
+
+/// Membership in a gang: pods that only make progress together.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GangRef {
+    /// `namespace/group`.
+    pub key: String,
+    /// The group's minimum size, when the pods carry it.
+    pub min_member: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pod {
+    pub id: PodRef,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// Effective requests: containers, init containers and overhead, with shared-GPU units
+    /// taken out into `share`.
+    pub requests: Resources,
+    pub share: Option<GpuShare>,
+    /// Shared by all pods with equal constraints, which lets the planner group them cheaply.
+    pub constraints: Arc<Constraints>,
+    pub node_name: Option<String>,
+    pub phase: PodPhase,
+    pub owner: Option<Owner>,
+    pub gang: Option<GangRef>,
+    pub priority: i32,
+    pub created: Time,
+    pub deleting: bool,
+    /// The scheduler tried and found no node (`PodScheduled=False`, reason `Unschedulable`).
+    pub unschedulable: bool,
+    /// Uses `emptyDir` or `hostPath` volumes, lost when the node goes.
+    pub local_storage: bool,
+    /// On shared-GPU nodes, the GPU index the device plugin assigned, when known.
+    pub shared_gpu_index: Option<usize>,
+    /// Why this pod's spec cannot be planned for (a malformed quantity, ...).
+    pub problem: Option<String>,
+}
+
+impl Pod {
+    pub fn is_daemonset(&self) -> bool {
+        matches!(&self.owner, Some(o) if o.kind == OwnerKind::DaemonSet)
+    }
+
+    /// Asks for any kind of GPU: whole, MIG slice or shared.
+    pub fn wants_gpu(&self) -> bool {
+        self.requests.whole_gpus() > 0
+            || self.requests.mig_slices().next().is_some()
+            || self.share.is_some()
+    }
+
+    /// Waiting for a node: not bound, not finished, not being deleted.
+    pub fn is_pending(&self) -> bool {
+        self.node_name.is_none() && self.phase == PodPhase::Pending && !self.deleting
+    }
+
+    /// Holds resources on its node.
+    pub fn is_bound_active(&self) -> bool {
+        self.node_name.is_some() && !self.phase.is_terminal()
+    }
+
+    /// Size in GPU equivalents, for ordering (MIG slices count by compute share).
+    pub fn gpu_equivalents(&self) -> f64 {
+        let mut g = self.requests.whole_gpus() as f64;
+        for (profile, n) in self.requests.mig_slices() {
+            let compute = super::gpu::parse_mig_profile(profile).map_or(1, |p| p.compute);
+            g += n as f64 * compute as f64 / super::gpu::MIG_COMPUTE_SLICES as f64;
+        }
+        if let Some(s) = &self.share {
+            g += (s.core_pct as f64 / 100.0).max(s.mem_gib as f64 / 16.0).min(1.0);
+        }
+        g
+    }
+}

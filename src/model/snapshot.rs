@@ -1,0 +1,61 @@
+//! The one value the planner reads: everything it needs to know about the cluster and the cloud.
+
+use std::collections::BTreeMap;
+
+use gpu_node_autoscaler_provider::OfferingKey;
+
+use super::node::Node;
+use super::pod::Pod;
+use super::time::Time;
+
+/// A PodDisruptionBudget, reduced to what eviction checks need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pdb {
+    pub namespace: String,
+    pub name: String,
+    /// `matchLabels` and `matchExpressions` as requirements; an empty selector selects all pods
+    /// in the namespace (policy/v1).
+    pub selector: Vec<crate::model::Requirement>,
+    /// From status: how many more pods may be disrupted now.
+    pub disruptions_allowed: i32,
+}
+
+impl Pdb {
+    pub fn selects(&self, pod: &Pod) -> bool {
+        pod.id.namespace == self.namespace && self.selector.iter().all(|r| r.matches(&pod.labels))
+    }
+}
+
+/// Instances launched for a pool whose Nodes have not registered yet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InFlight {
+    pub launch_id: String,
+    pub pool: String,
+    pub offering: OfferingKey,
+    pub count: u32,
+    pub launched_at: Time,
+}
+
+/// What the autoscaler remembers about a pool between decisions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolState {
+    pub last_scale_up: Option<Time>,
+    pub last_scale_down_failure: Option<Time>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub pods: Vec<Pod>,
+    pub nodes: Vec<Node>,
+    pub pdbs: Vec<Pdb>,
+    pub in_flight: Vec<InFlight>,
+    /// Offerings that recently failed for lack of capacity, unavailable until the given time.
+    pub unavailable: BTreeMap<OfferingKey, Time>,
+    pub pools: BTreeMap<String, PoolState>,
+}
+
+impl Snapshot {
+    pub fn is_unavailable(&self, key: &OfferingKey, now: Time) -> bool {
+        self.unavailable.get(key).is_some_and(|until| now < *until)
+    }
+}

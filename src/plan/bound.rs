@@ -1,0 +1,105 @@
+//! A provable lower bound on the $/hour of new nodes needed for a set of pods, to judge packing.
+//!
+//! For any weights `w_r >= 0` with `sum w_r = 1` over resource dimensions, a node of type `t`
+//! holding pods `P` satisfies `sum_{p in P} req_pr <= cap_tr` for every `r`, hence
+//! `price_t >= sum_{p in P} price_t * sum_r w_r * req_pr / cap_tr`. Summing over nodes, the cost
+//! of any feasible packing is at least `sum_p min_t price_t * sum_r w_r * req_pr / cap_tr`, the
+//! minimum taken over the offerings that can host `p` at all. This is the LP relaxation of the
+//! covering problem, evaluated at a handful of weight vectors; the best of them is returned.
+
+use crate::model::Pod;
+
+use super::templates::Template;
+
+fn dims(p: &Pod) -> Vec<(String, f64)> {
+    let mut d: Vec<(String, f64)> = p
+        .requests
+        .dimensions()
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v as f64))
+        .collect();
+    if let Some(s) = &p.share {
+        d.push(("share/mem".into(), s.mem_gib as f64));
+        d.push(("share/core".into(), s.core_pct as f64));
+    }
+    d
+}
+
+fn cap(t: &Template, name: &str) -> f64 {
+    match name {
+        "share/mem" => t.shared.iter().map(|g| g.mem_gib).sum::<i64>() as f64,
+        "share/core" => t.shared.iter().map(|g| g.core_pct).sum::<i64>() as f64,
+        n => t.allocatable.get(n) as f64,
+    }
+}
+
+/// Cheapest available price of an offering of `t` that admits `p`, if `p` fits `t` at all.
+fn price_for(p: &Pod, t: &Template) -> Option<f64> {
+    let fits = p.requests.fits_in(&t.allocatable)
+        && p.share
+            .is_none_or(|s| crate::model::resources::share_copies(&t.shared, &s) > 0);
+    if !fits || !p.constraints.tolerates(&t.taints) {
+        return None;
+    }
+    t.offerings
+        .iter()
+        .filter(|o| o.available && p.constraints.matches_node(&o.labels, None))
+        .map(|o| o.price)
+        .min_by(f64::total_cmp)
+}
+
+/// Lower bound in $/hour for hosting all of `pods` on new nodes of `templates`. Pods no template
+/// can host are left out.
+pub fn lower_bound(pods: &[&Pod], templates: &[Template]) -> f64 {
+    let mut names: Vec<String> = pods.iter().flat_map(|p| dims(p)).map(|(n, _)| n).collect();
+    names.sort();
+    names.dedup();
+    // Unit vectors, plus GPU-heavy mixes with cpu and memory.
+    let mut weights: Vec<Vec<(String, f64)>> =
+        names.iter().map(|n| vec![(n.clone(), 1.0)]).collect();
+    for gpu in names.iter().filter(|n| n.contains("gpu") || n.contains("mig") || n.starts_with("share/")) {
+        for other in ["cpu", "memory"] {
+            for a in [0.5, 0.8] {
+                weights.push(vec![(gpu.clone(), a), (other.to_string(), 1.0 - a)]);
+            }
+        }
+    }
+    // Per pod, the candidates (price, template) it fits.
+    let cands: Vec<Vec<(f64, &Template)>> = pods
+        .iter()
+        .map(|p| {
+            templates
+                .iter()
+                .filter_map(|t| price_for(p, t).map(|price| (price, t)))
+                .collect()
+        })
+        .collect();
+    let mut best: f64 = 0.0;
+    for w in &weights {
+        let mut total = 0.0;
+        for (p, cs) in pods.iter().zip(&cands) {
+            let d = dims(p);
+            let min = cs
+                .iter()
+                .map(|(price, t)| {
+                    let s: f64 = w
+                        .iter()
+                        .map(|(n, wr)| {
+                            let req = d.iter().find(|(x, _)| x == n).map_or(0.0, |(_, v)| *v);
+                            let c = cap(t, n);
+                            if req > 0.0 && c > 0.0 {
+                                wr * req / c
+                            } else {
+                                0.0
+                            }
+                        })
+                        .sum();
+                    price * s
+                })
+                .min_by(f64::total_cmp);
+            total += min.unwrap_or(0.0);
+        }
+        best = best.max(total);
+    }
+    best
+}

@@ -1,0 +1,129 @@
+//! The planner: a pure function from a cluster snapshot, a catalog and a policy at time `now` to a
+//! [`Plan`] value. Acting on the plan (launching, draining, Events) is a separate, later step.
+
+pub mod bound;
+pub mod output;
+mod pack;
+pub mod templates;
+
+use gpu_node_autoscaler_provider::{Catalog, OfferingKey};
+use serde::Serialize;
+
+use crate::model::{PodRef, Snapshot, Time};
+use crate::policy::Policy;
+
+pub use templates::{build_templates, Template};
+
+/// One offering of a scale-up's fallback list.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlannedOffering {
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: String,
+    pub price_per_hour: f64,
+}
+
+impl PlannedOffering {
+    pub fn key(&self) -> OfferingKey {
+        OfferingKey {
+            instance_type: self.instance_type.clone(),
+            zone: self.zone.clone(),
+            capacity_type: gpu_node_autoscaler_provider::CapacityType::parse(&self.capacity_type)
+                .unwrap_or(gpu_node_autoscaler_provider::CapacityType::OnDemand),
+        }
+    }
+}
+
+/// Launch `count` nodes of one instance type for `pool`, trying `offerings` in order.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScaleUp {
+    pub pool: String,
+    pub count: u32,
+    /// Ordered fallback list: the first is the planned (cheapest preferred) offering.
+    pub offerings: Vec<PlannedOffering>,
+    /// The pods these nodes are for.
+    pub pods: Vec<String>,
+    /// Set when the nodes are for a gang: launch all of them, in one zone, or none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gang: Option<String>,
+}
+
+impl ScaleUp {
+    /// $/hour of the planned (first) offering times the count.
+    pub fn cost_per_hour(&self) -> f64 {
+        self.offerings
+            .first()
+            .map_or(0.0, |o| o.price_per_hour * self.count as f64)
+    }
+}
+
+/// A node to drain and remove.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScaleDown {
+    pub node: String,
+    pub pool: String,
+    pub reason: String,
+    /// Pods to evict, each re-placed on a remaining node.
+    pub evict: Vec<String>,
+    pub saves_per_hour: f64,
+}
+
+/// A node that looks idle but stays, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Kept {
+    pub node: String,
+    pub reason: String,
+}
+
+/// A pending pod the plan cannot help, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Unschedulable {
+    pub pod: String,
+    pub reason: String,
+}
+
+/// A pending pod that fits capacity already there or on its way.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Placement {
+    pub pod: String,
+    /// A node name, or `launch/<id>` for nodes launched but not registered yet.
+    pub target: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Plan {
+    pub scale_ups: Vec<ScaleUp>,
+    pub scale_downs: Vec<ScaleDown>,
+    pub unschedulable: Vec<Unschedulable>,
+    /// Pending pods that need no new node: they fit free, booting or in-flight capacity.
+    pub existing_capacity: Vec<Placement>,
+    /// Idle-looking nodes that are kept, with why.
+    pub kept: Vec<Kept>,
+    pub added_cost_per_hour: f64,
+    /// Configuration problems met while planning (e.g. a pool naming an unknown instance type);
+    /// the other pools still planned.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// Plans scale-ups for the pending GPU pods of `snapshot`.
+pub fn plan(snapshot: &Snapshot, catalog: &Catalog, policy: &Policy, now: Time) -> Plan {
+    let (templates, warnings) = build_templates(policy, catalog, snapshot, now);
+    let mut plan = pack::scale_up(snapshot, &templates, policy, now);
+    plan.added_cost_per_hour = plan.scale_ups.iter().map(ScaleUp::cost_per_hour).sum();
+    plan.warnings = warnings;
+    plan
+}
+
+/// The pods a plan is about: pending, GPU-requesting, not DaemonSet pods.
+pub fn is_planned_pod(p: &crate::model::Pod) -> bool {
+    p.is_pending() && !p.is_daemonset() && (p.wants_gpu() || p.problem.is_some())
+}
+
+/// `ns/name` of a pod, as plans print it.
+pub fn pod_name(p: &PodRef) -> String {
+    p.to_string()
+}
+
+#[cfg(test)]
+mod tests;

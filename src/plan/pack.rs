@@ -1,0 +1,987 @@
+//! Scale-up packing.
+//!
+//! 1. Pending GPU pods are grouped into classes of identical pods (requests, shared-GPU share,
+//!    constraints, gang), so that work scales with the number of distinct shapes, not pods.
+//! 2. In priority order (then size), single pods go first-fit onto capacity that exists or is on
+//!    its way: Ready nodes, nodes still booting or whose device plugin has not advertised GPUs yet
+//!    (counted at their template's capacity), and launches in flight. Gangs try every zone,
+//!    existing capacity first and new nodes for the rest, and take the cheapest zone that holds
+//!    the whole gang, or nothing.
+//! 3. What is left opens new nodes greedily: each round fills one fresh node of every template
+//!    (largest pods first) and opens the one with the lowest price per unit of demand packed,
+//!    repeated while the same fill fits again. A pod's demand is valued at what it would cost on
+//!    its cheapest matching offering if nodes could be split (its dominant share of the node
+//!    times the price), so cheap small nodes and big shared nodes compete on equal terms.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::model::resources::{place_share, place_shares, share_copies, GpuShare, Resources, SharedGpu};
+use crate::model::{Constraints, Pod, Snapshot, Time};
+use crate::policy::Policy;
+
+use super::templates::Template;
+use super::{is_planned_pod, Placement, Plan, PlannedOffering, ScaleUp, Unschedulable};
+
+struct Class {
+    requests: Resources,
+    share: Option<GpuShare>,
+    cclass: usize,
+    /// Indices into `snapshot.pods`, in placement order.
+    pods: Vec<usize>,
+    next: usize,
+    gang: Option<usize>,
+    priority: i32,
+    gpu_eq: f64,
+    /// Per template: offerings whose labels and taints admit the class and whose empty node
+    /// fits one pod (0 when none).
+    tmask: Vec<u64>,
+    value: f64,
+}
+
+impl Class {
+    fn remaining(&self) -> i64 {
+        (self.pods.len() - self.next) as i64
+    }
+
+    fn copies(&self, free: &Resources, shared: &[SharedGpu]) -> i64 {
+        let mut k = self.requests.copies_in(free);
+        if let Some(s) = &self.share {
+            k = k.min(share_copies(shared, s));
+        }
+        k
+    }
+
+    fn apply(&self, free: &mut Resources, shared: &mut [SharedGpu], k: i64) {
+        free.add_scaled(&self.requests, -k);
+        if let Some(s) = &self.share {
+            place_shares(shared, s, k);
+        }
+    }
+}
+
+struct Gang {
+    key: String,
+    classes: Vec<usize>,
+    zone: Option<String>,
+    incomplete: Option<String>,
+    priority: i32,
+    gpu_eq: f64,
+    failed: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum BinKind {
+    Node(usize),
+    InFlight(usize),
+    New(usize),
+}
+
+struct Bin {
+    free: Resources,
+    shared: Vec<SharedGpu>,
+    zone: Option<String>,
+    kind: BinKind,
+    /// For in-flight and new bins: the template and which of its offerings the node may be.
+    template: usize,
+    mask: u64,
+}
+
+struct NewNode {
+    template: usize,
+    mask: u64,
+    gang: Option<usize>,
+    pods: Vec<usize>,
+}
+
+/// Nodes opened by the greedy: `count` identical nodes taking `takes` per node.
+struct Opened {
+    template: usize,
+    mask: u64,
+    count: i64,
+    takes: Vec<(usize, i64)>,
+    free: Resources,
+    shared: Vec<SharedGpu>,
+}
+
+#[derive(Clone)]
+struct Usage {
+    pool_nodes: Vec<i64>,
+    pool_gpus: Vec<i64>,
+    nodes: i64,
+    gpus: i64,
+}
+
+struct Packer<'a> {
+    snapshot: &'a Snapshot,
+    templates: &'a [Template],
+    policy: &'a Policy,
+    classes: Vec<Class>,
+    gangs: Vec<Gang>,
+    constraints: Vec<Arc<Constraints>>,
+    bins: Vec<Bin>,
+    /// `cclass * bins + bin`: 0 unknown, 1 admits, 2 does not (node bins only).
+    bin_compat: Vec<u8>,
+    bin_compat_width: usize,
+    usage: Usage,
+    new_nodes: Vec<NewNode>,
+    placed: Vec<(usize, BinKind)>,
+    available: Vec<u64>,
+}
+
+fn gpu_count_of_node(n: &crate::model::Node, templates: &[Template]) -> i64 {
+    template_of_node(n, templates)
+        .map(|t| templates[t].gpus as i64)
+        .unwrap_or_else(|| n.allocatable.whole_gpus() + n.shared_gpus.len() as i64)
+}
+
+fn template_of_node(n: &crate::model::Node, templates: &[Template]) -> Option<usize> {
+    let pool = n.pool()?;
+    let it = n.instance_type()?;
+    templates
+        .iter()
+        .position(|t| t.pool_name == pool && t.instance_type == it)
+}
+
+fn dominant_share(c: &Class, t: &Template) -> f64 {
+    let mut s: f64 = 0.0;
+    for (name, v) in c.requests.dimensions() {
+        let cap = t.allocatable.get(name);
+        if cap > 0 {
+            s = s.max(v as f64 / cap as f64);
+        }
+    }
+    if let Some(sh) = &c.share {
+        let mem: i64 = t.shared.iter().map(|g| g.mem_gib).sum();
+        let core: i64 = t.shared.iter().map(|g| g.core_pct).sum();
+        if mem > 0 {
+            s = s.max(sh.mem_gib as f64 / mem as f64);
+        }
+        if core > 0 {
+            s = s.max(sh.core_pct as f64 / core as f64);
+        }
+    }
+    s
+}
+
+impl<'a> Packer<'a> {
+    fn new(snapshot: &'a Snapshot, templates: &'a [Template], policy: &'a Policy, now: Time) -> Packer<'a> {
+        let mut p = Packer {
+            snapshot,
+            templates,
+            policy,
+            classes: Vec::new(),
+            gangs: Vec::new(),
+            constraints: Vec::new(),
+            bins: Vec::new(),
+            bin_compat: Vec::new(),
+            bin_compat_width: 0,
+            usage: Usage {
+                pool_nodes: vec![0; policy.pools.len()],
+                pool_gpus: vec![0; policy.pools.len()],
+                nodes: 0,
+                gpus: 0,
+            },
+            new_nodes: Vec::new(),
+            placed: Vec::new(),
+            available: templates.iter().map(Template::available_mask).collect(),
+        };
+        p.build_bins(now);
+        p.build_classes();
+        p
+    }
+
+    fn pool_index(&self, name: &str) -> Option<usize> {
+        self.policy.pools.iter().position(|p| p.name == name)
+    }
+
+    fn build_bins(&mut self, now: Time) {
+        let snap = self.snapshot;
+        let mut used: HashMap<&str, (Resources, Vec<(usize, GpuShare)>)> = HashMap::new();
+        for (i, p) in snap.pods.iter().enumerate() {
+            if let (true, Some(n)) = (p.is_bound_active(), &p.node_name) {
+                let e = used.entry(n.as_str()).or_default();
+                e.0.add(&p.requests);
+                if let Some(s) = p.share {
+                    e.1.push((i, s));
+                }
+            }
+        }
+        let mut ready = Vec::new();
+        let mut booting = Vec::new();
+        for (ni, n) in snap.nodes.iter().enumerate() {
+            let tmpl = template_of_node(n, self.templates);
+            if !n.deleting {
+                self.usage.nodes += 1;
+                let g = gpu_count_of_node(n, self.templates);
+                self.usage.gpus += g;
+                if let Some(pi) = n.pool().and_then(|p| self.pool_index(p)) {
+                    self.usage.pool_nodes[pi] += 1;
+                    self.usage.pool_gpus[pi] += g;
+                }
+            }
+            if n.unschedulable || n.is_being_deleted() {
+                continue;
+            }
+            // A node still joining or whose device plugin has not advertised its GPUs yet counts
+            // at its template's capacity: it is coming, do not scale up for it again.
+            let young = now.since(n.created) < self.policy.max_node_provision_time;
+            let gpus_missing = tmpl.is_some_and(|t| {
+                self.templates[t].gpus > 0 && n.advertised_gpus() == 0
+            });
+            let (mut free, mut shared, is_booting) = if n.ready && !gpus_missing {
+                (n.allocatable.clone(), n.shared_gpus.clone(), false)
+            } else if let (Some(t), true) = (tmpl, young) {
+                let t = &self.templates[t];
+                (t.allocatable.clone(), t.shared.clone(), true)
+            } else {
+                continue;
+            };
+            if let Some((r, shares)) = used.get(n.name.as_str()) {
+                free.sub(r);
+                for (pi, s) in shares {
+                    let idx = snap.pods[*pi].shared_gpu_index;
+                    match idx.filter(|&i| i < shared.len()) {
+                        Some(i) => {
+                            shared[i].mem_gib -= s.mem_gib;
+                            shared[i].core_pct -= s.core_pct;
+                        }
+                        None => {
+                            place_share(&mut shared, s);
+                        }
+                    }
+                }
+            }
+            let bin = Bin {
+                free,
+                shared,
+                zone: n.zone().map(str::to_string),
+                kind: BinKind::Node(ni),
+                template: usize::MAX,
+                mask: 0,
+            };
+            if is_booting {
+                booting.push(bin);
+            } else {
+                ready.push(bin);
+            }
+        }
+        let mut inflight = Vec::new();
+        for (fi, f) in snap.in_flight.iter().enumerate() {
+            let Some(pi) = self.pool_index(&f.pool) else { continue };
+            self.usage.nodes += f.count as i64;
+            self.usage.pool_nodes[pi] += f.count as i64;
+            let Some(ti) = self
+                .templates
+                .iter()
+                .position(|t| t.pool == pi && t.instance_type == f.offering.instance_type)
+            else {
+                continue;
+            };
+            let t = &self.templates[ti];
+            self.usage.gpus += t.gpus as i64 * f.count as i64;
+            self.usage.pool_gpus[pi] += t.gpus as i64 * f.count as i64;
+            let Some(oi) = t.offerings.iter().position(|o| o.key == f.offering) else {
+                continue;
+            };
+            for _ in 0..f.count {
+                inflight.push(Bin {
+                    free: t.allocatable.clone(),
+                    shared: t.shared.clone(),
+                    zone: Some(f.offering.zone.clone()),
+                    kind: BinKind::InFlight(fi),
+                    template: ti,
+                    mask: 1 << oi,
+                });
+            }
+        }
+        self.bins = ready;
+        self.bins.extend(booting);
+        self.bins.extend(inflight);
+    }
+
+    fn build_classes(&mut self) {
+        let snap = self.snapshot;
+        let mut cclass_of: HashMap<*const Constraints, usize> = HashMap::new();
+        let mut by_value: HashMap<Arc<Constraints>, usize> = HashMap::new();
+        let mut pending: Vec<usize> = snap
+            .pods
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| is_planned_pod(p) && p.problem.is_none())
+            .map(|(i, _)| i)
+            .collect();
+        pending.sort_by(|&a, &b| {
+            let (pa, pb) = (&snap.pods[a], &snap.pods[b]);
+            pb.priority
+                .cmp(&pa.priority)
+                .then(pa.created.cmp(&pb.created))
+                .then(pa.id.cmp(&pb.id))
+        });
+        // Gangs: all members (pending or running) count towards the minimum size.
+        let mut gang_index: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut gang_members: Vec<(u32, u32, Option<u32>, Option<String>)> = Vec::new();
+        for p in &snap.pods {
+            let Some(g) = &p.gang else { continue };
+            if p.phase.is_terminal() || p.deleting {
+                continue;
+            }
+            let gi = *gang_index.entry(g.key.as_str()).or_insert_with(|| {
+                gang_members.push((0, 0, None, None));
+                gang_members.len() - 1
+            });
+            let e = &mut gang_members[gi];
+            if p.is_pending() {
+                e.0 += 1;
+            } else {
+                e.1 += 1;
+                if let Some(z) = p
+                    .node_name
+                    .as_ref()
+                    .and_then(|n| snap.nodes.iter().find(|x| &x.name == n))
+                    .and_then(|n| n.zone())
+                {
+                    e.3.get_or_insert_with(|| z.to_string());
+                }
+            }
+            if let Some(m) = g.min_member {
+                e.2 = Some(e.2.map_or(m, |x: u32| x.max(m)));
+            }
+        }
+        let mut gang_of_key: BTreeMap<String, usize> = BTreeMap::new();
+        let mut class_of: HashMap<(Resources, Option<GpuShare>, usize, Option<usize>), usize> =
+            HashMap::new();
+        for &pi in &pending {
+            let pod: &Pod = &snap.pods[pi];
+            let cc = *cclass_of
+                .entry(Arc::as_ptr(&pod.constraints))
+                .or_insert_with(|| {
+                    let n = by_value.len();
+                    *by_value.entry(pod.constraints.clone()).or_insert(n)
+                });
+            if cc == self.constraints.len() {
+                self.constraints.push(pod.constraints.clone());
+            }
+            let gang = pod.gang.as_ref().map(|g| {
+                *gang_of_key.entry(g.key.clone()).or_insert_with(|| {
+                    let (pending, running, min, zone) = gang_members[gang_index[g.key.as_str()]].clone();
+                    let incomplete = min.filter(|&m| pending + running < m).map(|m| {
+                        format!(
+                            "gang {} is incomplete: {} of its {} members exist, waiting for the rest",
+                            g.key,
+                            pending + running,
+                            m
+                        )
+                    });
+                    self.gangs.push(Gang {
+                        key: g.key.clone(),
+                        classes: Vec::new(),
+                        zone,
+                        incomplete,
+                        priority: pod.priority,
+                        gpu_eq: 0.0,
+                        failed: None,
+                    });
+                    self.gangs.len() - 1
+                })
+            });
+            let key = (pod.requests.clone(), pod.share, cc, gang);
+            let ci = *class_of.entry(key).or_insert_with(|| {
+                self.classes.push(Class {
+                    requests: pod.requests.clone(),
+                    share: pod.share,
+                    cclass: cc,
+                    pods: Vec::new(),
+                    next: 0,
+                    gang,
+                    priority: pod.priority,
+                    gpu_eq: pod.gpu_equivalents(),
+                    tmask: Vec::new(),
+                    value: 0.0,
+                });
+                if let Some(g) = gang {
+                    self.gangs[g].classes.push(self.classes.len() - 1);
+                }
+                self.classes.len() - 1
+            });
+            self.classes[ci].pods.push(pi);
+            if let Some(g) = gang {
+                self.gangs[g].gpu_eq += pod.gpu_equivalents();
+                self.gangs[g].priority = self.gangs[g].priority.max(pod.priority);
+            }
+        }
+        // Static compatibility and value.
+        for c in &mut self.classes {
+            let cons = &self.constraints[c.cclass];
+            c.tmask = self
+                .templates
+                .iter()
+                .map(|t| {
+                    let fits = c.requests.fits_in(&t.allocatable)
+                        && c.share.is_none_or(|s| share_copies(&t.shared, &s) > 0);
+                    if !fits || !cons.tolerates(&t.taints) {
+                        return 0;
+                    }
+                    t.offerings
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, o)| cons.matches_node(&o.labels, None))
+                        .fold(0u64, |m, (i, _)| m | (1 << i))
+                })
+                .collect();
+            let mut best = f64::INFINITY;
+            for (ti, t) in self.templates.iter().enumerate() {
+                let m = c.tmask[ti] & self.available[ti];
+                if m != 0 {
+                    best = best.min(t.price(m) * dominant_share(c, t));
+                }
+            }
+            c.value = if best.is_finite() && best > 0.0 { best } else { 0.0 };
+        }
+        self.bin_compat_width = self.bins.len();
+        self.bin_compat = vec![0; self.constraints.len() * self.bins.len()];
+    }
+
+    fn room(&self, usage: &Usage, t: usize) -> i64 {
+        let t = &self.templates[t];
+        let pool = &self.policy.pools[t.pool];
+        let g = t.gpus as i64;
+        let mut r = pool.max_nodes as i64 - usage.pool_nodes[t.pool];
+        if let (Some(mg), true) = (pool.max_gpus, g > 0) {
+            r = r.min((mg as i64 - usage.pool_gpus[t.pool]) / g);
+        }
+        if let Some(mn) = self.policy.limits.max_nodes {
+            r = r.min(mn as i64 - usage.nodes);
+        }
+        if let (Some(mg), true) = (self.policy.limits.max_gpus, g > 0) {
+            r = r.min((mg as i64 - usage.gpus) / g);
+        }
+        r.max(0)
+    }
+
+    fn add_usage(&self, usage: &mut Usage, t: usize, n: i64) {
+        let t = &self.templates[t];
+        let g = t.gpus as i64 * n;
+        usage.pool_nodes[t.pool] += n;
+        usage.pool_gpus[t.pool] += g;
+        usage.nodes += n;
+        usage.gpus += g;
+    }
+
+    fn compat(&mut self, c: usize, b: usize) -> bool {
+        let bin = &self.bins[b];
+        match bin.kind {
+            BinKind::Node(ni) => {
+                let cc = self.classes[c].cclass;
+                let idx = cc * self.bin_compat_width + b;
+                if self.bin_compat[idx] == 0 {
+                    let n = &self.snapshot.nodes[ni];
+                    let ok = self.constraints[cc].admits(&n.labels, &n.taints, Some(&n.name));
+                    self.bin_compat[idx] = if ok { 1 } else { 2 };
+                }
+                self.bin_compat[idx] == 1
+            }
+            BinKind::InFlight(_) | BinKind::New(_) => {
+                self.classes[c].tmask[bin.template] & bin.mask != 0
+            }
+        }
+    }
+
+    /// First-fit of up to `want` pods of class `c` onto bins (optionally only in `zone`), on the
+    /// real bins. Returns how many were placed.
+    fn place_on_bins(&mut self, c: usize, want: i64, zone: Option<&str>) -> i64 {
+        let mut left = want;
+        for b in 0..self.bins.len() {
+            if left == 0 {
+                break;
+            }
+            if zone.is_some_and(|z| self.bins[b].zone.as_deref() != Some(z)) {
+                continue;
+            }
+            if !self.compat(c, b) {
+                continue;
+            }
+            let bin = &self.bins[b];
+            let k = self.classes[c].copies(&bin.free, &bin.shared).min(left);
+            if k <= 0 {
+                continue;
+            }
+            let bin = &mut self.bins[b];
+            self.classes[c].apply(&mut bin.free, &mut bin.shared, k);
+            if matches!(bin.kind, BinKind::New(_)) {
+                bin.mask &= self.classes[c].tmask[bin.template];
+            }
+            let kind = bin.kind;
+            for _ in 0..k {
+                let cl = &mut self.classes[c];
+                let pod = cl.pods[cl.next];
+                cl.next += 1;
+                match kind {
+                    BinKind::New(n) => {
+                        self.new_nodes[n].pods.push(pod);
+                        self.new_nodes[n].mask = self.bins[b].mask;
+                    }
+                    _ => self.placed.push((pod, kind)),
+                }
+            }
+            left -= k;
+        }
+        want - left
+    }
+
+    /// How many pods of each class would fit on the bins of `zone`, without changing them.
+    fn trial_on_bins(&mut self, items: &mut [(usize, i64)], zone: &str) -> Vec<(usize, usize, i64)> {
+        let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>)> = HashMap::new();
+        let mut out = Vec::new();
+        for it in items.iter_mut() {
+            let c = it.0;
+            for b in 0..self.bins.len() {
+                if it.1 == 0 {
+                    break;
+                }
+                if self.bins[b].zone.as_deref() != Some(zone) || !self.compat(c, b) {
+                    continue;
+                }
+                let (free, shared) = scratch
+                    .entry(b)
+                    .or_insert_with(|| (self.bins[b].free.clone(), self.bins[b].shared.clone()));
+                let k = self.classes[c].copies(free, shared).min(it.1);
+                if k > 0 {
+                    self.classes[c].apply(free, shared, k);
+                    it.1 -= k;
+                    out.push((c, b, k));
+                }
+            }
+        }
+        out
+    }
+
+    /// Top pool priority, per item, among templates that could take it now.
+    fn top_priorities(&self, items: &[(usize, i64)], usage: &Usage, zone_masks: &[u64]) -> Vec<i32> {
+        let rooms: Vec<bool> = (0..self.templates.len())
+            .map(|t| self.room(usage, t) > 0)
+            .collect();
+        items
+            .iter()
+            .map(|&(c, _)| {
+                let cl = &self.classes[c];
+                self.templates
+                    .iter()
+                    .enumerate()
+                    .filter(|(t, _)| rooms[*t] && cl.tmask[*t] & self.available[*t] & zone_masks[*t] != 0)
+                    .map(|(_, t)| t.priority)
+                    .max()
+                    .unwrap_or(i32::MIN)
+            })
+            .collect()
+    }
+
+    /// Greedy opening of new nodes for `items` (class, remaining), decremented in place.
+    fn open_new(&self, items: &mut [(usize, i64)], zone: Option<&str>, usage: &mut Usage) -> Vec<Opened> {
+        let zone_masks: Vec<u64> = self
+            .templates
+            .iter()
+            .map(|t| zone.map_or(u64::MAX, |z| t.zone_mask(z)))
+            .collect();
+        let mut out = Vec::new();
+        loop {
+            if items.iter().all(|(_, r)| *r == 0) {
+                break;
+            }
+            let prio = self.top_priorities(items, usage, &zone_masks);
+            let mut best: Option<(f64, f64, usize, Opened)> = None;
+            for (ti, t) in self.templates.iter().enumerate() {
+                let base = self.available[ti] & zone_masks[ti];
+                if base == 0 || self.room(usage, ti) == 0 {
+                    continue;
+                }
+                let mut free = t.allocatable.clone();
+                let mut shared = t.shared.clone();
+                let mut mask = base;
+                let mut takes = Vec::new();
+                let mut value = 0.0;
+                for (i, &(c, rem)) in items.iter().enumerate() {
+                    if rem == 0 || prio[i] != t.priority {
+                        continue;
+                    }
+                    let cl = &self.classes[c];
+                    let m = mask & cl.tmask[ti];
+                    if m == 0 {
+                        continue;
+                    }
+                    let k = cl.copies(&free, &shared).min(rem);
+                    if k <= 0 {
+                        continue;
+                    }
+                    cl.apply(&mut free, &mut shared, k);
+                    mask = m;
+                    takes.push((i, k));
+                    value += k as f64 * cl.value;
+                }
+                if takes.is_empty() || value <= 0.0 {
+                    continue;
+                }
+                let ratio = t.price(mask) / value;
+                let better = match &best {
+                    None => true,
+                    Some((br, bv, _, _)) => {
+                        ratio < br * (1.0 - 1e-9) || (ratio <= br * (1.0 + 1e-9) && value > *bv)
+                    }
+                };
+                if better {
+                    best = Some((
+                        ratio,
+                        value,
+                        ti,
+                        Opened {
+                            template: ti,
+                            mask,
+                            count: 1,
+                            takes,
+                            free,
+                            shared,
+                        },
+                    ));
+                }
+            }
+            let Some((_, _, ti, mut o)) = best else { break };
+            let mut reps = self.room(usage, ti);
+            for &(i, k) in &o.takes {
+                reps = reps.min(items[i].1 / k);
+            }
+            let reps = reps.max(1);
+            for &(i, k) in &o.takes {
+                items[i].1 -= k * reps;
+            }
+            self.add_usage(usage, ti, reps);
+            o.count = reps;
+            // Store class ids instead of item positions.
+            o.takes = o.takes.iter().map(|&(i, k)| (items[i].0, k)).collect();
+            out.push(o);
+        }
+        out
+    }
+
+    fn take_pods(&mut self, c: usize, k: i64) -> Vec<usize> {
+        let cl = &mut self.classes[c];
+        let end = cl.next + k as usize;
+        let pods = cl.pods[cl.next..end].to_vec();
+        cl.next = end;
+        pods
+    }
+
+    fn commit_opened(&mut self, opened: Vec<Opened>, gang: Option<usize>, as_bins: bool) {
+        for o in opened {
+            for _ in 0..o.count {
+                let mut pods = Vec::new();
+                for &(c, k) in &o.takes {
+                    pods.extend(self.take_pods(c, k));
+                }
+                let id = self.new_nodes.len();
+                self.new_nodes.push(NewNode {
+                    template: o.template,
+                    mask: o.mask,
+                    gang,
+                    pods,
+                });
+                if as_bins {
+                    let t = &self.templates[o.template];
+                    let zone = t.offerings_in(o.mask).next().map(|x| x.key.zone.clone());
+                    self.bins.push(Bin {
+                        free: o.free.clone(),
+                        shared: o.shared.clone(),
+                        zone,
+                        kind: BinKind::New(id),
+                        template: o.template,
+                        mask: o.mask,
+                    });
+                }
+            }
+        }
+    }
+
+    fn gang_zones(&self, g: &Gang) -> Vec<String> {
+        if let Some(z) = &g.zone {
+            return vec![z.clone()];
+        }
+        let mut zones = BTreeSet::new();
+        for t in self.templates {
+            for o in &t.offerings {
+                zones.insert(o.key.zone.clone());
+            }
+        }
+        for b in &self.bins {
+            if let Some(z) = &b.zone {
+                zones.insert(z.clone());
+            }
+        }
+        zones.into_iter().collect()
+    }
+
+    fn place_gang(&mut self, g: usize) {
+        if self.gangs[g].incomplete.is_some() {
+            return;
+        }
+        let classes = self.gangs[g].classes.clone();
+        if classes.iter().any(|&c| self.classes[c].tmask.iter().all(|m| *m == 0)) {
+            return; // a member can never fit: its own reason says why
+        }
+        let mut best: Option<(f64, String)> = None;
+        for zone in self.gang_zones(&self.gangs[g]) {
+            let mut items: Vec<(usize, i64)> =
+                classes.iter().map(|&c| (c, self.classes[c].remaining())).collect();
+            items.sort_by(|a, b| self.classes[b.0].value.total_cmp(&self.classes[a.0].value));
+            self.trial_on_bins(&mut items, &zone);
+            let mut usage = self.usage.clone();
+            let opened = self.open_new(&mut items, Some(&zone), &mut usage);
+            if items.iter().any(|(_, r)| *r > 0) {
+                continue;
+            }
+            let cost: f64 = opened
+                .iter()
+                .map(|o| self.templates[o.template].price(o.mask) * o.count as f64)
+                .sum();
+            if best.as_ref().is_none_or(|(bc, _)| cost < *bc - 1e-9) {
+                best = Some((cost, zone));
+            }
+        }
+        let Some((_, zone)) = best else {
+            let members: i64 = classes.iter().map(|&c| self.classes[c].remaining()).sum();
+            self.gangs[g].failed = Some(format!(
+                "gang {} ({} pending pods, {:.2} GPUs) cannot get all its capacity in one zone: no zone has enough free or launchable capacity within pool and cluster limits",
+                self.gangs[g].key, members, self.gangs[g].gpu_eq
+            ));
+            return;
+        };
+        // Commit: existing capacity first, then new nodes, exactly as in the trial.
+        let mut items: Vec<(usize, i64)> = classes.iter().map(|&c| (c, self.classes[c].remaining())).collect();
+        items.sort_by(|a, b| self.classes[b.0].value.total_cmp(&self.classes[a.0].value));
+        for it in items.iter_mut() {
+            it.1 -= self.place_on_bins(it.0, it.1, Some(&zone));
+        }
+        let mut usage = self.usage.clone();
+        let opened = self.open_new(&mut items, Some(&zone), &mut usage);
+        self.usage = usage;
+        self.commit_opened(opened, Some(g), true);
+    }
+
+    fn run(&mut self) {
+        // Units in priority order, then size: gangs by total size, classes by pod size.
+        enum Unit {
+            Class(usize),
+            Gang(usize),
+        }
+        let mut units: Vec<(i32, f64, Unit)> = Vec::new();
+        for (ci, c) in self.classes.iter().enumerate() {
+            if c.gang.is_none() {
+                units.push((c.priority, c.gpu_eq, Unit::Class(ci)));
+            }
+        }
+        for (gi, g) in self.gangs.iter().enumerate() {
+            units.push((g.priority, g.gpu_eq, Unit::Gang(gi)));
+        }
+        units.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
+        for (_, _, u) in &units {
+            match *u {
+                Unit::Class(c) => {
+                    let want = self.classes[c].remaining();
+                    self.place_on_bins(c, want, None);
+                }
+                Unit::Gang(g) => self.place_gang(g),
+            }
+        }
+        // Singles left: leftovers of nodes opened for gangs, then new nodes.
+        let mut items: Vec<(usize, i64)> = Vec::new();
+        for (_, _, u) in &units {
+            if let Unit::Class(c) = *u {
+                let want = self.classes[c].remaining();
+                if want > 0 {
+                    let placed = self.place_on_bins(c, want, None);
+                    if want - placed > 0 {
+                        items.push((c, want - placed));
+                    }
+                }
+            }
+        }
+        items.sort_by(|a, b| {
+            self.classes[b.0]
+                .value
+                .total_cmp(&self.classes[a.0].value)
+                .then(a.0.cmp(&b.0))
+        });
+        let mut usage = self.usage.clone();
+        let opened = self.open_new(&mut items, None, &mut usage);
+        self.usage = usage;
+        self.commit_opened(opened, None, false);
+    }
+
+    fn class_reason(&self, c: usize) -> String {
+        let cl = &self.classes[c];
+        let cons = &self.constraints[cl.cclass];
+        if let Some(g) = cl.gang {
+            let g = &self.gangs[g];
+            if let Some(r) = &g.incomplete {
+                return r.clone();
+            }
+            if let Some(r) = &g.failed {
+                return r.clone();
+            }
+        }
+        let what = match &cl.share {
+            Some(s) => format!(
+                "{} (shared GPU: {} GiB, {}% of one GPU)",
+                cl.requests, s.mem_gib, s.core_pct
+            ),
+            None => cl.requests.to_string(),
+        };
+        if self.templates.is_empty() {
+            return "no pool has any usable instance type".into();
+        }
+        // Which templates match labels/taints at all?
+        let matching: Vec<usize> = (0..self.templates.len())
+            .filter(|&t| {
+                let tp = &self.templates[t];
+                cons.tolerates(&tp.taints)
+                    && tp.offerings.iter().any(|o| cons.matches_node(&o.labels, None))
+            })
+            .collect();
+        if matching.is_empty() {
+            if let Some(t) = self.templates.iter().find(|t| {
+                t.offerings.iter().any(|o| cons.matches_node(&o.labels, None))
+            }) {
+                if let Some(taint) = cons.untolerated(&t.taints) {
+                    return format!(
+                        "no pool matches: the matching pools' nodes are tainted {taint} (pool {}), which the pod does not tolerate",
+                        t.pool_name
+                    );
+                }
+            }
+            return "no pool offers nodes matching its nodeSelector/node affinity (GPU model, instance type, zone or capacity type not offered)".into();
+        }
+        if cl.tmask.iter().all(|m| *m == 0) {
+            for (name, v) in cl.requests.dimensions() {
+                if v > 0 && matching.iter().all(|&t| self.templates[t].allocatable.get(name) == 0) {
+                    return format!("no matching pool offers {name} (requests {what})");
+                }
+            }
+            if cl.share.is_some() && matching.iter().all(|&t| self.templates[t].shared.is_empty()) {
+                return format!("no matching pool shares GPUs (requests {what})");
+            }
+            let largest = matching
+                .iter()
+                .map(|&t| &self.templates[t])
+                .max_by(|a, b| a.allocatable.whole_gpus().cmp(&b.allocatable.whole_gpus()).then(a.allocatable.cpu_milli.cmp(&b.allocatable.cpu_milli)))
+                .map(|t| format!("; largest matching: {} in pool {} with {}", t.instance_type, t.pool_name, t.allocatable))
+                .unwrap_or_default();
+            return format!("no matching instance type can fit requests {what} on one node{largest}");
+        }
+        let fitting: Vec<usize> = (0..self.templates.len()).filter(|&t| cl.tmask[t] != 0).collect();
+        if fitting.iter().all(|&t| cl.tmask[t] & self.available[t] == 0) {
+            let n: usize = fitting.iter().map(|&t| (cl.tmask[t]).count_ones() as usize).sum();
+            return format!(
+                "all {n} matching offerings are currently unavailable (insufficient capacity); retrying when the insufficient-capacity cache expires"
+            );
+        }
+        let mut pools: Vec<String> = fitting
+            .iter()
+            .filter(|&&t| self.room(&self.usage, t) == 0)
+            .map(|&t| {
+                let p = &self.policy.pools[self.templates[t].pool];
+                format!("{} (max {} nodes{})", p.name, p.max_nodes, p.max_gpus.map(|g| format!(", {g} GPUs")).unwrap_or_default())
+            })
+            .collect();
+        pools.dedup();
+        if !pools.is_empty() {
+            let cluster = match (self.policy.limits.max_nodes, self.policy.limits.max_gpus) {
+                (None, None) => String::new(),
+                (n, g) => format!(
+                    "; cluster limits: {} nodes, {} GPUs",
+                    n.map_or("unlimited".into(), |n| n.to_string()),
+                    g.map_or("unlimited".into(), |g| g.to_string())
+                ),
+            };
+            return format!("limits reached: pool {}{cluster}", pools.join(", "));
+        }
+        "no capacity could be planned for it".into()
+    }
+
+    fn into_plan(self) -> Plan {
+        let snap = self.snapshot;
+        let mut plan = Plan::default();
+        for (pod, kind) in &self.placed {
+            let target = match *kind {
+                BinKind::Node(n) => snap.nodes[n].name.clone(),
+                BinKind::InFlight(f) => format!("launch/{}", snap.in_flight[f].launch_id),
+                BinKind::New(_) => unreachable!("new nodes keep their own pods"),
+            };
+            plan.existing_capacity.push(Placement {
+                pod: snap.pods[*pod].id.to_string(),
+                target,
+            });
+        }
+        // Group identical new nodes into one scale-up.
+        let mut groups: Vec<((usize, u64, Option<usize>), ScaleUp)> = Vec::new();
+        let mut index: HashMap<(usize, u64, Option<usize>), usize> = HashMap::new();
+        for n in &self.new_nodes {
+            let key = (n.template, n.mask, n.gang);
+            let gi = *index.entry(key).or_insert_with(|| {
+                let t = &self.templates[n.template];
+                groups.push((
+                    key,
+                    ScaleUp {
+                        pool: t.pool_name.clone(),
+                        count: 0,
+                        offerings: t
+                            .offerings_in(n.mask & self.available[n.template])
+                            .map(|o| PlannedOffering {
+                                instance_type: o.key.instance_type.clone(),
+                                zone: o.key.zone.clone(),
+                                capacity_type: o.key.capacity_type.as_str().to_string(),
+                                price_per_hour: o.price,
+                            })
+                            .collect(),
+                        pods: Vec::new(),
+                        gang: n.gang.map(|g| self.gangs[g].key.clone()),
+                    },
+                ));
+                groups.len() - 1
+            });
+            let su = &mut groups[gi].1;
+            su.count += 1;
+            su.pods.extend(n.pods.iter().map(|&p| snap.pods[p].id.to_string()));
+        }
+        plan.scale_ups = groups.into_iter().map(|(_, s)| s).collect();
+        for (ci, c) in self.classes.iter().enumerate() {
+            if c.remaining() == 0 {
+                continue;
+            }
+            let reason = self.class_reason(ci);
+            for &p in &c.pods[c.next..] {
+                plan.unschedulable.push(Unschedulable {
+                    pod: snap.pods[p].id.to_string(),
+                    reason: reason.clone(),
+                });
+            }
+        }
+        for p in &snap.pods {
+            if is_planned_pod(p) {
+                if let Some(problem) = &p.problem {
+                    plan.unschedulable.push(Unschedulable {
+                        pod: p.id.to_string(),
+                        reason: format!("invalid pod spec: {problem}"),
+                    });
+                }
+            }
+        }
+        plan.unschedulable.sort_by(|a, b| a.pod.cmp(&b.pod));
+        plan.existing_capacity.sort_by(|a, b| a.pod.cmp(&b.pod));
+        plan
+    }
+}
+
+/// Plans placements and scale-ups for the pending GPU pods.
+pub(super) fn scale_up(snapshot: &Snapshot, templates: &[Template], policy: &Policy, now: Time) -> Plan {
+    let mut p = Packer::new(snapshot, templates, policy, now);
+    p.run();
+    p.into_plan()
+}

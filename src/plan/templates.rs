@@ -1,0 +1,343 @@
+//! Node templates: what a new node of a pool's instance type would look like (labels, taints,
+//! allocatable after reservations and DaemonSet pods) and the offerings it can be bought as.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpu_node_autoscaler_provider::{Catalog, GpuVendor, InstanceType, OfferingKey};
+
+use crate::model::constraints::Taint;
+use crate::model::gpu::{self, parse_mig_profile};
+use crate::model::labels;
+use crate::model::resources::{Resources, SharedGpu, MIG_PREFIX};
+use crate::model::{Pod, Snapshot, Time};
+use crate::policy::{GpuMode, Policy, Pool};
+
+/// One way to buy a node of a template.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TemplateOffering {
+    pub key: OfferingKey,
+    pub price: f64,
+    /// The cloud has it and it is not in the insufficient-capacity cache.
+    pub available: bool,
+    /// Every label a node bought this way carries.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A pool × instance type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Template {
+    pub pool: usize,
+    pub pool_name: String,
+    pub priority: i32,
+    pub instance_type: String,
+    /// What pods can use on a new node: capacity less reservations and DaemonSet pods.
+    pub allocatable: Resources,
+    /// Shared-GPU pools: one entry per GPU.
+    pub shared: Vec<SharedGpu>,
+    /// Physical GPUs per node, for GPU limits.
+    pub gpus: u32,
+    pub taints: Vec<Taint>,
+    /// In preference order: the pool's capacity-type order, then price, then zone.
+    pub offerings: Vec<TemplateOffering>,
+}
+
+impl Template {
+    /// Indices of offerings in preference order that are set in `mask`.
+    pub fn offerings_in(&self, mask: u64) -> impl Iterator<Item = &TemplateOffering> {
+        self.offerings
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| mask & (1u64 << i) != 0)
+            .map(|(_, o)| o)
+    }
+
+    /// Price of the preferred offering in `mask`.
+    pub fn price(&self, mask: u64) -> f64 {
+        if mask == 0 {
+            return f64::INFINITY;
+        }
+        self.offerings[mask.trailing_zeros() as usize].price
+    }
+
+    pub fn available_mask(&self) -> u64 {
+        self.offerings
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.available)
+            .fold(0, |m, (i, _)| m | (1u64 << i))
+    }
+
+    pub fn all_mask(&self) -> u64 {
+        if self.offerings.len() >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.offerings.len()) - 1
+        }
+    }
+
+    pub fn zone_mask(&self, zone: &str) -> u64 {
+        self.offerings
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.key.zone == zone)
+            .fold(0, |m, (i, _)| m | (1u64 << i))
+    }
+}
+
+/// Most offerings one template may have (zones × capacity types).
+pub const MAX_OFFERINGS: usize = 64;
+
+/// The instance types of `catalog` a pool may use, in catalog order.
+pub fn pool_instance_types<'a>(
+    pool: &Pool,
+    catalog: &'a Catalog,
+) -> Result<Vec<&'a InstanceType>, String> {
+    let mut out = Vec::new();
+    match &pool.instance_types {
+        Some(names) => {
+            for n in names {
+                let t = catalog.instance_type(n).ok_or_else(|| {
+                    format!("pool {}: instance type {n:?} is not in the catalog", pool.name)
+                })?;
+                if let Some(r) = &pool.requirements {
+                    if !r.admits(t) {
+                        continue;
+                    }
+                }
+                out.push(t);
+            }
+        }
+        None => {
+            let r = pool.requirements.as_ref();
+            out.extend(
+                catalog
+                    .instance_types
+                    .iter()
+                    .filter(|t| r.is_some_and(|r| r.admits(t))),
+            );
+        }
+    }
+    if out.is_empty() {
+        return Err(format!(
+            "pool {}: no instance type of the catalog matches its instanceTypes/requirements",
+            pool.name
+        ));
+    }
+    Ok(out)
+}
+
+/// Labels of a node of this pool and type bought as `key` (pool labels win).
+fn node_labels(
+    pool: &Pool,
+    t: &InstanceType,
+    key: &OfferingKey,
+    region: Option<&str>,
+) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::new();
+    l.insert(labels::INSTANCE_TYPE.into(), t.name.clone());
+    l.insert(labels::ZONE.into(), key.zone.clone());
+    if let Some(r) = region {
+        l.insert(labels::REGION.into(), r.to_string());
+    }
+    l.insert(labels::POOL.into(), pool.name.clone());
+    l.insert(labels::CAPACITY_TYPE.into(), key.capacity_type.as_str().into());
+    l.insert(
+        labels::KARPENTER_CAPACITY_TYPE.into(),
+        key.capacity_type.as_str().into(),
+    );
+    l.insert(labels::ARCH.into(), "amd64".into());
+    l.insert(labels::OS.into(), "linux".into());
+    if let Some(g) = &t.gpu {
+        l.insert(labels::GPU_MODEL.into(), g.model.clone());
+        if g.vendor == GpuVendor::Nvidia {
+            l.insert(
+                labels::NVIDIA_PRODUCT.into(),
+                gpu::nvidia_product_label(&g.model, g.memory_mib),
+            );
+            l.insert(labels::NVIDIA_COUNT.into(), g.count.to_string());
+            l.insert(
+                labels::AWS_ACCELERATOR.into(),
+                gpu::aws_accelerator_label(&g.model),
+            );
+        }
+    }
+    for (k, v) in &pool.labels {
+        l.insert(k.clone(), v.clone());
+    }
+    l
+}
+
+/// Allocatable of an empty node, before DaemonSet pods.
+fn base_allocatable(pool: &Pool, t: &InstanceType) -> Result<(Resources, Vec<SharedGpu>), String> {
+    let mut r = Resources {
+        cpu_milli: (t.vcpu as i64 * 1000 - pool.reserved_cpu_milli).max(0),
+        memory: ((t.memory_mib as i64) << 20).saturating_sub(pool.reserved_memory).max(0),
+        pods: pool.max_pods as i64,
+        ..Default::default()
+    };
+    let mut shared = Vec::new();
+    if let Some(g) = &t.gpu {
+        match &pool.gpu_mode {
+            GpuMode::Whole => match g.vendor {
+                GpuVendor::Nvidia => r.gpu = g.count as i64,
+                GpuVendor::Amd => r.amd_gpu = g.count as i64,
+            },
+            GpuMode::Mig(layout) => {
+                if !gpu::supports_mig(&g.model) {
+                    return Err(format!(
+                        "pool {}: {} has {} GPUs, which do not support MIG",
+                        pool.name, t.name, g.model
+                    ));
+                }
+                let gb: u32 = layout
+                    .iter()
+                    .filter_map(|(p, n)| parse_mig_profile(p).map(|p| p.memory_gb * n))
+                    .sum();
+                let have = (g.memory_mib / 1024) as u32;
+                if gb > have + have / 10 {
+                    return Err(format!(
+                        "pool {}: MIG layout needs {gb} GB per GPU but a {} GPU of {} has {have} GB",
+                        pool.name, g.model, t.name
+                    ));
+                }
+                for (profile, n) in layout {
+                    r.set(
+                        &format!("{MIG_PREFIX}{profile}"),
+                        *n as i64 * g.count as i64,
+                    );
+                }
+            }
+            GpuMode::Shared { core_percentage } => {
+                let mem_gib = (g.memory_mib / 1024) as i64;
+                shared = (0..g.count)
+                    .map(|_| SharedGpu {
+                        mem_gib,
+                        core_pct: *core_percentage as i64,
+                    })
+                    .collect();
+            }
+        }
+    }
+    Ok((r, shared))
+}
+
+/// One representative pod per DaemonSet seen in the cluster (the largest request wins).
+pub fn daemonset_pods(snapshot: &Snapshot) -> Vec<&Pod> {
+    let mut by_owner: BTreeMap<(&str, &str), &Pod> = BTreeMap::new();
+    for p in &snapshot.pods {
+        let Some(o) = &p.owner else { continue };
+        if !p.is_daemonset() || p.phase.is_terminal() {
+            continue;
+        }
+        let k = (p.id.namespace.as_str(), o.name.as_str());
+        let e = by_owner.entry(k).or_insert(p);
+        if p.requests > e.requests {
+            *e = p;
+        }
+    }
+    by_owner.into_values().collect()
+}
+
+/// Builds every template of every pool. Errors (a pool naming a type the catalog lacks, a MIG
+/// layout that does not fit the GPU, ...) are returned per pool; the other pools still plan.
+pub fn build_templates(
+    policy: &Policy,
+    catalog: &Catalog,
+    snapshot: &Snapshot,
+    now: Time,
+) -> (Vec<Template>, Vec<String>) {
+    let mut prices: BTreeMap<&OfferingKey, (f64, bool)> = BTreeMap::new();
+    for o in &catalog.offerings {
+        prices.insert(&o.key, (o.price_per_hour, o.available));
+    }
+    let daemonsets = daemonset_pods(snapshot);
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (pi, pool) in policy.pools.iter().enumerate() {
+        let types = match pool_instance_types(pool, catalog) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        for t in types {
+            let (mut alloc, shared) = match base_allocatable(pool, t) {
+                Ok(x) => x,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            let mut offerings = Vec::new();
+            let zones: BTreeSet<&String> = pool.zones.iter().collect();
+            for (rank, ct) in pool.capacity_types.iter().enumerate() {
+                for z in &zones {
+                    let key = OfferingKey {
+                        instance_type: t.name.clone(),
+                        zone: (*z).clone(),
+                        capacity_type: *ct,
+                    };
+                    let over = pool.prices.get(&t.name).and_then(|p| match ct {
+                        gpu_node_autoscaler_provider::CapacityType::Spot => p.spot,
+                        gpu_node_autoscaler_provider::CapacityType::OnDemand => p.on_demand,
+                    });
+                    let Some(&(cat_price, cat_avail)) = prices.get(&key) else {
+                        continue;
+                    };
+                    let price = over.unwrap_or(cat_price);
+                    let available = cat_avail && !snapshot.is_unavailable(&key, now);
+                    let labels = node_labels(pool, t, &key, policy.region.as_deref());
+                    offerings.push((rank, TemplateOffering {
+                        key,
+                        price,
+                        available,
+                        labels,
+                    }));
+                }
+            }
+            if offerings.is_empty() {
+                errors.push(format!(
+                    "pool {}: the catalog has no offering of {} in zones {}",
+                    pool.name,
+                    t.name,
+                    pool.zones.join(",")
+                ));
+                continue;
+            }
+            offerings.sort_by(|(ra, a), (rb, b)| {
+                ra.cmp(rb)
+                    .then(a.price.total_cmp(&b.price))
+                    .then(a.key.zone.cmp(&b.key.zone))
+            });
+            offerings.truncate(MAX_OFFERINGS);
+            let offerings: Vec<TemplateOffering> = offerings.into_iter().map(|(_, o)| o).collect();
+            // DaemonSet pods that would land on this node take their share first.
+            let probe = &offerings[0].labels;
+            for ds in &daemonsets {
+                let c = &ds.constraints;
+                let selects = c.node_selector.iter().all(|(k, v)| probe.get(k) == Some(v))
+                    && c.affinity.as_ref().is_none_or(|terms| {
+                        terms
+                            .iter()
+                            .any(|t| t.requirements.iter().all(|r| r.matches(probe)))
+                    });
+                if selects && c.tolerates(&pool.taints) {
+                    alloc.sub(&ds.requests);
+                }
+            }
+            out.push(Template {
+                pool: pi,
+                pool_name: pool.name.clone(),
+                priority: pool.priority,
+                instance_type: t.name.clone(),
+                allocatable: alloc,
+                shared,
+                gpus: t.gpu.as_ref().map_or(0, |g| g.count),
+                taints: pool.taints.clone(),
+                offerings,
+            });
+        }
+    }
+    (out, errors)
+}

@@ -1,0 +1,939 @@
+//! The scaling policy (ConfigMap `kube-system/gpu-node-autoscaler-policy`, key `policy.yaml`):
+//! schema, defaults and strict validation with `FILE:LINE:COL` errors.
+
+pub mod duration;
+pub mod source_map;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use gpu_node_autoscaler_provider::CapacityType;
+use serde::Deserialize;
+
+use crate::model::constraints::{Effect, Taint};
+use crate::model::gpu;
+use crate::model::quantity::parse_quantity;
+use source_map::{display_path, path_from_serde, PathSeg, SourceMap};
+
+pub const API_VERSION: &str = "gpu-node-autoscaler.io/v1alpha1";
+pub const KIND: &str = "ScalingPolicy";
+pub const PROVIDERS: [&str; 3] = ["aws", "alibaba", "memory"];
+
+/// Defaults, in one place so docs and code agree.
+pub mod defaults {
+    use std::time::Duration;
+    pub const BATCH_IDLE: Duration = Duration::from_secs(1);
+    pub const BATCH_MAX: Duration = Duration::from_secs(10);
+    pub const MAX_NODE_PROVISION_TIME: Duration = Duration::from_secs(15 * 60);
+    pub const INSUFFICIENT_CAPACITY_TTL: Duration = Duration::from_secs(3 * 60);
+    pub const MAX_CONCURRENT_DRAINS: u32 = 10;
+    pub const SPOT_PRICE_RATIO: f64 = 0.4;
+    pub const COOLDOWN_AFTER_SCALE_UP: Duration = Duration::from_secs(10 * 60);
+    pub const UNNEEDED_TIME: Duration = Duration::from_secs(10 * 60);
+    pub const UTILIZATION_THRESHOLD: f64 = 0.5;
+    pub const BACKOFF_AFTER_FAILURE: Duration = Duration::from_secs(3 * 60);
+    pub const RESERVED_CPU_MILLI: i64 = 200;
+    pub const RESERVED_MEMORY: i64 = 1 << 30;
+    pub const MAX_PODS: u32 = 110;
+    pub const SHARED_CORE_PERCENTAGE: u32 = 100;
+}
+
+/// A validated policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    pub cluster_name: String,
+    pub region: Option<String>,
+    pub limits: Limits,
+    pub batching: Batching,
+    pub max_node_provision_time: Duration,
+    pub insufficient_capacity_ttl: Duration,
+    pub max_concurrent_drains: u32,
+    /// Spot price as a fraction of on-demand where the catalog has no spot price.
+    pub spot_price_ratio: f64,
+    pub pools: Vec<Pool>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Limits {
+    pub max_gpus: Option<u32>,
+    pub max_nodes: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batching {
+    pub idle: Duration,
+    pub max: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    pub name: String,
+    pub provider: String,
+    /// Explicit instance types; `None` means "every catalog type meeting `requirements`".
+    pub instance_types: Option<Vec<String>>,
+    pub requirements: Option<Requirements>,
+    pub zones: Vec<String>,
+    /// Preference order, e.g. `[spot, on-demand]`.
+    pub capacity_types: Vec<CapacityType>,
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub max_gpus: Option<u32>,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub gpu_mode: GpuMode,
+    pub prices: BTreeMap<String, PriceOverride>,
+    pub reserved_cpu_milli: i64,
+    pub reserved_memory: i64,
+    pub max_pods: u32,
+    pub priority: i32,
+    pub scale_down: ScaleDown,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Requirements {
+    pub gpu_models: Vec<String>,
+    pub min_gpus: u32,
+    pub max_gpus: u32,
+    pub families: Vec<String>,
+}
+
+impl Requirements {
+    pub fn admits(&self, t: &gpu_node_autoscaler_provider::InstanceType) -> bool {
+        let Some(g) = &t.gpu else { return false };
+        (self.gpu_models.is_empty() || self.gpu_models.iter().any(|m| m == &g.model))
+            && g.count >= self.min_gpus
+            && g.count <= self.max_gpus
+            && (self.families.is_empty()
+                || self
+                    .families
+                    .iter()
+                    .any(|f| t.name.split('.').next() == Some(f.as_str())))
+    }
+}
+
+/// How a pool's GPUs are exposed to pods.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GpuMode {
+    /// Whole devices (`nvidia.com/gpu`, `amd.com/gpu`).
+    Whole,
+    /// Every GPU partitioned with the same MIG layout: `(profile, count per GPU)`.
+    Mig(Vec<(String, u32)>),
+    /// Shared GPUs (`aliyun.com/gpu-mem`, `aliyun.com/gpu-core.percentage`), with the core
+    /// percentage each GPU offers.
+    Shared { core_percentage: u32 },
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PriceOverride {
+    pub on_demand: Option<f64>,
+    pub spot: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScaleDown {
+    pub enabled: bool,
+    pub cooldown_after_scale_up: Duration,
+    pub unneeded_time: Duration,
+    pub utilization_threshold: f64,
+    pub backoff_after_failure: Duration,
+}
+
+impl Policy {
+    pub fn pool(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+}
+
+/// One validation error with its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyError {
+    pub line: usize,
+    pub col: usize,
+    pub path: String,
+    pub message: String,
+}
+
+/// Every error found in a policy file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyErrors {
+    pub file: String,
+    pub errors: Vec<PolicyError>,
+}
+
+impl fmt::Display for PolicyErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{}:{}:{}: {}", self.file, e.line, e.col, e.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PolicyErrors {}
+
+// ---- raw, serde-facing schema ----
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawPolicy {
+    api_version: Option<String>,
+    kind: Option<String>,
+    cluster_name: Option<String>,
+    region: Option<String>,
+    #[serde(default)]
+    zones: Vec<String>,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    batching: RawBatching,
+    max_node_provision_time: Option<Dur>,
+    insufficient_capacity_ttl: Option<Dur>,
+    max_concurrent_drains: Option<u32>,
+    spot_price_ratio: Option<f64>,
+    /// Pools are decoded one by one so that every pool's errors are reported.
+    #[serde(default)]
+    pools: serde_yaml::Value,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawLimits {
+    max_gpus: Option<u32>,
+    max_nodes: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawBatching {
+    idle: Option<Dur>,
+    max: Option<Dur>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawPool {
+    name: String,
+    provider: Option<String>,
+    instance_types: Option<Vec<String>>,
+    requirements: Option<RawRequirements>,
+    zones: Option<Vec<String>>,
+    capacity_types: Option<Vec<String>>,
+    #[serde(default)]
+    min_nodes: u32,
+    max_nodes: u32,
+    max_gpus: Option<u32>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    taints: Vec<RawTaint>,
+    gpu_mode: Option<String>,
+    mig_layout: Option<BTreeMap<String, u32>>,
+    shared_gpu: Option<RawSharedGpu>,
+    #[serde(default)]
+    prices: BTreeMap<String, RawPrice>,
+    #[serde(default)]
+    reserved: RawReserved,
+    max_pods: Option<u32>,
+    #[serde(default)]
+    priority: i32,
+    #[serde(default)]
+    scale_down: RawScaleDown,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawRequirements {
+    #[serde(default)]
+    gpu_models: Vec<String>,
+    #[serde(default)]
+    gpu_count: RawRange,
+    #[serde(default)]
+    families: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRange {
+    min: Option<u32>,
+    max: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTaint {
+    key: String,
+    #[serde(default)]
+    value: String,
+    effect: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSharedGpu {
+    core_percentage: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawPrice {
+    on_demand: Option<f64>,
+    spot: Option<f64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawReserved {
+    cpu: Option<QuantityText>,
+    memory: Option<QuantityText>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawScaleDown {
+    enabled: Option<bool>,
+    cooldown_after_scale_up: Option<Dur>,
+    unneeded_time: Option<Dur>,
+    utilization_threshold: Option<f64>,
+    backoff_after_failure: Option<Dur>,
+}
+
+/// A duration written Go-style (`10m`, `1h30m`, `500ms`).
+struct Dur(Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+        let s = String::deserialize(d)?;
+        duration::parse_duration(&s)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A quantity written as a string or a number.
+struct QuantityText(String);
+
+impl<'de> Deserialize<'de> for QuantityText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<QuantityText, D::Error> {
+        let v = serde_yaml::Value::deserialize(d)?;
+        match v {
+            serde_yaml::Value::String(s) => Ok(QuantityText(s)),
+            serde_yaml::Value::Number(n) => Ok(QuantityText(n.to_string())),
+            _ => Err(serde::de::Error::custom(
+                "expected a quantity such as \"500m\" or \"2Gi\"",
+            )),
+        }
+    }
+}
+
+struct Collector<'a> {
+    map: &'a SourceMap,
+    errors: Vec<PolicyError>,
+}
+
+impl Collector<'_> {
+    fn at(&mut self, path: &[PathSeg], message: impl Into<String>) {
+        let loc = self.map.locate_nearest(path);
+        let shown = display_path(path);
+        let message = message.into();
+        let message = if shown.is_empty() {
+            message
+        } else {
+            format!("{shown}: {message}")
+        };
+        self.errors.push(PolicyError {
+            line: loc.line,
+            col: loc.col,
+            path: shown,
+            message,
+        });
+    }
+
+    fn serde_error<E: fmt::Display>(
+        &mut self,
+        prefix: &[PathSeg],
+        e: serde_path_to_error::Error<E>,
+    ) {
+        let mut path = prefix.to_vec();
+        path.extend(path_from_serde(e.path()));
+        let msg = e.inner().to_string();
+        // serde_yaml appends its own (meaningless for a sub-value) position; drop it.
+        let msg = match msg.find(" at line ") {
+            Some(i) => msg[..i].to_string(),
+            None => msg,
+        };
+        self.at(&path, msg);
+    }
+}
+
+fn key(k: &str) -> PathSeg {
+    PathSeg::Key(k.to_string())
+}
+
+fn pool_path(i: usize, rest: &[&str]) -> Vec<PathSeg> {
+    let mut p = vec![key("pools"), PathSeg::Index(i)];
+    p.extend(rest.iter().map(|s| key(s)));
+    p
+}
+
+/// Parses and validates a policy. `file` names the source in error messages.
+pub fn parse_policy(text: &str, file: &str) -> Result<Policy, PolicyErrors> {
+    let fail = |errors| PolicyErrors {
+        file: file.to_string(),
+        errors,
+    };
+    let map = SourceMap::parse(text).map_err(|e| {
+        fail(vec![PolicyError {
+            line: e.line,
+            col: e.col,
+            path: String::new(),
+            message: format!("invalid YAML: {}", e.message),
+        }])
+    })?;
+    let root: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| {
+        let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+        fail(vec![PolicyError {
+            line,
+            col,
+            path: String::new(),
+            message: format!("invalid YAML: {e}"),
+        }])
+    })?;
+    let mut c = Collector {
+        map: &map,
+        errors: Vec::new(),
+    };
+    if !root.is_mapping() {
+        c.at(&[], "a policy must be a YAML mapping with a `pools` list");
+        return Err(fail(c.errors));
+    }
+    let raw: RawPolicy = match serde_path_to_error::deserialize(root) {
+        Ok(r) => r,
+        Err(e) => {
+            c.serde_error(&[], e);
+            RawPolicy::default()
+        }
+    };
+    let policy = validate(raw, &mut c);
+    if c.errors.is_empty() {
+        Ok(policy)
+    } else {
+        c.errors.sort_by_key(|e| (e.line, e.col));
+        c.errors.dedup();
+        Err(fail(c.errors))
+    }
+}
+
+fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
+    if let Some(v) = &raw.api_version {
+        if v != API_VERSION {
+            c.at(
+                &[key("apiVersion")],
+                format!("unsupported apiVersion {v:?} (expected {API_VERSION:?})"),
+            );
+        }
+    }
+    if let Some(k) = &raw.kind {
+        if k != KIND {
+            c.at(&[key("kind")], format!("kind must be {KIND:?}, not {k:?}"));
+        }
+    }
+    let spot_price_ratio = raw.spot_price_ratio.unwrap_or(defaults::SPOT_PRICE_RATIO);
+    if !(spot_price_ratio > 0.0 && spot_price_ratio <= 1.0) {
+        c.at(
+            &[key("spotPriceRatio")],
+            format!("must be in (0, 1], got {spot_price_ratio}"),
+        );
+    }
+    let batching = Batching {
+        idle: raw.batching.idle.map_or(defaults::BATCH_IDLE, |d| d.0),
+        max: raw.batching.max.map_or(defaults::BATCH_MAX, |d| d.0),
+    };
+    if batching.idle > batching.max {
+        c.at(
+            &[key("batching"), key("idle")],
+            "idle must not be longer than max",
+        );
+    }
+    let max_concurrent_drains = raw
+        .max_concurrent_drains
+        .unwrap_or(defaults::MAX_CONCURRENT_DRAINS);
+    if max_concurrent_drains == 0 {
+        c.at(
+            &[key("maxConcurrentDrains")],
+            "must be at least 1 (disable scale-down per pool instead)",
+        );
+    }
+    check_zones(&raw.zones, &[key("zones")], c);
+
+    let mut pools = Vec::new();
+    match &raw.pools {
+        serde_yaml::Value::Sequence(items) => {
+            if items.is_empty() {
+                c.at(&[key("pools")], "at least one pool is required");
+            }
+            for (i, item) in items.iter().enumerate() {
+                match serde_path_to_error::deserialize::<_, RawPool>(item.clone()) {
+                    Ok(rp) => {
+                        if let Some(p) = validate_pool(i, rp, &raw.zones, c) {
+                            pools.push(p);
+                        }
+                    }
+                    Err(e) => c.serde_error(&[key("pools"), PathSeg::Index(i)], e),
+                }
+            }
+        }
+        serde_yaml::Value::Null => c.at(&[key("pools")], "missing field `pools`"),
+        _ => c.at(&[key("pools")], "`pools` must be a list"),
+    }
+    let mut seen = BTreeMap::new();
+    for (i, p) in pools.iter().enumerate() {
+        if let Some(first) = seen.insert(p.name.clone(), i) {
+            let idx = pool_index(&raw.pools, &p.name, first + 1);
+            c.at(
+                &pool_path(idx, &["name"]),
+                format!("duplicate pool name {:?}", p.name),
+            );
+        }
+    }
+    Policy {
+        cluster_name: raw.cluster_name.unwrap_or_else(|| "default".to_string()),
+        region: raw.region,
+        limits: Limits {
+            max_gpus: raw.limits.max_gpus,
+            max_nodes: raw.limits.max_nodes,
+        },
+        batching,
+        max_node_provision_time: raw
+            .max_node_provision_time
+            .map_or(defaults::MAX_NODE_PROVISION_TIME, |d| d.0),
+        insufficient_capacity_ttl: raw
+            .insufficient_capacity_ttl
+            .map_or(defaults::INSUFFICIENT_CAPACITY_TTL, |d| d.0),
+        max_concurrent_drains,
+        spot_price_ratio,
+        pools,
+    }
+}
+
+/// Index in the raw list of the n-th pool named `name` (for duplicate reports).
+fn pool_index(pools: &serde_yaml::Value, name: &str, nth: usize) -> usize {
+    let mut seen = 0;
+    if let serde_yaml::Value::Sequence(items) = pools {
+        for (i, item) in items.iter().enumerate() {
+            if item.get("name").and_then(|v| v.as_str()) == Some(name) {
+                seen += 1;
+                if seen == nth + 1 {
+                    return i;
+                }
+            }
+        }
+    }
+    0
+}
+
+fn check_zones(zones: &[String], path: &[PathSeg], c: &mut Collector) {
+    let mut seen = BTreeSet::new();
+    for (i, z) in zones.iter().enumerate() {
+        let mut p = path.to_vec();
+        p.push(PathSeg::Index(i));
+        if z.trim().is_empty() {
+            c.at(&p, "zone name must not be empty");
+        } else if !seen.insert(z) {
+            c.at(&p, format!("duplicate zone {z:?}"));
+        }
+    }
+}
+
+fn validate_pool(i: usize, r: RawPool, global_zones: &[String], c: &mut Collector) -> Option<Pool> {
+    let before = c.errors.len();
+    let at = |rest: &[&str]| pool_path(i, rest);
+    if !is_dns_label(&r.name) {
+        c.at(
+            &at(&["name"]),
+            format!(
+                "pool name {:?} must be a DNS label (lower-case letters, digits, '-', at most 63)",
+                r.name
+            ),
+        );
+    }
+    let provider = r.provider.unwrap_or_else(|| "aws".to_string());
+    if !PROVIDERS.contains(&provider.as_str()) {
+        c.at(
+            &at(&["provider"]),
+            format!(
+                "unknown provider {provider:?} (expected one of {})",
+                PROVIDERS.join(", ")
+            ),
+        );
+    }
+    if r.instance_types.is_none() && r.requirements.is_none() {
+        c.at(
+            &at(&[]),
+            "a pool needs `instanceTypes` or `requirements` to choose instance types",
+        );
+    }
+    if let Some(types) = &r.instance_types {
+        if types.is_empty() {
+            c.at(&at(&["instanceTypes"]), "must list at least one instance type");
+        }
+        let mut seen = BTreeSet::new();
+        for (j, t) in types.iter().enumerate() {
+            if !seen.insert(t) {
+                let mut p = at(&["instanceTypes"]);
+                p.push(PathSeg::Index(j));
+                c.at(&p, format!("duplicate instance type {t:?}"));
+            }
+        }
+    }
+    let requirements = r.requirements.map(|q| {
+        let min = q.gpu_count.min.unwrap_or(1);
+        let max = q.gpu_count.max.unwrap_or(u32::MAX);
+        if min > max {
+            c.at(
+                &at(&["requirements", "gpuCount", "min"]),
+                format!("min ({min}) is greater than max ({max})"),
+            );
+        }
+        Requirements {
+            gpu_models: q.gpu_models,
+            min_gpus: min,
+            max_gpus: max,
+            families: q.families,
+        }
+    });
+    let zones = match r.zones {
+        Some(z) => {
+            check_zones(&z, &at(&["zones"]), c);
+            z
+        }
+        None => global_zones.to_vec(),
+    };
+    if zones.is_empty() {
+        c.at(
+            &at(&[]),
+            "no zones: set `zones` on the pool or at the top level",
+        );
+    }
+    let mut capacity_types = Vec::new();
+    match r.capacity_types {
+        None => capacity_types.push(CapacityType::OnDemand),
+        Some(list) => {
+            if list.is_empty() {
+                c.at(
+                    &at(&["capacityTypes"]),
+                    "must list at least one of spot, on-demand",
+                );
+            }
+            for (j, s) in list.iter().enumerate() {
+                let mut p = at(&["capacityTypes"]);
+                p.push(PathSeg::Index(j));
+                match CapacityType::parse(s) {
+                    Some(ct) if capacity_types.contains(&ct) => {
+                        c.at(&p, format!("duplicate capacity type {s:?}"))
+                    }
+                    Some(ct) => capacity_types.push(ct),
+                    None => c.at(
+                        &p,
+                        format!("unknown capacity type {s:?} (expected spot or on-demand)"),
+                    ),
+                }
+            }
+        }
+    }
+    if r.min_nodes > r.max_nodes {
+        c.at(
+            &at(&["minNodes"]),
+            format!(
+                "minNodes ({}) is greater than maxNodes ({})",
+                r.min_nodes, r.max_nodes
+            ),
+        );
+    }
+    for (k, v) in &r.labels {
+        if k.is_empty() || k.contains(char::is_whitespace) {
+            c.at(&at(&["labels"]), format!("invalid label key {k:?}"));
+        }
+        if v.len() > 63 {
+            c.at(
+                &at(&["labels", k]),
+                "label values are at most 63 characters",
+            );
+        }
+    }
+    let mut taints = Vec::new();
+    for (j, t) in r.taints.iter().enumerate() {
+        let mut p = at(&["taints"]);
+        p.push(PathSeg::Index(j));
+        if t.key.is_empty() {
+            let mut pk = p.clone();
+            pk.push(key("key"));
+            c.at(&pk, "taint key must not be empty");
+        }
+        match Effect::parse(&t.effect) {
+            Some(effect) => taints.push(Taint {
+                key: t.key.clone(),
+                value: t.value.clone(),
+                effect,
+            }),
+            None => {
+                p.push(key("effect"));
+                c.at(
+                    &p,
+                    format!(
+                        "unknown taint effect {:?} (expected NoSchedule, PreferNoSchedule or NoExecute)",
+                        t.effect
+                    ),
+                );
+            }
+        }
+    }
+    let gpu_mode = match r.gpu_mode.as_deref().unwrap_or("whole") {
+        "whole" => {
+            if r.mig_layout.is_some() {
+                c.at(&at(&["migLayout"]), "migLayout needs `gpuMode: mig`");
+            }
+            GpuMode::Whole
+        }
+        "mig" => match &r.mig_layout {
+            None => {
+                c.at(
+                    &at(&["gpuMode"]),
+                    "`gpuMode: mig` needs a `migLayout` (profile: count per GPU, e.g. 1g.5gb: 7)",
+                );
+                GpuMode::Mig(Vec::new())
+            }
+            Some(layout) => {
+                let mut compute = 0u32;
+                let mut out = Vec::new();
+                for (profile, n) in layout {
+                    match gpu::parse_mig_profile(profile) {
+                        Some(p) => compute += p.compute * n,
+                        None => c.at(
+                            &at(&["migLayout", profile]),
+                            format!("invalid MIG profile {profile:?} (expected <g>g.<m>gb, e.g. 1g.5gb)"),
+                        ),
+                    }
+                    if *n == 0 {
+                        c.at(&at(&["migLayout", profile]), "count must be at least 1");
+                    }
+                    out.push((profile.clone(), *n));
+                }
+                if compute > gpu::MIG_COMPUTE_SLICES {
+                    c.at(
+                        &at(&["migLayout"]),
+                        format!(
+                            "MIG layout uses {compute} compute slices, a GPU has {}",
+                            gpu::MIG_COMPUTE_SLICES
+                        ),
+                    );
+                }
+                GpuMode::Mig(out)
+            }
+        },
+        "shared" => {
+            if r.mig_layout.is_some() {
+                c.at(&at(&["migLayout"]), "migLayout needs `gpuMode: mig`");
+            }
+            let core = r
+                .shared_gpu
+                .as_ref()
+                .and_then(|s| s.core_percentage)
+                .unwrap_or(defaults::SHARED_CORE_PERCENTAGE);
+            if core == 0 || core > 100 || core % 5 != 0 {
+                c.at(
+                    &at(&["sharedGpu", "corePercentage"]),
+                    format!("gpu-core percentage must be a multiple of 5 in 5..=100, got {core}"),
+                );
+            }
+            GpuMode::Shared {
+                core_percentage: core,
+            }
+        }
+        other => {
+            c.at(
+                &at(&["gpuMode"]),
+                format!("unknown gpuMode {other:?} (expected whole, mig or shared)"),
+            );
+            GpuMode::Whole
+        }
+    };
+    if r.shared_gpu.is_some() && !matches!(gpu_mode, GpuMode::Shared { .. }) {
+        c.at(&at(&["sharedGpu"]), "sharedGpu needs `gpuMode: shared`");
+    }
+    let mut prices = BTreeMap::new();
+    for (t, p) in r.prices {
+        for (field, v) in [("onDemand", p.on_demand), ("spot", p.spot)] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v >= 0.0) {
+                    c.at(
+                        &at(&["prices", &t, field]),
+                        format!("price must be a non-negative number, got {v}"),
+                    );
+                }
+            }
+        }
+        prices.insert(
+            t,
+            PriceOverride {
+                on_demand: p.on_demand,
+                spot: p.spot,
+            },
+        );
+    }
+    let mut quantity = |field: &str, q: Option<QuantityText>, default: i64, milli: bool| -> i64 {
+        let Some(QuantityText(s)) = q else {
+            return default;
+        };
+        let parsed = parse_quantity(&s).and_then(|q| {
+            if milli {
+                q.to_milli_ceil()
+            } else {
+                q.to_units_ceil()
+            }
+        });
+        match parsed {
+            Ok(v) if v >= 0 => v,
+            Ok(_) => {
+                c.at(&at(&["reserved", field]), "must not be negative");
+                default
+            }
+            Err(e) => {
+                c.at(&at(&["reserved", field]), e.to_string());
+                default
+            }
+        }
+    };
+    let reserved_cpu_milli = quantity("cpu", r.reserved.cpu, defaults::RESERVED_CPU_MILLI, true);
+    let reserved_memory = quantity(
+        "memory",
+        r.reserved.memory,
+        defaults::RESERVED_MEMORY,
+        false,
+    );
+    let max_pods = r.max_pods.unwrap_or(defaults::MAX_PODS);
+    if max_pods == 0 {
+        c.at(&at(&["maxPods"]), "must be at least 1");
+    }
+    let sd = r.scale_down;
+    let utilization_threshold = sd
+        .utilization_threshold
+        .unwrap_or(defaults::UTILIZATION_THRESHOLD);
+    if !(0.0..=1.0).contains(&utilization_threshold) {
+        c.at(
+            &at(&["scaleDown", "utilizationThreshold"]),
+            format!("must be between 0 and 1, got {utilization_threshold}"),
+        );
+    }
+    if c.errors.len() > before {
+        return None;
+    }
+    Some(Pool {
+        name: r.name,
+        provider,
+        instance_types: r.instance_types,
+        requirements,
+        zones,
+        capacity_types,
+        min_nodes: r.min_nodes,
+        max_nodes: r.max_nodes,
+        max_gpus: r.max_gpus,
+        labels: r.labels,
+        taints,
+        gpu_mode,
+        prices,
+        reserved_cpu_milli,
+        reserved_memory,
+        max_pods,
+        priority: r.priority,
+        scale_down: ScaleDown {
+            enabled: sd.enabled.unwrap_or(true),
+            cooldown_after_scale_up: sd
+                .cooldown_after_scale_up
+                .map_or(defaults::COOLDOWN_AFTER_SCALE_UP, |d| d.0),
+            unneeded_time: sd.unneeded_time.map_or(defaults::UNNEEDED_TIME, |d| d.0),
+            utilization_threshold,
+            backoff_after_failure: sd
+                .backoff_after_failure
+                .map_or(defaults::BACKOFF_AFTER_FAILURE, |d| d.0),
+        },
+    })
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// One line per pool, for `check-policy`.
+pub fn summary(policy: &Policy) -> Vec<String> {
+    policy
+        .pools
+        .iter()
+        .map(|p| {
+            let types = match (&p.instance_types, &p.requirements) {
+                (Some(t), _) => t.join(","),
+                (None, Some(r)) => {
+                    let models = if r.gpu_models.is_empty() {
+                        "any GPU".to_string()
+                    } else {
+                        r.gpu_models.join("|")
+                    };
+                    if r.max_gpus == u32::MAX {
+                        format!("{models} with >={} GPUs", r.min_gpus)
+                    } else {
+                        format!("{models} with {}-{} GPUs", r.min_gpus, r.max_gpus)
+                    }
+                }
+                (None, None) => String::new(),
+            };
+            let mode = match &p.gpu_mode {
+                GpuMode::Whole => "whole GPUs".to_string(),
+                GpuMode::Mig(l) => format!(
+                    "MIG {}",
+                    l.iter()
+                        .map(|(p, n)| format!("{n}x{p}"))
+                        .collect::<Vec<_>>()
+                        .join("+")
+                ),
+                GpuMode::Shared { .. } => "shared GPUs".to_string(),
+            };
+            let caps: Vec<&str> = p.capacity_types.iter().map(|c| c.as_str()).collect();
+            let max_gpus = p
+                .max_gpus
+                .map(|g| format!(", max {g} GPUs"))
+                .unwrap_or_default();
+            format!(
+                "pool {}: {} [{}] in {} ({}), nodes {}..{}{}, {}, priority {}, scale-down {}",
+                p.name,
+                p.provider,
+                types,
+                p.zones.join(","),
+                caps.join(" > "),
+                p.min_nodes,
+                p.max_nodes,
+                max_gpus,
+                mode,
+                p.priority,
+                if p.scale_down.enabled {
+                    format!(
+                        "after {} unneeded",
+                        duration::format_duration(p.scale_down.unneeded_time)
+                    )
+                } else {
+                    "disabled".to_string()
+                }
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
