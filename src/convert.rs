@@ -247,8 +247,9 @@ fn add_resource_list(
         match name.as_str() {
             resources::CPU => res.cpu_milli = res.cpu_milli.saturating_add(conv(true)?),
             resources::MEMORY => res.memory = res.memory.saturating_add(conv(false)?),
+            resources::PODS => res.pods = res.pods.saturating_add(conv(false)?),
             // Not planned for: node templates do not know their disk.
-            "ephemeral-storage" | resources::PODS => {}
+            "ephemeral-storage" => {}
             resources::ALIYUN_GPU_MEM => share.mem_gib = share.mem_gib.saturating_add(conv(false)?),
             resources::ALIYUN_GPU_CORE => {
                 share.core_pct = share.core_pct.saturating_add(conv(false)?)
