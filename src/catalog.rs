@@ -70,17 +70,19 @@ pub fn parse_csv(text: &str, file: &str) -> Result<Vec<InstanceType>, CatalogErr
             err(line, e.to_string())
         })?;
         let line = rec.position().map_or(0, |p| p.line());
-        let row: Row = rec.deserialize(Some(&headers)).map_err(|e| match e.kind() {
-            csv::ErrorKind::Deserialize { err: de, .. } => {
-                let field = de
-                    .field()
-                    .and_then(|i| headers.get(i as usize))
-                    .map(|h| format!("field `{h}`: "))
-                    .unwrap_or_default();
-                err(line, format!("{field}{}", de.kind()))
-            }
-            _ => err(line, e.to_string()),
-        })?;
+        let row: Row = rec
+            .deserialize(Some(&headers))
+            .map_err(|e| match e.kind() {
+                csv::ErrorKind::Deserialize { err: de, .. } => {
+                    let field = de
+                        .field()
+                        .and_then(|i| headers.get(i as usize))
+                        .map(|h| format!("field `{h}`: "))
+                        .unwrap_or_default();
+                    err(line, format!("{field}{}", de.kind()))
+                }
+                _ => err(line, e.to_string()),
+            })?;
         if row.instance_type.is_empty() {
             return Err(err(line, "field `instance_type`: must not be empty".into()));
         }
@@ -181,7 +183,10 @@ mod tests {
         assert!(types.len() >= 30);
         let p4d = types.iter().find(|t| t.name == "p4d.24xlarge").unwrap();
         let g = p4d.gpu.as_ref().unwrap();
-        assert_eq!((g.model.as_str(), g.count, g.memory_mib), ("A100", 8, 40960));
+        assert_eq!(
+            (g.model.as_str(), g.count, g.memory_mib),
+            ("A100", 8, 40960)
+        );
         assert_eq!(g.vendor, GpuVendor::Nvidia);
     }
 
@@ -193,7 +198,9 @@ mod tests {
         let e = parse_csv(text, "cat.csv").unwrap_err().to_string();
         assert!(e.starts_with("cat.csv:3: field `gpu_count`"), "{e}");
 
-        let e = parse_csv("instance_type,gpu_model\n", "x.csv").unwrap_err().to_string();
+        let e = parse_csv("instance_type,gpu_model\n", "x.csv")
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, "x.csv:1: missing column `gpu_count`");
 
         let text = "instance_type,gpu_model,gpu_count,gpu_memory_mib,vcpu,memory_mib,on_demand_usd_per_hour\n\

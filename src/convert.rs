@@ -7,7 +7,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::model::constraints::{Constraints, Effect, Operator, Requirement, Taint, Term, Toleration};
+use crate::model::constraints::{
+    Constraints, Effect, Operator, Requirement, Taint, Term, Toleration,
+};
 use crate::model::labels;
 use crate::model::quantity::parse_quantity;
 use crate::model::resources::{self, GpuShare, Resources, SharedGpu};
@@ -267,13 +269,23 @@ fn add_resource_list(
 /// Requests of one container, with limits standing in for absent requests (as the API server
 /// defaults them).
 fn container_requests(c: &Container, path: &str) -> Result<(Resources, GpuShare), String> {
-    let mut list = c.resources.requests.clone();
-    for (k, v) in &c.resources.limits {
-        list.entry(k.clone()).or_insert_with(|| v.clone());
-    }
+    let requests = &c.resources.requests;
+    let limits_only: BTreeMap<String, Value> = c
+        .resources
+        .limits
+        .iter()
+        .filter(|(k, _)| !requests.contains_key(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let mut r = Resources::default();
     let mut s = GpuShare::default();
-    add_resource_list(&list, &format!("{path}.resources.requests"), &mut r, &mut s)?;
+    // Separately, so that errors name the field the value is really in.
+    let (req_path, lim_path) = (
+        format!("{path}.resources.requests"),
+        format!("{path}.resources.limits"),
+    );
+    add_resource_list(requests, &req_path, &mut r, &mut s)?;
+    add_resource_list(&limits_only, &lim_path, &mut r, &mut s)?;
     Ok((r, s))
 }
 
@@ -293,8 +305,8 @@ fn pod_requests(spec: &PodSpec) -> Result<(Resources, GpuShare), String> {
     for (i, c) in spec.containers.iter().enumerate() {
         let (r, s) = container_requests(c, &format!("spec.containers[{i}]"))?;
         sum.add(&r);
-        share.mem_gib += s.mem_gib;
-        share.core_pct += s.core_pct;
+        share.mem_gib = share.mem_gib.saturating_add(s.mem_gib);
+        share.core_pct = share.core_pct.saturating_add(s.core_pct);
     }
     let mut sidecars = Resources::default();
     let mut init_max = Resources::default();
@@ -346,9 +358,10 @@ fn tolerations(list: &[RawToleration]) -> Result<Vec<Toleration>, String> {
             };
             let effect = match t.effect.as_deref() {
                 None | Some("") => None,
-                Some(e) => Some(Effect::parse(e).ok_or_else(|| {
-                    format!("spec.tolerations[{i}].effect: unknown {e:?}")
-                })?),
+                Some(e) => Some(
+                    Effect::parse(e)
+                        .ok_or_else(|| format!("spec.tolerations[{i}].effect: unknown {e:?}"))?,
+                ),
             };
             Ok(Toleration {
                 key: t.key.clone().filter(|k| !k.is_empty()),
@@ -419,7 +432,10 @@ impl Converter {
             .affinity
             .as_ref()
             .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
         {
             let mut terms = Vec::new();
             for (i, t) in sel.node_selector_terms.iter().enumerate() {
@@ -579,18 +595,21 @@ impl Converter {
     pub fn pdb(&mut self, v: Value) -> Result<Pdb, String> {
         let raw: RawPdb =
             serde_json::from_value(v).map_err(|e| format!("not a PodDisruptionBudget: {e}"))?;
+        // policy/v1: a null selector selects no pods (only `{}` selects the whole namespace), so
+        // such a budget never limits an eviction.
+        let Some(sel) = &raw.spec.selector else {
+            return Err("no spec.selector, so it selects no pods".into());
+        };
         let mut selector = Vec::new();
-        if let Some(sel) = &raw.spec.selector {
-            for (k, v) in &sel.match_labels {
-                selector.push(Requirement {
-                    key: k.clone(),
-                    operator: Operator::In,
-                    values: vec![v.clone()],
-                });
-            }
-            for e in &sel.match_expressions {
-                selector.push(requirement(e)?);
-            }
+        for (k, v) in &sel.match_labels {
+            selector.push(Requirement {
+                key: k.clone(),
+                operator: Operator::In,
+                values: vec![v.clone()],
+            });
+        }
+        for e in &sel.match_expressions {
+            selector.push(requirement(e)?);
         }
         Ok(Pdb {
             namespace: raw.metadata.namespace.unwrap_or_else(|| "default".into()),
@@ -659,9 +678,9 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
                 Ok(p) => out.snapshot.pdbs.push(p),
                 Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
             },
-            _ => out
-                .warnings
-                .push(format!("{what}: ignored (only Pods, Nodes and PodDisruptionBudgets are read)")),
+            _ => out.warnings.push(format!(
+                "{what}: ignored (only Pods, Nodes and PodDisruptionBudgets are read)"
+            )),
         }
     }
     Ok(out)

@@ -5,6 +5,7 @@
 
 pub mod catalog;
 pub mod convert;
+pub mod fixtures;
 pub mod model;
 pub mod plan;
 pub mod policy;

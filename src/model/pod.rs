@@ -158,7 +158,9 @@ impl Pod {
             g += n as f64 * compute as f64 / super::gpu::MIG_COMPUTE_SLICES as f64;
         }
         if let Some(s) = &self.share {
-            g += (s.core_pct as f64 / 100.0).max(s.mem_gib as f64 / 16.0).min(1.0);
+            g += (s.core_pct as f64 / 100.0)
+                .max(s.mem_gib as f64 / 16.0)
+                .min(1.0);
         }
         g
     }

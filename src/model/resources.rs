@@ -61,7 +61,10 @@ impl Resources {
             PODS => self.pods = value,
             NVIDIA_GPU => self.gpu = value,
             AMD_GPU => self.amd_gpu = value,
-            _ => match self.extended.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+            _ => match self
+                .extended
+                .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            {
                 Ok(i) if value == 0 => {
                     self.extended.remove(i);
                 }
@@ -94,7 +97,9 @@ impl Resources {
 
     /// `self += k * other`.
     pub fn add_scaled(&mut self, other: &Resources, k: i64) {
-        self.cpu_milli = self.cpu_milli.saturating_add(other.cpu_milli.saturating_mul(k));
+        self.cpu_milli = self
+            .cpu_milli
+            .saturating_add(other.cpu_milli.saturating_mul(k));
         self.memory = self.memory.saturating_add(other.memory.saturating_mul(k));
         self.pods = self.pods.saturating_add(other.pods.saturating_mul(k));
         self.gpu = self.gpu.saturating_add(other.gpu.saturating_mul(k));

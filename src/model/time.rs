@@ -38,14 +38,20 @@ impl Time {
 impl Add<Duration> for Time {
     type Output = Time;
     fn add(self, d: Duration) -> Time {
-        Time(self.0.saturating_add(d.as_millis().min(i64::MAX as u128) as i64))
+        Time(
+            self.0
+                .saturating_add(d.as_millis().min(i64::MAX as u128) as i64),
+        )
     }
 }
 
 impl Sub<Duration> for Time {
     type Output = Time;
     fn sub(self, d: Duration) -> Time {
-        Time(self.0.saturating_sub(d.as_millis().min(i64::MAX as u128) as i64))
+        Time(
+            self.0
+                .saturating_sub(d.as_millis().min(i64::MAX as u128) as i64),
+        )
     }
 }
 
@@ -63,7 +69,10 @@ mod tests {
     fn rfc3339_round_trip() {
         let t = Time::parse_rfc3339("2026-11-21T10:00:00Z").unwrap();
         assert_eq!(t.to_rfc3339(), "2026-11-21T10:00:00Z");
-        assert_eq!((t + Duration::from_secs(90)).to_rfc3339(), "2026-11-21T10:01:30Z");
+        assert_eq!(
+            (t + Duration::from_secs(90)).to_rfc3339(),
+            "2026-11-21T10:01:30Z"
+        );
         assert!(Time::parse_rfc3339("yesterday").is_err());
     }
 

@@ -57,7 +57,10 @@ pub fn lower_bound(pods: &[&Pod], templates: &[Template]) -> f64 {
     // Unit vectors, plus GPU-heavy mixes with cpu and memory.
     let mut weights: Vec<Vec<(String, f64)>> =
         names.iter().map(|n| vec![(n.clone(), 1.0)]).collect();
-    for gpu in names.iter().filter(|n| n.contains("gpu") || n.contains("mig") || n.starts_with("share/")) {
+    for gpu in names
+        .iter()
+        .filter(|n| n.contains("gpu") || n.contains("mig") || n.starts_with("share/"))
+    {
         for other in ["cpu", "memory"] {
             for a in [0.5, 0.8] {
                 weights.push(vec![(gpu.clone(), a), (other.to_string(), 1.0 - a)]);

@@ -46,6 +46,9 @@ pub struct ScaleUp {
     /// Set when the nodes are for a gang: launch all of them, in one zone, or none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gang: Option<String>,
+    /// How many of `pods` go on each node, in order (`pods` is the nodes' lists concatenated).
+    #[serde(skip)]
+    pub pods_per_node: Vec<usize>,
 }
 
 impl ScaleUp {

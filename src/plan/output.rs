@@ -35,7 +35,10 @@ pub fn to_table(plan: &Plan) -> String {
                 first.map_or("-", |o| o.capacity_type.as_str()),
                 u.cost_per_hour(),
                 pods,
-                u.gang.as_ref().map(|g| format!(" [gang {g}]")).unwrap_or_default()
+                u.gang
+                    .as_ref()
+                    .map(|g| format!(" [gang {g}]"))
+                    .unwrap_or_default()
             );
             if u.offerings.len() > 1 {
                 let fb: Vec<String> = u.offerings[1..]
@@ -48,7 +51,11 @@ pub fn to_table(plan: &Plan) -> String {
         let _ = writeln!(s, "Added cost: ${:.3}/hour", plan.added_cost_per_hour);
     }
     if !plan.scale_downs.is_empty() {
-        let _ = writeln!(s, "\n{:<32} {:<20} {:>9}  REASON", "SCALE-DOWN NODE", "POOL", "SAVES/H");
+        let _ = writeln!(
+            s,
+            "\n{:<32} {:<20} {:>9}  REASON",
+            "SCALE-DOWN NODE", "POOL", "SAVES/H"
+        );
         for d in &plan.scale_downs {
             let _ = writeln!(
                 s,

@@ -16,7 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::model::resources::{place_share, place_shares, share_copies, GpuShare, Resources, SharedGpu};
+use crate::model::resources::{
+    place_share, place_shares, share_copies, GpuShare, Resources, SharedGpu,
+};
 use crate::model::{Constraints, Pod, Snapshot, Time};
 use crate::policy::Policy;
 
@@ -165,7 +167,12 @@ fn dominant_share(c: &Class, t: &Template) -> f64 {
 }
 
 impl<'a> Packer<'a> {
-    fn new(snapshot: &'a Snapshot, templates: &'a [Template], policy: &'a Policy, now: Time) -> Packer<'a> {
+    fn new(
+        snapshot: &'a Snapshot,
+        templates: &'a [Template],
+        policy: &'a Policy,
+        now: Time,
+    ) -> Packer<'a> {
         let mut p = Packer {
             snapshot,
             templates,
@@ -197,7 +204,9 @@ impl<'a> Packer<'a> {
 
     fn build_bins(&mut self, now: Time) {
         let snap = self.snapshot;
-        let mut used: HashMap<&str, (Resources, Vec<(usize, GpuShare)>)> = HashMap::new();
+        // Per node: the sum of bound pods' requests, and their shares by pod index.
+        type Load = (Resources, Vec<(usize, GpuShare)>);
+        let mut used: HashMap<&str, Load> = HashMap::new();
         for (i, p) in snap.pods.iter().enumerate() {
             if let (true, Some(n)) = (p.is_bound_active(), &p.node_name) {
                 let e = used.entry(n.as_str()).or_default();
@@ -226,9 +235,8 @@ impl<'a> Packer<'a> {
             // A node still joining or whose device plugin has not advertised its GPUs yet counts
             // at its template's capacity: it is coming, do not scale up for it again.
             let young = now.since(n.created) < self.policy.max_node_provision_time;
-            let gpus_missing = tmpl.is_some_and(|t| {
-                self.templates[t].gpus > 0 && n.advertised_gpus() == 0
-            });
+            let gpus_missing =
+                tmpl.is_some_and(|t| self.templates[t].gpus > 0 && n.advertised_gpus() == 0);
             let (mut free, mut shared, is_booting) = if n.ready && !gpus_missing {
                 (n.allocatable.clone(), n.shared_gpus.clone(), false)
             } else if let (Some(t), true) = (tmpl, young) {
@@ -268,7 +276,9 @@ impl<'a> Packer<'a> {
         }
         let mut inflight = Vec::new();
         for (fi, f) in snap.in_flight.iter().enumerate() {
-            let Some(pi) = self.pool_index(&f.pool) else { continue };
+            let Some(pi) = self.pool_index(&f.pool) else {
+                continue;
+            };
             self.usage.nodes += f.count as i64;
             self.usage.pool_nodes[pi] += f.count as i64;
             let Some(ti) = self
@@ -436,7 +446,11 @@ impl<'a> Packer<'a> {
                     best = best.min(t.price(m) * dominant_share(c, t));
                 }
             }
-            c.value = if best.is_finite() && best > 0.0 { best } else { 0.0 };
+            c.value = if best.is_finite() && best > 0.0 {
+                best
+            } else {
+                0.0
+            };
         }
         self.bin_compat_width = self.bins.len();
         self.bin_compat = vec![0; self.constraints.len() * self.bins.len()];
@@ -530,7 +544,11 @@ impl<'a> Packer<'a> {
     }
 
     /// How many pods of each class would fit on the bins of `zone`, without changing them.
-    fn trial_on_bins(&mut self, items: &mut [(usize, i64)], zone: &str) -> Vec<(usize, usize, i64)> {
+    fn trial_on_bins(
+        &mut self,
+        items: &mut [(usize, i64)],
+        zone: &str,
+    ) -> Vec<(usize, usize, i64)> {
         let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>)> = HashMap::new();
         let mut out = Vec::new();
         for it in items.iter_mut() {
@@ -557,7 +575,12 @@ impl<'a> Packer<'a> {
     }
 
     /// Top pool priority, per item, among templates that could take it now.
-    fn top_priorities(&self, items: &[(usize, i64)], usage: &Usage, zone_masks: &[u64]) -> Vec<i32> {
+    fn top_priorities(
+        &self,
+        items: &[(usize, i64)],
+        usage: &Usage,
+        zone_masks: &[u64],
+    ) -> Vec<i32> {
         let rooms: Vec<bool> = (0..self.templates.len())
             .map(|t| self.room(usage, t) > 0)
             .collect();
@@ -568,7 +591,9 @@ impl<'a> Packer<'a> {
                 self.templates
                     .iter()
                     .enumerate()
-                    .filter(|(t, _)| rooms[*t] && cl.tmask[*t] & self.available[*t] & zone_masks[*t] != 0)
+                    .filter(|(t, _)| {
+                        rooms[*t] && cl.tmask[*t] & self.available[*t] & zone_masks[*t] != 0
+                    })
                     .map(|(_, t)| t.priority)
                     .max()
                     .unwrap_or(i32::MIN)
@@ -577,7 +602,12 @@ impl<'a> Packer<'a> {
     }
 
     /// Greedy opening of new nodes for `items` (class, remaining), decremented in place.
-    fn open_new(&self, items: &mut [(usize, i64)], zone: Option<&str>, usage: &mut Usage) -> Vec<Opened> {
+    fn open_new(
+        &self,
+        items: &mut [(usize, i64)],
+        zone: Option<&str>,
+        usage: &mut Usage,
+    ) -> Vec<Opened> {
         let zone_masks: Vec<u64> = self
             .templates
             .iter()
@@ -723,13 +753,18 @@ impl<'a> Packer<'a> {
             return;
         }
         let classes = self.gangs[g].classes.clone();
-        if classes.iter().any(|&c| self.classes[c].tmask.iter().all(|m| *m == 0)) {
+        if classes
+            .iter()
+            .any(|&c| self.classes[c].tmask.iter().all(|m| *m == 0))
+        {
             return; // a member can never fit: its own reason says why
         }
         let mut best: Option<(f64, String)> = None;
         for zone in self.gang_zones(&self.gangs[g]) {
-            let mut items: Vec<(usize, i64)> =
-                classes.iter().map(|&c| (c, self.classes[c].remaining())).collect();
+            let mut items: Vec<(usize, i64)> = classes
+                .iter()
+                .map(|&c| (c, self.classes[c].remaining()))
+                .collect();
             items.sort_by(|a, b| self.classes[b.0].value.total_cmp(&self.classes[a.0].value));
             self.trial_on_bins(&mut items, &zone);
             let mut usage = self.usage.clone();
@@ -754,7 +789,10 @@ impl<'a> Packer<'a> {
             return;
         };
         // Commit: existing capacity first, then new nodes, exactly as in the trial.
-        let mut items: Vec<(usize, i64)> = classes.iter().map(|&c| (c, self.classes[c].remaining())).collect();
+        let mut items: Vec<(usize, i64)> = classes
+            .iter()
+            .map(|&c| (c, self.classes[c].remaining()))
+            .collect();
         items.sort_by(|a, b| self.classes[b.0].value.total_cmp(&self.classes[a.0].value));
         for it in items.iter_mut() {
             it.1 -= self.place_on_bins(it.0, it.1, Some(&zone));
@@ -837,47 +875,122 @@ impl<'a> Packer<'a> {
         if self.templates.is_empty() {
             return "no pool has any usable instance type".into();
         }
-        // Which templates match labels/taints at all?
-        let matching: Vec<usize> = (0..self.templates.len())
+        // Templates whose labels match, then those whose taints are tolerated too.
+        let by_labels: Vec<usize> = (0..self.templates.len())
             .filter(|&t| {
-                let tp = &self.templates[t];
-                cons.tolerates(&tp.taints)
-                    && tp.offerings.iter().any(|o| cons.matches_node(&o.labels, None))
+                self.templates[t]
+                    .offerings
+                    .iter()
+                    .any(|o| cons.matches_node(&o.labels, None))
             })
             .collect();
-        if matching.is_empty() {
-            if let Some(t) = self.templates.iter().find(|t| {
-                t.offerings.iter().any(|o| cons.matches_node(&o.labels, None))
-            }) {
-                if let Some(taint) = cons.untolerated(&t.taints) {
-                    return format!(
-                        "no pool matches: the matching pools' nodes are tainted {taint} (pool {}), which the pod does not tolerate",
-                        t.pool_name
-                    );
-                }
-            }
+        if by_labels.is_empty() {
             return "no pool offers nodes matching its nodeSelector/node affinity (GPU model, instance type, zone or capacity type not offered)".into();
         }
-        if cl.tmask.iter().all(|m| *m == 0) {
-            for (name, v) in cl.requests.dimensions() {
-                if v > 0 && matching.iter().all(|&t| self.templates[t].allocatable.get(name) == 0) {
-                    return format!("no matching pool offers {name} (requests {what})");
+        if cl.tmask.iter().any(|m| *m != 0) {
+            return self.dynamic_reason(c);
+        }
+        // Nothing can ever host it: say why, pool by pool.
+        let mut why: Vec<String> = Vec::new();
+        let mut tolerated = Vec::new();
+        for &t in &by_labels {
+            let tp = &self.templates[t];
+            match cons.untolerated(&tp.taints) {
+                Some(taint) => why.push(format!(
+                    "pool {} nodes are tainted {taint}, which the pod does not tolerate",
+                    tp.pool_name
+                )),
+                None => tolerated.push(t),
+            }
+        }
+        let mut pools: BTreeSet<usize> =
+            tolerated.iter().map(|&t| self.templates[t].pool).collect();
+        for (name, v) in cl.requests.dimensions() {
+            let lacking: Vec<usize> = pools
+                .iter()
+                .copied()
+                .filter(|&p| {
+                    tolerated
+                        .iter()
+                        .filter(|&&t| self.templates[t].pool == p)
+                        .all(|&t| self.templates[t].allocatable.get(name) == 0)
+                })
+                .collect();
+            if v > 0 && !lacking.is_empty() && lacking.len() == pools.len() {
+                why.push(format!("no matching pool offers {name}"));
+                pools.clear();
+            } else if v > 0 && !lacking.is_empty() {
+                for p in &lacking {
+                    why.push(format!(
+                        "pool {} does not offer {name}",
+                        self.policy.pools[*p].name
+                    ));
+                    pools.remove(p);
                 }
             }
-            if cl.share.is_some() && matching.iter().all(|&t| self.templates[t].shared.is_empty()) {
-                return format!("no matching pool shares GPUs (requests {what})");
-            }
-            let largest = matching
-                .iter()
-                .map(|&t| &self.templates[t])
-                .max_by(|a, b| a.allocatable.whole_gpus().cmp(&b.allocatable.whole_gpus()).then(a.allocatable.cpu_milli.cmp(&b.allocatable.cpu_milli)))
-                .map(|t| format!("; largest matching: {} in pool {} with {}", t.instance_type, t.pool_name, t.allocatable))
-                .unwrap_or_default();
-            return format!("no matching instance type can fit requests {what} on one node{largest}");
         }
-        let fitting: Vec<usize> = (0..self.templates.len()).filter(|&t| cl.tmask[t] != 0).collect();
-        if fitting.iter().all(|&t| cl.tmask[t] & self.available[t] == 0) {
-            let n: usize = fitting.iter().map(|&t| (cl.tmask[t]).count_ones() as usize).sum();
+        if cl.share.is_some() {
+            let lacking: Vec<usize> = pools
+                .iter()
+                .copied()
+                .filter(|&p| {
+                    tolerated
+                        .iter()
+                        .filter(|&&t| self.templates[t].pool == p)
+                        .all(|&t| self.templates[t].shared.is_empty())
+                })
+                .collect();
+            for p in &lacking {
+                why.push(format!(
+                    "pool {} does not share GPUs",
+                    self.policy.pools[*p].name
+                ));
+                pools.remove(p);
+            }
+        }
+        if !pools.is_empty() {
+            let largest = tolerated
+                .iter()
+                .filter(|&&t| pools.contains(&self.templates[t].pool))
+                .map(|&t| &self.templates[t])
+                .max_by(|a, b| {
+                    (
+                        a.allocatable.whole_gpus() + a.shared.len() as i64,
+                        a.allocatable.cpu_milli,
+                    )
+                        .cmp(&(
+                            b.allocatable.whole_gpus() + b.shared.len() as i64,
+                            b.allocatable.cpu_milli,
+                        ))
+                })
+                .map(|t| {
+                    format!(
+                        " (largest: {} in pool {} with {})",
+                        t.instance_type, t.pool_name, t.allocatable
+                    )
+                })
+                .unwrap_or_default();
+            why.push(format!(
+                "no matching instance type can fit requests {what} on one node{largest}"
+            ));
+        }
+        format!("no pool can ever host it: {}", why.join("; "))
+    }
+
+    /// Why a pod that some template could host got no capacity in this plan.
+    fn dynamic_reason(&self, c: usize) -> String {
+        let cl = &self.classes[c];
+        let fitting: Vec<usize> = (0..self.templates.len())
+            .filter(|&t| cl.tmask[t] != 0)
+            .collect();
+        if fitting
+            .iter()
+            .all(|&t| cl.tmask[t] & self.available[t] == 0)
+        {
+            let n: usize = fitting
+                .iter()
+                .map(|&t| (cl.tmask[t]).count_ones() as usize)
+                .sum();
             return format!(
                 "all {n} matching offerings are currently unavailable (insufficient capacity); retrying when the insufficient-capacity cache expires"
             );
@@ -887,7 +1000,14 @@ impl<'a> Packer<'a> {
             .filter(|&&t| self.room(&self.usage, t) == 0)
             .map(|&t| {
                 let p = &self.policy.pools[self.templates[t].pool];
-                format!("{} (max {} nodes{})", p.name, p.max_nodes, p.max_gpus.map(|g| format!(", {g} GPUs")).unwrap_or_default())
+                format!(
+                    "{} (max {} nodes{})",
+                    p.name,
+                    p.max_nodes,
+                    p.max_gpus
+                        .map(|g| format!(", {g} GPUs"))
+                        .unwrap_or_default()
+                )
             })
             .collect();
         pools.dedup();
@@ -920,8 +1040,10 @@ impl<'a> Packer<'a> {
             });
         }
         // Group identical new nodes into one scale-up.
-        let mut groups: Vec<((usize, u64, Option<usize>), ScaleUp)> = Vec::new();
-        let mut index: HashMap<(usize, u64, Option<usize>), usize> = HashMap::new();
+        // Keyed by (template, offering mask, gang).
+        type GroupKey = (usize, u64, Option<usize>);
+        let mut groups: Vec<(GroupKey, ScaleUp)> = Vec::new();
+        let mut index: HashMap<GroupKey, usize> = HashMap::new();
         for n in &self.new_nodes {
             let key = (n.template, n.mask, n.gang);
             let gi = *index.entry(key).or_insert_with(|| {
@@ -942,13 +1064,16 @@ impl<'a> Packer<'a> {
                             .collect(),
                         pods: Vec::new(),
                         gang: n.gang.map(|g| self.gangs[g].key.clone()),
+                        pods_per_node: Vec::new(),
                     },
                 ));
                 groups.len() - 1
             });
             let su = &mut groups[gi].1;
             su.count += 1;
-            su.pods.extend(n.pods.iter().map(|&p| snap.pods[p].id.to_string()));
+            su.pods_per_node.push(n.pods.len());
+            su.pods
+                .extend(n.pods.iter().map(|&p| snap.pods[p].id.to_string()));
         }
         plan.scale_ups = groups.into_iter().map(|(_, s)| s).collect();
         for (ci, c) in self.classes.iter().enumerate() {
@@ -980,7 +1105,12 @@ impl<'a> Packer<'a> {
 }
 
 /// Plans placements and scale-ups for the pending GPU pods.
-pub(super) fn scale_up(snapshot: &Snapshot, templates: &[Template], policy: &Policy, now: Time) -> Plan {
+pub(super) fn scale_up(
+    snapshot: &Snapshot,
+    templates: &[Template],
+    policy: &Policy,
+    now: Time,
+) -> Plan {
     let mut p = Packer::new(snapshot, templates, policy, now);
     p.run();
     p.into_plan()

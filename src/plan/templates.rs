@@ -97,7 +97,10 @@ pub fn pool_instance_types<'a>(
         Some(names) => {
             for n in names {
                 let t = catalog.instance_type(n).ok_or_else(|| {
-                    format!("pool {}: instance type {n:?} is not in the catalog", pool.name)
+                    format!(
+                        "pool {}: instance type {n:?} is not in the catalog",
+                        pool.name
+                    )
                 })?;
                 if let Some(r) = &pool.requirements {
                     if !r.admits(t) {
@@ -140,7 +143,10 @@ fn node_labels(
         l.insert(labels::REGION.into(), r.to_string());
     }
     l.insert(labels::POOL.into(), pool.name.clone());
-    l.insert(labels::CAPACITY_TYPE.into(), key.capacity_type.as_str().into());
+    l.insert(
+        labels::CAPACITY_TYPE.into(),
+        key.capacity_type.as_str().into(),
+    );
     l.insert(
         labels::KARPENTER_CAPACITY_TYPE.into(),
         key.capacity_type.as_str().into(),
@@ -171,7 +177,9 @@ fn node_labels(
 fn base_allocatable(pool: &Pool, t: &InstanceType) -> Result<(Resources, Vec<SharedGpu>), String> {
     let mut r = Resources {
         cpu_milli: (t.vcpu as i64 * 1000 - pool.reserved_cpu_milli).max(0),
-        memory: ((t.memory_mib as i64) << 20).saturating_sub(pool.reserved_memory).max(0),
+        memory: ((t.memory_mib as i64) << 20)
+            .saturating_sub(pool.reserved_memory)
+            .max(0),
         pods: pool.max_pods as i64,
         ..Default::default()
     };
@@ -288,12 +296,15 @@ pub fn build_templates(
                     let price = over.unwrap_or(cat_price);
                     let available = cat_avail && !snapshot.is_unavailable(&key, now);
                     let labels = node_labels(pool, t, &key, policy.region.as_deref());
-                    offerings.push((rank, TemplateOffering {
-                        key,
-                        price,
-                        available,
-                        labels,
-                    }));
+                    offerings.push((
+                        rank,
+                        TemplateOffering {
+                            key,
+                            price,
+                            available,
+                            labels,
+                        },
+                    ));
                 }
             }
             if offerings.is_empty() {

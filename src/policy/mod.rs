@@ -197,6 +197,9 @@ struct RawPolicy {
     /// Pools are decoded one by one so that every pool's errors are reported.
     #[serde(default)]
     pools: serde_yaml::Value,
+    /// `zones` was present but did not decode (already reported).
+    #[serde(skip)]
+    zones_invalid: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -410,13 +413,7 @@ pub fn parse_policy(text: &str, file: &str) -> Result<Policy, PolicyErrors> {
         c.at(&[], "a policy must be a YAML mapping with a `pools` list");
         return Err(fail(c.errors));
     }
-    let raw: RawPolicy = match serde_path_to_error::deserialize(root) {
-        Ok(r) => r,
-        Err(e) => {
-            c.serde_error(&[], e);
-            RawPolicy::default()
-        }
-    };
+    let raw = decode_top_level(root, &mut c);
     let policy = validate(raw, &mut c);
     if c.errors.is_empty() {
         Ok(policy)
@@ -424,6 +421,37 @@ pub fn parse_policy(text: &str, file: &str) -> Result<Policy, PolicyErrors> {
         c.errors.sort_by_key(|e| (e.line, e.col));
         c.errors.dedup();
         Err(fail(c.errors))
+    }
+}
+
+/// Decodes the top level. A field that does not decode is reported and left out, and the rest is
+/// decoded again, so that one bad top-level field does not hide the other errors (the pools').
+fn decode_top_level(mut root: serde_yaml::Value, c: &mut Collector) -> RawPolicy {
+    let mut zones_invalid = false;
+    loop {
+        match serde_path_to_error::deserialize::<_, RawPolicy>(root.clone()) {
+            Ok(raw) => {
+                return RawPolicy {
+                    zones_invalid,
+                    ..raw
+                }
+            }
+            Err(e) => {
+                let field = match e.path().iter().next() {
+                    Some(serde_path_to_error::Segment::Map { key }) => Some(key.clone()),
+                    _ => None,
+                };
+                c.serde_error(&[], e);
+                let removed = field.filter(|k| {
+                    root.as_mapping_mut()
+                        .is_some_and(|m| m.remove(k.as_str()).is_some())
+                });
+                match removed {
+                    Some(k) => zones_invalid |= k == "zones",
+                    None => return RawPolicy::default(),
+                }
+            }
+        }
     }
 }
 
@@ -478,7 +506,8 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
             for (i, item) in items.iter().enumerate() {
                 match serde_path_to_error::deserialize::<_, RawPool>(item.clone()) {
                     Ok(rp) => {
-                        if let Some(p) = validate_pool(i, rp, &raw.zones, c) {
+                        let global_zones = (!raw.zones_invalid).then_some(raw.zones.as_slice());
+                        if let Some(p) = validate_pool(i, rp, global_zones, c) {
                             pools.push(p);
                         }
                     }
@@ -489,14 +518,18 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
         serde_yaml::Value::Null => c.at(&[key("pools")], "missing field `pools`"),
         _ => c.at(&[key("pools")], "`pools` must be a list"),
     }
-    let mut seen = BTreeMap::new();
-    for (i, p) in pools.iter().enumerate() {
-        if let Some(first) = seen.insert(p.name.clone(), i) {
-            let idx = pool_index(&raw.pools, &p.name, first + 1);
-            c.at(
-                &pool_path(idx, &["name"]),
-                format!("duplicate pool name {:?}", p.name),
-            );
+    // Every later pool with a name already used, whether or not either pool has other errors.
+    if let serde_yaml::Value::Sequence(items) = &raw.pools {
+        let mut seen = BTreeSet::new();
+        for (i, item) in items.iter().enumerate() {
+            if let Some(name) = item.get("name").and_then(|v| v.as_str()) {
+                if !seen.insert(name) {
+                    c.at(
+                        &pool_path(i, &["name"]),
+                        format!("duplicate pool name {name:?}"),
+                    );
+                }
+            }
         }
     }
     Policy {
@@ -519,22 +552,6 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
     }
 }
 
-/// Index in the raw list of the n-th pool named `name` (for duplicate reports).
-fn pool_index(pools: &serde_yaml::Value, name: &str, nth: usize) -> usize {
-    let mut seen = 0;
-    if let serde_yaml::Value::Sequence(items) = pools {
-        for (i, item) in items.iter().enumerate() {
-            if item.get("name").and_then(|v| v.as_str()) == Some(name) {
-                seen += 1;
-                if seen == nth + 1 {
-                    return i;
-                }
-            }
-        }
-    }
-    0
-}
-
 fn check_zones(zones: &[String], path: &[PathSeg], c: &mut Collector) {
     let mut seen = BTreeSet::new();
     for (i, z) in zones.iter().enumerate() {
@@ -548,7 +565,13 @@ fn check_zones(zones: &[String], path: &[PathSeg], c: &mut Collector) {
     }
 }
 
-fn validate_pool(i: usize, r: RawPool, global_zones: &[String], c: &mut Collector) -> Option<Pool> {
+/// `global_zones` is `None` when the top-level `zones` did not decode (already reported).
+fn validate_pool(
+    i: usize,
+    r: RawPool,
+    global_zones: Option<&[String]>,
+    c: &mut Collector,
+) -> Option<Pool> {
     let before = c.errors.len();
     let at = |rest: &[&str]| pool_path(i, rest);
     if !is_dns_label(&r.name) {
@@ -578,7 +601,10 @@ fn validate_pool(i: usize, r: RawPool, global_zones: &[String], c: &mut Collecto
     }
     if let Some(types) = &r.instance_types {
         if types.is_empty() {
-            c.at(&at(&["instanceTypes"]), "must list at least one instance type");
+            c.at(
+                &at(&["instanceTypes"]),
+                "must list at least one instance type",
+            );
         }
         let mut seen = BTreeSet::new();
         for (j, t) in types.iter().enumerate() {
@@ -605,14 +631,15 @@ fn validate_pool(i: usize, r: RawPool, global_zones: &[String], c: &mut Collecto
             families: q.families,
         }
     });
+    let r_zones_given = r.zones.is_some();
     let zones = match r.zones {
         Some(z) => {
             check_zones(&z, &at(&["zones"]), c);
             z
         }
-        None => global_zones.to_vec(),
+        None => global_zones.unwrap_or_default().to_vec(),
     };
-    if zones.is_empty() {
+    if zones.is_empty() && (r_zones_given || global_zones.is_some()) {
         c.at(
             &at(&[]),
             "no zones: set `zones` on the pool or at the top level",
@@ -711,7 +738,7 @@ fn validate_pool(i: usize, r: RawPool, global_zones: &[String], c: &mut Collecto
                 let mut out = Vec::new();
                 for (profile, n) in layout {
                     match gpu::parse_mig_profile(profile) {
-                        Some(p) => compute += p.compute * n,
+                        Some(p) => compute = compute.saturating_add(p.compute.saturating_mul(*n)),
                         None => c.at(
                             &at(&["migLayout", profile]),
                             format!("invalid MIG profile {profile:?} (expected <g>g.<m>gb, e.g. 1g.5gb)"),

@@ -1,1 +1,1169 @@
+//! Policy parsing and validation: the example file, defaults, and a `FILE:LINE:COL: message`
+//! for every class of error.
 
+use std::time::Duration;
+
+use super::*;
+
+const FILE: &str = "policy.yaml";
+const EXAMPLE: &str = include_str!("../../examples/policy.yaml");
+
+/// Joins lines with `\n`, so that `lines[i]` is line `i + 1` of the text.
+fn yaml(lines: &[&str]) -> String {
+    let mut s = lines.join("\n");
+    s.push('\n');
+    s
+}
+
+fn parse_ok(text: &str) -> Policy {
+    parse_policy(text, FILE).unwrap_or_else(|e| panic!("expected a valid policy, got:\n{e}"))
+}
+
+fn parse_err(text: &str) -> PolicyErrors {
+    match parse_policy(text, FILE) {
+        Ok(p) => panic!("expected errors, got {p:#?}"),
+        Err(e) => {
+            assert_eq!(e.file, FILE);
+            e
+        }
+    }
+}
+
+/// `(line, col, message)` of every error.
+fn positions(e: &PolicyErrors) -> Vec<(usize, usize, &str)> {
+    e.errors
+        .iter()
+        .map(|e| (e.line, e.col, e.message.as_str()))
+        .collect()
+}
+
+fn mins(m: u64) -> Duration {
+    Duration::from_secs(60 * m)
+}
+
+/// A valid one-pool policy; `extra` lines go into the pool, starting on line 6.
+fn one_pool(extra: &[&str]) -> String {
+    let mut lines = vec![
+        "zones: [us-east-1a]",            // 1
+        "pools:",                         // 2
+        "  - name: a",                    // 3
+        "    instanceTypes: [g5.xlarge]", // 4
+        "    maxNodes: 3",                // 5
+    ];
+    lines.extend_from_slice(extra);
+    yaml(&lines)
+}
+
+// ---- the example file and defaults ----
+
+#[test]
+fn example_policy_parses_with_defaults_applied() {
+    let p = parse_ok(EXAMPLE);
+    assert_eq!(p.cluster_name, "ml-prod");
+    assert_eq!(p.region.as_deref(), Some("us-east-1"));
+    assert_eq!(
+        p.limits,
+        Limits {
+            max_gpus: Some(256),
+            max_nodes: Some(200)
+        }
+    );
+    assert_eq!(
+        p.batching,
+        Batching {
+            idle: Duration::from_secs(1),
+            max: Duration::from_secs(10)
+        }
+    );
+    assert_eq!(p.max_node_provision_time, mins(15));
+    assert_eq!(p.insufficient_capacity_ttl, mins(3));
+    assert_eq!(p.max_concurrent_drains, 5);
+    assert_eq!(p.spot_price_ratio, 0.4);
+
+    let names: Vec<&str> = p.pools.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["a10g", "a100-train", "a100-mig", "t4-shared"]);
+    let all_zones = ["us-east-1a", "us-east-1b", "us-east-1c"];
+    let gpu_taint = Taint {
+        key: "nvidia.com/gpu".into(),
+        value: "true".into(),
+        effect: Effect::NoSchedule,
+    };
+
+    // Every pool gets the scale-down defaults it does not override.
+    for pool in &p.pools {
+        assert_eq!(pool.provider, "aws", "{}", pool.name);
+        assert!(pool.scale_down.enabled, "{}", pool.name);
+        assert_eq!(
+            pool.scale_down.cooldown_after_scale_up,
+            mins(10),
+            "{}",
+            pool.name
+        );
+        assert_eq!(pool.scale_down.utilization_threshold, 0.5, "{}", pool.name);
+        assert_eq!(
+            pool.scale_down.backoff_after_failure,
+            mins(3),
+            "{}",
+            pool.name
+        );
+        assert_eq!(pool.reserved_cpu_milli, 200, "{}", pool.name);
+        assert_eq!(pool.reserved_memory, 1 << 30, "{}", pool.name);
+        assert_eq!(pool.max_pods, 110, "{}", pool.name);
+    }
+
+    let a10g = p.pool("a10g").unwrap();
+    assert_eq!(
+        a10g.instance_types.as_deref(),
+        Some(&["g5.xlarge", "g5.2xlarge", "g5.12xlarge", "g5.48xlarge"].map(String::from)[..])
+    );
+    assert_eq!(a10g.zones, all_zones);
+    assert_eq!(
+        a10g.capacity_types,
+        [CapacityType::Spot, CapacityType::OnDemand]
+    );
+    assert_eq!(
+        (a10g.min_nodes, a10g.max_nodes, a10g.max_gpus),
+        (0, 40, Some(96))
+    );
+    assert_eq!(a10g.labels.get("workload").map(String::as_str), Some("gpu"));
+    assert_eq!(a10g.taints, std::slice::from_ref(&gpu_taint));
+    assert_eq!(a10g.gpu_mode, GpuMode::Whole);
+    assert_eq!(a10g.scale_down.unneeded_time, mins(10));
+
+    // The pool that lists nothing optional, compared in full.
+    let train = p.pool("a100-train").unwrap();
+    assert_eq!(
+        *train,
+        Pool {
+            name: "a100-train".into(),
+            provider: "aws".into(),
+            instance_types: None,
+            requirements: Some(Requirements {
+                gpu_models: vec!["A100".into()],
+                min_gpus: 8,
+                max_gpus: 8,
+                families: vec![],
+            }),
+            zones: vec!["us-east-1a".into(), "us-east-1b".into()],
+            capacity_types: vec![CapacityType::OnDemand],
+            min_nodes: 0,
+            max_nodes: 8,
+            max_gpus: None,
+            labels: BTreeMap::new(),
+            taints: vec![gpu_taint.clone()],
+            gpu_mode: GpuMode::Whole,
+            prices: BTreeMap::new(),
+            reserved_cpu_milli: 200,
+            reserved_memory: 1 << 30,
+            max_pods: 110,
+            priority: 0,
+            scale_down: ScaleDown {
+                enabled: true,
+                cooldown_after_scale_up: mins(10),
+                unneeded_time: mins(10),
+                utilization_threshold: 0.5,
+                backoff_after_failure: mins(3),
+            },
+        }
+    );
+
+    let mig = p.pool("a100-mig").unwrap();
+    assert_eq!(mig.gpu_mode, GpuMode::Mig(vec![("1g.5gb".into(), 7)]));
+    assert_eq!(mig.zones, ["us-east-1a"]);
+    assert_eq!(mig.max_nodes, 2);
+
+    let shared = p.pool("t4-shared").unwrap();
+    assert_eq!(
+        shared.gpu_mode,
+        GpuMode::Shared {
+            core_percentage: 100
+        }
+    );
+    assert_eq!(shared.zones, all_zones);
+    assert_eq!(shared.scale_down.unneeded_time, mins(5));
+    assert_eq!(
+        shared.labels.get("gpu-sharing").map(String::as_str),
+        Some("true")
+    );
+}
+
+#[test]
+fn minimal_policy_gets_every_default() {
+    let p = parse_ok(&one_pool(&[]));
+    assert_eq!(p.cluster_name, "default");
+    assert_eq!(p.region, None);
+    assert_eq!(p.limits, Limits::default());
+    assert_eq!(p.batching.idle, defaults::BATCH_IDLE);
+    assert_eq!(p.batching.max, defaults::BATCH_MAX);
+    assert_eq!(p.max_node_provision_time, mins(15));
+    assert_eq!(p.insufficient_capacity_ttl, mins(3));
+    assert_eq!(p.max_concurrent_drains, 10);
+    assert_eq!(p.spot_price_ratio, 0.4);
+    let pool = &p.pools[0];
+    assert_eq!(pool.provider, "aws");
+    assert_eq!(pool.zones, ["us-east-1a"]);
+    assert_eq!(pool.capacity_types, [CapacityType::OnDemand]);
+    assert_eq!(pool.gpu_mode, GpuMode::Whole);
+    assert_eq!((pool.min_nodes, pool.max_nodes), (0, 3));
+    assert_eq!(
+        pool.scale_down,
+        ScaleDown {
+            enabled: true,
+            cooldown_after_scale_up: mins(10),
+            unneeded_time: mins(10),
+            utilization_threshold: 0.5,
+            backoff_after_failure: mins(3),
+        }
+    );
+}
+
+#[test]
+fn optional_pool_fields_are_read() {
+    let p = parse_ok(&one_pool(&[
+        "    provider: alibaba",
+        "    requirements: {gpuModels: [T4, A10], gpuCount: {min: 2}, families: [ecs]}",
+        "    zones: [z1, z2]",
+        "    gpuMode: shared",
+        "    sharedGpu: {corePercentage: 50}",
+        "    prices: {g5.xlarge: {onDemand: 1.5, spot: 0.5}}",
+        "    reserved: {cpu: 500m, memory: 2Gi}",
+        "    maxPods: 58",
+        "    priority: -3",
+        "    scaleDown: {enabled: false, backoffAfterFailure: 1m30s, utilizationThreshold: 0}",
+    ]));
+    let pool = &p.pools[0];
+    assert_eq!(pool.provider, "alibaba");
+    let req = pool.requirements.as_ref().unwrap();
+    assert_eq!(req.gpu_models, ["T4", "A10"]);
+    assert_eq!((req.min_gpus, req.max_gpus), (2, u32::MAX));
+    assert_eq!(req.families, ["ecs"]);
+    assert_eq!(
+        pool.zones,
+        ["z1", "z2"],
+        "pool zones replace the top-level ones"
+    );
+    assert_eq!(
+        pool.gpu_mode,
+        GpuMode::Shared {
+            core_percentage: 50
+        }
+    );
+    assert_eq!(
+        pool.prices.get("g5.xlarge"),
+        Some(&PriceOverride {
+            on_demand: Some(1.5),
+            spot: Some(0.5)
+        })
+    );
+    assert_eq!(pool.reserved_cpu_milli, 500);
+    assert_eq!(pool.reserved_memory, 2 << 30);
+    assert_eq!(pool.max_pods, 58);
+    assert_eq!(pool.priority, -3);
+    assert!(!pool.scale_down.enabled);
+    assert_eq!(
+        pool.scale_down.backoff_after_failure,
+        Duration::from_secs(90)
+    );
+    assert_eq!(pool.scale_down.utilization_threshold, 0.0);
+}
+
+#[test]
+fn reserved_quantities_accept_numbers_and_round_up() {
+    let p = parse_ok(&one_pool(&["    reserved: {cpu: 0.25, memory: 1000}"]));
+    assert_eq!(p.pools[0].reserved_cpu_milli, 250);
+    assert_eq!(p.pools[0].reserved_memory, 1000);
+    let p = parse_ok(&one_pool(&["    reserved: {cpu: 1.0001, memory: 0.5}"]));
+    assert_eq!(p.pools[0].reserved_cpu_milli, 1001);
+    assert_eq!(p.pools[0].reserved_memory, 1);
+}
+
+// ---- one error per class, with its exact position ----
+
+struct Case {
+    what: &'static str,
+    text: String,
+    /// Position of the offending key (or item).
+    at: (usize, usize),
+    /// A phrase the message must contain.
+    phrase: &'static str,
+}
+
+fn case(what: &'static str, text: String, at: (usize, usize), phrase: &'static str) -> Case {
+    Case {
+        what,
+        text,
+        at,
+        phrase,
+    }
+}
+
+fn error_cases() -> Vec<Case> {
+    vec![
+        case(
+            "unknown top-level field",
+            one_pool(&["scaledown: {enabled: false}"]),
+            (6, 1),
+            "scaledown: unknown field `scaledown`, expected one of",
+        ),
+        case(
+            "unknown nested top-level field",
+            one_pool(&["batching: {idle: 1s, maxWait: 5s}"]),
+            (6, 22),
+            "batching.maxWait: unknown field `maxWait`",
+        ),
+        case(
+            "unknown pool field (typo)",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge]",
+                "    maxNode: 3",
+            ]),
+            (5, 5),
+            "pools[0].maxNode: unknown field `maxNode`, expected one of",
+        ),
+        case(
+            "unknown field in scaleDown",
+            one_pool(&["    scaleDown:", "      unneded: 5m"]),
+            (7, 7),
+            "pools[0].scaleDown.unneded: unknown field `unneded`",
+        ),
+        case(
+            "min > max",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge]",
+                "    minNodes: 5",
+                "    maxNodes: 2",
+            ]),
+            (5, 5),
+            "pools[0].minNodes: minNodes (5) is greater than maxNodes (2)",
+        ),
+        case(
+            "gpu-core percentage not a multiple of 5",
+            one_pool(&["    gpuMode: shared", "    sharedGpu: {corePercentage: 33}"]),
+            (7, 17),
+            "pools[0].sharedGpu.corePercentage: gpu-core percentage must be a multiple of 5 in \
+             5..=100, got 33",
+        ),
+        case(
+            "gpu-core percentage over 100",
+            one_pool(&[
+                "    gpuMode: shared",
+                "    sharedGpu: {corePercentage: 105}",
+            ]),
+            (7, 17),
+            "got 105",
+        ),
+        case(
+            "gpu-core percentage zero",
+            one_pool(&["    gpuMode: shared", "    sharedGpu: {corePercentage: 0}"]),
+            (7, 17),
+            "got 0",
+        ),
+        case(
+            "unknown capacity type",
+            one_pool(&["    capacityTypes: [spot, reserved]"]),
+            (6, 27),
+            "pools[0].capacityTypes[1]: unknown capacity type \"reserved\" (expected spot or \
+             on-demand)",
+        ),
+        case(
+            "duplicate capacity type",
+            one_pool(&["    capacityTypes: [spot, spot]"]),
+            (6, 27),
+            "pools[0].capacityTypes[1]: duplicate capacity type \"spot\"",
+        ),
+        case(
+            "empty capacity types",
+            one_pool(&["    capacityTypes: []"]),
+            (6, 5),
+            "must list at least one of spot, on-demand",
+        ),
+        case(
+            "duration with a day unit",
+            one_pool(&["    scaleDown:", "      unneededTime: 10d"]),
+            (7, 7),
+            "pools[0].scaleDown.unneededTime: invalid duration \"10d\": unknown unit \"d\" (use \
+             ms, s, m or h; e.g. 24h for one day)",
+        ),
+        case(
+            "duration that is a word",
+            one_pool(&["    scaleDown:", "      cooldownAfterScaleUp: ten"]),
+            (7, 7),
+            "pools[0].scaleDown.cooldownAfterScaleUp: invalid duration \"ten\"",
+        ),
+        case(
+            "duration without unit",
+            one_pool(&["    scaleDown: {backoffAfterFailure: \"30\"}"]),
+            (6, 17),
+            "missing unit after \"30\"",
+        ),
+        case(
+            "duration as a bare number",
+            one_pool(&["    scaleDown: {backoffAfterFailure: 30}"]),
+            (6, 17),
+            "invalid type: integer `30`, expected a string",
+        ),
+        case(
+            "bad top-level duration",
+            one_pool(&["maxNodeProvisionTime: 15 min"]),
+            (6, 1),
+            "maxNodeProvisionTime: invalid duration \"15 min\": whitespace is not allowed",
+        ),
+        case(
+            "bad taint effect",
+            one_pool(&["    taints:", "      - {key: k, effect: NoSchedul}"]),
+            (7, 18),
+            "pools[0].taints[0].effect: unknown taint effect \"NoSchedul\" (expected \
+             NoSchedule, PreferNoSchedule or NoExecute)",
+        ),
+        case(
+            "empty taint key",
+            one_pool(&["    taints:", "      - {key: \"\", effect: NoSchedule}"]),
+            (7, 10),
+            "pools[0].taints[0].key: taint key must not be empty",
+        ),
+        case(
+            "taint without effect",
+            one_pool(&["    taints:", "      - {key: k}"]),
+            (7, 9),
+            "pools[0].taints[0]: missing field `effect`",
+        ),
+        case(
+            "invalid MIG profile",
+            one_pool(&["    gpuMode: mig", "    migLayout:", "      1g.5g: 7"]),
+            (8, 7),
+            "pools[0].migLayout[\"1g.5g\"]: invalid MIG profile \"1g.5g\" (expected <g>g.<m>gb, \
+             e.g. 1g.5gb)",
+        ),
+        case(
+            "MIG layout over 7 compute slices",
+            one_pool(&[
+                "    gpuMode: mig",
+                "    migLayout:",
+                "      3g.20gb: 2",
+                "      1g.5gb: 2",
+            ]),
+            (7, 5),
+            "pools[0].migLayout: MIG layout uses 8 compute slices, a GPU has 7",
+        ),
+        case(
+            "MIG count zero",
+            one_pool(&["    gpuMode: mig", "    migLayout: {1g.5gb: 0}"]),
+            (7, 17),
+            "count must be at least 1",
+        ),
+        case(
+            "huge MIG count does not overflow",
+            one_pool(&["    gpuMode: mig", "    migLayout: {2g.10gb: 4294967295}"]),
+            (7, 5),
+            "compute slices, a GPU has 7",
+        ),
+        case(
+            "migLayout without gpuMode mig",
+            one_pool(&["    migLayout: {1g.5gb: 7}"]),
+            (6, 5),
+            "pools[0].migLayout: migLayout needs `gpuMode: mig`",
+        ),
+        case(
+            "migLayout with gpuMode shared",
+            one_pool(&["    gpuMode: shared", "    migLayout: {1g.5gb: 7}"]),
+            (7, 5),
+            "migLayout needs `gpuMode: mig`",
+        ),
+        case(
+            "gpuMode mig without migLayout",
+            one_pool(&["    gpuMode: mig"]),
+            (6, 5),
+            "`gpuMode: mig` needs a `migLayout`",
+        ),
+        case(
+            "unknown gpuMode",
+            one_pool(&["    gpuMode: fractional"]),
+            (6, 5),
+            "unknown gpuMode \"fractional\" (expected whole, mig or shared)",
+        ),
+        case(
+            "sharedGpu without gpuMode shared",
+            one_pool(&["    sharedGpu: {corePercentage: 50}"]),
+            (6, 5),
+            "sharedGpu needs `gpuMode: shared`",
+        ),
+        case(
+            "missing maxNodes points at the pool",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge]",
+            ]),
+            (3, 5),
+            "pools[0]: missing field `maxNodes`",
+        ),
+        case(
+            "missing name points at the pool",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - instanceTypes: [g5.xlarge]",
+                "    maxNodes: 1",
+            ]),
+            (3, 5),
+            "pools[0]: missing field `name`",
+        ),
+        case(
+            "no zones anywhere",
+            yaml(&[
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge]",
+                "    maxNodes: 3",
+            ]),
+            (2, 5),
+            "pools[0]: no zones: set `zones` on the pool or at the top level",
+        ),
+        case(
+            "empty pool zones",
+            one_pool(&["    zones: []"]),
+            (3, 5),
+            "no zones",
+        ),
+        case(
+            "duplicate pool zone",
+            one_pool(&["    zones: [a, b, a]"]),
+            (6, 19),
+            "pools[0].zones[2]: duplicate zone \"a\"",
+        ),
+        case(
+            "empty top-level zone",
+            yaml(&[
+                "zones: [us-east-1a, \"\"]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge]",
+                "    maxNodes: 3",
+            ]),
+            (1, 21),
+            "zones[1]: zone name must not be empty",
+        ),
+        case(
+            "pools not a list",
+            yaml(&["zones: [a]", "pools: {name: a, maxNodes: 1}"]),
+            (2, 1),
+            "pools: `pools` must be a list",
+        ),
+        case(
+            "empty pools",
+            yaml(&["zones: [a]", "pools: []"]),
+            (2, 1),
+            "pools: at least one pool is required",
+        ),
+        case(
+            "null pools",
+            yaml(&["zones: [a]", "pools:"]),
+            (2, 1),
+            "pools: missing field `pools`",
+        ),
+        case(
+            "pool item not a mapping",
+            yaml(&["zones: [a]", "pools:", "  - a10g"]),
+            (3, 5),
+            "pools[0]: invalid type: string \"a10g\", expected struct RawPool",
+        ),
+        case(
+            "non-mapping document (list)",
+            yaml(&["- name: a", "- name: b"]),
+            (1, 1),
+            "a policy must be a YAML mapping with a `pools` list",
+        ),
+        case(
+            "non-mapping document (scalar)",
+            yaml(&["# comment", "just some text"]),
+            (1, 1),
+            "a policy must be a YAML mapping with a `pools` list",
+        ),
+        case(
+            "empty document",
+            String::new(),
+            (1, 1),
+            "a policy must be a YAML mapping with a `pools` list",
+        ),
+        case(
+            "wrong type for maxNodes",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge]",
+                "    maxNodes: \"many\"",
+            ]),
+            (5, 5),
+            "pools[0].maxNodes: invalid type: string \"many\", expected u32",
+        ),
+        case(
+            "negative minNodes",
+            one_pool(&["    minNodes: -1"]),
+            (6, 5),
+            "pools[0].minNodes: invalid value: integer `-1`, expected u32",
+        ),
+        case(
+            "wrong type at top level",
+            one_pool(&["maxConcurrentDrains: lots"]),
+            (6, 1),
+            "maxConcurrentDrains: invalid type: string \"lots\", expected u32",
+        ),
+        case(
+            "spotPriceRatio above 1",
+            one_pool(&["spotPriceRatio: 1.5"]),
+            (6, 1),
+            "spotPriceRatio: must be in (0, 1], got 1.5",
+        ),
+        case(
+            "spotPriceRatio zero",
+            one_pool(&["spotPriceRatio: 0"]),
+            (6, 1),
+            "must be in (0, 1], got 0",
+        ),
+        case(
+            "spotPriceRatio NaN",
+            one_pool(&["spotPriceRatio: .nan"]),
+            (6, 1),
+            "must be in (0, 1], got NaN",
+        ),
+        case(
+            "utilizationThreshold above 1",
+            one_pool(&["    scaleDown:", "      utilizationThreshold: 1.5"]),
+            (7, 7),
+            "pools[0].scaleDown.utilizationThreshold: must be between 0 and 1, got 1.5",
+        ),
+        case(
+            "utilizationThreshold negative",
+            one_pool(&["    scaleDown: {utilizationThreshold: -0.1}"]),
+            (6, 17),
+            "must be between 0 and 1, got -0.1",
+        ),
+        case(
+            "malformed reserved.memory",
+            one_pool(&["    reserved: {memory: 2GB}"]),
+            (6, 16),
+            "pools[0].reserved.memory: malformed quantity \"2GB\"",
+        ),
+        case(
+            "negative reserved.cpu",
+            one_pool(&["    reserved:", "      cpu: -100m"]),
+            (7, 7),
+            "pools[0].reserved.cpu: must not be negative",
+        ),
+        case(
+            "out-of-range reserved.memory",
+            one_pool(&["    reserved: {memory: 1e30}"]),
+            (6, 16),
+            "pools[0].reserved.memory: quantity \"1e30\" is out of range",
+        ),
+        case(
+            "reserved.memory of the wrong type",
+            one_pool(&["    reserved: {memory: [1Gi]}"]),
+            (6, 16),
+            "pools[0].reserved.memory: expected a quantity such as \"500m\" or \"2Gi\"",
+        ),
+        case(
+            "unsupported apiVersion",
+            one_pool(&["apiVersion: v1"]),
+            (6, 1),
+            "apiVersion: unsupported apiVersion \"v1\" (expected \
+             \"gpu-node-autoscaler.io/v1alpha1\")",
+        ),
+        case(
+            "wrong kind",
+            one_pool(&["kind: ConfigMap"]),
+            (6, 1),
+            "kind: kind must be \"ScalingPolicy\", not \"ConfigMap\"",
+        ),
+        case(
+            "batching idle longer than max",
+            one_pool(&["batching: {idle: 20s, max: 10s}"]),
+            (6, 12),
+            "batching.idle: idle must not be longer than max",
+        ),
+        case(
+            "maxConcurrentDrains zero",
+            one_pool(&["maxConcurrentDrains: 0"]),
+            (6, 1),
+            "maxConcurrentDrains: must be at least 1",
+        ),
+        case(
+            "pool name not a DNS label",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: A10G_pool",
+                "    instanceTypes: [g5.xlarge]",
+                "    maxNodes: 3",
+            ]),
+            (3, 5),
+            "pools[0].name: pool name \"A10G_pool\" must be a DNS label",
+        ),
+        case(
+            "unknown provider",
+            one_pool(&["    provider: gcp"]),
+            (6, 5),
+            "pools[0].provider: unknown provider \"gcp\" (expected one of aws, alibaba, memory)",
+        ),
+        case(
+            "neither instanceTypes nor requirements",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    maxNodes: 3",
+            ]),
+            (3, 5),
+            "pools[0]: a pool needs `instanceTypes` or `requirements`",
+        ),
+        case(
+            "empty instanceTypes",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: []",
+                "    maxNodes: 3",
+            ]),
+            (4, 5),
+            "pools[0].instanceTypes: must list at least one instance type",
+        ),
+        case(
+            "duplicate instance type",
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge, g5.xlarge]",
+                "    maxNodes: 3",
+            ]),
+            (4, 32),
+            "pools[0].instanceTypes[1]: duplicate instance type \"g5.xlarge\"",
+        ),
+        case(
+            "requirements min > max",
+            one_pool(&["    requirements:", "      gpuCount: {min: 8, max: 4}"]),
+            (7, 18),
+            "pools[0].requirements.gpuCount.min: min (8) is greater than max (4)",
+        ),
+        case(
+            "label key with whitespace",
+            one_pool(&["    labels: {\"bad key\": x}"]),
+            (6, 5),
+            "pools[0].labels: invalid label key \"bad key\"",
+        ),
+        case(
+            "label value too long",
+            one_pool(&[
+                "    labels:",
+                "      team: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            ]),
+            (7, 7),
+            "pools[0].labels.team: label values are at most 63 characters",
+        ),
+        case(
+            "negative price",
+            one_pool(&["    prices:", "      g5.xlarge: {spot: -1}"]),
+            (7, 19),
+            "pools[0].prices[\"g5.xlarge\"].spot: price must be a non-negative number, got -1",
+        ),
+        case(
+            "maxPods zero",
+            one_pool(&["    maxPods: 0"]),
+            (6, 5),
+            "pools[0].maxPods: must be at least 1",
+        ),
+    ]
+}
+
+#[test]
+fn each_error_class_is_reported_at_the_offending_key() {
+    let mut failures = Vec::new();
+    for c in error_cases() {
+        let errs = match parse_policy(&c.text, FILE) {
+            Ok(_) => {
+                failures.push(format!("{}: parsed without errors", c.what));
+                continue;
+            }
+            Err(e) => e,
+        };
+        let got = positions(&errs);
+        let ok =
+            matches!(got.as_slice(), [(l, col, m)] if (*l, *col) == c.at && m.contains(c.phrase));
+        if !ok {
+            failures.push(format!(
+                "{}: want one error at {:?} containing {:?}, got:\n{errs}",
+                c.what, c.at, c.phrase
+            ));
+            continue;
+        }
+        // Display renders FILE:LINE:COL: message.
+        let e = &errs.errors[0];
+        assert_eq!(
+            errs.to_string(),
+            format!("{FILE}:{}:{}: {}", e.line, e.col, e.message),
+            "{}",
+            c.what
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn full_messages() {
+    let cases = [
+        (
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge]",
+                "    minNodes: 5",
+                "    maxNodes: 2",
+            ]),
+            "policy.yaml:5:5: pools[0].minNodes: minNodes (5) is greater than maxNodes (2)",
+        ),
+        (
+            one_pool(&["    scaleDown:", "      unneededTime: 10d"]),
+            "policy.yaml:7:7: pools[0].scaleDown.unneededTime: invalid duration \"10d\": unknown \
+             unit \"d\" (use ms, s, m or h; e.g. 24h for one day)",
+        ),
+        (
+            one_pool(&["    gpuMode: shared", "    sharedGpu: {corePercentage: 33}"]),
+            "policy.yaml:7:17: pools[0].sharedGpu.corePercentage: gpu-core percentage must be a \
+             multiple of 5 in 5..=100, got 33",
+        ),
+        (
+            yaml(&[
+                "zones: [us-east-1a]",
+                "pools:",
+                "  - name: a",
+                "    instanceTypes: [g5.xlarge]",
+            ]),
+            "policy.yaml:3:5: pools[0]: missing field `maxNodes`",
+        ),
+        (
+            yaml(&["- a"]),
+            "policy.yaml:1:1: a policy must be a YAML mapping with a `pools` list",
+        ),
+        (
+            one_pool(&["    capacityTypes: [spot, reserved]"]),
+            "policy.yaml:6:27: pools[0].capacityTypes[1]: unknown capacity type \"reserved\" \
+             (expected spot or on-demand)",
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(parse_err(&text).to_string(), want);
+    }
+}
+
+#[test]
+fn unknown_field_message_lists_the_known_fields() {
+    let e = parse_err(&yaml(&[
+        "zones: [us-east-1a]",
+        "pools:",
+        "  - name: a",
+        "    instanceTypes: [g5.xlarge]",
+        "    maxNode: 3",
+    ]));
+    let msg = &e.errors[0].message;
+    assert!(msg.contains("`maxNodes`"), "{msg}");
+    assert!(msg.contains("`minNodes`"), "{msg}");
+    // serde_yaml's own (meaningless) position is stripped.
+    assert!(!msg.contains(" at line "), "{msg}");
+    assert_eq!(e.errors[0].path, "pools[0].maxNode");
+}
+
+#[test]
+fn yaml_syntax_errors_have_a_position() {
+    let cases = [
+        // An unterminated flow sequence runs on into the next line, where `:` is illegal.
+        (yaml(&["zones: [us-east-1a", "pools: []"]), 2, 6),
+        // A quoted string running on into the next line, reported where it starts.
+        (yaml(&["zones: [\"us-east-1a]", "pools: []"]), 1, 9),
+        // A tab where indentation is expected (yaml-rust2 reports just past the tab).
+        (yaml(&["pools:", "\t- name: a"]), 2, 2),
+    ];
+    for (text, line, col) in cases {
+        let e = parse_err(&text);
+        assert_eq!(e.errors.len(), 1, "{e}");
+        let err = &e.errors[0];
+        assert!(err.message.starts_with("invalid YAML: "), "{e}");
+        assert_eq!((err.line, err.col), (line, col), "{text:?}: {e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{FILE}:{line}:{col}: invalid YAML: ")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_keys_are_yaml_errors_at_the_enclosing_mapping() {
+    // serde_yaml rejects duplicate keys but only gives the position of the mapping that holds
+    // them, not of the repeated key.
+    let e = parse_err(&yaml(&["zones: [a]", "pools: []", "zones: [b]"]));
+    assert_eq!(
+        e.to_string(),
+        "policy.yaml:1:1: invalid YAML: duplicate entry with key \"zones\""
+    );
+    let e = parse_err(&yaml(&["pools:", "  - name: a", "    name: b"]));
+    assert_eq!(positions(&e).len(), 1, "{e}");
+    assert_eq!((e.errors[0].line, e.errors[0].col), (2, 5), "{e}");
+    assert!(
+        e.errors[0]
+            .message
+            .contains("duplicate entry with key \"name\""),
+        "{e}"
+    );
+}
+
+// ---- several errors at once ----
+
+#[test]
+fn every_error_is_reported_sorted_by_line() {
+    let text = yaml(&[
+        "zones: [us-east-1a]",                 // 1
+        "pools:",                              // 2
+        "  - name: a",                         // 3
+        "    instanceTypes: [g5.xlarge]",      // 4
+        "    maxNodes: 3",                     // 5
+        "    capacityTypes: [spot, reserved]", // 6
+        "  - name: b",                         // 7
+        "    instanceTypes: [g5.xlarge]",      // 8
+        "    maxNode: 3",                      // 9
+        "  - name: c",                         // 10
+        "    instanceTypes: [g5.xlarge]",      // 11
+        "    maxNodes: 3",                     // 12
+        "    scaleDown: {unneededTime: 10d}",  // 13
+        "  - name: ok",                        // 14
+        "    instanceTypes: [g5.xlarge]",      // 15
+        "    maxNodes: 3",                     // 16
+        "spotPriceRatio: 2",                   // 17
+    ]);
+    let e = parse_err(&text);
+    let got: Vec<(usize, usize)> = e.errors.iter().map(|e| (e.line, e.col)).collect();
+    assert_eq!(got, [(6, 27), (9, 5), (13, 17), (17, 1)], "{e}");
+    let paths: Vec<&str> = e.errors.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "pools[0].capacityTypes[1]",
+            "pools[1].maxNode",
+            "pools[2].scaleDown.unneededTime",
+            "spotPriceRatio"
+        ]
+    );
+    // Display: one line per error, each `FILE:LINE:COL: message`.
+    let shown = e.to_string();
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 4, "{shown}");
+    for (line, err) in lines.iter().zip(&e.errors) {
+        assert_eq!(
+            *line,
+            format!("{FILE}:{}:{}: {}", err.line, err.col, err.message)
+        );
+    }
+    assert!(!shown.ends_with('\n'));
+}
+
+#[test]
+fn a_bad_top_level_field_does_not_hide_pool_errors() {
+    let text = yaml(&[
+        "zones: [us-east-1a]",               // 1
+        "pools:",                            // 2
+        "  - name: a",                       // 3
+        "    instanceTypes: [g5.xlarge]",    // 4
+        "    minNodes: 4",                   // 5
+        "    maxNodes: 3",                   // 6
+        "  - name: b",                       // 7
+        "    instanceTypes: [g5.xlarge]",    // 8
+        "    maxNodes: 3",                   // 9
+        "    taints: [{key: k, effect: x}]", // 10
+        "scaledown: {enabled: false}",       // 11
+        "maxConcurrentDrains: many",         // 12
+    ]);
+    let e = parse_err(&text);
+    let got: Vec<(usize, usize, &str)> = positions(&e);
+    assert_eq!(got.len(), 4, "{e}");
+    assert_eq!((got[0].0, got[0].1), (5, 5), "{e}");
+    assert!(got[0]
+        .2
+        .contains("minNodes (4) is greater than maxNodes (3)"));
+    assert_eq!((got[1].0, got[1].1), (10, 23), "{e}");
+    assert!(got[1].2.contains("unknown taint effect \"x\""));
+    assert_eq!((got[2].0, got[2].1), (11, 1), "{e}");
+    assert!(got[2].2.contains("unknown field `scaledown`"));
+    assert_eq!((got[3].0, got[3].1), (12, 1), "{e}");
+    assert!(got[3].2.contains("maxConcurrentDrains: invalid type"));
+}
+
+#[test]
+fn malformed_top_level_zones_do_not_cascade_into_pools() {
+    let text = yaml(&[
+        "zones: us-east-1a",
+        "pools:",
+        "  - name: a",
+        "    instanceTypes: [g5.xlarge]",
+        "    maxNodes: 3",
+    ]);
+    let e = parse_err(&text);
+    assert_eq!(e.errors.len(), 1, "{e}");
+    assert_eq!((e.errors[0].line, e.errors[0].col), (1, 1));
+    assert!(
+        e.errors[0].message.starts_with("zones: invalid type"),
+        "{e}"
+    );
+}
+
+#[test]
+fn several_errors_in_one_pool_are_all_reported() {
+    let e = parse_err(&one_pool(&[
+        "    minNodes: 9",
+        "    capacityTypes: [spot, spot]",
+        "    gpuMode: shared",
+        "    sharedGpu: {corePercentage: 7}",
+        "    scaleDown: {utilizationThreshold: 2}",
+    ]));
+    let got: Vec<(usize, usize)> = e.errors.iter().map(|e| (e.line, e.col)).collect();
+    assert_eq!(got, [(6, 5), (7, 27), (9, 17), (10, 17)], "{e}");
+}
+
+#[test]
+fn duplicate_pool_names_point_at_the_later_pools() {
+    let pool = |name: &'static str| -> [&'static str; 3] {
+        [name, "    instanceTypes: [g5.xlarge]", "    maxNodes: 1"]
+    };
+    let mut lines = vec!["zones: [z]", "pools:"];
+    lines.extend(pool("  - name: x")); // 3
+    lines.extend(pool("  - name: a")); // 6
+    lines.extend(pool("  - name: a")); // 9
+    lines.extend(pool("  - name: b")); // 12
+    lines.extend(pool("  - name: a")); // 15
+    let e = parse_err(&yaml(&lines));
+    assert_eq!(
+        positions(&e),
+        [
+            (9, 5, "pools[2].name: duplicate pool name \"a\""),
+            (15, 5, "pools[4].name: duplicate pool name \"a\""),
+        ],
+        "{e}"
+    );
+}
+
+#[test]
+fn duplicate_pool_name_is_reported_even_when_the_first_pool_has_errors() {
+    let e = parse_err(&yaml(&[
+        "zones: [z]",
+        "pools:",
+        "  - name: a",
+        "    instanceTypes: [g5.xlarge]",
+        "    maxNodes: 1",
+        "    provider: gcp",
+        "  - name: a",
+        "    instanceTypes: [g5.xlarge]",
+        "    maxNodes: 1",
+    ]));
+    let got: Vec<(usize, usize)> = e.errors.iter().map(|e| (e.line, e.col)).collect();
+    assert_eq!(got, [(6, 5), (7, 5)], "{e}");
+    assert!(e.errors[1].message.contains("duplicate pool name \"a\""));
+}
+
+#[test]
+fn errors_at_the_same_place_are_not_repeated() {
+    // Two invalid label keys are reported at the same `labels` key, with different messages.
+    let e = parse_err(&one_pool(&["    labels: {\"a b\": x, \"c d\": y}"]));
+    assert_eq!(e.errors.len(), 2, "{e}");
+    assert!(e.errors.iter().all(|e| (e.line, e.col) == (6, 5)));
+}
+
+// ---- summary ----
+
+#[test]
+fn summary_has_one_line_per_pool() {
+    let p = parse_ok(EXAMPLE);
+    assert_eq!(
+        summary(&p),
+        [
+            "pool a10g: aws [g5.xlarge,g5.2xlarge,g5.12xlarge,g5.48xlarge] in \
+             us-east-1a,us-east-1b,us-east-1c (spot > on-demand), nodes 0..40, max 96 GPUs, \
+             whole GPUs, priority 0, scale-down after 10m unneeded",
+            "pool a100-train: aws [A100 with 8-8 GPUs] in us-east-1a,us-east-1b (on-demand), \
+             nodes 0..8, whole GPUs, priority 0, scale-down after 10m unneeded",
+            "pool a100-mig: aws [p4d.24xlarge] in us-east-1a (on-demand), nodes 0..2, \
+             MIG 7x1g.5gb, priority 0, scale-down after 10m unneeded",
+            "pool t4-shared: aws [g4dn.xlarge,g4dn.12xlarge] in us-east-1a,us-east-1b,us-east-1c \
+             (spot > on-demand), nodes 0..10, shared GPUs, priority 0, scale-down after 5m \
+             unneeded",
+        ]
+    );
+}
+
+#[test]
+fn summary_of_open_requirements_and_disabled_scale_down() {
+    let p = parse_ok(&yaml(&[
+        "zones: [z]",
+        "pools:",
+        "  - name: any",
+        "    requirements: {}",
+        "    minNodes: 1",
+        "    maxNodes: 4",
+        "    priority: 7",
+        "    gpuMode: mig",
+        "    migLayout: {1g.5gb: 3, 2g.10gb: 2}",
+        "    scaleDown: {enabled: false}",
+    ]));
+    assert_eq!(
+        summary(&p),
+        [
+            "pool any: aws [any GPU with >=1 GPUs] in z (on-demand), nodes 1..4, \
+          MIG 3x1g.5gb+2x2g.10gb, priority 7, scale-down disabled"
+        ]
+    );
+}
+
+// ---- requirements ----
+
+#[test]
+fn requirements_admit_instance_types() {
+    use gpu_node_autoscaler_provider::{GpuInfo, GpuVendor, InstanceType};
+    let t = |name: &str, gpu: Option<(&str, u32)>| InstanceType {
+        name: name.into(),
+        vcpu: 8,
+        memory_mib: 32768,
+        gpu: gpu.map(|(model, count)| GpuInfo {
+            model: model.into(),
+            vendor: GpuVendor::Nvidia,
+            count,
+            memory_mib: 24576,
+        }),
+        on_demand_price: None,
+    };
+    let p = parse_ok(&yaml(&[
+        "zones: [z]",
+        "pools:",
+        "  - name: any",
+        "    requirements: {}",
+        "    maxNodes: 1",
+        "  - name: a10g-big",
+        "    requirements: {gpuModels: [A10G], gpuCount: {min: 4, max: 8}, families: [g5]}",
+        "    maxNodes: 1",
+    ]));
+    let any = p.pool("any").unwrap().requirements.as_ref().unwrap();
+    let big = p.pool("a10g-big").unwrap().requirements.as_ref().unwrap();
+    assert!(any.admits(&t("g5.xlarge", Some(("A10G", 1)))));
+    assert!(!any.admits(&t("m5.xlarge", None)), "GPU-less types never");
+    assert!(big.admits(&t("g5.12xlarge", Some(("A10G", 4)))));
+    assert!(big.admits(&t("g5.48xlarge", Some(("A10G", 8)))));
+    assert!(!big.admits(&t("g5.xlarge", Some(("A10G", 1)))), "too few");
+    assert!(!big.admits(&t("g6.12xlarge", Some(("A10G", 4)))), "family");
+    assert!(!big.admits(&t("g5.12xlarge", Some(("L4", 4)))), "model");
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs every check and test of the project on a fresh machine: installs what is missing (pinned),
+# then formatting, lints and the whole test suite. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NEXTEST_VERSION=0.9.143
+
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install --locked cargo-nextest --version "$NEXTEST_VERSION"
+fi
+
+echo "== cargo fmt"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== tests"
+cargo nextest run --workspace --locked --no-fail-fast

@@ -1,0 +1,471 @@
+//! Builders for pods, nodes and snapshots, for tests, benchmarks and generated workloads:
+//! `PodBuilder::new("ns", "p").gpus(2).gang("job-a", 4).build()`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::model::constraints::{Effect, Operator, Requirement, Taint, Term, Toleration};
+use crate::model::resources::{GpuShare, Resources, SharedGpu, MIG_PREFIX};
+use crate::model::{
+    labels, Constraints, GangRef, Node, Owner, OwnerKind, Pod, PodPhase, PodRef, Time,
+};
+
+pub const GIB: i64 = 1 << 30;
+
+#[derive(Clone)]
+pub struct PodBuilder {
+    pod: Pod,
+    constraints: Constraints,
+}
+
+impl PodBuilder {
+    /// A pending pod owned by a ReplicaSet, requesting 100m CPU and 256Mi.
+    pub fn new(namespace: &str, name: &str) -> PodBuilder {
+        PodBuilder {
+            pod: Pod {
+                id: PodRef::new(namespace, name),
+                uid: format!("uid-{namespace}-{name}"),
+                labels: BTreeMap::new(),
+                annotations: BTreeMap::new(),
+                requests: Resources {
+                    cpu_milli: 100,
+                    memory: 256 << 20,
+                    pods: 1,
+                    ..Default::default()
+                },
+                share: None,
+                constraints: Arc::new(Constraints::default()),
+                node_name: None,
+                phase: PodPhase::Pending,
+                owner: Some(Owner {
+                    kind: OwnerKind::ReplicaSet,
+                    name: format!("{name}-rs"),
+                    uid: format!("rs-{name}"),
+                }),
+                gang: None,
+                priority: 0,
+                created: Time::EPOCH,
+                deleting: false,
+                unschedulable: true,
+                local_storage: false,
+                shared_gpu_index: None,
+                problem: None,
+            },
+            constraints: Constraints::default(),
+        }
+    }
+
+    pub fn cpu_milli(mut self, m: i64) -> Self {
+        self.pod.requests.cpu_milli = m;
+        self
+    }
+
+    pub fn memory_gib(mut self, g: i64) -> Self {
+        self.pod.requests.memory = g * GIB;
+        self
+    }
+
+    pub fn gpus(mut self, n: i64) -> Self {
+        self.pod.requests.gpu = n;
+        self
+    }
+
+    pub fn amd_gpus(mut self, n: i64) -> Self {
+        self.pod.requests.amd_gpu = n;
+        self
+    }
+
+    pub fn mig(mut self, profile: &str, n: i64) -> Self {
+        self.pod.requests.set(&format!("{MIG_PREFIX}{profile}"), n);
+        self
+    }
+
+    pub fn extended(mut self, name: &str, n: i64) -> Self {
+        self.pod.requests.set(name, n);
+        self
+    }
+
+    pub fn share(mut self, mem_gib: i64, core_pct: i64) -> Self {
+        self.pod.share = Some(GpuShare { mem_gib, core_pct });
+        self
+    }
+
+    pub fn selector(mut self, key: &str, value: &str) -> Self {
+        self.constraints
+            .node_selector
+            .insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Adds a required node affinity term (terms are ORed).
+    pub fn affinity(mut self, key: &str, op: Operator, values: &[&str]) -> Self {
+        self.constraints
+            .affinity
+            .get_or_insert_with(Vec::new)
+            .push(Term {
+                requirements: vec![Requirement {
+                    key: key.to_string(),
+                    operator: op,
+                    values: values.iter().map(|s| s.to_string()).collect(),
+                }],
+                node_names: None,
+            });
+        self
+    }
+
+    pub fn tolerate(mut self, key: &str) -> Self {
+        self.constraints.tolerations.push(Toleration {
+            key: Some(key.to_string()),
+            exists: true,
+            value: String::new(),
+            effect: None,
+        });
+        self
+    }
+
+    pub fn tolerate_all(mut self) -> Self {
+        self.constraints.tolerations.push(Toleration {
+            key: None,
+            exists: true,
+            value: String::new(),
+            effect: None,
+        });
+        self
+    }
+
+    pub fn gang(mut self, key: &str, min_member: u32) -> Self {
+        self.pod.gang = Some(GangRef {
+            key: format!("{}/{key}", self.pod.id.namespace),
+            min_member: Some(min_member),
+        });
+        self
+    }
+
+    pub fn priority(mut self, p: i32) -> Self {
+        self.pod.priority = p;
+        self
+    }
+
+    pub fn created(mut self, t: Time) -> Self {
+        self.pod.created = t;
+        self
+    }
+
+    pub fn label(mut self, k: &str, v: &str) -> Self {
+        self.pod.labels.insert(k.to_string(), v.to_string());
+        self
+    }
+
+    pub fn annotation(mut self, k: &str, v: &str) -> Self {
+        self.pod.annotations.insert(k.to_string(), v.to_string());
+        self
+    }
+
+    pub fn owner(mut self, kind: OwnerKind, name: &str) -> Self {
+        self.pod.owner = Some(Owner {
+            kind,
+            name: name.to_string(),
+            uid: format!("uid-{name}"),
+        });
+        self
+    }
+
+    pub fn bare(mut self) -> Self {
+        self.pod.owner = None;
+        self
+    }
+
+    pub fn daemonset(self, name: &str) -> Self {
+        self.owner(OwnerKind::DaemonSet, name)
+    }
+
+    pub fn local_storage(mut self) -> Self {
+        self.pod.local_storage = true;
+        self
+    }
+
+    /// Bound to `node` and Running.
+    pub fn on(mut self, node: &str) -> Self {
+        self.pod.node_name = Some(node.to_string());
+        self.pod.phase = PodPhase::Running;
+        self.pod.unschedulable = false;
+        self
+    }
+
+    pub fn problem(mut self, p: &str) -> Self {
+        self.pod.problem = Some(p.to_string());
+        self
+    }
+
+    pub fn build(mut self) -> Pod {
+        self.pod.constraints = Arc::new(self.constraints);
+        self.pod
+    }
+}
+
+#[derive(Clone)]
+pub struct NodeBuilder {
+    node: Node,
+}
+
+impl NodeBuilder {
+    /// A Ready node with 8 CPUs, 32 GiB and 110 pods, no GPUs, no labels.
+    pub fn new(name: &str) -> NodeBuilder {
+        NodeBuilder {
+            node: Node {
+                name: name.to_string(),
+                labels: BTreeMap::new(),
+                annotations: BTreeMap::new(),
+                taints: Vec::new(),
+                allocatable: Resources {
+                    cpu_milli: 8000,
+                    memory: 32 * GIB,
+                    pods: 110,
+                    ..Default::default()
+                },
+                shared_gpus: Vec::new(),
+                ready: true,
+                unschedulable: false,
+                created: Time::EPOCH,
+                provider_id: Some(format!("aws:///zone/i-{name}")),
+                deleting: false,
+            },
+        }
+    }
+
+    /// Labels the node as a node of `pool` bought as `instance_type` in `zone`.
+    pub fn pool(mut self, pool: &str, instance_type: &str, zone: &str) -> Self {
+        let l = &mut self.node.labels;
+        l.insert(labels::POOL.into(), pool.into());
+        l.insert(labels::INSTANCE_TYPE.into(), instance_type.into());
+        l.insert(labels::ZONE.into(), zone.into());
+        self
+    }
+
+    pub fn label(mut self, k: &str, v: &str) -> Self {
+        self.node.labels.insert(k.into(), v.into());
+        self
+    }
+
+    pub fn annotation(mut self, k: &str, v: &str) -> Self {
+        self.node.annotations.insert(k.into(), v.into());
+        self
+    }
+
+    pub fn cpu_milli(mut self, m: i64) -> Self {
+        self.node.allocatable.cpu_milli = m;
+        self
+    }
+
+    pub fn memory_gib(mut self, g: i64) -> Self {
+        self.node.allocatable.memory = g * GIB;
+        self
+    }
+
+    pub fn gpus(mut self, n: i64) -> Self {
+        self.node.allocatable.gpu = n;
+        self
+    }
+
+    pub fn mig(mut self, profile: &str, n: i64) -> Self {
+        self.node
+            .allocatable
+            .set(&format!("{MIG_PREFIX}{profile}"), n);
+        self
+    }
+
+    pub fn shared(mut self, gpus: usize, mem_gib: i64) -> Self {
+        self.node.shared_gpus = vec![SharedGpu::full(mem_gib); gpus];
+        self
+    }
+
+    pub fn taint(mut self, key: &str, effect: Effect) -> Self {
+        self.node.taints.push(Taint {
+            key: key.into(),
+            value: "true".into(),
+            effect,
+        });
+        self
+    }
+
+    pub fn not_ready(mut self) -> Self {
+        self.node.ready = false;
+        self
+    }
+
+    pub fn cordoned(mut self) -> Self {
+        self.node.unschedulable = true;
+        self
+    }
+
+    pub fn created(mut self, t: Time) -> Self {
+        self.node.created = t;
+        self
+    }
+
+    pub fn build(self) -> Node {
+        self.node
+    }
+}
+
+/// A small deterministic random generator (xorshift64*), so generated workloads need no
+/// dependency and are the same on every machine.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// Zones of the generated benchmark cluster.
+pub const BENCH_ZONES: [&str; 6] = [
+    "us-east-1a",
+    "us-east-1b",
+    "us-east-1c",
+    "us-east-1d",
+    "us-east-1e",
+    "us-east-1f",
+];
+
+/// Extra synthetic instance types (CSV rows) added to the built-in catalog by the benchmark, to
+/// reach ~400 offerings.
+pub const SYNTHETIC_TYPES_CSV: &str = "\
+x1.a10g-2,A10G,2,23028,24,98304,2.9\n\
+x1.l4-2,L4,2,23034,24,98304,2.4\n\
+x1.t4-2,T4,2,15360,16,65536,1.1\n";
+
+/// A policy over every family of the built-in catalog in six zones, spot first: whole GPUs for
+/// the A10G/L4/L40S/V100/H100 families, MIG on A100-40GB, shared T4s.
+pub fn bench_policy() -> String {
+    let zones = BENCH_ZONES.join(", ");
+    format!(
+        r#"zones: [{zones}]
+pools:
+  - name: a10g
+    requirements: {{gpuModels: [A10G]}}
+    capacityTypes: [spot, on-demand]
+    maxNodes: 5000
+  - name: l4
+    requirements: {{gpuModels: [L4, L40S]}}
+    capacityTypes: [spot, on-demand]
+    maxNodes: 5000
+  - name: big
+    requirements: {{gpuModels: [V100, H100, A100], gpuCount: {{min: 1, max: 8}}}}
+    instanceTypes: [p3.2xlarge, p3.8xlarge, p3.16xlarge, p3dn.24xlarge, p5.48xlarge, p4de.24xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 5000
+  - name: mig
+    instanceTypes: [p4d.24xlarge]
+    capacityTypes: [on-demand, spot]
+    maxNodes: 5000
+    gpuMode: mig
+    migLayout: {{1g.5gb: 7}}
+  - name: t4
+    requirements: {{gpuModels: [T4]}}
+    capacityTypes: [spot, on-demand]
+    maxNodes: 5000
+    gpuMode: shared
+    labels: {{gpu-sharing: "true"}}
+"#
+    )
+}
+
+/// A generated cluster: `nodes` existing A10G/L4 nodes (partly used) and `pods` pending pods:
+/// 1/2/4/8-GPU pods, shared-GPU fractions, MIG slices, gangs of 2–16 workers, ~30 % with a
+/// GPU-model selector.
+pub fn generated_cluster(pods: usize, nodes: usize, seed: u64) -> crate::model::Snapshot {
+    let mut rng = Rng::new(seed);
+    let mut out = crate::model::Snapshot::default();
+    for i in 0..nodes {
+        let zone = BENCH_ZONES[i % BENCH_ZONES.len()];
+        let (pool, it, gpus) = if i % 2 == 0 {
+            ("a10g", "g5.12xlarge", 4)
+        } else {
+            ("l4", "g6.12xlarge", 4)
+        };
+        let name = format!("node-{i:05}");
+        out.nodes.push(
+            NodeBuilder::new(&name)
+                .pool(pool, it, zone)
+                .cpu_milli(47_000)
+                .memory_gib(180)
+                .gpus(gpus)
+                .build(),
+        );
+        // Three of four GPUs busy.
+        for j in 0..3 {
+            out.pods.push(
+                PodBuilder::new("run", &format!("r-{i:05}-{j}"))
+                    .gpus(1)
+                    .cpu_milli(4000)
+                    .memory_gib(16)
+                    .on(&name)
+                    .build(),
+            );
+        }
+    }
+    let models = ["A10G", "L4", "V100", "H100"];
+    let mut i = 0;
+    while i < pods {
+        let name = format!("p-{i:06}");
+        let roll = rng.below(100);
+        if roll < 8 && pods - i >= 2 {
+            // A gang of 2–16 workers with 1–8 GPUs each.
+            let size = (2 + rng.below(15) as usize).min(pods - i);
+            let g = [1, 2, 4, 8][rng.below(4) as usize];
+            for w in 0..size {
+                out.pods.push(
+                    PodBuilder::new("train", &format!("{name}-w{w}"))
+                        .gpus(g)
+                        .cpu_milli(4000 * g)
+                        .memory_gib(16 * g)
+                        .gang(&name, size as u32)
+                        .build(),
+                );
+            }
+            i += size;
+            continue;
+        }
+        let mut b = PodBuilder::new("gen", &name);
+        b = match roll {
+            8..=47 => b.gpus(1).cpu_milli(2000).memory_gib(8),
+            48..=62 => b.gpus(2).cpu_milli(8000).memory_gib(32),
+            63..=72 => b.gpus(4).cpu_milli(16000).memory_gib(64),
+            73..=77 => b.gpus(8).cpu_milli(32000).memory_gib(128),
+            78..=89 => b
+                .share(2 + rng.below(6) as i64, 5 * (1 + rng.below(10) as i64))
+                .selector("gpu-sharing", "true")
+                .cpu_milli(1000)
+                .memory_gib(4),
+            _ => b
+                .mig("1g.5gb", 1 + rng.below(2) as i64)
+                .cpu_milli(1000)
+                .memory_gib(4),
+        };
+        if (8..=77).contains(&roll) && rng.below(10) < 3 {
+            b = b.selector(
+                labels::GPU_MODEL,
+                models[rng.below(models.len() as u64) as usize],
+            );
+        }
+        out.pods.push(b.created(Time(i as i64)).build());
+        i += 1;
+    }
+    out
+}
