@@ -304,15 +304,14 @@ struct RawScaleDown {
     backoff_after_failure: Option<Dur>,
 }
 
-/// A duration written Go-style (`10m`, `1h30m`, `500ms`).
-struct Dur(Duration);
+/// A duration written Go-style (`10m`, `1h30m`, `500ms`). A malformed one is kept as its error
+/// and reported during validation, so that the rest of its pool is still checked.
+struct Dur(Result<Duration, String>);
 
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
         let s = String::deserialize(d)?;
-        duration::parse_duration(&s)
-            .map(Dur)
-            .map_err(serde::de::Error::custom)
+        Ok(Dur(duration::parse_duration(&s).map_err(|e| e.to_string())))
     }
 }
 
@@ -338,6 +337,18 @@ struct Collector<'a> {
 }
 
 impl Collector<'_> {
+    /// The duration at `path`, or `default` when absent; a malformed one is reported.
+    fn duration(&mut self, path: &[PathSeg], d: Option<Dur>, default: Duration) -> Duration {
+        match d {
+            None => default,
+            Some(Dur(Ok(v))) => v,
+            Some(Dur(Err(e))) => {
+                self.at(path, e);
+                default
+            }
+        }
+    }
+
     fn at(&mut self, path: &[PathSeg], message: impl Into<String>) {
         let loc = self.map.locate_nearest(path);
         let shown = display_path(path);
@@ -477,8 +488,16 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
         );
     }
     let batching = Batching {
-        idle: raw.batching.idle.map_or(defaults::BATCH_IDLE, |d| d.0),
-        max: raw.batching.max.map_or(defaults::BATCH_MAX, |d| d.0),
+        idle: c.duration(
+            &[key("batching"), key("idle")],
+            raw.batching.idle,
+            defaults::BATCH_IDLE,
+        ),
+        max: c.duration(
+            &[key("batching"), key("max")],
+            raw.batching.max,
+            defaults::BATCH_MAX,
+        ),
     };
     if batching.idle > batching.max {
         c.at(
@@ -540,12 +559,16 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
             max_nodes: raw.limits.max_nodes,
         },
         batching,
-        max_node_provision_time: raw
-            .max_node_provision_time
-            .map_or(defaults::MAX_NODE_PROVISION_TIME, |d| d.0),
-        insufficient_capacity_ttl: raw
-            .insufficient_capacity_ttl
-            .map_or(defaults::INSUFFICIENT_CAPACITY_TTL, |d| d.0),
+        max_node_provision_time: c.duration(
+            &[key("maxNodeProvisionTime")],
+            raw.max_node_provision_time,
+            defaults::MAX_NODE_PROVISION_TIME,
+        ),
+        insufficient_capacity_ttl: c.duration(
+            &[key("insufficientCapacityTtl")],
+            raw.insufficient_capacity_ttl,
+            defaults::INSUFFICIENT_CAPACITY_TTL,
+        ),
         max_concurrent_drains,
         spot_price_ratio,
         pools,
@@ -855,6 +878,22 @@ fn validate_pool(
             format!("must be between 0 and 1, got {utilization_threshold}"),
         );
     }
+    let sd_path = |f: &str| pool_path(i, &["scaleDown", f]);
+    let cooldown_after_scale_up = c.duration(
+        &sd_path("cooldownAfterScaleUp"),
+        sd.cooldown_after_scale_up,
+        defaults::COOLDOWN_AFTER_SCALE_UP,
+    );
+    let unneeded_time = c.duration(
+        &sd_path("unneededTime"),
+        sd.unneeded_time,
+        defaults::UNNEEDED_TIME,
+    );
+    let backoff_after_failure = c.duration(
+        &sd_path("backoffAfterFailure"),
+        sd.backoff_after_failure,
+        defaults::BACKOFF_AFTER_FAILURE,
+    );
     if c.errors.len() > before {
         return None;
     }
@@ -878,14 +917,10 @@ fn validate_pool(
         priority: r.priority,
         scale_down: ScaleDown {
             enabled: sd.enabled.unwrap_or(true),
-            cooldown_after_scale_up: sd
-                .cooldown_after_scale_up
-                .map_or(defaults::COOLDOWN_AFTER_SCALE_UP, |d| d.0),
-            unneeded_time: sd.unneeded_time.map_or(defaults::UNNEEDED_TIME, |d| d.0),
+            cooldown_after_scale_up,
+            unneeded_time,
             utilization_threshold,
-            backoff_after_failure: sd
-                .backoff_after_failure
-                .map_or(defaults::BACKOFF_AFTER_FAILURE, |d| d.0),
+            backoff_after_failure,
         },
     })
 }

@@ -1,1 +1,42 @@
-fn main() {}
+//! All integration tests in one binary, a module per area.
+
+mod cli;
+mod docs;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+pub fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-node-autoscaler"));
+    c.current_dir(root());
+    c
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("run gpu-node-autoscaler")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Writes `text` to a fresh temporary file and returns its path.
+pub fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "gna-it-{}-{}",
+        std::process::id(),
+        name.replace('/', "_")
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}

@@ -1,0 +1,216 @@
+use serde_json::Value;
+
+use crate::{run, stderr, stdout, temp_file};
+
+const EXAMPLE: [&str; 7] = [
+    "plan",
+    "--cluster",
+    "examples/cluster.yaml",
+    "--policy",
+    "examples/policy.yaml",
+    "--now",
+    "2026-11-21T10:00:00Z",
+];
+
+#[test]
+fn plan_on_the_example_cluster_as_json() {
+    let mut args = EXAMPLE.to_vec();
+    args.extend(["--format", "json"]);
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("JSON output");
+    let ups = v["scale_ups"].as_array().unwrap();
+    // The MPI job's two 4-GPU workers on one 8×A100 node, as a gang.
+    let gang = ups
+        .iter()
+        .find(|u| u["gang"] == "team-nlp/bert-large")
+        .expect("gang scale-up");
+    assert_eq!(gang["pool"], "a100-train");
+    assert_eq!(gang["count"], 1);
+    assert_eq!(gang["offerings"][0]["instance_type"], "p4d.24xlarge");
+    // The shared-GPU pods share one T4, spot first.
+    let shared = ups.iter().find(|u| u["pool"] == "t4-shared").unwrap();
+    assert_eq!(shared["count"], 1);
+    assert_eq!(shared["offerings"][0]["capacity_type"], "spot");
+    assert_eq!(shared["pods"].as_array().unwrap().len(), 2);
+    // Three chat replicas fit the half-empty A10G node: no scale-up for them.
+    let placed = v["existing_capacity"].as_array().unwrap();
+    assert_eq!(placed.len(), 3);
+    assert!(placed
+        .iter()
+        .all(|p| p["target"] == "ip-10-0-1-17.ec2.internal"));
+    let uns = v["unschedulable"].as_array().unwrap();
+    assert_eq!(uns.len(), 1);
+    assert_eq!(uns[0]["pod"], "research/too-big");
+    assert!(v["scale_downs"].as_array().unwrap().is_empty());
+    let cost = v["added_cost_per_hour"].as_f64().unwrap();
+    let sum: f64 = ups
+        .iter()
+        .map(|u| {
+            u["count"].as_f64().unwrap() * u["offerings"][0]["price_per_hour"].as_f64().unwrap()
+        })
+        .sum();
+    assert!((cost - sum).abs() < 1e-9);
+}
+
+#[test]
+fn plan_is_deterministic_and_prints_a_table() {
+    let a = run(&EXAMPLE);
+    let b = run(&EXAMPLE);
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(stdout(&a), stdout(&b));
+    let t = stdout(&a);
+    assert!(t.contains("SCALE-UP POOL"), "{t}");
+    assert!(t.contains("[gang team-nlp/bert-large]"), "{t}");
+    assert!(t.contains("research/too-big"), "{t}");
+    assert!(t.contains("Added cost: $"), "{t}");
+}
+
+#[test]
+fn check_policy_summarises_each_pool() {
+    let o = run(&["check-policy", "examples/policy.yaml"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 4, "{out}");
+    assert!(out.lines().all(|l| l.starts_with("pool ")));
+}
+
+#[test]
+fn check_policy_reports_every_error_with_its_position() {
+    let p = temp_file(
+        "bad-policy.yaml",
+        "zones: [a]\npools:\n  - name: one\n    instanceTypes: [g5.xlarge]\n    maxNodes: 2\n    minNodes: 5\n  - name: two\n    instanceTypes: [g5.xlarge]\n    maxNodes: 2\n    capacityTypes: [spot, reserved]\n    scaleDown: {unneededTime: 10d}\n",
+    );
+    let o = run(&["check-policy", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    let file = p.display().to_string();
+    assert!(
+        err.contains(&format!(
+            "{file}:6:5: pools[0].minNodes: minNodes (5) is greater than maxNodes (2)"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{file}:10:")) && err.contains("unknown capacity type \"reserved\""),
+        "{err}"
+    );
+    assert!(err.contains("invalid duration \"10d\""), "{err}");
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn check_policy_checks_instance_types_against_the_catalog() {
+    let p = temp_file(
+        "unknown-type.yaml",
+        "zones: [a]\npools:\n  - name: one\n    instanceTypes: [g5.xlarge, g42.huge]\n    maxNodes: 2\n",
+    );
+    let o = run(&["check-policy", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("pool one: instance type \"g42.huge\" is not in the catalog"));
+}
+
+#[test]
+fn a_cluster_file_that_is_not_a_list_is_a_clear_error() {
+    let p = temp_file(
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n",
+    );
+    let o = run(&[
+        "plan",
+        "--cluster",
+        p.to_str().unwrap(),
+        "--policy",
+        "examples/policy.yaml",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("expected a Kubernetes List"), "{err}");
+    assert!(err.contains("kind \"Pod\""), "{err}");
+    assert!(!err.contains("panicked"));
+}
+
+#[test]
+fn bad_objects_are_warnings_and_the_rest_still_plans() {
+    let p = temp_file(
+        "list.yaml",
+        r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: bad, namespace: ml}
+  spec:
+    containers:
+    - name: c
+      resources: {limits: {nvidia.com/gpu: "one"}}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: good, namespace: ml}
+  spec:
+    tolerations: [{operator: Exists}]
+    containers:
+    - name: c
+      resources: {limits: {nvidia.com/gpu: 1}}
+"#,
+    );
+    let o = run(&[
+        "plan",
+        "--cluster",
+        p.to_str().unwrap(),
+        "--policy",
+        "examples/policy.yaml",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("items[0] Pod ml/bad: spec.containers[0].resources.limits.nvidia.com/gpu"),
+        "{err}"
+    );
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["scale_ups"][0]["pods"][0], "ml/good");
+    assert_eq!(v["unschedulable"][0]["pod"], "ml/bad");
+}
+
+#[test]
+fn malformed_inputs_never_panic() {
+    let catalog = temp_file("bad.csv", "instance_type,gpu_model\ng5.xlarge,A10G\n");
+    let cases: Vec<Vec<String>> = vec![
+        vec![
+            "plan".into(),
+            "--cluster".into(),
+            "examples/cluster.yaml".into(),
+            "--policy".into(),
+            "examples/policy.yaml".into(),
+            "--now".into(),
+            "yesterday".into(),
+        ],
+        vec![
+            "plan".into(),
+            "--cluster".into(),
+            "examples/cluster.yaml".into(),
+            "--policy".into(),
+            "examples/policy.yaml".into(),
+            "--catalog".into(),
+            catalog.display().to_string(),
+        ],
+        vec![
+            "plan".into(),
+            "--cluster".into(),
+            "missing.yaml".into(),
+            "--policy".into(),
+            "examples/policy.yaml".into(),
+        ],
+        vec!["check-policy".into(), "examples/cluster.yaml".into()],
+    ];
+    for args in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let err = stderr(&o);
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
