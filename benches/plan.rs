@@ -60,6 +60,14 @@ fn bench(c: &mut Criterion) {
             p.unschedulable.len(),
             peak as f64 / (1 << 20) as f64
         );
+        let mut reasons = std::collections::BTreeMap::new();
+        for u in &p.unschedulable {
+            let r: String = u.reason.chars().take(90).collect();
+            *reasons.entry(r).or_insert(0) += 1;
+        }
+        for (r, n) in reasons {
+            eprintln!("  {n} unschedulable: {r}");
+        }
         group.throughput(Throughput::Elements(pods as u64));
         group.bench_with_input(BenchmarkId::from_parameter(pods), &snapshot, |b, s| {
             b.iter(|| plan::plan(s, &cat, &policy, now))

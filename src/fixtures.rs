@@ -360,26 +360,26 @@ pools:
   - name: a10g
     requirements: {{gpuModels: [A10G]}}
     capacityTypes: [spot, on-demand]
-    maxNodes: 5000
+    maxNodes: 20000
   - name: l4
     requirements: {{gpuModels: [L4, L40S]}}
     capacityTypes: [spot, on-demand]
-    maxNodes: 5000
+    maxNodes: 20000
   - name: big
     requirements: {{gpuModels: [V100, H100, A100], gpuCount: {{min: 1, max: 8}}}}
     instanceTypes: [p3.2xlarge, p3.8xlarge, p3.16xlarge, p3dn.24xlarge, p5.48xlarge, p4de.24xlarge]
     capacityTypes: [spot, on-demand]
-    maxNodes: 5000
+    maxNodes: 20000
   - name: mig
     instanceTypes: [p4d.24xlarge]
     capacityTypes: [on-demand, spot]
-    maxNodes: 5000
+    maxNodes: 20000
     gpuMode: mig
     migLayout: {{1g.5gb: 7}}
   - name: t4
     requirements: {{gpuModels: [T4]}}
     capacityTypes: [spot, on-demand]
-    maxNodes: 5000
+    maxNodes: 20000
     gpuMode: shared
     labels: {{gpu-sharing: "true"}}
 "#

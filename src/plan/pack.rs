@@ -87,6 +87,19 @@ struct Bin {
     /// For in-flight and new bins: the template and which of its offerings the node may be.
     template: usize,
     mask: u64,
+    /// No GPU of any kind left (every planned pod wants one): skipped from then on.
+    full: bool,
+}
+
+impl Bin {
+    fn update_full(&mut self) {
+        let f = &self.free;
+        self.full = f.pods <= 0
+            || !(f.gpu > 0
+                || f.amd_gpu > 0
+                || f.mig_slices().any(|(_, n)| n > 0)
+                || self.shared.iter().any(|g| g.mem_gib > 0 || g.core_pct > 0));
+    }
 }
 
 struct NewNode {
@@ -129,6 +142,10 @@ struct Packer<'a> {
     new_nodes: Vec<NewNode>,
     placed: Vec<(usize, BinKind)>,
     available: Vec<u64>,
+    /// Bins of each zone, by zone name.
+    zone_bins: BTreeMap<String, Vec<usize>>,
+    /// Every zone of a template or a bin, sorted.
+    zones: Vec<String>,
 }
 
 fn gpu_count_of_node(n: &crate::model::Node, templates: &[Template]) -> i64 {
@@ -192,8 +209,19 @@ impl<'a> Packer<'a> {
             new_nodes: Vec::new(),
             placed: Vec::new(),
             available: templates.iter().map(Template::available_mask).collect(),
+            zone_bins: BTreeMap::new(),
+            zones: Vec::new(),
         };
         p.build_bins(now);
+        for b in 0..p.bins.len() {
+            p.bins[b].update_full();
+            p.index_bin(b);
+        }
+        let mut zones: BTreeSet<String> = p.zone_bins.keys().cloned().collect();
+        for t in templates {
+            zones.extend(t.offerings.iter().map(|o| o.key.zone.clone()));
+        }
+        p.zones = zones.into_iter().collect();
         p.build_classes();
         p
     }
@@ -267,6 +295,7 @@ impl<'a> Packer<'a> {
                 kind: BinKind::Node(ni),
                 template: usize::MAX,
                 mask: 0,
+                full: false,
             };
             if is_booting {
                 booting.push(bin);
@@ -302,6 +331,7 @@ impl<'a> Packer<'a> {
                     kind: BinKind::InFlight(fi),
                     template: ti,
                     mask: 1 << oi,
+                    full: false,
                 });
             }
         }
@@ -505,12 +535,9 @@ impl<'a> Packer<'a> {
     /// real bins. Returns how many were placed.
     fn place_on_bins(&mut self, c: usize, want: i64, zone: Option<&str>) -> i64 {
         let mut left = want;
-        for b in 0..self.bins.len() {
+        for b in self.bin_list(zone) {
             if left == 0 {
                 break;
-            }
-            if zone.is_some_and(|z| self.bins[b].zone.as_deref() != Some(z)) {
-                continue;
             }
             if !self.compat(c, b) {
                 continue;
@@ -522,6 +549,7 @@ impl<'a> Packer<'a> {
             }
             let bin = &mut self.bins[b];
             self.classes[c].apply(&mut bin.free, &mut bin.shared, k);
+            bin.update_full();
             if matches!(bin.kind, BinKind::New(_)) {
                 bin.mask &= self.classes[c].tmask[bin.template];
             }
@@ -543,21 +571,17 @@ impl<'a> Packer<'a> {
         want - left
     }
 
-    /// How many pods of each class would fit on the bins of `zone`, without changing them.
-    fn trial_on_bins(
-        &mut self,
-        items: &mut [(usize, i64)],
-        zone: &str,
-    ) -> Vec<(usize, usize, i64)> {
+    /// Takes off `items` what would fit on the bins of `zone`, without changing the bins.
+    fn trial_on_bins(&mut self, items: &mut [(usize, i64)], zone: &str) {
+        let list = self.bin_list(Some(zone));
         let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>)> = HashMap::new();
-        let mut out = Vec::new();
         for it in items.iter_mut() {
             let c = it.0;
-            for b in 0..self.bins.len() {
+            for &b in &list {
                 if it.1 == 0 {
                     break;
                 }
-                if self.bins[b].zone.as_deref() != Some(zone) || !self.compat(c, b) {
+                if !self.compat(c, b) {
                     continue;
                 }
                 let (free, shared) = scratch
@@ -567,11 +591,9 @@ impl<'a> Packer<'a> {
                 if k > 0 {
                     self.classes[c].apply(free, shared, k);
                     it.1 -= k;
-                    out.push((c, b, k));
                 }
             }
         }
-        out
     }
 
     /// Top pool priority, per item, among templates that could take it now.
@@ -724,28 +746,41 @@ impl<'a> Packer<'a> {
                         kind: BinKind::New(id),
                         template: o.template,
                         mask: o.mask,
+                        full: false,
                     });
+                    let b = self.bins.len() - 1;
+                    self.bins[b].update_full();
+                    self.index_bin(b);
                 }
             }
         }
     }
 
     fn gang_zones(&self, g: &Gang) -> Vec<String> {
-        if let Some(z) = &g.zone {
-            return vec![z.clone()];
+        match &g.zone {
+            Some(z) => vec![z.clone()],
+            None => self.zones.clone(),
         }
-        let mut zones = BTreeSet::new();
-        for t in self.templates {
-            for o in &t.offerings {
-                zones.insert(o.key.zone.clone());
-            }
+    }
+
+    fn index_bin(&mut self, b: usize) {
+        if let Some(z) = &self.bins[b].zone {
+            self.zone_bins.entry(z.clone()).or_default().push(b);
         }
-        for b in &self.bins {
-            if let Some(z) = &b.zone {
-                zones.insert(z.clone());
-            }
+    }
+
+    /// Bins to try, in order: every bin, or those of one zone.
+    fn bin_list(&self, zone: Option<&str>) -> Vec<usize> {
+        match zone {
+            None => (0..self.bins.len())
+                .filter(|&b| !self.bins[b].full)
+                .collect(),
+            Some(z) => self
+                .zone_bins
+                .get(z)
+                .map(|l| l.iter().copied().filter(|&b| !self.bins[b].full).collect())
+                .unwrap_or_default(),
         }
-        zones.into_iter().collect()
     }
 
     fn place_gang(&mut self, g: usize) {
