@@ -1145,8 +1145,8 @@ fn example_cluster_file_loads() {
     let loaded = load_cluster_file(CLUSTER_EXAMPLE, "examples/cluster.yaml").unwrap();
     assert_eq!(loaded.warnings, Vec::<String>::new());
     let s = &loaded.snapshot;
-    assert_eq!(s.nodes.len(), 1);
-    assert_eq!(s.pods.len(), 13);
+    assert_eq!(s.nodes.len(), 3);
+    assert_eq!(s.pods.len(), 14);
     assert_eq!(s.pdbs.len(), 1);
     assert!(s.in_flight.is_empty());
 

@@ -469,3 +469,81 @@ pub fn generated_cluster(pods: usize, nodes: usize, seed: u64) -> crate::model::
     }
     out
 }
+
+/// A generated busy cluster for scale-down: `nodes` 4-GPU nodes in two pools and six zones with
+/// `pods_per_node` running pods each (one GPU pod per GPU in use, the rest CPU side-cars and
+/// DaemonSet pods). About a fifth of the nodes are under-used and have been unneeded for an hour;
+/// some of their pods cannot move (bare, local storage), and a PDB covers one app.
+pub fn generated_busy_cluster(
+    nodes: usize,
+    pods_per_node: usize,
+    now: Time,
+    seed: u64,
+) -> crate::model::Snapshot {
+    let mut rng = Rng::new(seed);
+    let mut out = crate::model::Snapshot::default();
+    let long_ago = now - std::time::Duration::from_secs(24 * 3600);
+    for i in 0..nodes {
+        let zone = BENCH_ZONES[i % BENCH_ZONES.len()];
+        let (pool, it) = if i % 2 == 0 {
+            ("a10g", "g5.12xlarge")
+        } else {
+            ("l4", "g6.12xlarge")
+        };
+        let name = format!("node-{i:05}");
+        let idle = rng.below(5) == 0;
+        let mut b = NodeBuilder::new(&name)
+            .pool(pool, it, zone)
+            .label(labels::CAPACITY_TYPE, "spot")
+            .cpu_milli(47_000)
+            .memory_gib(180)
+            .gpus(4)
+            .created(long_ago);
+        if idle {
+            b = b.annotation(
+                labels::UNNEEDED_SINCE,
+                &(now - std::time::Duration::from_secs(3600)).to_rfc3339(),
+            );
+        }
+        out.nodes.push(b.build());
+        let gpu_pods = if idle { rng.below(2) } else { 2 + rng.below(3) } as usize;
+        for j in 0..pods_per_node {
+            let pname = format!("r-{i:05}-{j:02}");
+            let p = if j == 0 {
+                PodBuilder::new("kube-system", &format!("dcgm-{i:05}"))
+                    .daemonset("dcgm-exporter")
+                    .cpu_milli(100)
+                    .memory_gib(1)
+            } else if j <= gpu_pods {
+                let mut p = PodBuilder::new("train", &pname)
+                    .gpus(1)
+                    .cpu_milli(4000)
+                    .memory_gib(16)
+                    .label("app", &format!("app-{}", rng.below(50)));
+                match rng.below(20) {
+                    0 => p = p.bare(),
+                    1 => p = p.local_storage(),
+                    _ => {}
+                }
+                p
+            } else {
+                PodBuilder::new("svc", &pname)
+                    .cpu_milli(50)
+                    .memory_gib(0)
+                    .label("app", "sidecar")
+            };
+            out.pods.push(p.on(&name).build());
+        }
+    }
+    out.pdbs.push(crate::model::Pdb {
+        namespace: "train".into(),
+        name: "app-7".into(),
+        selector: vec![crate::model::Requirement {
+            key: "app".into(),
+            operator: crate::model::Operator::In,
+            values: vec!["app-7".into()],
+        }],
+        disruptions_allowed: 1,
+    });
+    out
+}

@@ -4,6 +4,7 @@
 pub mod bound;
 pub mod output;
 mod pack;
+pub mod scale_down;
 pub mod templates;
 
 use gpu_node_autoscaler_provider::{Catalog, OfferingKey};
@@ -12,6 +13,7 @@ use serde::Serialize;
 use crate::model::{PodRef, Snapshot, Time};
 use crate::policy::Policy;
 
+pub use scale_down::{Eviction, Unneeded};
 pub use templates::{build_templates, Template};
 
 /// One offering of a scale-up's fallback list.
@@ -66,8 +68,8 @@ pub struct ScaleDown {
     pub node: String,
     pub pool: String,
     pub reason: String,
-    /// Pods to evict, each re-placed on a remaining node.
-    pub evict: Vec<String>,
+    /// Pods to evict, each with the remaining node it fits on.
+    pub evict: Vec<Eviction>,
     pub saves_per_hour: f64,
 }
 
@@ -102,6 +104,9 @@ pub struct Plan {
     pub existing_capacity: Vec<Placement>,
     /// Idle-looking nodes that are kept, with why.
     pub kept: Vec<Kept>,
+    /// Every node unneeded now and since when: the controller keeps this in the node annotation
+    /// `gpu-node-autoscaler.io/unneeded-since` and clears it from nodes not listed.
+    pub unneeded: Vec<Unneeded>,
     pub added_cost_per_hour: f64,
     /// Configuration problems met while planning (e.g. a pool naming an unknown instance type);
     /// the other pools still planned.
@@ -109,10 +114,19 @@ pub struct Plan {
     pub warnings: Vec<String>,
 }
 
-/// Plans scale-ups for the pending GPU pods of `snapshot`.
+/// Plans scale-ups for the pending GPU pods of `snapshot`, and scale-downs of idle GPU nodes.
 pub fn plan(snapshot: &Snapshot, catalog: &Catalog, policy: &Policy, now: Time) -> Plan {
     let (templates, warnings) = build_templates(policy, catalog, snapshot, now);
-    let mut plan = pack::scale_up(snapshot, &templates, policy, now);
+    let (mut plan, rooms) = pack::scale_up(snapshot, &templates, policy, now);
+    let targeted: std::collections::BTreeSet<&str> = plan
+        .existing_capacity
+        .iter()
+        .map(|p| p.target.as_str())
+        .collect();
+    let down = scale_down::scale_down(snapshot, &templates, policy, now, rooms, &targeted);
+    plan.scale_downs = down.scale_downs;
+    plan.kept = down.kept;
+    plan.unneeded = down.unneeded;
     plan.added_cost_per_hour = plan.scale_ups.iter().map(ScaleUp::cost_per_hour).sum();
     plan.warnings = warnings;
     plan

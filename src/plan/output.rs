@@ -62,6 +62,9 @@ pub fn to_table(plan: &Plan) -> String {
                 "{:<32} {:<20} {:>9.3}  {}",
                 d.node, d.pool, d.saves_per_hour, d.reason
             );
+            for e in &d.evict {
+                let _ = writeln!(s, "{:<32} evict {} -> {}", "", e.pod, e.to);
+            }
         }
     }
     if !plan.kept.is_empty() {

@@ -1060,6 +1060,21 @@ impl<'a> Packer<'a> {
         "no capacity could be planned for it".into()
     }
 
+    /// Free room left on registered nodes once pending pods took their share.
+    fn node_rooms(&self) -> Vec<NodeRoom> {
+        self.bins
+            .iter()
+            .filter_map(|b| match b.kind {
+                BinKind::Node(n) => Some(NodeRoom {
+                    node: n,
+                    free: b.free.clone(),
+                    shared: b.shared.clone(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn into_plan(self) -> Plan {
         let snap = self.snapshot;
         let mut plan = Plan::default();
@@ -1145,8 +1160,17 @@ pub(super) fn scale_up(
     templates: &[Template],
     policy: &Policy,
     now: Time,
-) -> Plan {
+) -> (Plan, Vec<NodeRoom>) {
     let mut p = Packer::new(snapshot, templates, policy, now);
     p.run();
-    p.into_plan()
+    let rooms = p.node_rooms();
+    (p.into_plan(), rooms)
+}
+
+/// What is free on a registered node (index into `Snapshot::nodes`).
+#[derive(Clone, Debug)]
+pub(super) struct NodeRoom {
+    pub node: usize,
+    pub free: Resources,
+    pub shared: Vec<SharedGpu>,
 }

@@ -42,7 +42,18 @@ fn plan_on_the_example_cluster_as_json() {
     let uns = v["unschedulable"].as_array().unwrap();
     assert_eq!(uns.len(), 1);
     assert_eq!(uns[0]["pod"], "research/too-big");
-    assert!(v["scale_downs"].as_array().unwrap().is_empty());
+    // The A10G node unneeded since 09:40 goes at 10:00; the one unneeded since 09:55 stays.
+    let downs = v["scale_downs"].as_array().unwrap();
+    assert_eq!(downs.len(), 1);
+    assert_eq!(downs[0]["node"], "ip-10-0-2-33.ec2.internal");
+    assert_eq!(downs[0]["pool"], "a10g");
+    assert!(downs[0]["evict"].as_array().unwrap().is_empty());
+    assert_eq!(v["kept"][0]["node"], "ip-10-0-3-51.ec2.internal");
+    assert!(v["kept"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("removable after 2026-11-21T10:05:00Z"));
+    assert_eq!(v["unneeded"].as_array().unwrap().len(), 2);
     let cost = v["added_cost_per_hour"].as_f64().unwrap();
     let sum: f64 = ups
         .iter()
@@ -64,6 +75,29 @@ fn plan_is_deterministic_and_prints_a_table() {
     assert!(t.contains("[gang team-nlp/bert-large]"), "{t}");
     assert!(t.contains("research/too-big"), "{t}");
     assert!(t.contains("Added cost: $"), "{t}");
+}
+
+#[test]
+fn now_decides_what_the_scale_down_delay_allows() {
+    let at = |now: &str| {
+        let o = run(&[
+            "plan",
+            "--cluster",
+            "examples/cluster.yaml",
+            "--policy",
+            "examples/policy.yaml",
+            "--format",
+            "json",
+            "--now",
+            now,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v["scale_downs"].as_array().unwrap().len()
+    };
+    assert_eq!(at("2026-11-21T09:45:00Z"), 0);
+    assert_eq!(at("2026-11-21T10:00:00Z"), 1);
+    assert_eq!(at("2026-11-21T10:06:00Z"), 2);
 }
 
 #[test]

@@ -164,6 +164,24 @@ fn check_invariants(s: &Snapshot, catalog: &Catalog, policy: &Policy, plan: &Pla
             }
         }
     }
+    // Evicted pods land on nodes that stay.
+    let removed: BTreeSet<&str> = plan.scale_downs.iter().map(|d| d.node.as_str()).collect();
+    for d in &plan.scale_downs {
+        for e in &d.evict {
+            assert!(
+                !removed.contains(e.to.as_str()),
+                "{} evicted onto removed {}",
+                e.pod,
+                e.to
+            );
+            let p = by_name[&e.pod];
+            let node = s.nodes.iter().find(|n| n.name == e.to).unwrap();
+            assert!(p
+                .constraints
+                .admits(&node.labels, &node.taints, Some(&node.name)));
+            load.entry(node.name.as_str()).or_default().add(&p.requests);
+        }
+    }
     for n in &s.nodes {
         if n.ready && n.advertised_gpus() > 0 {
             if let Some(l) = load.get(n.name.as_str()) {
@@ -880,3 +898,5 @@ fn lower_bound_is_exact_for_perfectly_packable_demand() {
     // Cheapest per GPU: g6.xlarge spot at 0.4 × 0.8048.
     assert!((lb - 8.0 * 0.4 * 0.8048).abs() < 1e-6, "{lb}");
 }
+
+mod scale_down;

@@ -1,0 +1,498 @@
+//! Scale-down: which idle GPU nodes to drain and remove, and why the others stay.
+//!
+//! A node of a managed pool is removed only when every rule holds: the pool is out of its
+//! cooldown after a scale-up and out of its back-off after a failed scale-down; the node has been
+//! unneeded (GPU requests of non-DaemonSet pods below the pool's threshold) for longer than the
+//! pool's unneeded time; scale-down is not disabled on it; every pod on it is movable and fits on
+//! the nodes that remain (never onto a node removed by the same plan, and a node that receives
+//! pods is not removed); PodDisruptionBudgets allow every eviction, counted across the plan; the
+//! pool stays at or above its minimum; at most `maxConcurrentDrains` drains run at once.
+//!
+//! "Unneeded since" lives on the node as the annotation `gpu-node-autoscaler.io/unneeded-since`
+//! (RFC 3339), which the controller sets from [`super::Plan::unneeded`] and clears when the node is
+//! needed again, so it survives a restart of the controller.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::model::resources::place_share;
+use crate::model::{labels, Node, Pod, Snapshot, Time};
+use crate::policy::Policy;
+
+use super::pack::NodeRoom;
+use super::templates::Template;
+use super::{Kept, ScaleDown};
+
+/// A node that is unneeded now, and since when (to keep in its annotation).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Unneeded {
+    pub node: String,
+    pub since: String,
+}
+
+/// One planned eviction and where the pod will fit afterwards.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Eviction {
+    pub pod: String,
+    pub to: String,
+}
+
+pub(super) struct Outcome {
+    pub scale_downs: Vec<ScaleDown>,
+    pub kept: Vec<Kept>,
+    pub unneeded: Vec<Unneeded>,
+}
+
+fn annotation_true(map: &BTreeMap<String, String>, keys: &[&str]) -> bool {
+    keys.iter()
+        .any(|k| map.get(*k).is_some_and(|v| v == "true"))
+}
+
+fn annotation_false(map: &BTreeMap<String, String>, keys: &[&str]) -> bool {
+    keys.iter()
+        .any(|k| map.get(*k).is_some_and(|v| v == "false"))
+}
+
+const SAFE_TO_EVICT: [&str; 2] = [labels::SAFE_TO_EVICT, labels::CA_SAFE_TO_EVICT];
+const SCALE_DOWN_DISABLED: [&str; 2] =
+    [labels::SCALE_DOWN_DISABLED, labels::CA_SCALE_DOWN_DISABLED];
+
+/// Pods that go away with their node and need no eviction: DaemonSet and static (mirror) pods.
+fn dies_with_node(p: &Pod) -> bool {
+    p.is_daemonset() || p.annotations.contains_key("kubernetes.io/config.mirror")
+}
+
+/// Why a pod cannot be evicted and re-created elsewhere, if it cannot.
+pub fn not_movable(p: &Pod, snapshot: &Snapshot) -> Option<String> {
+    if annotation_false(&p.annotations, &SAFE_TO_EVICT) {
+        return Some(format!(
+            "pod {} is annotated safe-to-evict: \"false\"",
+            p.id
+        ));
+    }
+    if annotation_true(&p.annotations, &SAFE_TO_EVICT) {
+        return None;
+    }
+    if p.owner.is_none() {
+        return Some(format!("pod {} is not managed by a controller", p.id));
+    }
+    if p.local_storage {
+        return Some(format!(
+            "pod {} uses local storage (emptyDir/hostPath) and is not annotated safe-to-evict",
+            p.id
+        ));
+    }
+    if p.id.namespace == "kube-system" && !snapshot.pdbs.iter().any(|b| b.selects(p)) {
+        return Some(format!(
+            "pod {} is a kube-system pod without a PodDisruptionBudget",
+            p.id
+        ));
+    }
+    None
+}
+
+/// Share of the node's GPUs requested by its non-DaemonSet pods (CPU/memory for GPU-less nodes),
+/// or `None` while a GPU node has not advertised its GPUs yet.
+fn utilization(node: &Node, template: Option<&Template>, pods: &[&Pod]) -> Option<f64> {
+    let a = &node.allocatable;
+    let workload: Vec<&&Pod> = pods.iter().filter(|p| !dies_with_node(p)).collect();
+    let whole = a.whole_gpus();
+    let slices: i64 = a.mig_slices().map(|(_, n)| n).sum();
+    if whole > 0 {
+        let used: i64 = workload.iter().map(|p| p.requests.whole_gpus()).sum();
+        return Some(used as f64 / whole as f64);
+    }
+    if slices > 0 {
+        let used: i64 = workload
+            .iter()
+            .map(|p| p.requests.mig_slices().map(|(_, n)| n).sum::<i64>())
+            .sum();
+        return Some(used as f64 / slices as f64);
+    }
+    if !node.shared_gpus.is_empty() {
+        let mem: i64 = node.shared_gpus.iter().map(|g| g.mem_gib).sum();
+        let core: i64 = node.shared_gpus.iter().map(|g| g.core_pct).sum();
+        let (um, uc) = workload
+            .iter()
+            .filter_map(|p| p.share)
+            .fold((0, 0), |(m, c), s| (m + s.mem_gib, c + s.core_pct));
+        return Some((um as f64 / mem.max(1) as f64).max(uc as f64 / core.max(1) as f64));
+    }
+    if template.is_some_and(|t| t.gpus > 0) {
+        return None; // GPUs not advertised yet: booting, never a candidate
+    }
+    let cpu: i64 = workload.iter().map(|p| p.requests.cpu_milli).sum();
+    let mem: i64 = workload.iter().map(|p| p.requests.memory).sum();
+    Some((cpu as f64 / a.cpu_milli.max(1) as f64).max(mem as f64 / a.memory.max(1) as f64))
+}
+
+fn gpus_of(node: &Node) -> f64 {
+    let a = &node.allocatable;
+    let slices: i64 = a.mig_slices().map(|(_, n)| n).sum();
+    if a.whole_gpus() > 0 {
+        a.whole_gpus() as f64
+    } else if slices > 0 {
+        slices as f64 / crate::model::gpu::MIG_COMPUTE_SLICES as f64
+    } else {
+        node.shared_gpus.len() as f64
+    }
+}
+
+/// $/hour of a node, from its pool template's offering (zone and capacity type labels).
+fn price_of(node: &Node, template: Option<&Template>) -> f64 {
+    let Some(t) = template else { return 0.0 };
+    let ct = node
+        .labels
+        .get(labels::CAPACITY_TYPE)
+        .or_else(|| node.labels.get(labels::KARPENTER_CAPACITY_TYPE))
+        .map(String::as_str)
+        .or_else(|| {
+            node.labels.get("eks.amazonaws.com/capacityType").map(|v| {
+                if v == "SPOT" {
+                    "spot"
+                } else {
+                    "on-demand"
+                }
+            })
+        })
+        .unwrap_or("on-demand");
+    let zone = node.zone().unwrap_or("");
+    t.offerings
+        .iter()
+        .find(|o| o.key.zone == zone && o.key.capacity_type.as_str() == ct)
+        .or_else(|| {
+            t.offerings
+                .iter()
+                .find(|o| o.key.capacity_type.as_str() == ct)
+        })
+        .or(t.offerings.first())
+        .map_or(0.0, |o| o.price)
+}
+
+struct Candidate<'a> {
+    node: usize,
+    pool: usize,
+    price: f64,
+    idle_gpus: f64,
+    util: f64,
+    since: Time,
+    movable: Vec<&'a Pod>,
+}
+
+/// Plans scale-downs on top of the scale-up's view of free capacity (`rooms`).
+pub(super) fn scale_down(
+    snapshot: &Snapshot,
+    templates: &[Template],
+    policy: &Policy,
+    now: Time,
+    mut rooms: Vec<NodeRoom>,
+    targeted: &BTreeSet<&str>,
+) -> Outcome {
+    let mut out = Outcome {
+        scale_downs: Vec::new(),
+        kept: Vec::new(),
+        unneeded: Vec::new(),
+    };
+    let mut pods_on: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+    for p in &snapshot.pods {
+        if let (true, Some(n)) = (p.is_bound_active(), &p.node_name) {
+            pods_on.entry(n.as_str()).or_default().push(p);
+        }
+    }
+    let pool_of = |n: &Node| {
+        n.pool()
+            .and_then(|p| policy.pools.iter().position(|x| x.name == p))
+    };
+    let template_of = |n: &Node| {
+        templates.iter().find(|t| {
+            Some(t.pool_name.as_str()) == n.pool()
+                && Some(t.instance_type.as_str()) == n.instance_type()
+        })
+    };
+    // Pool sizes and the last scale-up, derived from what exists so that a restart loses nothing.
+    let mut pool_nodes = vec![0i64; policy.pools.len()];
+    let mut last_up: Vec<Option<Time>> = policy
+        .pools
+        .iter()
+        .map(|p| snapshot.pools.get(&p.name).and_then(|s| s.last_scale_up))
+        .collect();
+    let mut draining = 0u32;
+    for n in &snapshot.nodes {
+        if n.is_being_deleted() {
+            draining += 1;
+            continue;
+        }
+        if let Some(pi) = pool_of(n) {
+            pool_nodes[pi] += 1;
+            last_up[pi] = last_up[pi].max(Some(n.created));
+        }
+    }
+    for f in &snapshot.in_flight {
+        if let Some(pi) = policy.pools.iter().position(|x| x.name == f.pool) {
+            last_up[pi] = last_up[pi].max(Some(f.launched_at));
+        }
+    }
+
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for (ni, n) in snapshot.nodes.iter().enumerate() {
+        let Some(pi) = pool_of(n) else { continue };
+        if n.is_being_deleted() || !n.ready {
+            continue;
+        }
+        let pool = &policy.pools[pi];
+        let pods = pods_on.get(n.name.as_str()).cloned().unwrap_or_default();
+        let template = template_of(n);
+        let Some(util) = utilization(n, template, &pods) else {
+            continue;
+        };
+        if util >= pool.scale_down.utilization_threshold || targeted.contains(n.name.as_str()) {
+            continue;
+        }
+        let since = n
+            .annotations
+            .get(labels::UNNEEDED_SINCE)
+            .and_then(|v| Time::parse_rfc3339(v).ok())
+            .filter(|t| *t <= now)
+            .unwrap_or(now);
+        out.unneeded.push(Unneeded {
+            node: n.name.clone(),
+            since: since.to_rfc3339(),
+        });
+        let keep = |reason: String| Kept {
+            node: n.name.clone(),
+            reason,
+        };
+        if !pool.scale_down.enabled {
+            out.kept.push(keep(format!(
+                "scale-down is disabled for pool {}",
+                pool.name
+            )));
+            continue;
+        }
+        if annotation_true(&n.annotations, &SCALE_DOWN_DISABLED) {
+            out.kept.push(keep(
+                "the node is annotated scale-down-disabled: \"true\"".into(),
+            ));
+            continue;
+        }
+        if let Some(t) = last_up[pi] {
+            let until = t + pool.scale_down.cooldown_after_scale_up;
+            if now < until {
+                out.kept.push(keep(format!(
+                    "pool {} is in its cooldown after a scale-up until {until}",
+                    pool.name
+                )));
+                continue;
+            }
+        }
+        if let Some(t) = snapshot
+            .pools
+            .get(&pool.name)
+            .and_then(|s| s.last_scale_down_failure)
+        {
+            let until = t + pool.scale_down.backoff_after_failure;
+            if now < until {
+                out.kept.push(keep(format!(
+                    "pool {} is backing off after a failed scale-down until {until}",
+                    pool.name
+                )));
+                continue;
+            }
+        }
+        let removable_at = since + pool.scale_down.unneeded_time;
+        if now < removable_at {
+            out.kept.push(keep(format!(
+                "unneeded since {since}, removable after {removable_at}"
+            )));
+            continue;
+        }
+        let movable: Vec<&Pod> = pods
+            .iter()
+            .copied()
+            .filter(|p| !dies_with_node(p))
+            .collect();
+        if let Some(why) = movable.iter().find_map(|p| not_movable(p, snapshot)) {
+            out.kept.push(keep(why));
+            continue;
+        }
+        let gpus = gpus_of(n);
+        candidates.push(Candidate {
+            node: ni,
+            pool: pi,
+            price: price_of(n, template),
+            idle_gpus: gpus * (1.0 - util),
+            util,
+            since,
+            movable,
+        });
+    }
+
+    // Empty nodes first, then the most $/hour per idle GPU.
+    candidates.sort_by(|a, b| {
+        let per = |c: &Candidate| c.price / c.idle_gpus.max(1e-9);
+        b.movable
+            .is_empty()
+            .cmp(&a.movable.is_empty())
+            .then(per(b).total_cmp(&per(a)))
+            .then(
+                snapshot.nodes[a.node]
+                    .name
+                    .cmp(&snapshot.nodes[b.node].name),
+            )
+    });
+
+    // Pods move preferably onto nodes that stay anyway, so that other candidates remain removable.
+    let is_candidate: BTreeSet<usize> = candidates.iter().map(|c| c.node).collect();
+    rooms.sort_by_key(|r| (is_candidate.contains(&r.node), r.node));
+    let room_of: BTreeMap<usize, usize> =
+        rooms.iter().enumerate().map(|(i, r)| (r.node, i)).collect();
+    let mut removed: BTreeSet<usize> = BTreeSet::new();
+    let mut receiving: BTreeSet<usize> = BTreeSet::new();
+    let mut pdb_used = vec![0i32; snapshot.pdbs.len()];
+    let mut removed_in_pool = vec![0i64; policy.pools.len()];
+    for c in candidates {
+        let n = &snapshot.nodes[c.node];
+        let pool = &policy.pools[c.pool];
+        let keep = |reason: String| Kept {
+            node: n.name.clone(),
+            reason,
+        };
+        if receiving.contains(&c.node) {
+            out.kept.push(keep(
+                "it receives pods evicted from another node in this plan".into(),
+            ));
+            continue;
+        }
+        if pool_nodes[c.pool] - removed_in_pool[c.pool] <= pool.min_nodes as i64 {
+            out.kept.push(keep(format!(
+                "pool {} is at its minimum of {} nodes",
+                pool.name, pool.min_nodes
+            )));
+            continue;
+        }
+        if draining + out.scale_downs.len() as u32 >= policy.max_concurrent_drains {
+            out.kept.push(keep(format!(
+                "{} drains are already running or planned (maxConcurrentDrains {})",
+                draining + out.scale_downs.len() as u32,
+                policy.max_concurrent_drains
+            )));
+            continue;
+        }
+        // PodDisruptionBudgets, counted across the whole plan.
+        let mut need = vec![0i32; snapshot.pdbs.len()];
+        for p in &c.movable {
+            for (bi, b) in snapshot.pdbs.iter().enumerate() {
+                if b.selects(p) {
+                    need[bi] += 1;
+                }
+            }
+        }
+        if let Some(bi) = (0..need.len()).find(|&bi| {
+            need[bi] > 0 && pdb_used[bi] + need[bi] > snapshot.pdbs[bi].disruptions_allowed
+        }) {
+            let b = &snapshot.pdbs[bi];
+            out.kept.push(keep(format!(
+                "PodDisruptionBudget {}/{} allows {} more disruption(s), draining needs {}",
+                b.namespace,
+                b.name,
+                (b.disruptions_allowed - pdb_used[bi]).max(0),
+                need[bi]
+            )));
+            continue;
+        }
+        // Re-place the pods on the nodes that stay, largest first, on a scratch copy.
+        let mut order = c.movable.clone();
+        order.sort_by(|a, b| {
+            b.gpu_equivalents()
+                .total_cmp(&a.gpu_equivalents())
+                .then(b.requests.cpu_milli.cmp(&a.requests.cpu_milli))
+                .then(a.id.cmp(&b.id))
+        });
+        let mut scratch: BTreeMap<usize, NodeRoom> = BTreeMap::new();
+        let mut moves = Vec::new();
+        let mut stuck = None;
+        for p in &order {
+            let mut placed = None;
+            for r in &rooms {
+                let dest = &snapshot.nodes[r.node];
+                let room = scratch.get(&r.node).unwrap_or(r);
+                if r.node == c.node
+                    || removed.contains(&r.node)
+                    || !p.requests.fits_in(&room.free)
+                    || !dest.is_schedulable()
+                    || !p
+                        .constraints
+                        .admits(&dest.labels, &dest.taints, Some(&dest.name))
+                {
+                    continue;
+                }
+                let room = scratch.entry(r.node).or_insert_with(|| r.clone());
+                if !p.requests.fits_in(&room.free) {
+                    continue;
+                }
+                let mut shared = room.shared.clone();
+                if let Some(s) = &p.share {
+                    if place_share(&mut shared, s).is_none() {
+                        continue;
+                    }
+                }
+                room.free.sub(&p.requests);
+                room.shared = shared;
+                placed = Some(r.node);
+                break;
+            }
+            match placed {
+                Some(d) => moves.push(Eviction {
+                    pod: p.id.to_string(),
+                    to: snapshot.nodes[d].name.clone(),
+                }),
+                None => {
+                    stuck = Some(p.id.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(p) = stuck {
+            out.kept.push(keep(format!(
+                "pod {p} would not fit on the nodes that remain"
+            )));
+            continue;
+        }
+        for (node, room) in scratch {
+            if moves.iter().any(|m| m.to == snapshot.nodes[node].name) {
+                receiving.insert(node);
+            }
+            rooms[room_of[&node]] = room;
+        }
+        for (bi, k) in need.iter().enumerate() {
+            pdb_used[bi] += k;
+        }
+        removed.insert(c.node);
+        removed_in_pool[c.pool] += 1;
+        let idle_for = std::time::Duration::from_secs(now.since(c.since).as_secs());
+        let reason = if moves.is_empty() {
+            format!(
+                "empty (no GPU pods) for {}",
+                crate::policy::duration::format_duration(idle_for)
+            )
+        } else {
+            format!(
+                "GPU utilization {:.0}% below {:.0}% for {}; {} pod(s) fit elsewhere",
+                c.util * 100.0,
+                pool.scale_down.utilization_threshold * 100.0,
+                crate::policy::duration::format_duration(idle_for),
+                moves.len()
+            )
+        };
+        out.scale_downs.push(ScaleDown {
+            node: n.name.clone(),
+            pool: pool.name.clone(),
+            reason,
+            evict: moves,
+            saves_per_hour: c.price,
+        });
+    }
+    out.kept.sort_by(|a, b| a.node.cmp(&b.node));
+    out
+}
