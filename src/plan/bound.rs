@@ -48,61 +48,84 @@ fn price_for(p: &Pod, t: &Template) -> Option<f64> {
         .min_by(f64::total_cmp)
 }
 
+/// The bound's weight vectors and per-pod costs. For a fixed weight vector the bound is a sum
+/// over pods, so a set that changes over time (the simulator) keeps one running sum per vector
+/// and takes the largest.
+pub struct BoundModel<'a> {
+    templates: &'a [Template],
+    weights: Vec<Vec<(String, f64)>>,
+}
+
+impl<'a> BoundModel<'a> {
+    /// Weight vectors for every resource dimension `pods` use: unit vectors, plus GPU-heavy mixes
+    /// with cpu and memory.
+    pub fn new<'p>(pods: impl IntoIterator<Item = &'p Pod>, templates: &'a [Template]) -> Self {
+        let mut names: Vec<String> = pods.into_iter().flat_map(dims).map(|(n, _)| n).collect();
+        names.sort();
+        names.dedup();
+        let mut weights: Vec<Vec<(String, f64)>> =
+            names.iter().map(|n| vec![(n.clone(), 1.0)]).collect();
+        for gpu in names
+            .iter()
+            .filter(|n| n.contains("gpu") || n.contains("mig") || n.starts_with("share/"))
+        {
+            for other in ["cpu", "memory"] {
+                for a in [0.5, 0.8] {
+                    weights.push(vec![(gpu.clone(), a), (other.to_string(), 1.0 - a)]);
+                }
+            }
+        }
+        BoundModel { templates, weights }
+    }
+
+    pub fn weight_count(&self) -> usize {
+        self.weights.len()
+    }
+
+    /// $/hour this pod contributes under each weight vector (all zero when nothing can host it).
+    pub fn pod_costs(&self, p: &Pod) -> Vec<f64> {
+        let d = dims(p);
+        let cands: Vec<(f64, &Template)> = self
+            .templates
+            .iter()
+            .filter_map(|t| price_for(p, t).map(|price| (price, t)))
+            .collect();
+        self.weights
+            .iter()
+            .map(|w| {
+                cands
+                    .iter()
+                    .map(|(price, t)| {
+                        let s: f64 = w
+                            .iter()
+                            .map(|(n, wr)| {
+                                let req = d.iter().find(|(x, _)| x == n).map_or(0.0, |(_, v)| *v);
+                                let c = cap(t, n);
+                                if req > 0.0 && c > 0.0 {
+                                    wr * req / c
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .sum();
+                        price * s
+                    })
+                    .min_by(f64::total_cmp)
+                    .unwrap_or(0.0)
+            })
+            .collect()
+    }
+}
+
 /// Lower bound in $/hour for hosting all of `pods` on new nodes of `templates`. Pods no template
 /// can host are left out.
 pub fn lower_bound(pods: &[&Pod], templates: &[Template]) -> f64 {
-    let mut names: Vec<String> = pods.iter().flat_map(|p| dims(p)).map(|(n, _)| n).collect();
-    names.sort();
-    names.dedup();
-    // Unit vectors, plus GPU-heavy mixes with cpu and memory.
-    let mut weights: Vec<Vec<(String, f64)>> =
-        names.iter().map(|n| vec![(n.clone(), 1.0)]).collect();
-    for gpu in names
-        .iter()
-        .filter(|n| n.contains("gpu") || n.contains("mig") || n.starts_with("share/"))
-    {
-        for other in ["cpu", "memory"] {
-            for a in [0.5, 0.8] {
-                weights.push(vec![(gpu.clone(), a), (other.to_string(), 1.0 - a)]);
-            }
+    let model = BoundModel::new(pods.iter().copied(), templates);
+    let mut sums = vec![0.0; model.weight_count()];
+    for p in pods {
+        for (s, c) in sums.iter_mut().zip(model.pod_costs(p)) {
+            *s += c;
         }
     }
-    // Per pod, the candidates (price, template) it fits.
-    let cands: Vec<Vec<(f64, &Template)>> = pods
-        .iter()
-        .map(|p| {
-            templates
-                .iter()
-                .filter_map(|t| price_for(p, t).map(|price| (price, t)))
-                .collect()
-        })
-        .collect();
-    let mut best: f64 = 0.0;
-    for w in &weights {
-        let mut total = 0.0;
-        for (p, cs) in pods.iter().zip(&cands) {
-            let d = dims(p);
-            let min = cs
-                .iter()
-                .map(|(price, t)| {
-                    let s: f64 = w
-                        .iter()
-                        .map(|(n, wr)| {
-                            let req = d.iter().find(|(x, _)| x == n).map_or(0.0, |(_, v)| *v);
-                            let c = cap(t, n);
-                            if req > 0.0 && c > 0.0 {
-                                wr * req / c
-                            } else {
-                                0.0
-                            }
-                        })
-                        .sum();
-                    price * s
-                })
-                .min_by(f64::total_cmp);
-            total += min.unwrap_or(0.0);
-        }
-        best = best.max(total);
-    }
-    best
+    sums.into_iter().fold(0.0, f64::max)
 }

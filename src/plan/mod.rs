@@ -14,7 +14,7 @@ use crate::model::{PodRef, Snapshot, Time};
 use crate::policy::Policy;
 
 pub use scale_down::{Eviction, Unneeded};
-pub use templates::{build_templates, Template};
+pub use templates::{build_templates, Template, Templates};
 
 /// One offering of a scale-up's fallback list.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -116,7 +116,13 @@ pub struct Plan {
 
 /// Plans scale-ups for the pending GPU pods of `snapshot`, and scale-downs of idle GPU nodes.
 pub fn plan(snapshot: &Snapshot, catalog: &Catalog, policy: &Policy, now: Time) -> Plan {
-    let (templates, warnings) = build_templates(policy, catalog, snapshot, now);
+    plan_with(snapshot, &Templates::new(policy, catalog), policy, now)
+}
+
+/// [`plan`] with templates built once for a policy and catalog (a long-running loop).
+pub fn plan_with(snapshot: &Snapshot, templates: &Templates, policy: &Policy, now: Time) -> Plan {
+    let warnings = templates.errors.clone();
+    let templates = templates.for_snapshot(snapshot, now);
     let (mut plan, rooms) = pack::scale_up(snapshot, &templates, policy, now);
     let targeted: std::collections::BTreeSet<&str> = plan
         .existing_capacity

@@ -2,6 +2,7 @@
 //! allocatable after reservations and DaemonSet pods) and the offerings it can be bought as.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::{Catalog, GpuVendor, InstanceType, OfferingKey};
 
@@ -20,7 +21,7 @@ pub struct TemplateOffering {
     /// The cloud has it and it is not in the insufficient-capacity cache.
     pub available: bool,
     /// Every label a node bought this way carries.
-    pub labels: BTreeMap<String, String>,
+    pub labels: Arc<BTreeMap<String, String>>,
 }
 
 /// A pool × instance type.
@@ -246,85 +247,115 @@ pub fn daemonset_pods(snapshot: &Snapshot) -> Vec<&Pod> {
     by_owner.into_values().collect()
 }
 
-/// Builds every template of every pool. Errors (a pool naming a type the catalog lacks, a MIG
-/// layout that does not fit the GPU, ...) are returned per pool; the other pools still plan.
-pub fn build_templates(
-    policy: &Policy,
-    catalog: &Catalog,
-    snapshot: &Snapshot,
-    now: Time,
-) -> (Vec<Template>, Vec<String>) {
-    let mut prices: BTreeMap<&OfferingKey, (f64, bool)> = BTreeMap::new();
-    for o in &catalog.offerings {
-        prices.insert(&o.key, (o.price_per_hour, o.available));
-    }
-    let daemonsets = daemonset_pods(snapshot);
-    let mut out = Vec::new();
-    let mut errors = Vec::new();
-    for (pi, pool) in policy.pools.iter().enumerate() {
-        let types = match pool_instance_types(pool, catalog) {
-            Ok(t) => t,
-            Err(e) => {
-                errors.push(e);
-                continue;
-            }
-        };
-        for t in types {
-            let (mut alloc, shared) = match base_allocatable(pool, t) {
-                Ok(x) => x,
+/// Every template of every pool as the policy and catalog define them: built once, then adjusted
+/// per plan for DaemonSets and availability ([`Templates::for_snapshot`]).
+#[derive(Clone, Debug)]
+pub struct Templates {
+    templates: Vec<Template>,
+    pub errors: Vec<String>,
+}
+
+impl Templates {
+    /// Errors (a pool naming a type the catalog lacks, a MIG layout that does not fit the GPU,
+    /// ...) are kept per pool; the other pools still plan.
+    pub fn new(policy: &Policy, catalog: &Catalog) -> Templates {
+        let mut prices: BTreeMap<&OfferingKey, (f64, bool)> = BTreeMap::new();
+        for o in &catalog.offerings {
+            prices.insert(&o.key, (o.price_per_hour, o.available));
+        }
+        let mut out = Vec::new();
+        let mut errors = Vec::new();
+        for (pi, pool) in policy.pools.iter().enumerate() {
+            let types = match pool_instance_types(pool, catalog) {
+                Ok(t) => t,
                 Err(e) => {
                     errors.push(e);
                     continue;
                 }
             };
-            let mut offerings = Vec::new();
-            let zones: BTreeSet<&String> = pool.zones.iter().collect();
-            for (rank, ct) in pool.capacity_types.iter().enumerate() {
-                for z in &zones {
-                    let key = OfferingKey {
-                        instance_type: t.name.clone(),
-                        zone: (*z).clone(),
-                        capacity_type: *ct,
-                    };
-                    let over = pool.prices.get(&t.name).and_then(|p| match ct {
-                        gpu_node_autoscaler_provider::CapacityType::Spot => p.spot,
-                        gpu_node_autoscaler_provider::CapacityType::OnDemand => p.on_demand,
-                    });
-                    let Some(&(cat_price, cat_avail)) = prices.get(&key) else {
+            for t in types {
+                let (alloc, shared) = match base_allocatable(pool, t) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        errors.push(e);
                         continue;
-                    };
-                    let price = over.unwrap_or(cat_price);
-                    let available = cat_avail && !snapshot.is_unavailable(&key, now);
-                    let labels = node_labels(pool, t, &key, policy.region.as_deref());
-                    offerings.push((
-                        rank,
-                        TemplateOffering {
-                            key,
-                            price,
-                            available,
-                            labels,
-                        },
+                    }
+                };
+                let mut offerings = Vec::new();
+                let zones: BTreeSet<&String> = pool.zones.iter().collect();
+                for (rank, ct) in pool.capacity_types.iter().enumerate() {
+                    for z in &zones {
+                        let key = OfferingKey {
+                            instance_type: t.name.clone(),
+                            zone: (*z).clone(),
+                            capacity_type: *ct,
+                        };
+                        let over = pool.prices.get(&t.name).and_then(|p| match ct {
+                            gpu_node_autoscaler_provider::CapacityType::Spot => p.spot,
+                            gpu_node_autoscaler_provider::CapacityType::OnDemand => p.on_demand,
+                        });
+                        let Some(&(cat_price, cat_avail)) = prices.get(&key) else {
+                            continue;
+                        };
+                        let labels = Arc::new(node_labels(pool, t, &key, policy.region.as_deref()));
+                        offerings.push((
+                            rank,
+                            TemplateOffering {
+                                key,
+                                price: over.unwrap_or(cat_price),
+                                available: cat_avail,
+                                labels,
+                            },
+                        ));
+                    }
+                }
+                if offerings.is_empty() {
+                    errors.push(format!(
+                        "pool {}: the catalog has no offering of {} in zones {}",
+                        pool.name,
+                        t.name,
+                        pool.zones.join(",")
                     ));
+                    continue;
+                }
+                offerings.sort_by(|(ra, a), (rb, b)| {
+                    ra.cmp(rb)
+                        .then(a.price.total_cmp(&b.price))
+                        .then(a.key.zone.cmp(&b.key.zone))
+                });
+                offerings.truncate(MAX_OFFERINGS);
+                out.push(Template {
+                    pool: pi,
+                    pool_name: pool.name.clone(),
+                    priority: pool.priority,
+                    instance_type: t.name.clone(),
+                    allocatable: alloc,
+                    shared,
+                    gpus: t.gpu.as_ref().map_or(0, |g| g.count),
+                    taints: pool.taints.clone(),
+                    offerings: offerings.into_iter().map(|(_, o)| o).collect(),
+                });
+            }
+        }
+        Templates {
+            templates: out,
+            errors,
+        }
+    }
+
+    /// The templates for one plan: DaemonSet pods seen in the cluster that would land on a new
+    /// node take their share first, and offerings in the insufficient-capacity cache are
+    /// unavailable.
+    pub fn for_snapshot(&self, snapshot: &Snapshot, now: Time) -> Vec<Template> {
+        let daemonsets = daemonset_pods(snapshot);
+        let mut out = self.templates.clone();
+        for t in &mut out {
+            for o in &mut t.offerings {
+                if snapshot.is_unavailable(&o.key, now) {
+                    o.available = false;
                 }
             }
-            if offerings.is_empty() {
-                errors.push(format!(
-                    "pool {}: the catalog has no offering of {} in zones {}",
-                    pool.name,
-                    t.name,
-                    pool.zones.join(",")
-                ));
-                continue;
-            }
-            offerings.sort_by(|(ra, a), (rb, b)| {
-                ra.cmp(rb)
-                    .then(a.price.total_cmp(&b.price))
-                    .then(a.key.zone.cmp(&b.key.zone))
-            });
-            offerings.truncate(MAX_OFFERINGS);
-            let offerings: Vec<TemplateOffering> = offerings.into_iter().map(|(_, o)| o).collect();
-            // DaemonSet pods that would land on this node take their share first.
-            let probe = &offerings[0].labels;
+            let probe = &t.offerings[0].labels;
             for ds in &daemonsets {
                 let c = &ds.constraints;
                 let selects = c.node_selector.iter().all(|(k, v)| probe.get(k) == Some(v))
@@ -333,22 +364,22 @@ pub fn build_templates(
                             .iter()
                             .any(|t| t.requirements.iter().all(|r| r.matches(probe)))
                     });
-                if selects && c.tolerates(&pool.taints) {
-                    alloc.sub(&ds.requests);
+                if selects && c.tolerates(&t.taints) {
+                    t.allocatable.sub(&ds.requests);
                 }
             }
-            out.push(Template {
-                pool: pi,
-                pool_name: pool.name.clone(),
-                priority: pool.priority,
-                instance_type: t.name.clone(),
-                allocatable: alloc,
-                shared,
-                gpus: t.gpu.as_ref().map_or(0, |g| g.count),
-                taints: pool.taints.clone(),
-                offerings,
-            });
         }
+        out
     }
-    (out, errors)
+}
+
+/// Builds every template of every pool for one snapshot (see [`Templates`]).
+pub fn build_templates(
+    policy: &Policy,
+    catalog: &Catalog,
+    snapshot: &Snapshot,
+    now: Time,
+) -> (Vec<Template>, Vec<String>) {
+    let t = Templates::new(policy, catalog);
+    (t.for_snapshot(snapshot, now), t.errors)
 }

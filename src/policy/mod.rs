@@ -334,6 +334,8 @@ impl<'de> Deserialize<'de> for QuantityText {
 struct Collector<'a> {
     map: &'a SourceMap,
     errors: Vec<PolicyError>,
+    /// Where the policy sits in its document (empty for a policy file of its own).
+    prefix: Vec<PathSeg>,
 }
 
 impl Collector<'_> {
@@ -350,6 +352,9 @@ impl Collector<'_> {
     }
 
     fn at(&mut self, path: &[PathSeg], message: impl Into<String>) {
+        let mut full = self.prefix.clone();
+        full.extend_from_slice(path);
+        let path = &full[..];
         let loc = self.map.locate_nearest(path);
         let shown = display_path(path);
         let message = message.into();
@@ -395,6 +400,12 @@ fn pool_path(i: usize, rest: &[&str]) -> Vec<PathSeg> {
 
 /// Parses and validates a policy. `file` names the source in error messages.
 pub fn parse_policy(text: &str, file: &str) -> Result<Policy, PolicyErrors> {
+    parse_policy_at(text, file, &[])
+}
+
+/// Parses the policy found at `at` inside a larger YAML document (a simulation scenario's
+/// `policy:`), with positions in that document.
+pub fn parse_policy_at(text: &str, file: &str, at: &[PathSeg]) -> Result<Policy, PolicyErrors> {
     let fail = |errors| PolicyErrors {
         file: file.to_string(),
         errors,
@@ -419,7 +430,16 @@ pub fn parse_policy(text: &str, file: &str) -> Result<Policy, PolicyErrors> {
     let mut c = Collector {
         map: &map,
         errors: Vec::new(),
+        prefix: at.to_vec(),
     };
+    let mut root = root;
+    for seg in at {
+        root = match seg {
+            PathSeg::Key(k) => root.get(k.as_str()).cloned(),
+            PathSeg::Index(i) => root.get(*i).cloned(),
+        }
+        .unwrap_or(serde_yaml::Value::Null);
+    }
     if !root.is_mapping() {
         c.at(&[], "a policy must be a YAML mapping with a `pools` list");
         return Err(fail(c.errors));

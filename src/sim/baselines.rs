@@ -1,0 +1,597 @@
+//! Baselines on the same engine: Cluster Autoscaler and Karpenter semantics as GPU users meet
+//! them today. Both are simplified, and both are given our policy's pools, prices and limits.
+//!
+//! `ca-like`: a scan every 10 s; one node group per pool × instance type (the pool's first
+//! capacity type, all its zones); pods that fit nowhere are bin-packed per group and the
+//! least-waste expander (wasted CPU + memory share) picks one group per scan; no gang awareness;
+//! a registered node counts with what it advertises, so a GPU node whose device plugin has not
+//! started looks GPU-less and the same pods trigger another scale-up; a group that cannot launch
+//! is found out only when its nodes do not appear within the max node provision time (15 m), then
+//! backed off for 5 m. Scale-down: GPU utilisation below 0.5, unneeded 10 m, 10 m after any
+//! scale-up (the same rules as ours, through the same scale-down planner).
+//!
+//! `karpenter-like`: batching 1 s idle / 10 s max; pods sorted by CPU then memory, descending;
+//! each goes onto existing or in-flight capacity (counted at full capacity, GPUs included), else
+//! into the first new node claim whose remaining instance types still fit it, else a new claim;
+//! each claim launches the cheapest instance type left, spot first where allowed; no gang
+//! awareness; an offering that fails is avoided for 3 m; empty nodes are consolidated after 30 s.
+
+use std::collections::BTreeMap;
+
+use gpu_node_autoscaler_provider::{Catalog, LaunchRequest, OfferingKey};
+
+use crate::model::resources::{place_share, share_copies, Resources, SharedGpu};
+use crate::model::{Pod, Snapshot, Time};
+use crate::plan::{self, Template};
+use crate::policy::Policy;
+
+use super::engine::{Strategy, World};
+use super::{Ms, SimInput, MINUTE, SECOND};
+
+/// Free room of a node (or of a node on its way).
+#[derive(Clone)]
+struct Room {
+    free: Resources,
+    shared: Vec<SharedGpu>,
+    labels: std::sync::Arc<BTreeMap<String, String>>,
+    taints: Vec<crate::model::Taint>,
+    name: Option<String>,
+}
+
+impl Room {
+    fn take(&mut self, p: &Pod) -> bool {
+        if !p.requests.fits_in(&self.free)
+            || !p.constraints.admits(&self.labels, &self.taints, self.name.as_deref())
+            || p.share.is_some_and(|s| share_copies(&self.shared, &s) == 0)
+        {
+            return false;
+        }
+        self.free.sub(&p.requests);
+        if let Some(s) = &p.share {
+            place_share(&mut self.shared, s);
+        }
+        true
+    }
+}
+
+fn template_room(t: &Template, offering: usize) -> Room {
+    Room {
+        free: t.allocatable.clone(),
+        shared: t.shared.clone(),
+        labels: t.offerings[offering].labels.clone(),
+        taints: t.taints.clone(),
+        name: None,
+    }
+}
+
+/// Registered nodes with what they advertise now, then launches in flight at their template's
+/// capacity.
+fn rooms(s: &Snapshot, templates: &[Template]) -> Vec<Room> {
+    let mut used: BTreeMap<&str, (Resources, Vec<Pod>)> = BTreeMap::new();
+    for p in &s.pods {
+        if let (true, Some(n)) = (p.is_bound_active(), &p.node_name) {
+            let e = used.entry(n).or_default();
+            e.0.add(&p.requests);
+            e.1.push(p.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for n in &s.nodes {
+        if !n.is_schedulable() {
+            continue;
+        }
+        let mut free = n.allocatable.clone();
+        let mut shared = n.shared_gpus.clone();
+        if let Some((r, pods)) = used.get(n.name.as_str()) {
+            free.sub(r);
+            for p in pods {
+                if let Some(sh) = &p.share {
+                    place_share(&mut shared, sh);
+                }
+            }
+        }
+        out.push(Room {
+            free,
+            shared,
+            labels: std::sync::Arc::new(n.labels.clone()),
+            taints: n.taints.clone(),
+            name: Some(n.name.clone()),
+        });
+    }
+    for f in &s.in_flight {
+        if let Some(t) = templates
+            .iter()
+            .find(|t| t.pool_name == f.pool && t.instance_type == f.offering.instance_type)
+        {
+            if let Some(oi) = t.offerings.iter().position(|o| o.key == f.offering) {
+                for _ in 0..f.count {
+                    out.push(template_room(t, oi));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn pending_gpu_pods(s: &Snapshot) -> Vec<&Pod> {
+    s.pods
+        .iter()
+        .filter(|p| plan::is_planned_pod(p) && p.problem.is_none())
+        .collect()
+}
+
+fn pool_nodes(s: &Snapshot, pool: &str) -> i64 {
+    s.nodes.iter().filter(|n| n.pool() == Some(pool)).count() as i64
+        + s.in_flight
+            .iter()
+            .filter(|f| f.pool == pool)
+            .map(|f| f.count as i64)
+            .sum::<i64>()
+}
+
+fn cluster_gpus(s: &Snapshot, templates: &[Template]) -> i64 {
+    let mut g: i64 = s
+        .nodes
+        .iter()
+        .map(|n| {
+            templates
+                .iter()
+                .find(|t| Some(t.pool_name.as_str()) == n.pool() && Some(t.instance_type.as_str()) == n.instance_type())
+                .map_or(n.allocatable.whole_gpus(), |t| t.gpus as i64)
+        })
+        .sum();
+    for f in &s.in_flight {
+        g += templates
+            .iter()
+            .find(|t| t.pool_name == f.pool && t.instance_type == f.offering.instance_type)
+            .map_or(0, |t| t.gpus as i64 * f.count as i64);
+    }
+    g
+}
+
+/// Scale-down with the shared rules (GPU utilisation, unneeded time, cooldown after scale-up),
+/// keeping "unneeded since" in node annotations as ours does.
+fn scale_down(world: &mut World, policy: &Policy, templates: &plan::Templates, snapshot: &Snapshot) -> Option<Ms> {
+    let now = world.now;
+    let p = plan::plan_with(snapshot, templates, policy, Time(now));
+    for d in &p.scale_downs {
+        world.drain_and_remove(&d.node);
+    }
+    for u in &p.unneeded {
+        world.annotate(&u.node, crate::model::labels::UNNEEDED_SINCE, Some(&u.since));
+    }
+    let unneeded: std::collections::BTreeSet<&str> = p.unneeded.iter().map(|u| u.node.as_str()).collect();
+    for n in &snapshot.nodes {
+        if n.annotations.contains_key(crate::model::labels::UNNEEDED_SINCE) && !unneeded.contains(n.name.as_str()) {
+            world.annotate(&n.name, crate::model::labels::UNNEEDED_SINCE, None);
+        }
+    }
+    p.unneeded.iter().filter_map(|u| Time::parse_rfc3339(&u.since).ok()).map(|t| t.0).min()
+}
+
+fn available_catalog(input: &SimInput) -> Catalog {
+    let mut c = input.catalog.clone();
+    for o in &mut c.offerings {
+        o.available = true;
+    }
+    c
+}
+
+// ---------------------------------------------------------------------------------------------
+
+pub struct CaLike {
+    policy: Policy,
+    templates: plan::Templates,
+    next: Option<Ms>,
+    /// Per group (template index): nodes asked for that never came, and when.
+    phantom: BTreeMap<usize, (u32, Ms)>,
+    backoff: BTreeMap<usize, Ms>,
+    launches: u64,
+}
+
+impl CaLike {
+    pub fn new(input: &SimInput) -> CaLike {
+        CaLike {
+            policy: input.policy.clone(),
+            templates: plan::Templates::new(&input.policy, &available_catalog(input)),
+            next: None,
+            phantom: BTreeMap::new(),
+            backoff: BTreeMap::new(),
+            launches: 0,
+        }
+    }
+
+    /// The group's offerings: the pool's first capacity type, every zone.
+    fn group_offerings(&self, t: &Template) -> Vec<OfferingKey> {
+        let first = self.policy.pools[t.pool].capacity_types[0];
+        t.offerings
+            .iter()
+            .filter(|o| o.key.capacity_type == first)
+            .map(|o| o.key.clone())
+            .collect()
+    }
+}
+
+impl Strategy for CaLike {
+    fn name(&self) -> &'static str {
+        "ca-like"
+    }
+
+    fn pods_unschedulable(&mut self, now: Ms) {
+        // The next 10 s scan sees them.
+        let scan = now + 10 * SECOND - now.rem_euclid(10 * SECOND);
+        self.next = Some(self.next.map_or(scan, |n| n.min(scan)));
+    }
+
+    fn cluster_changed(&mut self, now: Ms) {
+        self.pods_unschedulable(now);
+    }
+
+    fn next_run(&self) -> Option<Ms> {
+        self.next
+    }
+
+    fn run(&mut self, world: &mut World) {
+        let now = world.now;
+        let templates = world.templates().to_vec();
+        let snapshot = world.snapshot();
+        // Groups whose nodes never came: give up after the max node provision time, back off.
+        let max = self.policy.max_node_provision_time.as_millis() as Ms;
+        let expired: Vec<usize> = self
+            .phantom
+            .iter()
+            .filter(|(_, (_, at))| now - at >= max)
+            .map(|(g, _)| *g)
+            .collect();
+        for g in expired {
+            self.phantom.remove(&g);
+            self.backoff.insert(g, now + 5 * MINUTE);
+        }
+        let mut rooms = rooms(&snapshot, &templates);
+        for (&g, &(n, _)) in &self.phantom {
+            let t = &templates[g];
+            for _ in 0..n {
+                rooms.push(template_room(t, 0));
+            }
+        }
+        let mut left: Vec<&Pod> = Vec::new();
+        for p in pending_gpu_pods(&snapshot) {
+            if !rooms.iter_mut().any(|r| r.take(p)) {
+                left.push(p);
+            }
+        }
+        let mut scaled = false;
+        if !left.is_empty() {
+            // Estimate per group (first-fit decreasing on template nodes) and pick least waste.
+            left.sort_by(|a, b| b.gpu_equivalents().total_cmp(&a.gpu_equivalents()).then(a.id.cmp(&b.id)));
+            let gpus_now = cluster_gpus(&snapshot, &templates);
+            let mut best: Option<(f64, usize, u32)> = None;
+            for (ti, t) in templates.iter().enumerate() {
+                if self.backoff.get(&ti).is_some_and(|until| *until > now) {
+                    continue;
+                }
+                let offers = self.group_offerings(t);
+                let Some(oi) = t.offerings.iter().position(|o| Some(&o.key) == offers.first()) else {
+                    continue;
+                };
+                let pool = &self.policy.pools[t.pool];
+                let room_left = pool.max_nodes as i64 - pool_nodes(&snapshot, &pool.name);
+                let mut nodes: Vec<Room> = Vec::new();
+                let mut placed = 0;
+                for p in &left {
+                    if nodes.iter_mut().any(|r| r.take(p)) {
+                        placed += 1;
+                        continue;
+                    }
+                    if nodes.len() as i64 >= room_left {
+                        continue;
+                    }
+                    let mut r = template_room(t, oi);
+                    if r.take(p) {
+                        nodes.push(r);
+                        placed += 1;
+                    }
+                }
+                if placed == 0 {
+                    continue;
+                }
+                let mut n = nodes.len() as u32;
+                if let Some(mg) = self.policy.limits.max_gpus {
+                    if t.gpus > 0 {
+                        n = n.min(((mg as i64 - gpus_now).max(0) / t.gpus as i64) as u32);
+                    }
+                }
+                if n == 0 {
+                    continue;
+                }
+                let cap = |f: fn(&Resources) -> i64| (f(&t.allocatable) * n as i64).max(1) as f64;
+                let free_cpu: i64 = nodes.iter().map(|r| r.free.cpu_milli).sum();
+                let free_mem: i64 = nodes.iter().map(|r| r.free.memory).sum();
+                let waste = free_cpu as f64 / cap(|r| r.cpu_milli) + free_mem as f64 / cap(|r| r.memory);
+                if best.as_ref().is_none_or(|(w, _, _)| waste < *w - 1e-12) {
+                    best = Some((waste, ti, n));
+                }
+            }
+            if let Some((_, ti, n)) = best {
+                let t = &templates[ti];
+                self.launches += 1;
+                let req = LaunchRequest {
+                    launch_id: format!("ca-{}-{}", t.pool_name, self.launches),
+                    pool: t.pool_name.clone(),
+                    count: n,
+                    offerings: self.group_offerings(t),
+                    tags: BTreeMap::new(),
+                };
+                let got = world.launch(&req).map(|r| r.launched.len() as u32).unwrap_or(0);
+                if got < n {
+                    let e = self.phantom.entry(ti).or_insert((0, now));
+                    e.0 += n - got;
+                }
+                scaled = true;
+            }
+        }
+        let snapshot = world.snapshot();
+        let first_unneeded = scale_down(world, &self.policy, &self.templates, &snapshot);
+        // Scan again in 10 s while anything is pending, waiting or being watched.
+        let busy = scaled || !left.is_empty() || !self.phantom.is_empty() || !world.unregistered().is_empty();
+        self.next = if busy {
+            Some(now + 10 * SECOND)
+        } else {
+            first_unneeded.map(|_| now + MINUTE)
+        };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+pub struct KarpenterLike {
+    policy: Policy,
+    batch_first: Option<Ms>,
+    batch_last: Option<Ms>,
+    next: Option<Ms>,
+    ice: BTreeMap<OfferingKey, Ms>,
+    empty_since: BTreeMap<String, Ms>,
+    launches: u64,
+}
+
+impl KarpenterLike {
+    pub fn new(input: &SimInput) -> KarpenterLike {
+        KarpenterLike {
+            policy: input.policy.clone(),
+            batch_first: None,
+            batch_last: None,
+            next: None,
+            ice: BTreeMap::new(),
+            empty_since: BTreeMap::new(),
+            launches: 0,
+        }
+    }
+}
+
+/// A node claim being filled: the templates still possible and the pods on it.
+struct Claim {
+    options: Vec<usize>,
+    requests: Vec<Pod>,
+}
+
+fn fits_all(t: &Template, pods: &[Pod]) -> Option<usize> {
+    // An offering every pod accepts, and room for all of them.
+    let oi = t.offerings.iter().position(|o| {
+        pods.iter().all(|p| p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints))
+    })?;
+    let mut r = template_room(t, oi);
+    pods.iter().all(|p| r.take(p)).then_some(oi)
+}
+
+impl Strategy for KarpenterLike {
+    fn name(&self) -> &'static str {
+        "karpenter-like"
+    }
+
+    fn pods_unschedulable(&mut self, now: Ms) {
+        self.batch_first.get_or_insert(now);
+        self.batch_last = Some(now);
+    }
+
+    fn cluster_changed(&mut self, now: Ms) {
+        let t = now + SECOND;
+        self.next = Some(self.next.map_or(t, |n| n.min(t)));
+    }
+
+    fn next_run(&self) -> Option<Ms> {
+        let batch = match (self.batch_first, self.batch_last) {
+            (Some(f), Some(l)) => Some((l + SECOND).min(f + 10 * SECOND)),
+            _ => None,
+        };
+        match (batch, self.next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn run(&mut self, world: &mut World) {
+        let now = world.now;
+        self.batch_first = None;
+        self.batch_last = None;
+        self.next = None;
+        self.ice.retain(|_, until| *until > now);
+        let templates = world.templates().to_vec();
+        let snapshot = world.snapshot();
+        let mut rooms = rooms(&snapshot, &templates);
+        // Nodes whose GPUs are not advertised yet count at full capacity (node claims know
+        // their instance type).
+        for (r, n) in rooms.iter_mut().zip(&snapshot.nodes) {
+            if let Some(t) = templates
+                .iter()
+                .find(|t| Some(t.pool_name.as_str()) == n.pool() && Some(t.instance_type.as_str()) == n.instance_type())
+            {
+                if t.gpus > 0 && n.advertised_gpus() == 0 {
+                    r.free.gpu += t.allocatable.gpu;
+                    r.free.amd_gpu += t.allocatable.amd_gpu;
+                    for (name, v) in t.allocatable.mig_slices() {
+                        let key = format!("{}{name}", crate::model::resources::MIG_PREFIX);
+                        let cur = r.free.get(&key);
+                        r.free.set(&key, cur + v);
+                    }
+                    if r.shared.is_empty() {
+                        r.shared = t.shared.clone();
+                    }
+                }
+            }
+        }
+        let mut pods: Vec<&Pod> = pending_gpu_pods(&snapshot);
+        pods.sort_by(|a, b| {
+            b.requests
+                .cpu_milli
+                .cmp(&a.requests.cpu_milli)
+                .then(b.requests.memory.cmp(&a.requests.memory))
+                .then(a.id.cmp(&b.id))
+        });
+        let usable = |ti: usize, t: &Template| -> bool {
+            let _ = ti;
+            t.offerings.iter().any(|o| !self.ice.contains_key(&o.key))
+        };
+        let mut claims: Vec<Claim> = Vec::new();
+        let mut waiting = false;
+        for p in pods {
+            if rooms.iter_mut().any(|r| r.take(p)) {
+                continue;
+            }
+            let mut placed = false;
+            for c in claims.iter_mut() {
+                let mut with = c.requests.clone();
+                with.push(p.clone());
+                let options: Vec<usize> = c
+                    .options
+                    .iter()
+                    .copied()
+                    .filter(|&ti| fits_all(&templates[ti], &with).is_some())
+                    .collect();
+                if !options.is_empty() {
+                    c.options = options;
+                    c.requests = with;
+                    placed = true;
+                    break;
+                }
+            }
+            if placed {
+                continue;
+            }
+            let options: Vec<usize> = templates
+                .iter()
+                .enumerate()
+                .filter(|(ti, t)| usable(*ti, t) && fits_all(t, std::slice::from_ref(p)).is_some())
+                .map(|(ti, _)| ti)
+                .collect();
+            if options.is_empty() {
+                waiting = true;
+                continue;
+            }
+            claims.push(Claim {
+                options,
+                requests: vec![p.clone()],
+            });
+        }
+        let mut gpus_now = cluster_gpus(&snapshot, &templates);
+        let mut added: BTreeMap<String, i64> = BTreeMap::new();
+        for c in claims {
+            // Cheapest instance type left (its cheapest allowed offering), within limits.
+            let mut best: Option<(f64, usize, Vec<OfferingKey>)> = None;
+            for &ti in &c.options {
+                let t = &templates[ti];
+                let pool = &self.policy.pools[t.pool];
+                if pool_nodes(&snapshot, &pool.name) + added.get(&pool.name).copied().unwrap_or(0) >= pool.max_nodes as i64 {
+                    continue;
+                }
+                if self.policy.limits.max_gpus.is_some_and(|mg| gpus_now + t.gpus as i64 > mg as i64) {
+                    continue;
+                }
+                let mut offers: Vec<(f64, OfferingKey)> = t
+                    .offerings
+                    .iter()
+                    .filter(|o| !self.ice.contains_key(&o.key))
+                    .filter(|o| c.requests.iter().all(|p| p.constraints.matches_node(&o.labels, None)))
+                    .map(|o| (o.price, o.key.clone()))
+                    .collect();
+                offers.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                let Some(price) = offers.first().map(|o| o.0) else { continue };
+                if best.as_ref().is_none_or(|(bp, _, _)| price < *bp) {
+                    best = Some((price, ti, offers.into_iter().map(|o| o.1).collect()));
+                }
+            }
+            let Some((_, ti, offerings)) = best else {
+                waiting = true;
+                continue;
+            };
+            let t = &templates[ti];
+            self.launches += 1;
+            let req = LaunchRequest {
+                launch_id: format!("karpenter-{}", self.launches),
+                pool: t.pool_name.clone(),
+                count: 1,
+                offerings,
+                tags: BTreeMap::new(),
+            };
+            match world.launch(&req) {
+                Ok(res) => {
+                    for (k, _) in &res.failures {
+                        self.ice.insert(k.clone(), now + 3 * MINUTE);
+                    }
+                    if res.launched.is_empty() {
+                        waiting = true;
+                    } else {
+                        *added.entry(t.pool_name.clone()).or_default() += 1;
+                        gpus_now += t.gpus as i64;
+                    }
+                }
+                Err(_) => waiting = true,
+            }
+        }
+        // Consolidation of empty nodes after 30 s.
+        let mut busy: BTreeMap<&str, bool> = BTreeMap::new();
+        for p in &snapshot.pods {
+            if let (true, Some(n)) = (p.is_bound_active() && !p.is_daemonset(), &p.node_name) {
+                busy.insert(n.as_str(), true);
+            }
+        }
+        // A node that a pending pod fits is nominated for it: not consolidated.
+        let pending = pending_gpu_pods(&snapshot);
+        let nominated = |n: &crate::model::Node| {
+            let mut r = Room {
+                free: n.allocatable.clone(),
+                shared: n.shared_gpus.clone(),
+                labels: std::sync::Arc::new(n.labels.clone()),
+                taints: n.taints.clone(),
+                name: Some(n.name.clone()),
+            };
+            pending.iter().any(|p| r.clone().take(p)) || {
+                let _ = &mut r;
+                false
+            }
+        };
+        let mut soonest: Option<Ms> = None;
+        for n in &snapshot.nodes {
+            if busy.contains_key(n.name.as_str()) || n.advertised_gpus() == 0 || nominated(n) {
+                self.empty_since.remove(&n.name);
+                continue;
+            }
+            let since = *self.empty_since.entry(n.name.clone()).or_insert(now);
+            let pool = n.pool().and_then(|p| self.policy.pool(p));
+            let min = pool.map_or(0, |p| p.min_nodes as i64);
+            let count = n.pool().map_or(0, |p| pool_nodes(&world.snapshot(), p));
+            if now - since >= 30 * SECOND && count > min {
+                world.drain_and_remove(&n.name);
+                self.empty_since.remove(&n.name);
+            } else {
+                let at = since + 30 * SECOND;
+                soonest = Some(soonest.map_or(at, |s: Ms| s.min(at)));
+            }
+        }
+        if waiting {
+            self.next = Some(now + 10 * SECOND);
+        }
+        if let Some(s) = soonest {
+            self.next = Some(self.next.map_or(s, |n| n.min(s)));
+        }
+    }
+}

@@ -1,0 +1,815 @@
+//! The discrete-event engine: virtual clock, cluster model, scheduler, accounting.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use gpu_node_autoscaler_memory::{CapacityWindow, MemoryProvider};
+use gpu_node_autoscaler_provider::{
+    Catalog, InstanceType, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
+};
+
+use crate::fixtures::Rng;
+use crate::model::constraints::{Effect, Taint};
+use crate::model::labels;
+use crate::model::resources::{place_share, GpuShare, Resources, SharedGpu};
+use crate::model::{InFlight, Node, Pod, PodPhase, Snapshot, Time};
+use crate::plan::bound::BoundModel;
+use crate::plan::templates::{build_templates, Template};
+use crate::policy::Policy;
+
+use super::report::{Metrics, SeriesPoint};
+use super::{CloudEvent, Ms, SimInput, HOUR};
+
+/// A decision-maker under test.
+pub trait Strategy {
+    fn name(&self) -> &'static str;
+    /// New pods became unschedulable at `now` (after a scheduling pass).
+    fn pods_unschedulable(&mut self, now: Ms);
+    /// Pods finished or were deleted, nodes came or went: what a watch would notice.
+    fn cluster_changed(&mut self, now: Ms);
+    /// When it wants to run next; `None` when only new unschedulable pods should wake it.
+    fn next_run(&self) -> Option<Ms>;
+    /// Decide and act through `world`.
+    fn run(&mut self, world: &mut World);
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrive(usize),
+    /// Pod finished (valid only for the pod's current `epoch`).
+    Finish(usize, u32),
+    Delete(usize),
+    Register(String),
+    Advertise(String),
+    IdealStart(usize),
+    IdealEnd(usize),
+    Cloud(usize),
+    SpotGone(String),
+    /// Something time-based changed (a capacity window ended): schedule again.
+    Wake,
+}
+
+struct PodState {
+    pod: Pod,
+    arrival: Ms,
+    remaining: Option<Ms>,
+    arrived: bool,
+    bound_at: Option<Ms>,
+    node: Option<usize>,
+    first_bound: Option<Ms>,
+    done: bool,
+    epoch: u32,
+    gpu_eq: f64,
+    lb_costs: Vec<f64>,
+}
+
+/// A node of the simulated cluster (registered instance).
+pub struct SimNode {
+    pub node: Node,
+    pub instance_id: String,
+    pub pool: String,
+    pub offering: OfferingKey,
+    /// Full allocatable (GPUs included) once the device plugin runs.
+    full: Resources,
+    full_shared: Vec<SharedGpu>,
+    free: Resources,
+    free_shared: Vec<SharedGpu>,
+    pub advertised: bool,
+    pub removed: bool,
+    pods: Vec<usize>,
+}
+
+struct LiveInstance {
+    pool: String,
+    launch_id: String,
+    offering: OfferingKey,
+    launched: Ms,
+    price: f64,
+    gpus: f64,
+    node: Option<usize>,
+    gone: bool,
+}
+
+/// The simulated world a strategy acts on.
+pub struct World {
+    pub now: Ms,
+    pub policy: Policy,
+    pub provider: MemoryProvider,
+    templates: Vec<Template>,
+    instance_types: BTreeMap<String, InstanceType>,
+    pods: Vec<PodState>,
+    /// Arrived and not done; and of those, the unbound ones.
+    active: std::collections::BTreeSet<usize>,
+    pending: std::collections::BTreeSet<usize>,
+    done: usize,
+    pub nodes: Vec<SimNode>,
+    node_by_name: BTreeMap<String, usize>,
+    instances: BTreeMap<String, LiveInstance>,
+    events: BinaryHeap<Reverse<(Ms, u64, Event)>>,
+    cloud_events: Vec<CloudEvent>,
+    seq: u64,
+    rng: Rng,
+    timing: super::ClusterTiming,
+    /// Set when capacity or the pending set changed since the last scheduling pass.
+    dirty: bool,
+    /// Set when something a controller watches changed (for `Strategy::cluster_changed`).
+    changed: bool,
+    pub metrics: Metrics,
+    live_price: f64,
+    live_gpus: f64,
+    running_gpus: f64,
+    lb_sums: Vec<f64>,
+    last_series: Ms,
+}
+
+impl World {
+    fn new(input: &SimInput) -> World {
+        let provider = MemoryProvider::new(input.catalog.clone(), &input.policy.cluster_name, input.seed);
+        let (templates, _) = build_templates(&input.policy, &input.catalog, &Snapshot::default(), Time(0));
+        let model = BoundModel::new(input.pods.iter().map(|w| &w.pod), &templates);
+        let weights = model.weight_count();
+        let pods: Vec<PodState> = input
+            .pods
+            .iter()
+            .map(|w| PodState {
+                gpu_eq: w.pod.gpu_equivalents(),
+                lb_costs: model.pod_costs(&w.pod),
+                pod: w.pod.clone(),
+                arrival: w.arrival,
+                remaining: w.duration,
+                arrived: false,
+                bound_at: None,
+                node: None,
+                first_bound: None,
+                done: false,
+                epoch: 0,
+            })
+            .collect();
+        drop(model);
+        let mut w = World {
+            now: 0,
+            policy: input.policy.clone(),
+            provider,
+            instance_types: input
+                .catalog
+                .instance_types
+                .iter()
+                .map(|t| (t.name.clone(), t.clone()))
+                .collect(),
+            templates,
+            pods,
+            active: Default::default(),
+            pending: Default::default(),
+            done: 0,
+            nodes: Vec::new(),
+            node_by_name: BTreeMap::new(),
+            instances: BTreeMap::new(),
+            events: BinaryHeap::new(),
+            cloud_events: input.events.clone(),
+            seq: 0,
+            rng: Rng::new(input.seed),
+            timing: input.timing.clone(),
+            dirty: false,
+            changed: false,
+            metrics: Metrics::default(),
+            live_price: 0.0,
+            live_gpus: 0.0,
+            running_gpus: 0.0,
+            lb_sums: vec![0.0; weights],
+            last_series: i64::MIN,
+        };
+        for (i, p) in input.pods.iter().enumerate() {
+            w.push(p.arrival, Event::Arrive(i));
+            w.push(p.arrival, Event::IdealStart(i));
+            let ideal_end = match (p.duration, p.deleted_at) {
+                (Some(d), Some(del)) => Some((p.arrival + d).min(del)),
+                (Some(d), None) => Some(p.arrival + d),
+                (None, del) => del,
+            };
+            if let Some(e) = ideal_end {
+                w.push(e, Event::IdealEnd(i));
+            }
+            if let Some(d) = p.deleted_at {
+                w.push(d, Event::Delete(i));
+            }
+        }
+        for (i, e) in input.events.iter().enumerate() {
+            let at = match e {
+                CloudEvent::InsufficientCapacity { at, .. }
+                | CloudEvent::SpotInterruption { at, .. }
+                | CloudEvent::Quota { at, .. } => *at,
+            };
+            w.push(at, Event::Cloud(i));
+        }
+        w.metrics.pods_total = input.pods.len();
+        w
+    }
+
+    fn push(&mut self, at: Ms, e: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq, e)));
+    }
+
+    fn next_event_time(&self) -> Option<Ms> {
+        self.events.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// Moves the clock to `t`, integrating cost, GPU-hours and the lower bound.
+    fn advance(&mut self, t: Ms) {
+        if t <= self.now {
+            return;
+        }
+        let h = (t - self.now) as f64 / HOUR as f64;
+        self.metrics.cost_usd += self.live_price * h;
+        self.metrics.gpu_hours_provisioned += self.live_gpus * h;
+        self.metrics.gpu_hours_requested += self.running_gpus * h;
+        self.metrics.lower_bound_usd += self.lb_sums.iter().copied().fold(0.0, f64::max) * h;
+        self.now = t;
+        self.provider.set_now(t);
+    }
+
+    fn record_series(&mut self, force: bool) {
+        if !force && self.now.saturating_sub(self.last_series) < super::MINUTE {
+            return;
+        }
+        self.last_series = self.now;
+        let pending = self.pending.len() as u32;
+        self.metrics.series.push(SeriesPoint {
+            t_s: self.now as f64 / 1000.0,
+            gpus_provisioned: self.live_gpus,
+            gpus_requested: self.running_gpus,
+            pending_pods: pending,
+            cost_usd: self.metrics.cost_usd,
+        });
+    }
+
+    // ---- the view strategies plan from ----
+
+    /// The cluster as the API server and the cloud would show it now.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot::default();
+        for &i in &self.active {
+            s.pods.push(self.pods[i].pod.clone());
+        }
+        for n in &self.nodes {
+            if !n.removed {
+                s.nodes.push(n.node.clone());
+            }
+        }
+        let mut flights: BTreeMap<(String, OfferingKey), InFlight> = BTreeMap::new();
+        for (_, i) in self.instances.iter().filter(|(_, i)| !i.gone && i.node.is_none()) {
+            let f = flights
+                .entry((i.launch_id.clone(), i.offering.clone()))
+                .or_insert_with(|| InFlight {
+                    launch_id: i.launch_id.clone(),
+                    pool: i.pool.clone(),
+                    offering: i.offering.clone(),
+                    count: 0,
+                    launched_at: Time(i.launched),
+                });
+            f.count += 1;
+        }
+        s.in_flight = flights.into_values().collect();
+        s
+    }
+
+    pub fn templates(&self) -> &[Template] {
+        &self.templates
+    }
+
+    /// The cloud's catalog right now (availability reflects capacity windows).
+    pub fn catalog(&self) -> Catalog {
+        self.provider.catalog_now().unwrap_or_default()
+    }
+
+    pub fn instance_type(&self, name: &str) -> Option<&InstanceType> {
+        self.instance_types.get(name)
+    }
+
+    /// Launches through the cloud; launched instances register after their boot delay.
+    pub fn launch(&mut self, req: &LaunchRequest) -> Result<LaunchResult, ProviderError> {
+        let res = self.provider.launch_now(req)?;
+        for inst in &res.launched {
+            if self.instances.contains_key(&inst.id) {
+                continue;
+            }
+            let gpus = self
+                .instance_types
+                .get(&inst.offering.instance_type)
+                .and_then(|t| t.gpu.as_ref())
+                .map_or(0.0, |g| g.count as f64);
+            let price = self.provider.price(&inst.offering).unwrap_or(0.0);
+            self.live_price += price;
+            self.live_gpus += gpus;
+            self.metrics.nodes_launched += 1;
+            self.instances.insert(
+                inst.id.clone(),
+                LiveInstance {
+                    pool: inst.pool.clone(),
+                    launch_id: inst.launch_id.clone(),
+                    offering: inst.offering.clone(),
+                    launched: self.now,
+                    price,
+                    gpus,
+                    node: None,
+                    gone: false,
+                },
+            );
+            let span = (self.timing.boot_max - self.timing.boot_min).max(0) as u64;
+            let boot = self.timing.boot_min + self.rng.below(span + 1) as Ms;
+            self.push(self.now + boot, Event::Register(inst.id.clone()));
+        }
+        if !res.launched.is_empty() {
+            self.metrics.scale_ups += 1;
+        }
+        Ok(res)
+    }
+
+    /// Sets or clears an annotation on a node.
+    pub fn annotate(&mut self, node: &str, key: &str, value: Option<&str>) {
+        if let Some(&i) = self.node_by_name.get(node) {
+            match value {
+                Some(v) => self.nodes[i].node.annotations.insert(key.into(), v.into()),
+                None => self.nodes[i].node.annotations.remove(key),
+            };
+        }
+    }
+
+    /// Drains a node (taint, cordon, evict every pod but DaemonSet pods) and terminates it.
+    /// Evicted pods go back to Pending and keep their remaining run time.
+    pub fn drain_and_remove(&mut self, node: &str) {
+        let Some(&ni) = self.node_by_name.get(node) else {
+            return;
+        };
+        if self.nodes[ni].removed {
+            return;
+        }
+        self.nodes[ni].node.taints.push(Taint {
+            key: labels::TO_BE_DELETED_TAINT.into(),
+            value: String::new(),
+            effect: Effect::NoSchedule,
+        });
+        self.nodes[ni].node.unschedulable = true;
+        let pods = self.nodes[ni].pods.clone();
+        for p in pods {
+            if !self.pods[p].pod.is_daemonset() {
+                self.metrics.evictions += 1;
+                self.unbind(p);
+            }
+        }
+        let id = self.nodes[ni].instance_id.clone();
+        let _ = self.provider.terminate_now(&id);
+        self.remove_node(ni);
+        self.metrics.nodes_removed += 1;
+    }
+
+    /// Terminates an instance that never became a usable node.
+    pub fn terminate_instance(&mut self, id: &str) {
+        let _ = self.provider.terminate_now(id);
+        if let Some(node) = self.instances.get(id).and_then(|i| i.node) {
+            self.remove_node(node);
+        } else {
+            self.instance_gone(id);
+        }
+    }
+
+    /// Instances launched but not registered yet, with their launch time.
+    pub fn unregistered(&self) -> Vec<(String, OfferingKey, Ms)> {
+        self.instances
+            .iter()
+            .filter(|(_, i)| !i.gone && i.node.is_none())
+            .map(|(id, i)| (id.clone(), i.offering.clone(), i.launched))
+            .collect()
+    }
+
+    fn instance_gone(&mut self, id: &str) {
+        if let Some(i) = self.instances.get_mut(id) {
+            if !i.gone {
+                i.gone = true;
+                self.live_price -= i.price;
+                self.live_gpus -= i.gpus;
+            }
+        }
+    }
+
+    fn remove_node(&mut self, ni: usize) {
+        let pods = self.nodes[ni].pods.clone();
+        for p in pods {
+            if self.pods[p].pod.is_daemonset() {
+                self.mark_done(p);
+            } else {
+                self.unbind(p);
+            }
+        }
+        self.nodes[ni].removed = true;
+        let id = self.nodes[ni].instance_id.clone();
+        self.instance_gone(&id);
+        self.dirty = true;
+    }
+
+    // ---- cluster mechanics ----
+
+    fn mark_done(&mut self, p: usize) {
+        if !self.pods[p].done {
+            self.pods[p].done = true;
+            self.done += 1;
+            self.active.remove(&p);
+            self.pending.remove(&p);
+        }
+    }
+
+    fn register(&mut self, id: &str) {
+        let Some(inst) = self.instances.get(id) else { return };
+        if inst.gone || inst.node.is_some() {
+            return;
+        }
+        let Some(t) = self
+            .templates
+            .iter()
+            .find(|t| t.pool_name == inst.pool && t.instance_type == inst.offering.instance_type)
+        else {
+            return;
+        };
+        let o = t.offerings.iter().find(|o| o.key == inst.offering);
+        let mut node_labels = o.map(|o| (*o.labels).clone()).unwrap_or_default();
+        node_labels.insert(labels::LAUNCH_ID.into(), inst.launch_id.clone());
+        let name = format!("node-{}", id.trim_start_matches("i-"));
+        let full = t.allocatable.clone();
+        let full_shared = t.shared.clone();
+        let mut without_gpus = full.clone();
+        without_gpus.gpu = 0;
+        without_gpus.amd_gpu = 0;
+        without_gpus.extended.retain(|(n, _)| !n.starts_with(crate::model::resources::MIG_PREFIX));
+        let node = Node {
+            name: name.clone(),
+            labels: node_labels,
+            annotations: BTreeMap::new(),
+            taints: t.taints.clone(),
+            allocatable: without_gpus.clone(),
+            shared_gpus: Vec::new(),
+            ready: true,
+            unschedulable: false,
+            created: Time(inst.launched),
+            provider_id: Some(format!("memory:///{}/{id}", inst.offering.zone)),
+            deleting: false,
+        };
+        let ni = self.nodes.len();
+        self.nodes.push(SimNode {
+            node,
+            instance_id: id.to_string(),
+            pool: inst.pool.clone(),
+            offering: inst.offering.clone(),
+            full,
+            full_shared,
+            free: without_gpus,
+            free_shared: Vec::new(),
+            advertised: false,
+            removed: false,
+            pods: Vec::new(),
+        });
+        self.node_by_name.insert(name.clone(), ni);
+        if let Some(i) = self.instances.get_mut(id) {
+            i.node = Some(ni);
+        }
+        self.push(self.now + self.timing.device_plugin_delay, Event::Advertise(name));
+        self.dirty = true;
+    }
+
+    fn advertise(&mut self, name: &str) {
+        let Some(&ni) = self.node_by_name.get(name) else { return };
+        let n = &mut self.nodes[ni];
+        if n.removed || n.advertised {
+            return;
+        }
+        n.advertised = true;
+        let mut free = n.full.clone();
+        let mut shared = n.full_shared.clone();
+        for &p in &n.pods {
+            free.sub(&self.pods[p].pod.requests);
+            if let Some(s) = &self.pods[p].pod.share {
+                place_share(&mut shared, s);
+            }
+        }
+        n.free = free;
+        n.free_shared = shared;
+        n.node.allocatable = n.full.clone();
+        n.node.shared_gpus = n.full_shared.clone();
+        self.dirty = true;
+    }
+
+    fn bind(&mut self, p: usize, ni: usize) {
+        let now = self.now;
+        let st = &mut self.pods[p];
+        let n = &mut self.nodes[ni];
+        n.free.sub(&st.pod.requests);
+        if let Some(s) = &st.pod.share {
+            st.pod.shared_gpu_index = place_share(&mut n.free_shared, s);
+        }
+        n.pods.push(p);
+        self.pending.remove(&p);
+        st.node = Some(ni);
+        st.pod.node_name = Some(n.node.name.clone());
+        st.pod.phase = PodPhase::Running;
+        st.pod.unschedulable = false;
+        st.bound_at = Some(now);
+        if st.first_bound.is_none() {
+            st.first_bound = Some(now);
+            self.metrics.waits_s.push((now - st.arrival) as f64 / 1000.0);
+        }
+        self.running_gpus += st.gpu_eq;
+        if let Some(r) = st.remaining {
+            let epoch = st.epoch;
+            self.push(now + r, Event::Finish(p, epoch));
+        }
+    }
+
+    /// Takes a pod off its node: back to Pending (or done), keeping its remaining run time.
+    fn unbind(&mut self, p: usize) {
+        let now = self.now;
+        let Some(ni) = self.pods[p].node else { return };
+        let st = &mut self.pods[p];
+        let n = &mut self.nodes[ni];
+        n.pods.retain(|&x| x != p);
+        n.free.add(&st.pod.requests);
+        if let (Some(s), Some(i)) = (&st.pod.share, st.pod.shared_gpu_index) {
+            if let Some(g) = n.free_shared.get_mut(i) {
+                g.mem_gib += s.mem_gib;
+                g.core_pct += s.core_pct;
+            }
+        }
+        if let (Some(r), Some(b)) = (st.remaining, st.bound_at) {
+            st.remaining = Some((r - (now - b)).max(0));
+        }
+        st.node = None;
+        st.bound_at = None;
+        st.epoch += 1;
+        if !st.done {
+            self.pending.insert(p);
+        }
+        st.pod.node_name = None;
+        st.pod.phase = PodPhase::Pending;
+        st.pod.shared_gpu_index = None;
+        self.running_gpus -= st.gpu_eq;
+        self.dirty = true;
+    }
+
+    fn fits(&self, p: &Pod, n: &SimNode) -> bool {
+        !n.removed
+            && n.node.is_schedulable()
+            && p.requests.fits_in(&n.free)
+            && p.share.is_none_or(|s| {
+                crate::model::resources::share_copies(&n.free_shared, &s) > 0
+            })
+            && p.constraints.admits(&n.node.labels, &n.node.taints, Some(&n.node.name))
+    }
+
+    /// kube-scheduler-like pass: binds pending pods first-fit over nodes in creation order;
+    /// a gang's pending members are bound together or not at all (coscheduling). Returns whether
+    /// any pod was newly found unschedulable.
+    fn schedule(&mut self) -> bool {
+        if !self.dirty {
+            return false;
+        }
+        self.dirty = false;
+        let pending: Vec<usize> = self.pending.iter().copied().collect();
+        let mut gangs: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut newly = false;
+        for &i in &pending {
+            if let Some(g) = &self.pods[i].pod.gang {
+                gangs.entry(g.key.clone()).or_default().push(i);
+                continue;
+            }
+            match (0..self.nodes.len()).find(|&n| self.fits(&self.pods[i].pod, &self.nodes[n])) {
+                Some(n) => self.bind(i, n),
+                None => {
+                    if !self.pods[i].pod.unschedulable {
+                        self.pods[i].pod.unschedulable = true;
+                        newly = true;
+                    }
+                }
+            }
+        }
+        for (_, members) in gangs {
+            // All pending members, and at least min-member pods in the gang overall.
+            let min = members
+                .iter()
+                .filter_map(|&i| self.pods[i].pod.gang.as_ref().and_then(|g| g.min_member))
+                .max()
+                .unwrap_or(0) as usize;
+            let key = self.pods[members[0]].pod.gang.as_ref().map(|g| g.key.clone());
+            let bound = self
+                .active
+                .iter()
+                .map(|&i| &self.pods[i])
+                .filter(|p| p.node.is_some() && p.pod.gang.as_ref().map(|g| &g.key) == key.as_ref())
+                .count();
+            let mut plan = Vec::new();
+            if members.len() + bound >= min {
+                // Tentatively bind on scratch copies.
+                let mut scratch: BTreeMap<usize, (Resources, Vec<SharedGpu>)> = BTreeMap::new();
+                for &i in &members {
+                    let p = &self.pods[i].pod;
+                    let found = (0..self.nodes.len()).find(|&n| {
+                        let node = &self.nodes[n];
+                        let (free, shared) = scratch
+                            .get(&n)
+                            .cloned()
+                            .unwrap_or_else(|| (node.free.clone(), node.free_shared.clone()));
+                        !node.removed
+                            && node.node.is_schedulable()
+                            && p.requests.fits_in(&free)
+                            && p.share.is_none_or(|s: GpuShare| {
+                                crate::model::resources::share_copies(&shared, &s) > 0
+                            })
+                            && p.constraints.admits(&node.node.labels, &node.node.taints, Some(&node.node.name))
+                    });
+                    let Some(n) = found else {
+                        plan.clear();
+                        break;
+                    };
+                    let e = scratch
+                        .entry(n)
+                        .or_insert_with(|| (self.nodes[n].free.clone(), self.nodes[n].free_shared.clone()));
+                    e.0.sub(&p.requests);
+                    if let Some(s) = &p.share {
+                        place_share(&mut e.1, s);
+                    }
+                    plan.push((i, n));
+                }
+            }
+            if plan.len() == members.len() {
+                for (i, n) in plan {
+                    self.bind(i, n);
+                }
+            } else {
+                for &i in &members {
+                    if !self.pods[i].pod.unschedulable {
+                        self.pods[i].pod.unschedulable = true;
+                        newly = true;
+                    }
+                }
+            }
+        }
+        newly
+    }
+
+    fn handle(&mut self, e: Event) {
+        if matches!(
+            e,
+            Event::Finish(..) | Event::Delete(_) | Event::Register(_) | Event::Advertise(_) | Event::SpotGone(_)
+        ) {
+            self.changed = true;
+        }
+        match e {
+            Event::Arrive(i) => {
+                self.pods[i].arrived = true;
+                self.active.insert(i);
+                self.pending.insert(i);
+                self.dirty = true;
+            }
+            Event::Finish(i, epoch) => {
+                if self.pods[i].epoch == epoch && !self.pods[i].done {
+                    self.unbind(i);
+                    self.mark_done(i);
+                }
+            }
+            Event::Delete(i) => {
+                if !self.pods[i].done {
+                    self.unbind(i);
+                    self.mark_done(i);
+                    self.dirty = true;
+                }
+            }
+            Event::Register(id) => self.register(&id),
+            Event::Advertise(name) => self.advertise(&name),
+            Event::IdealStart(i) => {
+                for (s, c) in self.lb_sums.iter_mut().zip(&self.pods[i].lb_costs) {
+                    *s += c;
+                }
+            }
+            Event::IdealEnd(i) => {
+                for (s, c) in self.lb_sums.iter_mut().zip(&self.pods[i].lb_costs) {
+                    *s -= c;
+                }
+            }
+            Event::Cloud(k) => self.cloud_event(k),
+            Event::Wake => self.dirty = true,
+            Event::SpotGone(id) => {
+                match self.instances.get(&id).and_then(|i| i.node) {
+                    Some(ni) => self.remove_node(ni),
+                    None => self.instance_gone(&id),
+                }
+            }
+        }
+    }
+
+    fn cloud_event(&mut self, k: usize) {
+        match self.cloud_events[k].clone() {
+            CloudEvent::InsufficientCapacity {
+                at,
+                until,
+                zone,
+                capacity_type,
+                instance_types,
+                max_instances,
+            } => {
+                self.provider.add_capacity_window(CapacityWindow {
+                    from_ms: at,
+                    until_ms: until,
+                    zone,
+                    capacity_type,
+                    instance_types,
+                    max_instances,
+                });
+                self.push(until, Event::Wake);
+            }
+            CloudEvent::SpotInterruption { fraction, pool, .. } => {
+                let hits = self.provider.interrupt_spot(fraction, pool.as_deref());
+                for h in hits {
+                    self.metrics.spot_interruptions += 1;
+                    self.push(h.terminate_at_ms, Event::SpotGone(h.instance_id));
+                }
+            }
+            CloudEvent::Quota {
+                max_instances,
+                max_gpus,
+                ..
+            } => self.provider.set_quota(max_instances, max_gpus),
+        }
+    }
+
+    /// Nothing left to happen: no queued event, no running pod, nothing launching.
+    fn quiescent(&self) -> bool {
+        self.events.is_empty()
+            && self.active.len() == self.pending.len()
+            && self.instances.values().all(|i| i.gone || i.node.is_some())
+    }
+}
+
+/// Runs one strategy over the input. Deterministic for the same input and seed.
+pub fn run(input: &SimInput, strategy: &mut dyn Strategy) -> Metrics {
+    let started = std::time::Instant::now();
+    let mut w = World::new(input);
+    w.metrics.strategy = strategy.name().to_string();
+    w.metrics.scenario = input.name.clone();
+    w.metrics.skipped = input.skipped.clone();
+    let start = w.next_event_time().unwrap_or(0);
+    w.now = start;
+    w.provider.set_now(start);
+    loop {
+        let ev = w.next_event_time();
+        let run_at = strategy.next_run();
+        let t = match (ev, run_at) {
+            (None, None) => break,
+            (Some(a), None) => a,
+            (None, Some(b)) => {
+                if w.quiescent() {
+                    break;
+                }
+                b
+            }
+            (Some(a), Some(b)) => a.min(b),
+        };
+        if input.until.is_some_and(|u| t > u) {
+            w.advance(input.until.unwrap_or(t));
+            break;
+        }
+        w.advance(t.max(w.now));
+        while w.next_event_time() == Some(w.now) {
+            let Some(Reverse((_, _, e))) = w.events.pop() else { break };
+            w.handle(e);
+        }
+        if w.schedule() {
+            strategy.pods_unschedulable(w.now);
+        }
+        if std::mem::take(&mut w.changed) {
+            strategy.cluster_changed(w.now);
+        }
+        if strategy.next_run().is_some_and(|r| r <= w.now) {
+            strategy.run(&mut w);
+            w.dirty = true;
+            if w.schedule() {
+                strategy.pods_unschedulable(w.now);
+            }
+        }
+        w.record_series(false);
+        if w.done == w.pods.len() && w.events.iter().all(|Reverse((_, _, e))| {
+            matches!(e, Event::IdealEnd(_) | Event::IdealStart(_))
+        }) {
+            // Every pod is done: drain the ideal-schedule events so the bound is complete.
+            while let Some(Reverse((t, _, e))) = w.events.pop() {
+                w.advance(t);
+                w.handle(e);
+            }
+            break;
+        }
+    }
+    w.record_series(true);
+    let m = &mut w.metrics;
+    m.span_s = (w.now - start) as f64 / 1000.0;
+    m.pods_never_placed = w.pods.iter().filter(|p| p.first_bound.is_none()).count();
+    m.wall_s = started.elapsed().as_secs_f64();
+    m.provider_calls = w.provider.calls().len();
+    m.finish();
+    w.metrics
+}

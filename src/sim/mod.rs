@@ -1,0 +1,137 @@
+//! Offline simulation: replay a workload (a scenario or a real GPU trace) on a virtual clock
+//! against a strategy (ours, or Cluster Autoscaler / Karpenter semantics), on an in-memory cloud.
+//!
+//! The engine owns the cluster side: pods arrive, a kube-scheduler-like placement binds them
+//! (whole, MIG and shared GPUs, selectors, affinity, taints; gangs all-or-nothing as coscheduling
+//! does), bound pods run for their duration, launched instances register as nodes after a boot
+//! delay and advertise their GPUs after a device-plugin delay, spot instances get interrupted.
+//! The strategy owns the decisions and talks to the cloud through the `MemoryProvider`.
+
+pub mod baselines;
+pub mod engine;
+pub mod ours;
+pub mod report;
+pub mod scenario;
+pub mod trace;
+
+use gpu_node_autoscaler_provider::Catalog;
+
+use crate::model::Pod;
+use crate::policy::Policy;
+
+/// Milliseconds on the virtual clock.
+pub type Ms = i64;
+
+pub const SECOND: Ms = 1000;
+pub const MINUTE: Ms = 60 * SECOND;
+pub const HOUR: Ms = 60 * MINUTE;
+
+/// One pod of the workload.
+#[derive(Clone, Debug)]
+pub struct WorkloadPod {
+    /// The pod as it is created (pending, unbound).
+    pub pod: Pod,
+    pub arrival: Ms,
+    /// Run time once bound; `None` for pods that run until `deleted_at`.
+    pub duration: Option<Ms>,
+    /// Deleted at this time whatever its state (a replica removed by an HPA scale-in).
+    pub deleted_at: Option<Ms>,
+}
+
+/// Something that happens to the cloud during a run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CloudEvent {
+    /// Offerings matching this have no (or limited) capacity from `at` to `until`.
+    InsufficientCapacity {
+        at: Ms,
+        until: Ms,
+        zone: Option<String>,
+        capacity_type: Option<gpu_node_autoscaler_provider::CapacityType>,
+        instance_types: Vec<String>,
+        max_instances: Option<u32>,
+    },
+    /// A share of the running spot instances (of a pool, or all) get a 2-minute notice.
+    SpotInterruption {
+        at: Ms,
+        fraction: f64,
+        pool: Option<String>,
+    },
+    /// An account quota from `at` on.
+    Quota {
+        at: Ms,
+        max_instances: Option<u32>,
+        max_gpus: Option<u32>,
+    },
+}
+
+/// Timing of the simulated cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterTiming {
+    /// A GPU node registers between these (uniform, seeded).
+    pub boot_min: Ms,
+    pub boot_max: Ms,
+    /// Then it is Ready but advertises no GPUs for this long.
+    pub device_plugin_delay: Ms,
+}
+
+impl Default for ClusterTiming {
+    fn default() -> Self {
+        ClusterTiming {
+            boot_min: 90 * SECOND,
+            boot_max: 180 * SECOND,
+            device_plugin_delay: 60 * SECOND,
+        }
+    }
+}
+
+/// Everything a run needs.
+#[derive(Clone, Debug)]
+pub struct SimInput {
+    pub name: String,
+    pub policy: Policy,
+    pub catalog: Catalog,
+    pub pods: Vec<WorkloadPod>,
+    pub events: Vec<CloudEvent>,
+    pub timing: ClusterTiming,
+    /// Stop at this time even if pods remain (scenarios may set it).
+    pub until: Option<Ms>,
+    pub seed: u64,
+    /// Input rows that were left out, with why (for the report).
+    pub skipped: Vec<(String, usize)>,
+}
+
+/// The strategies the simulator knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrategyKind {
+    Ours,
+    CaLike,
+    KarpenterLike,
+}
+
+impl StrategyKind {
+    pub const ALL: [StrategyKind; 3] = [
+        StrategyKind::Ours,
+        StrategyKind::CaLike,
+        StrategyKind::KarpenterLike,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Ours => "gpu-node-autoscaler",
+            StrategyKind::CaLike => "ca-like",
+            StrategyKind::KarpenterLike => "karpenter-like",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<StrategyKind> {
+        StrategyKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    pub fn build(self, input: &SimInput) -> Box<dyn engine::Strategy> {
+        match self {
+            StrategyKind::Ours => Box::new(ours::Ours::new(input)),
+            StrategyKind::CaLike => Box::new(baselines::CaLike::new(input)),
+            StrategyKind::KarpenterLike => Box::new(baselines::KarpenterLike::new(input)),
+        }
+    }
+}

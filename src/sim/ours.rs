@@ -1,0 +1,206 @@
+//! Our strategy in the simulator: the same decision loop `run` uses — batching window, planner,
+//! launch through the fallback list, insufficient-capacity cache, drains — on the virtual clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpu_node_autoscaler_provider::{LaunchRequest, OfferingKey, ProviderError};
+
+use crate::model::snapshot::PoolState;
+use crate::model::{labels, Time};
+use crate::plan;
+use crate::policy::Policy;
+
+use super::engine::{Strategy, World};
+use super::{Ms, SimInput, MINUTE, SECOND};
+
+/// How often a controller with nothing to do looks again (periodic resync).
+const RESYNC: Ms = 10 * SECOND;
+
+pub struct Ours {
+    policy: Policy,
+    templates: plan::Templates,
+    /// Offerings that failed for lack of capacity, unavailable until then.
+    ice: BTreeMap<OfferingKey, Time>,
+    pools: BTreeMap<String, PoolState>,
+    batch_first: Option<Ms>,
+    batch_last: Option<Ms>,
+    next: Option<Ms>,
+    launches: u64,
+}
+
+impl Ours {
+    pub fn new(input: &SimInput) -> Ours {
+        // The planner learns availability by failing, as against a real cloud.
+        let mut catalog = input.catalog.clone();
+        for o in &mut catalog.offerings {
+            o.available = true;
+        }
+        Ours {
+            policy: input.policy.clone(),
+            templates: plan::Templates::new(&input.policy, &catalog),
+            ice: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            batch_first: None,
+            batch_last: None,
+            next: None,
+            launches: 0,
+        }
+    }
+
+    /// When the plan could change without any new event: an unneeded node's delay or a pool's
+    /// cooldown running out, an insufficient-capacity entry expiring while pods wait.
+    fn next_interesting(&self, p: &plan::Plan, world: &World, now: Ms) -> Option<Ms> {
+        let mut t: Option<Ms> = None;
+        let mut consider = |x: Ms| {
+            if x > now {
+                t = Some(t.map_or(x, |y: Ms| y.min(x)));
+            }
+        };
+        let snap_nodes: BTreeMap<&str, &str> = world
+            .nodes
+            .iter()
+            .filter(|n| !n.removed)
+            .map(|n| (n.node.name.as_str(), n.pool.as_str()))
+            .collect();
+        for u in &p.unneeded {
+            let (Some(pool), Ok(since)) = (
+                snap_nodes.get(u.node.as_str()).and_then(|pn| self.policy.pool(pn)),
+                Time::parse_rfc3339(&u.since),
+            ) else {
+                continue;
+            };
+            consider((since + pool.scale_down.unneeded_time).0);
+            // The cooldown, derived from the newest node of the pool.
+            let newest = world
+                .nodes
+                .iter()
+                .filter(|n| n.pool == pool.name)
+                .map(|n| n.node.created)
+                .max()
+                .unwrap_or(Time(0));
+            consider((newest + pool.scale_down.cooldown_after_scale_up).0);
+            if let Some(f) = self.pools.get(&pool.name).and_then(|s| s.last_scale_down_failure) {
+                consider((f + pool.scale_down.backoff_after_failure).0);
+            }
+        }
+        if !p.unschedulable.is_empty() {
+            for until in self.ice.values() {
+                consider(until.0);
+            }
+        }
+        t
+    }
+}
+
+impl Strategy for Ours {
+    fn name(&self) -> &'static str {
+        "gpu-node-autoscaler"
+    }
+
+    fn pods_unschedulable(&mut self, now: Ms) {
+        self.batch_first.get_or_insert(now);
+        self.batch_last = Some(now);
+    }
+
+    fn cluster_changed(&mut self, now: Ms) {
+        // The periodic resync notices within one period.
+        let t = now + RESYNC;
+        self.next = Some(self.next.map_or(t, |n| n.min(t)));
+    }
+
+    fn next_run(&self) -> Option<Ms> {
+        let batch = match (self.batch_first, self.batch_last) {
+            (Some(f), Some(l)) => Some(
+                (l + self.policy.batching.idle.as_millis() as Ms)
+                    .min(f + self.policy.batching.max.as_millis() as Ms),
+            ),
+            _ => None,
+        };
+        match (batch, self.next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn run(&mut self, world: &mut World) {
+        let now = world.now;
+        self.batch_first = None;
+        self.batch_last = None;
+        self.ice.retain(|_, until| until.0 > now);
+        let mut snapshot = world.snapshot();
+        snapshot.unavailable = self.ice.clone();
+        snapshot.pools = self.pools.clone();
+        let p = plan::plan_with(&snapshot, &self.templates, &self.policy, Time(now));
+        let ttl = self.policy.insufficient_capacity_ttl;
+        let mut follow_up = false;
+        for su in &p.scale_ups {
+            self.launches += 1;
+            let req = LaunchRequest {
+                launch_id: format!("{}-{}", su.pool, self.launches),
+                pool: su.pool.clone(),
+                count: su.count,
+                offerings: su.offerings.iter().map(|o| o.key()).collect(),
+                tags: BTreeMap::new(),
+            };
+            match world.launch(&req) {
+                Ok(res) => {
+                    for (key, err) in &res.failures {
+                        if matches!(err, ProviderError::InsufficientCapacity { .. }) {
+                            self.ice.insert(key.clone(), Time(now) + ttl);
+                        }
+                    }
+                    if su.gang.is_some() && (res.launched.len() as u32) < su.count {
+                        // All or nothing: give back a gang's partial launch and plan it again.
+                        for i in &res.launched {
+                            world.terminate_instance(&i.id);
+                        }
+                    } else if !res.launched.is_empty() {
+                        self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(Time(now));
+                    }
+                    if (res.launched.len() as u32) < su.count {
+                        follow_up = true;
+                    }
+                }
+                Err(_) => follow_up = true,
+            }
+        }
+        for d in &p.scale_downs {
+            world.drain_and_remove(&d.node);
+        }
+        // Keep "unneeded since" on the nodes.
+        let unneeded: BTreeSet<&str> = p.unneeded.iter().map(|u| u.node.as_str()).collect();
+        for u in &p.unneeded {
+            world.annotate(&u.node, labels::UNNEEDED_SINCE, Some(&u.since));
+        }
+        let stale: Vec<String> = world
+            .nodes
+            .iter()
+            .filter(|n| !n.removed && n.node.annotations.contains_key(labels::UNNEEDED_SINCE))
+            .filter(|n| !unneeded.contains(n.node.name.as_str()))
+            .map(|n| n.node.name.clone())
+            .collect();
+        for n in stale {
+            world.annotate(&n, labels::UNNEEDED_SINCE, None);
+        }
+        // Launches that never became nodes in time are given up and their offering avoided.
+        let max = self.policy.max_node_provision_time.as_millis() as Ms;
+        for (id, offering, launched) in world.unregistered() {
+            if now - launched > max {
+                world.terminate_instance(&id);
+                self.ice.insert(offering, Time(now) + ttl);
+            }
+        }
+        let waiting = p
+            .unschedulable
+            .iter()
+            .any(|u| !u.reason.starts_with("no pool can ever host it"));
+        let pending = waiting || !p.scale_ups.is_empty() || follow_up;
+        let mut next = self.next_interesting(&p, world, now);
+        if pending || !world.unregistered().is_empty() {
+            next = Some(next.map_or(now + RESYNC, |t| t.min(now + RESYNC)));
+        }
+        // Resyncs that cannot change the decision are skipped; an idle cluster is looked at
+        // every 10 minutes.
+        self.next = Some(next.unwrap_or(now + 10 * MINUTE));
+    }
+}

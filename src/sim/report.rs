@@ -1,0 +1,179 @@
+//! What a run measured, and how it is shown: a table for people, JSON for machines.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+/// A sample of the run over time, for charts.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SeriesPoint {
+    pub t_s: f64,
+    pub gpus_provisioned: f64,
+    pub gpus_requested: f64,
+    pub pending_pods: u32,
+    /// Cumulative.
+    pub cost_usd: f64,
+}
+
+/// Everything one strategy's run measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Metrics {
+    pub strategy: String,
+    pub scenario: String,
+    pub span_s: f64,
+    pub cost_usd: f64,
+    pub lower_bound_usd: f64,
+    pub cost_over_lower_bound: f64,
+    pub gpu_hours_provisioned: f64,
+    pub gpu_hours_requested: f64,
+    pub gpu_allocation_ratio: f64,
+    pub pods_total: usize,
+    pub pods_never_placed: usize,
+    pub wait_p50_s: f64,
+    pub wait_p95_s: f64,
+    pub wait_p99_s: f64,
+    pub scale_ups: usize,
+    pub nodes_launched: usize,
+    pub nodes_removed: usize,
+    pub evictions: usize,
+    pub spot_interruptions: usize,
+    pub provider_calls: usize,
+    pub wall_s: f64,
+    /// Input rows left out, with why and how many.
+    pub skipped: Vec<(String, usize)>,
+    #[serde(skip)]
+    pub waits_s: Vec<f64>,
+    #[serde(skip)]
+    pub series: Vec<SeriesPoint>,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+impl Metrics {
+    /// Fills the derived fields (ratios, percentiles).
+    pub fn finish(&mut self) {
+        let mut w = self.waits_s.clone();
+        w.sort_by(f64::total_cmp);
+        self.wait_p50_s = percentile(&w, 0.50);
+        self.wait_p95_s = percentile(&w, 0.95);
+        self.wait_p99_s = percentile(&w, 0.99);
+        self.cost_over_lower_bound = if self.lower_bound_usd > 0.0 {
+            self.cost_usd / self.lower_bound_usd
+        } else {
+            0.0
+        };
+        self.gpu_allocation_ratio = if self.gpu_hours_provisioned > 0.0 {
+            self.gpu_hours_requested / self.gpu_hours_provisioned
+        } else {
+            0.0
+        };
+    }
+}
+
+#[derive(Serialize)]
+struct Json<'a> {
+    scenario: &'a str,
+    strategies: &'a [Metrics],
+}
+
+pub fn to_json(scenario: &str, runs: &[Metrics]) -> String {
+    serde_json::to_string_pretty(&Json {
+        scenario,
+        strategies: runs,
+    })
+    .expect("metrics serialize")
+}
+
+fn span(s: f64) -> String {
+    if s >= 2.0 * 86400.0 {
+        format!("{:.1}d", s / 86400.0)
+    } else if s >= 3600.0 {
+        format!("{:.1}h", s / 3600.0)
+    } else {
+        format!("{:.0}m", s / 60.0)
+    }
+}
+
+pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "Scenario: {scenario}");
+    let rows: Vec<(&str, Box<dyn Fn(&Metrics) -> String>)> = vec![
+        ("simulated span", Box::new(|m| span(m.span_s))),
+        ("total cost (USD)", Box::new(|m| format!("{:.2}", m.cost_usd))),
+        ("lower bound (USD)", Box::new(|m| format!("{:.2}", m.lower_bound_usd))),
+        ("cost / lower bound", Box::new(|m| format!("{:.3}", m.cost_over_lower_bound))),
+        ("GPU-hours provisioned", Box::new(|m| format!("{:.1}", m.gpu_hours_provisioned))),
+        ("GPU-hours requested", Box::new(|m| format!("{:.1}", m.gpu_hours_requested))),
+        ("GPU allocation ratio", Box::new(|m| format!("{:.3}", m.gpu_allocation_ratio))),
+        ("pods", Box::new(|m| m.pods_total.to_string())),
+        ("pods never placed", Box::new(|m| m.pods_never_placed.to_string())),
+        ("wait p50 (s)", Box::new(|m| format!("{:.0}", m.wait_p50_s))),
+        ("wait p95 (s)", Box::new(|m| format!("{:.0}", m.wait_p95_s))),
+        ("wait p99 (s)", Box::new(|m| format!("{:.0}", m.wait_p99_s))),
+        ("scale-ups", Box::new(|m| m.scale_ups.to_string())),
+        ("nodes launched", Box::new(|m| m.nodes_launched.to_string())),
+        ("nodes removed", Box::new(|m| m.nodes_removed.to_string())),
+        ("evictions", Box::new(|m| m.evictions.to_string())),
+        ("spot interruptions", Box::new(|m| m.spot_interruptions.to_string())),
+        ("wall time (s)", Box::new(|m| format!("{:.2}", m.wall_s))),
+    ];
+    let _ = write!(s, "{:<24}", "");
+    for m in runs {
+        let _ = write!(s, " {:>20}", m.strategy);
+    }
+    s.push('\n');
+    for (label, f) in rows {
+        let _ = write!(s, "{label:<24}");
+        for m in runs {
+            let _ = write!(s, " {:>20}", f(m));
+        }
+        s.push('\n');
+    }
+    if let Some(m) = runs.first() {
+        for (why, n) in &m.skipped {
+            let _ = writeln!(s, "skipped {n} input row(s): {why}");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.95), 95.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+    }
+
+    #[test]
+    fn ratios_are_derived() {
+        let mut m = Metrics {
+            cost_usd: 110.0,
+            lower_bound_usd: 100.0,
+            gpu_hours_provisioned: 10.0,
+            gpu_hours_requested: 8.0,
+            waits_s: vec![3.0, 1.0, 2.0],
+            ..Default::default()
+        };
+        m.finish();
+        assert!((m.cost_over_lower_bound - 1.1).abs() < 1e-12);
+        assert!((m.gpu_allocation_ratio - 0.8).abs() < 1e-12);
+        assert_eq!(m.wait_p50_s, 2.0);
+        let j = to_json("s", &[m]);
+        assert!(j.contains("\"strategies\""));
+        assert!(j.contains("\"wait_p95_s\""));
+        assert!(j.contains("\"cost_usd\": 110.0"));
+    }
+}
