@@ -13,6 +13,11 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest --version "$NEXTEST_VERSION"
 fi
 
+# Chart text (simulate --plot) needs a TrueType font; Debian's DejaVu is the one looked for first.
+if [ ! -r /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq fonts-dejavu-core >/dev/null
+fi
+
 echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -9,5 +9,6 @@ pub mod fixtures;
 pub mod model;
 pub mod plan;
 pub mod policy;
+pub mod sim;
 
 pub use gpu_node_autoscaler_provider as provider;

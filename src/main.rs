@@ -45,6 +45,42 @@ enum Command {
         #[arg(long)]
         now: Option<String>,
     },
+    /// Replay a scenario or a GPU cluster trace on a virtual clock and report cost and waiting.
+    /// Without a scenario or --trace, runs the built-in scenario (arena-style MPI training).
+    Simulate {
+        /// A scenario YAML file (see simulations/scenarios/).
+        scenario: Option<PathBuf>,
+        /// An Alibaba GPU trace CSV (openb_pod_list_*.csv) instead of a scenario.
+        #[arg(long, conflicts_with = "scenario")]
+        trace: Option<PathBuf>,
+        /// Policy for --trace (default: the built-in mapping of trace GPU models).
+        #[arg(long, requires = "trace")]
+        policy: Option<PathBuf>,
+        /// Instance catalog CSV (default: the scenario's, else the built-in AWS catalog).
+        #[arg(long)]
+        catalog: Option<PathBuf>,
+        /// gpu-node-autoscaler, ca-like or karpenter-like.
+        #[arg(
+            long,
+            default_value = "gpu-node-autoscaler",
+            conflicts_with = "compare"
+        )]
+        strategy: String,
+        /// Run all three strategies side by side.
+        #[arg(long)]
+        compare: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+        /// Write charts (SVG and PNG) into this directory.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Run time of trace pods in files without time columns.
+        #[arg(long, default_value = "1h")]
+        default_duration: String,
+        /// Seed for boot delays and interruptions (default: the scenario's, else 1).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Validate a scaling policy; print one line per pool, or every error found.
     CheckPolicy {
         file: PathBuf,
@@ -102,6 +138,29 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Simulate {
+            scenario,
+            trace,
+            policy,
+            catalog,
+            strategy,
+            compare,
+            format,
+            plot,
+            default_duration,
+            seed,
+        } => simulate(SimArgs {
+            scenario,
+            trace,
+            policy,
+            catalog,
+            strategy,
+            compare,
+            format,
+            plot,
+            default_duration,
+            seed,
+        }),
         Command::CheckPolicy { file, catalog } => {
             let policy = load_policy(&file)?;
             let explicit = catalog.is_some();
@@ -124,6 +183,118 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+struct SimArgs {
+    scenario: Option<PathBuf>,
+    trace: Option<PathBuf>,
+    policy: Option<PathBuf>,
+    catalog: Option<PathBuf>,
+    strategy: String,
+    compare: bool,
+    format: Format,
+    plot: Option<PathBuf>,
+    default_duration: String,
+    seed: Option<u64>,
+}
+
+fn simulate(a: SimArgs) -> Result<()> {
+    use gpu_node_autoscaler::sim::{self, engine, report, scenario, trace, SimInput, StrategyKind};
+    let strategies: Vec<StrategyKind> = if a.compare {
+        StrategyKind::ALL.to_vec()
+    } else {
+        vec![StrategyKind::parse(&a.strategy).ok_or_else(|| {
+            anyhow::anyhow!(
+                "unknown strategy {:?} (expected gpu-node-autoscaler, ca-like or karpenter-like)",
+                a.strategy
+            )
+        })?]
+    };
+    let input = if let Some(path) = &a.trace {
+        let policy = match &a.policy {
+            Some(p) => load_policy(p)?,
+            None => policy::parse_policy(&trace::default_trace_policy(), "<built-in trace policy>")
+                .map_err(anyhow::Error::new)?,
+        };
+        let catalog = load_catalog(a.catalog.as_deref(), &policy)?;
+        let dd = policy::duration::parse_duration(&a.default_duration)
+            .map_err(|e| anyhow::anyhow!("--default-duration: {e}"))?;
+        let t = trace::load_trace(
+            &read(path)?,
+            &path.display().to_string(),
+            &policy,
+            dd.as_millis() as i64,
+        )
+        .map_err(anyhow::Error::msg)?;
+        SimInput {
+            name: path.file_name().map_or_else(
+                || path.display().to_string(),
+                |f| f.to_string_lossy().into_owned(),
+            ),
+            policy,
+            catalog,
+            pods: t.pods,
+            events: Vec::new(),
+            timing: Default::default(),
+            until: None,
+            seed: a.seed.unwrap_or(1),
+            skipped: t.skipped,
+        }
+    } else {
+        let (text, file, dir) = match &a.scenario {
+            Some(p) => (
+                read(p)?,
+                p.display().to_string(),
+                p.parent().map(Path::to_path_buf).unwrap_or_default(),
+            ),
+            None => (
+                scenario::DEFAULT.to_string(),
+                format!("<built-in {}>", scenario::DEFAULT_NAME),
+                PathBuf::from("."),
+            ),
+        };
+        let sc = scenario::parse_scenario(&text, &file).map_err(anyhow::Error::msg)?;
+        let catalog_path = a
+            .catalog
+            .clone()
+            .or_else(|| sc.catalog.as_ref().map(|c| dir.join(c)));
+        let catalog = load_catalog(catalog_path.as_deref(), &sc.policy)?;
+        SimInput {
+            name: sc.name,
+            policy: sc.policy,
+            catalog,
+            pods: sc.pods,
+            events: sc.events,
+            timing: sc.timing,
+            until: sc.until,
+            seed: a.seed.unwrap_or(sc.seed),
+            skipped: Vec::new(),
+        }
+    };
+    let mut runs = Vec::new();
+    for k in strategies {
+        let mut s = k.build(&input);
+        runs.push(engine::run(&input, s.as_mut()));
+    }
+    match a.format {
+        Format::Json => println!("{}", report::to_json(&input.name, &runs)),
+        Format::Table => print!("{}", report::to_table(&input.name, &runs)),
+    }
+    if let Some(dir) = &a.plot {
+        let series: Vec<sim::plot::RunSeries> = runs
+            .iter()
+            .map(|m| sim::plot::RunSeries {
+                strategy: m.strategy.clone(),
+                points: m.series.clone(),
+            })
+            .collect();
+        let files =
+            sim::plot::write_plots(dir, &input.name, &series).map_err(anyhow::Error::msg)?;
+        for f in files {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

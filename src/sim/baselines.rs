@@ -41,7 +41,9 @@ struct Room {
 impl Room {
     fn take(&mut self, p: &Pod) -> bool {
         if !p.requests.fits_in(&self.free)
-            || !p.constraints.admits(&self.labels, &self.taints, self.name.as_deref())
+            || !p
+                .constraints
+                .admits(&self.labels, &self.taints, self.name.as_deref())
             || p.share.is_some_and(|s| share_copies(&self.shared, &s) == 0)
         {
             return false;
@@ -136,7 +138,10 @@ fn cluster_gpus(s: &Snapshot, templates: &[Template]) -> i64 {
         .map(|n| {
             templates
                 .iter()
-                .find(|t| Some(t.pool_name.as_str()) == n.pool() && Some(t.instance_type.as_str()) == n.instance_type())
+                .find(|t| {
+                    Some(t.pool_name.as_str()) == n.pool()
+                        && Some(t.instance_type.as_str()) == n.instance_type()
+                })
                 .map_or(n.allocatable.whole_gpus(), |t| t.gpus as i64)
         })
         .sum();
@@ -151,22 +156,39 @@ fn cluster_gpus(s: &Snapshot, templates: &[Template]) -> i64 {
 
 /// Scale-down with the shared rules (GPU utilisation, unneeded time, cooldown after scale-up),
 /// keeping "unneeded since" in node annotations as ours does.
-fn scale_down(world: &mut World, policy: &Policy, templates: &plan::Templates, snapshot: &Snapshot) -> Option<Ms> {
+fn scale_down(
+    world: &mut World,
+    policy: &Policy,
+    templates: &plan::Templates,
+    snapshot: &Snapshot,
+) -> Option<Ms> {
     let now = world.now;
     let p = plan::plan_with(snapshot, templates, policy, Time(now));
     for d in &p.scale_downs {
         world.drain_and_remove(&d.node);
     }
     for u in &p.unneeded {
-        world.annotate(&u.node, crate::model::labels::UNNEEDED_SINCE, Some(&u.since));
+        world.annotate(
+            &u.node,
+            crate::model::labels::UNNEEDED_SINCE,
+            Some(&u.since),
+        );
     }
-    let unneeded: std::collections::BTreeSet<&str> = p.unneeded.iter().map(|u| u.node.as_str()).collect();
+    let unneeded: std::collections::BTreeSet<&str> =
+        p.unneeded.iter().map(|u| u.node.as_str()).collect();
     for n in &snapshot.nodes {
-        if n.annotations.contains_key(crate::model::labels::UNNEEDED_SINCE) && !unneeded.contains(n.name.as_str()) {
+        if n.annotations
+            .contains_key(crate::model::labels::UNNEEDED_SINCE)
+            && !unneeded.contains(n.name.as_str())
+        {
             world.annotate(&n.name, crate::model::labels::UNNEEDED_SINCE, None);
         }
     }
-    p.unneeded.iter().filter_map(|u| Time::parse_rfc3339(&u.since).ok()).map(|t| t.0).min()
+    p.unneeded
+        .iter()
+        .filter_map(|u| Time::parse_rfc3339(&u.since).ok())
+        .map(|t| t.0)
+        .min()
 }
 
 fn available_catalog(input: &SimInput) -> Catalog {
@@ -191,9 +213,16 @@ pub struct CaLike {
 
 impl CaLike {
     pub fn new(input: &SimInput) -> CaLike {
+        // The Cluster Autoscaler's own scale-down settings, whatever the policy says.
+        let mut policy = input.policy.clone();
+        for p in &mut policy.pools {
+            p.scale_down.cooldown_after_scale_up = std::time::Duration::from_secs(600);
+            p.scale_down.unneeded_time = std::time::Duration::from_secs(600);
+            p.scale_down.utilization_threshold = 0.5;
+        }
         CaLike {
-            policy: input.policy.clone(),
-            templates: plan::Templates::new(&input.policy, &available_catalog(input)),
+            templates: plan::Templates::new(&policy, &available_catalog(input)),
+            policy,
             next: None,
             phantom: BTreeMap::new(),
             backoff: BTreeMap::new(),
@@ -263,7 +292,11 @@ impl Strategy for CaLike {
         let mut scaled = false;
         if !left.is_empty() {
             // Estimate per group (first-fit decreasing on template nodes) and pick least waste.
-            left.sort_by(|a, b| b.gpu_equivalents().total_cmp(&a.gpu_equivalents()).then(a.id.cmp(&b.id)));
+            left.sort_by(|a, b| {
+                b.gpu_equivalents()
+                    .total_cmp(&a.gpu_equivalents())
+                    .then(a.id.cmp(&b.id))
+            });
             let gpus_now = cluster_gpus(&snapshot, &templates);
             let mut best: Option<(f64, usize, u32)> = None;
             for (ti, t) in templates.iter().enumerate() {
@@ -271,7 +304,11 @@ impl Strategy for CaLike {
                     continue;
                 }
                 let offers = self.group_offerings(t);
-                let Some(oi) = t.offerings.iter().position(|o| Some(&o.key) == offers.first()) else {
+                let Some(oi) = t
+                    .offerings
+                    .iter()
+                    .position(|o| Some(&o.key) == offers.first())
+                else {
                     continue;
                 };
                 let pool = &self.policy.pools[t.pool];
@@ -307,7 +344,8 @@ impl Strategy for CaLike {
                 let cap = |f: fn(&Resources) -> i64| (f(&t.allocatable) * n as i64).max(1) as f64;
                 let free_cpu: i64 = nodes.iter().map(|r| r.free.cpu_milli).sum();
                 let free_mem: i64 = nodes.iter().map(|r| r.free.memory).sum();
-                let waste = free_cpu as f64 / cap(|r| r.cpu_milli) + free_mem as f64 / cap(|r| r.memory);
+                let waste =
+                    free_cpu as f64 / cap(|r| r.cpu_milli) + free_mem as f64 / cap(|r| r.memory);
                 if best.as_ref().is_none_or(|(w, _, _)| waste < *w - 1e-12) {
                     best = Some((waste, ti, n));
                 }
@@ -322,7 +360,10 @@ impl Strategy for CaLike {
                     offerings: self.group_offerings(t),
                     tags: BTreeMap::new(),
                 };
-                let got = world.launch(&req).map(|r| r.launched.len() as u32).unwrap_or(0);
+                let got = world
+                    .launch(&req)
+                    .map(|r| r.launched.len() as u32)
+                    .unwrap_or(0);
                 if got < n {
                     let e = self.phantom.entry(ti).or_insert((0, now));
                     e.0 += n - got;
@@ -333,7 +374,10 @@ impl Strategy for CaLike {
         let snapshot = world.snapshot();
         let first_unneeded = scale_down(world, &self.policy, &self.templates, &snapshot);
         // Scan again in 10 s while anything is pending, waiting or being watched.
-        let busy = scaled || !left.is_empty() || !self.phantom.is_empty() || !world.unregistered().is_empty();
+        let busy = scaled
+            || !left.is_empty()
+            || !self.phantom.is_empty()
+            || !world.unregistered().is_empty();
         self.next = if busy {
             Some(now + 10 * SECOND)
         } else {
@@ -377,7 +421,9 @@ struct Claim {
 fn fits_all(t: &Template, pods: &[Pod]) -> Option<usize> {
     // An offering every pod accepts, and room for all of them.
     let oi = t.offerings.iter().position(|o| {
-        pods.iter().all(|p| p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints))
+        pods.iter().all(|p| {
+            p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints)
+        })
     })?;
     let mut r = template_room(t, oi);
     pods.iter().all(|p| r.take(p)).then_some(oi)
@@ -421,10 +467,10 @@ impl Strategy for KarpenterLike {
         // Nodes whose GPUs are not advertised yet count at full capacity (node claims know
         // their instance type).
         for (r, n) in rooms.iter_mut().zip(&snapshot.nodes) {
-            if let Some(t) = templates
-                .iter()
-                .find(|t| Some(t.pool_name.as_str()) == n.pool() && Some(t.instance_type.as_str()) == n.instance_type())
-            {
+            if let Some(t) = templates.iter().find(|t| {
+                Some(t.pool_name.as_str()) == n.pool()
+                    && Some(t.instance_type.as_str()) == n.instance_type()
+            }) {
                 if t.gpus > 0 && n.advertised_gpus() == 0 {
                     r.free.gpu += t.allocatable.gpu;
                     r.free.amd_gpu += t.allocatable.amd_gpu;
@@ -500,21 +546,34 @@ impl Strategy for KarpenterLike {
             for &ti in &c.options {
                 let t = &templates[ti];
                 let pool = &self.policy.pools[t.pool];
-                if pool_nodes(&snapshot, &pool.name) + added.get(&pool.name).copied().unwrap_or(0) >= pool.max_nodes as i64 {
+                if pool_nodes(&snapshot, &pool.name) + added.get(&pool.name).copied().unwrap_or(0)
+                    >= pool.max_nodes as i64
+                {
                     continue;
                 }
-                if self.policy.limits.max_gpus.is_some_and(|mg| gpus_now + t.gpus as i64 > mg as i64) {
+                if self
+                    .policy
+                    .limits
+                    .max_gpus
+                    .is_some_and(|mg| gpus_now + t.gpus as i64 > mg as i64)
+                {
                     continue;
                 }
                 let mut offers: Vec<(f64, OfferingKey)> = t
                     .offerings
                     .iter()
                     .filter(|o| !self.ice.contains_key(&o.key))
-                    .filter(|o| c.requests.iter().all(|p| p.constraints.matches_node(&o.labels, None)))
+                    .filter(|o| {
+                        c.requests
+                            .iter()
+                            .all(|p| p.constraints.matches_node(&o.labels, None))
+                    })
                     .map(|o| (o.price, o.key.clone()))
                     .collect();
                 offers.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                let Some(price) = offers.first().map(|o| o.0) else { continue };
+                let Some(price) = offers.first().map(|o| o.0) else {
+                    continue;
+                };
                 if best.as_ref().is_none_or(|(bp, _, _)| price < *bp) {
                     best = Some((price, ti, offers.into_iter().map(|o| o.1).collect()));
                 }

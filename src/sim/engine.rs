@@ -103,8 +103,15 @@ pub struct World {
     pending: std::collections::BTreeSet<usize>,
     done: usize,
     pub nodes: Vec<SimNode>,
+    /// Nodes not removed; of those, the ones whose free capacity grew since the last pass.
+    live_nodes: std::collections::BTreeSet<usize>,
+    grown: std::collections::BTreeSet<usize>,
+    /// Pods that became pending since the last scheduling pass.
+    fresh: std::collections::BTreeSet<usize>,
     node_by_name: BTreeMap<String, usize>,
     instances: BTreeMap<String, LiveInstance>,
+    /// Instances launched and not registered (nor gone) yet.
+    booting: std::collections::BTreeSet<String>,
     events: BinaryHeap<Reverse<(Ms, u64, Event)>>,
     cloud_events: Vec<CloudEvent>,
     seq: u64,
@@ -124,8 +131,13 @@ pub struct World {
 
 impl World {
     fn new(input: &SimInput) -> World {
-        let provider = MemoryProvider::new(input.catalog.clone(), &input.policy.cluster_name, input.seed);
-        let (templates, _) = build_templates(&input.policy, &input.catalog, &Snapshot::default(), Time(0));
+        let provider = MemoryProvider::new(
+            input.catalog.clone(),
+            &input.policy.cluster_name,
+            input.seed,
+        );
+        let (templates, _) =
+            build_templates(&input.policy, &input.catalog, &Snapshot::default(), Time(0));
         let model = BoundModel::new(input.pods.iter().map(|w| &w.pod), &templates);
         let weights = model.weight_count();
         let pods: Vec<PodState> = input
@@ -162,8 +174,12 @@ impl World {
             pending: Default::default(),
             done: 0,
             nodes: Vec::new(),
+            live_nodes: Default::default(),
+            grown: Default::default(),
+            fresh: Default::default(),
             node_by_name: BTreeMap::new(),
             instances: BTreeMap::new(),
+            booting: Default::default(),
             events: BinaryHeap::new(),
             cloud_events: input.events.clone(),
             seq: 0,
@@ -248,16 +264,16 @@ impl World {
     /// The cluster as the API server and the cloud would show it now.
     pub fn snapshot(&self) -> Snapshot {
         let mut s = Snapshot::default();
+        s.pods.reserve(self.active.len());
+        s.nodes.reserve(self.live_nodes.len());
         for &i in &self.active {
             s.pods.push(self.pods[i].pod.clone());
         }
-        for n in &self.nodes {
-            if !n.removed {
-                s.nodes.push(n.node.clone());
-            }
+        for &n in &self.live_nodes {
+            s.nodes.push(self.nodes[n].node.clone());
         }
         let mut flights: BTreeMap<(String, OfferingKey), InFlight> = BTreeMap::new();
-        for (_, i) in self.instances.iter().filter(|(_, i)| !i.gone && i.node.is_none()) {
+        for i in self.booting.iter().filter_map(|id| self.instances.get(id)) {
             let f = flights
                 .entry((i.launch_id.clone(), i.offering.clone()))
                 .or_insert_with(|| InFlight {
@@ -317,6 +333,7 @@ impl World {
             );
             let span = (self.timing.boot_max - self.timing.boot_min).max(0) as u64;
             let boot = self.timing.boot_min + self.rng.below(span + 1) as Ms;
+            self.booting.insert(inst.id.clone());
             self.push(self.now + boot, Event::Register(inst.id.clone()));
         }
         if !res.launched.is_empty() {
@@ -375,14 +392,23 @@ impl World {
 
     /// Instances launched but not registered yet, with their launch time.
     pub fn unregistered(&self) -> Vec<(String, OfferingKey, Ms)> {
-        self.instances
+        self.booting
             .iter()
-            .filter(|(_, i)| !i.gone && i.node.is_none())
-            .map(|(id, i)| (id.clone(), i.offering.clone(), i.launched))
+            .filter_map(|id| {
+                self.instances
+                    .get(id)
+                    .map(|i| (id.clone(), i.offering.clone(), i.launched))
+            })
             .collect()
     }
 
+    /// Live nodes, in creation order.
+    pub fn live_nodes(&self) -> impl Iterator<Item = &SimNode> {
+        self.live_nodes.iter().map(|&n| &self.nodes[n])
+    }
+
     fn instance_gone(&mut self, id: &str) {
+        self.booting.remove(id);
         if let Some(i) = self.instances.get_mut(id) {
             if !i.gone {
                 i.gone = true;
@@ -402,6 +428,7 @@ impl World {
             }
         }
         self.nodes[ni].removed = true;
+        self.live_nodes.remove(&ni);
         let id = self.nodes[ni].instance_id.clone();
         self.instance_gone(&id);
         self.dirty = true;
@@ -419,7 +446,9 @@ impl World {
     }
 
     fn register(&mut self, id: &str) {
-        let Some(inst) = self.instances.get(id) else { return };
+        let Some(inst) = self.instances.get(id) else {
+            return;
+        };
         if inst.gone || inst.node.is_some() {
             return;
         }
@@ -439,7 +468,9 @@ impl World {
         let mut without_gpus = full.clone();
         without_gpus.gpu = 0;
         without_gpus.amd_gpu = 0;
-        without_gpus.extended.retain(|(n, _)| !n.starts_with(crate::model::resources::MIG_PREFIX));
+        without_gpus
+            .extended
+            .retain(|(n, _)| !n.starts_with(crate::model::resources::MIG_PREFIX));
         let node = Node {
             name: name.clone(),
             labels: node_labels,
@@ -468,15 +499,23 @@ impl World {
             pods: Vec::new(),
         });
         self.node_by_name.insert(name.clone(), ni);
+        self.live_nodes.insert(ni);
+        self.grown.insert(ni);
         if let Some(i) = self.instances.get_mut(id) {
             i.node = Some(ni);
         }
-        self.push(self.now + self.timing.device_plugin_delay, Event::Advertise(name));
+        self.booting.remove(id);
+        self.push(
+            self.now + self.timing.device_plugin_delay,
+            Event::Advertise(name),
+        );
         self.dirty = true;
     }
 
     fn advertise(&mut self, name: &str) {
-        let Some(&ni) = self.node_by_name.get(name) else { return };
+        let Some(&ni) = self.node_by_name.get(name) else {
+            return;
+        };
         let n = &mut self.nodes[ni];
         if n.removed || n.advertised {
             return;
@@ -494,6 +533,7 @@ impl World {
         n.free_shared = shared;
         n.node.allocatable = n.full.clone();
         n.node.shared_gpus = n.full_shared.clone();
+        self.grown.insert(ni);
         self.dirty = true;
     }
 
@@ -514,7 +554,9 @@ impl World {
         st.bound_at = Some(now);
         if st.first_bound.is_none() {
             st.first_bound = Some(now);
-            self.metrics.waits_s.push((now - st.arrival) as f64 / 1000.0);
+            self.metrics
+                .waits_s
+                .push((now - st.arrival) as f64 / 1000.0);
         }
         self.running_gpus += st.gpu_eq;
         if let Some(r) = st.remaining {
@@ -545,7 +587,9 @@ impl World {
         st.epoch += 1;
         if !st.done {
             self.pending.insert(p);
+            self.fresh.insert(p);
         }
+        self.grown.insert(ni);
         st.pod.node_name = None;
         st.pod.phase = PodPhase::Pending;
         st.pod.shared_gpu_index = None;
@@ -557,10 +601,10 @@ impl World {
         !n.removed
             && n.node.is_schedulable()
             && p.requests.fits_in(&n.free)
-            && p.share.is_none_or(|s| {
-                crate::model::resources::share_copies(&n.free_shared, &s) > 0
-            })
-            && p.constraints.admits(&n.node.labels, &n.node.taints, Some(&n.node.name))
+            && p.share
+                .is_none_or(|s| crate::model::resources::share_copies(&n.free_shared, &s) > 0)
+            && p.constraints
+                .admits(&n.node.labels, &n.node.taints, Some(&n.node.name))
     }
 
     /// kube-scheduler-like pass: binds pending pods first-fit over nodes in creation order;
@@ -572,6 +616,12 @@ impl World {
         }
         self.dirty = false;
         let pending: Vec<usize> = self.pending.iter().copied().collect();
+        let fresh = std::mem::take(&mut self.fresh);
+        let grown: Vec<usize> = std::mem::take(&mut self.grown)
+            .into_iter()
+            .filter(|n| self.live_nodes.contains(n))
+            .collect();
+        let live: Vec<usize> = self.live_nodes.iter().copied().collect();
         let mut gangs: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut newly = false;
         for &i in &pending {
@@ -579,7 +629,13 @@ impl World {
                 gangs.entry(g.key.clone()).or_default().push(i);
                 continue;
             }
-            match (0..self.nodes.len()).find(|&n| self.fits(&self.pods[i].pod, &self.nodes[n])) {
+            // A pod that failed before can only fit where capacity grew since.
+            let candidates = if fresh.contains(&i) { &live } else { &grown };
+            match candidates
+                .iter()
+                .copied()
+                .find(|&n| self.fits(&self.pods[i].pod, &self.nodes[n]))
+            {
                 Some(n) => self.bind(i, n),
                 None => {
                     if !self.pods[i].pod.unschedulable {
@@ -596,7 +652,11 @@ impl World {
                 .filter_map(|&i| self.pods[i].pod.gang.as_ref().and_then(|g| g.min_member))
                 .max()
                 .unwrap_or(0) as usize;
-            let key = self.pods[members[0]].pod.gang.as_ref().map(|g| g.key.clone());
+            let key = self.pods[members[0]]
+                .pod
+                .gang
+                .as_ref()
+                .map(|g| g.key.clone());
             let bound = self
                 .active
                 .iter()
@@ -609,7 +669,7 @@ impl World {
                 let mut scratch: BTreeMap<usize, (Resources, Vec<SharedGpu>)> = BTreeMap::new();
                 for &i in &members {
                     let p = &self.pods[i].pod;
-                    let found = (0..self.nodes.len()).find(|&n| {
+                    let found = live.iter().copied().find(|&n| {
                         let node = &self.nodes[n];
                         let (free, shared) = scratch
                             .get(&n)
@@ -621,15 +681,22 @@ impl World {
                             && p.share.is_none_or(|s: GpuShare| {
                                 crate::model::resources::share_copies(&shared, &s) > 0
                             })
-                            && p.constraints.admits(&node.node.labels, &node.node.taints, Some(&node.node.name))
+                            && p.constraints.admits(
+                                &node.node.labels,
+                                &node.node.taints,
+                                Some(&node.node.name),
+                            )
                     });
                     let Some(n) = found else {
                         plan.clear();
                         break;
                     };
-                    let e = scratch
-                        .entry(n)
-                        .or_insert_with(|| (self.nodes[n].free.clone(), self.nodes[n].free_shared.clone()));
+                    let e = scratch.entry(n).or_insert_with(|| {
+                        (
+                            self.nodes[n].free.clone(),
+                            self.nodes[n].free_shared.clone(),
+                        )
+                    });
                     e.0.sub(&p.requests);
                     if let Some(s) = &p.share {
                         place_share(&mut e.1, s);
@@ -656,7 +723,11 @@ impl World {
     fn handle(&mut self, e: Event) {
         if matches!(
             e,
-            Event::Finish(..) | Event::Delete(_) | Event::Register(_) | Event::Advertise(_) | Event::SpotGone(_)
+            Event::Finish(..)
+                | Event::Delete(_)
+                | Event::Register(_)
+                | Event::Advertise(_)
+                | Event::SpotGone(_)
         ) {
             self.changed = true;
         }
@@ -665,6 +736,7 @@ impl World {
                 self.pods[i].arrived = true;
                 self.active.insert(i);
                 self.pending.insert(i);
+                self.fresh.insert(i);
                 self.dirty = true;
             }
             Event::Finish(i, epoch) => {
@@ -694,12 +766,10 @@ impl World {
             }
             Event::Cloud(k) => self.cloud_event(k),
             Event::Wake => self.dirty = true,
-            Event::SpotGone(id) => {
-                match self.instances.get(&id).and_then(|i| i.node) {
-                    Some(ni) => self.remove_node(ni),
-                    None => self.instance_gone(&id),
-                }
-            }
+            Event::SpotGone(id) => match self.instances.get(&id).and_then(|i| i.node) {
+                Some(ni) => self.remove_node(ni),
+                None => self.instance_gone(&id),
+            },
         }
     }
 
@@ -740,9 +810,7 @@ impl World {
 
     /// Nothing left to happen: no queued event, no running pod, nothing launching.
     fn quiescent(&self) -> bool {
-        self.events.is_empty()
-            && self.active.len() == self.pending.len()
-            && self.instances.values().all(|i| i.gone || i.node.is_some())
+        self.events.is_empty() && self.active.len() == self.pending.len() && self.booting.is_empty()
     }
 }
 
@@ -776,7 +844,9 @@ pub fn run(input: &SimInput, strategy: &mut dyn Strategy) -> Metrics {
         }
         w.advance(t.max(w.now));
         while w.next_event_time() == Some(w.now) {
-            let Some(Reverse((_, _, e))) = w.events.pop() else { break };
+            let Some(Reverse((_, _, e))) = w.events.pop() else {
+                break;
+            };
             w.handle(e);
         }
         if w.schedule() {
@@ -793,9 +863,11 @@ pub fn run(input: &SimInput, strategy: &mut dyn Strategy) -> Metrics {
             }
         }
         w.record_series(false);
-        if w.done == w.pods.len() && w.events.iter().all(|Reverse((_, _, e))| {
-            matches!(e, Event::IdealEnd(_) | Event::IdealStart(_))
-        }) {
+        if w.done == w.pods.len()
+            && w.events
+                .iter()
+                .all(|Reverse((_, _, e))| matches!(e, Event::IdealEnd(_) | Event::IdealStart(_)))
+        {
             // Every pod is done: drain the ideal-schedule events so the bound is complete.
             while let Some(Reverse((t, _, e))) = w.events.pop() {
                 w.advance(t);

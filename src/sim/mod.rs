@@ -10,6 +10,7 @@
 pub mod baselines;
 pub mod engine;
 pub mod ours;
+pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod trace;

@@ -56,30 +56,32 @@ impl Ours {
                 t = Some(t.map_or(x, |y: Ms| y.min(x)));
             }
         };
-        let snap_nodes: BTreeMap<&str, &str> = world
-            .nodes
-            .iter()
-            .filter(|n| !n.removed)
-            .map(|n| (n.node.name.as_str(), n.pool.as_str()))
-            .collect();
+        let mut pool_of: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut newest: BTreeMap<&str, Time> = BTreeMap::new();
+        for n in world.live_nodes() {
+            pool_of.insert(n.node.name.as_str(), n.pool.as_str());
+            let e = newest.entry(n.pool.as_str()).or_insert(n.node.created);
+            *e = (*e).max(n.node.created);
+        }
         for u in &p.unneeded {
             let (Some(pool), Ok(since)) = (
-                snap_nodes.get(u.node.as_str()).and_then(|pn| self.policy.pool(pn)),
+                pool_of
+                    .get(u.node.as_str())
+                    .and_then(|pn| self.policy.pool(pn)),
                 Time::parse_rfc3339(&u.since),
             ) else {
                 continue;
             };
             consider((since + pool.scale_down.unneeded_time).0);
             // The cooldown, derived from the newest node of the pool.
-            let newest = world
-                .nodes
-                .iter()
-                .filter(|n| n.pool == pool.name)
-                .map(|n| n.node.created)
-                .max()
-                .unwrap_or(Time(0));
-            consider((newest + pool.scale_down.cooldown_after_scale_up).0);
-            if let Some(f) = self.pools.get(&pool.name).and_then(|s| s.last_scale_down_failure) {
+            if let Some(t) = newest.get(pool.name.as_str()) {
+                consider((*t + pool.scale_down.cooldown_after_scale_up).0);
+            }
+            if let Some(f) = self
+                .pools
+                .get(&pool.name)
+                .and_then(|s| s.last_scale_down_failure)
+            {
                 consider((f + pool.scale_down.backoff_after_failure).0);
             }
         }
@@ -155,7 +157,8 @@ impl Strategy for Ours {
                             world.terminate_instance(&i.id);
                         }
                     } else if !res.launched.is_empty() {
-                        self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(Time(now));
+                        self.pools.entry(su.pool.clone()).or_default().last_scale_up =
+                            Some(Time(now));
                     }
                     if (res.launched.len() as u32) < su.count {
                         follow_up = true;
@@ -173,9 +176,8 @@ impl Strategy for Ours {
             world.annotate(&u.node, labels::UNNEEDED_SINCE, Some(&u.since));
         }
         let stale: Vec<String> = world
-            .nodes
-            .iter()
-            .filter(|n| !n.removed && n.node.annotations.contains_key(labels::UNNEEDED_SINCE))
+            .live_nodes()
+            .filter(|n| n.node.annotations.contains_key(labels::UNNEEDED_SINCE))
             .filter(|n| !unneeded.contains(n.node.name.as_str()))
             .map(|n| n.node.name.clone())
             .collect();

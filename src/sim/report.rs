@@ -4,16 +4,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-/// A sample of the run over time, for charts.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SeriesPoint {
-    pub t_s: f64,
-    pub gpus_provisioned: f64,
-    pub gpus_requested: f64,
-    pub pending_pods: u32,
-    /// Cumulative.
-    pub cost_usd: f64,
-}
+pub use super::plot::SeriesPoint;
 
 /// Everything one strategy's run measured.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -103,25 +94,34 @@ fn span(s: f64) -> String {
 pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "Scenario: {scenario}");
-    let rows: Vec<(&str, Box<dyn Fn(&Metrics) -> String>)> = vec![
-        ("simulated span", Box::new(|m| span(m.span_s))),
-        ("total cost (USD)", Box::new(|m| format!("{:.2}", m.cost_usd))),
-        ("lower bound (USD)", Box::new(|m| format!("{:.2}", m.lower_bound_usd))),
-        ("cost / lower bound", Box::new(|m| format!("{:.3}", m.cost_over_lower_bound))),
-        ("GPU-hours provisioned", Box::new(|m| format!("{:.1}", m.gpu_hours_provisioned))),
-        ("GPU-hours requested", Box::new(|m| format!("{:.1}", m.gpu_hours_requested))),
-        ("GPU allocation ratio", Box::new(|m| format!("{:.3}", m.gpu_allocation_ratio))),
-        ("pods", Box::new(|m| m.pods_total.to_string())),
-        ("pods never placed", Box::new(|m| m.pods_never_placed.to_string())),
-        ("wait p50 (s)", Box::new(|m| format!("{:.0}", m.wait_p50_s))),
-        ("wait p95 (s)", Box::new(|m| format!("{:.0}", m.wait_p95_s))),
-        ("wait p99 (s)", Box::new(|m| format!("{:.0}", m.wait_p99_s))),
-        ("scale-ups", Box::new(|m| m.scale_ups.to_string())),
-        ("nodes launched", Box::new(|m| m.nodes_launched.to_string())),
-        ("nodes removed", Box::new(|m| m.nodes_removed.to_string())),
-        ("evictions", Box::new(|m| m.evictions.to_string())),
-        ("spot interruptions", Box::new(|m| m.spot_interruptions.to_string())),
-        ("wall time (s)", Box::new(|m| format!("{:.2}", m.wall_s))),
+    type Row = (&'static str, fn(&Metrics) -> String);
+    let rows: Vec<Row> = vec![
+        ("simulated span", |m| span(m.span_s)),
+        ("total cost (USD)", |m| format!("{:.2}", m.cost_usd)),
+        ("lower bound (USD)", |m| format!("{:.2}", m.lower_bound_usd)),
+        ("cost / lower bound", |m| {
+            format!("{:.3}", m.cost_over_lower_bound)
+        }),
+        ("GPU-hours provisioned", |m| {
+            format!("{:.1}", m.gpu_hours_provisioned)
+        }),
+        ("GPU-hours requested", |m| {
+            format!("{:.1}", m.gpu_hours_requested)
+        }),
+        ("GPU allocation ratio", |m| {
+            format!("{:.3}", m.gpu_allocation_ratio)
+        }),
+        ("pods", |m| m.pods_total.to_string()),
+        ("pods never placed", |m| m.pods_never_placed.to_string()),
+        ("wait p50 (s)", |m| format!("{:.0}", m.wait_p50_s)),
+        ("wait p95 (s)", |m| format!("{:.0}", m.wait_p95_s)),
+        ("wait p99 (s)", |m| format!("{:.0}", m.wait_p99_s)),
+        ("scale-ups", |m| m.scale_ups.to_string()),
+        ("nodes launched", |m| m.nodes_launched.to_string()),
+        ("nodes removed", |m| m.nodes_removed.to_string()),
+        ("evictions", |m| m.evictions.to_string()),
+        ("spot interruptions", |m| m.spot_interruptions.to_string()),
+        ("wall time (s)", |m| format!("{:.2}", m.wall_s)),
     ];
     let _ = write!(s, "{:<24}", "");
     for m in runs {

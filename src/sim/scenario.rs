@@ -13,7 +13,7 @@ use crate::policy::duration::parse_duration;
 use crate::policy::source_map::{display_path, path_from_serde, PathSeg, SourceMap};
 use crate::policy::{parse_policy_at, Policy};
 
-use super::{ClusterTiming, CloudEvent, Ms, WorkloadPod, MINUTE};
+use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE};
 
 /// The scenario `gpu-node-autoscaler simulate` runs without arguments.
 pub const DEFAULT_NAME: &str = "arena-mpi-training.yaml";
@@ -189,8 +189,10 @@ impl Errs<'_> {
     fn at(&mut self, path: &[PathSeg], msg: impl std::fmt::Display) {
         let loc = self.map.locate_nearest(path);
         let p = display_path(path);
-        self.out
-            .push(format!("{}:{}:{}: {p}: {msg}", self.file, loc.line, loc.col));
+        self.out.push(format!(
+            "{}:{}:{}: {p}: {msg}",
+            self.file, loc.line, loc.col
+        ));
     }
 
     fn dur(&mut self, path: &[PathSeg], s: &str) -> Ms {
@@ -232,9 +234,15 @@ fn make_pod(
     let mut annotations = serde_json::Map::new();
     if let Some((g, n)) = gang {
         annotations.insert("gpu-node-autoscaler.io/gang".into(), json!(g));
-        annotations.insert("gpu-node-autoscaler.io/gang-min-member".into(), json!(n.to_string()));
+        annotations.insert(
+            "gpu-node-autoscaler.io/gang-min-member".into(),
+            json!(n.to_string()),
+        );
     }
-    let reqs: serde_json::Map<String, Value> = requests.iter().map(|(k, v)| (k.clone(), to_json(v))).collect();
+    let reqs: serde_json::Map<String, Value> = requests
+        .iter()
+        .map(|(k, v)| (k.clone(), to_json(v)))
+        .collect();
     let mut spec = json!({
         "containers": [{"name": "main", "resources": {"requests": reqs}}],
         "nodeSelector": node_selector,
@@ -263,7 +271,8 @@ fn make_pod(
 pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
     let map = SourceMap::parse(text)
         .map_err(|e| format!("{file}:{}:{}: invalid YAML: {}", e.line, e.col, e.message))?;
-    let doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| format!("{file}: invalid YAML: {e}"))?;
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(text).map_err(|e| format!("{file}: invalid YAML: {e}"))?;
     let mut errs = Errs {
         file,
         map: &map,
@@ -287,12 +296,20 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
         }
     };
     let timing = ClusterTiming {
-        boot_min: raw.timing.boot_min.as_deref().map_or(ClusterTiming::default().boot_min, |s| {
-            errs.dur(&path(&[k("timing"), k("bootMin")]), s)
-        }),
-        boot_max: raw.timing.boot_max.as_deref().map_or(ClusterTiming::default().boot_max, |s| {
-            errs.dur(&path(&[k("timing"), k("bootMax")]), s)
-        }),
+        boot_min: raw
+            .timing
+            .boot_min
+            .as_deref()
+            .map_or(ClusterTiming::default().boot_min, |s| {
+                errs.dur(&path(&[k("timing"), k("bootMin")]), s)
+            }),
+        boot_max: raw
+            .timing
+            .boot_max
+            .as_deref()
+            .map_or(ClusterTiming::default().boot_max, |s| {
+                errs.dur(&path(&[k("timing"), k("bootMax")]), s)
+            }),
         device_plugin_delay: raw
             .timing
             .device_plugin_delay
@@ -302,7 +319,10 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             }),
     };
     if timing.boot_min > timing.boot_max {
-        errs.at(&[k("timing"), k("bootMin")], "bootMin must not exceed bootMax");
+        errs.at(
+            &[k("timing"), k("bootMin")],
+            "bootMin must not exceed bootMax",
+        );
     }
     let until = raw.until.as_deref().map(|s| errs.dur(&[k("until")], s));
     let mut conv = Converter::new();
@@ -315,7 +335,13 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             errs.at(&at("duration"), "must be positive");
         }
         let (count, every) = match &j.repeat {
-            Some(r) => (r.count, errs.dur(&path(&[k("jobs"), i(ji), k("repeat"), k("every")]), &r.every)),
+            Some(r) => (
+                r.count,
+                errs.dur(
+                    &path(&[k("jobs"), i(ji), k("repeat"), k("every")]),
+                    &r.every,
+                ),
+            ),
             None => (1, 0),
         };
         if j.pods.is_empty() {
@@ -323,7 +349,11 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
         }
         let size: usize = j.pods.iter().map(|g| g.replicas as usize).sum();
         for n in 0..count {
-            let instance = if count > 1 { format!("{}-{n}", j.name) } else { j.name.clone() };
+            let instance = if count > 1 {
+                format!("{}-{n}", j.name)
+            } else {
+                j.name.clone()
+            };
             for (gi, g) in j.pods.iter().enumerate() {
                 for r in 0..g.replicas {
                     let name = format!("{instance}-{}-{r}", g.name);
@@ -344,7 +374,10 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                             deleted_at: None,
                         }),
                         Err(e) => {
-                            errs.at(&path(&[k("jobs"), i(ji), k("pods"), i(gi), k("requests")]), e);
+                            errs.at(
+                                &path(&[k("jobs"), i(ji), k("pods"), i(gi), k("requests")]),
+                                e,
+                            );
                             break;
                         }
                     }
@@ -356,27 +389,59 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
         let at = |f: &str| path(&[k("services"), i(si), k(f)]);
         let h = &s.hpa;
         if !(h.target_utilization > 0.0 && h.target_utilization <= 1.0) {
-            errs.at(&[k("services"), i(si), k("hpa"), k("targetUtilization")], "must be in (0, 1]");
+            errs.at(
+                &[k("services"), i(si), k("hpa"), k("targetUtilization")],
+                "must be in (0, 1]",
+            );
         }
         if h.min_replicas > h.max_replicas || h.max_replicas == 0 {
-            errs.at(&[k("services"), i(si), k("hpa"), k("minReplicas")], "need 0 < minReplicas <= maxReplicas");
+            errs.at(
+                &[k("services"), i(si), k("hpa"), k("minReplicas")],
+                "need 0 < minReplicas <= maxReplicas",
+            );
         }
-        let sync = h.sync.as_deref().map_or(MINUTE, |x| errs.dur(&[k("services"), i(si), k("hpa"), k("sync")], x)).max(1000);
+        let sync = h
+            .sync
+            .as_deref()
+            .map_or(MINUTE, |x| {
+                errs.dur(&[k("services"), i(si), k("hpa"), k("sync")], x)
+            })
+            .max(1000);
         let stab = h
             .scale_down_stabilization
             .as_deref()
-            .map_or(5 * MINUTE, |x| errs.dur(&[k("services"), i(si), k("hpa"), k("scaleDownStabilization")], x));
+            .map_or(5 * MINUTE, |x| {
+                errs.dur(
+                    &[k("services"), i(si), k("hpa"), k("scaleDownStabilization")],
+                    x,
+                )
+            });
         let end = errs.dur(&at("until"), &s.until);
         let mut load: Vec<(Ms, f64)> = Vec::new();
         for (li, l) in s.load.iter().enumerate() {
-            load.push((errs.dur(&path(&[k("services"), i(si), k("load"), i(li), k("at")]), &l.at), l.gpus));
+            load.push((
+                errs.dur(
+                    &path(&[k("services"), i(si), k("load"), i(li), k("at")]),
+                    &l.at,
+                ),
+                l.gpus,
+            ));
         }
         load.sort_by_key(|x| x.0);
         if load.is_empty() {
             errs.at(&at("load"), "needs at least one point");
             continue;
         }
-        let template = match make_pod(&mut conv, &s.name, &s.requests, &s.node_selector, &s.tolerations, None, None, 0) {
+        let template = match make_pod(
+            &mut conv,
+            &s.name,
+            &s.requests,
+            &s.node_selector,
+            &s.tolerations,
+            None,
+            None,
+            0,
+        ) {
             Ok(p) => p,
             Err(e) => {
                 errs.at(&at("requests"), e);
@@ -388,8 +453,14 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
         let mut desired_at: Vec<(Ms, u32)> = Vec::new();
         let mut t = load[0].0;
         while t < end {
-            let demand = load.iter().take_while(|(a, _)| *a <= t).last().map_or(0.0, |x| x.1);
-            let want = (demand / (h.gpus_per_replica * h.target_utilization)).ceil().max(0.0) as u32;
+            let demand = load
+                .iter()
+                .take_while(|(a, _)| *a <= t)
+                .last()
+                .map_or(0.0, |x| x.1);
+            let want = (demand / (h.gpus_per_replica * h.target_utilization))
+                .ceil()
+                .max(0.0) as u32;
             desired_at.push((t, want.clamp(h.min_replicas, h.max_replicas)));
             t += sync;
         }
@@ -403,7 +474,11 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 .max()
                 .unwrap_or(want);
             let cur = replicas.last().map_or(0, |x| x.1);
-            let next = if want >= cur { want } else { window_max.min(cur) };
+            let next = if want >= cur {
+                want
+            } else {
+                window_max.min(cur)
+            };
             if replicas.last().is_none_or(|x| x.1 != next) {
                 replicas.push((t, next));
             }
@@ -453,7 +528,12 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                     Some(c) => Some(c),
                     None => {
                         errs.at(
-                            &path(&[k("events"), i(ei), k("insufficientCapacity"), k("capacityType")]),
+                            &path(&[
+                                k("events"),
+                                i(ei),
+                                k("insufficientCapacity"),
+                                k("capacityType"),
+                            ]),
                             format!("unknown capacity type {c:?} (expected spot or on-demand)"),
                         );
                         None
@@ -548,11 +628,24 @@ mod tests {
     fn errors_name_file_line_and_field() {
         let text = "name: x\npolicy:\n  zones: [a]\n  pools:\n    - name: p\n      instanceTypes: [g5.xlarge]\n      maxNodes: 1\n      minNodes: 3\njobs:\n  - name: j\n    arrival: 5q\n    duration: 1h\n    pods:\n      - name: w\n        requests: {nvidia.com/gpu: abc}\n";
         let e = parse_scenario(text, "s.yaml").err().unwrap();
-        assert!(e.contains("s.yaml:8:7: policy.pools[0].minNodes: minNodes (3) is greater than maxNodes (1)"), "{e}");
-        assert!(e.contains("s.yaml:11:5: jobs[0].arrival: invalid duration \"5q\""), "{e}");
+        assert!(
+            e.contains(
+                "s.yaml:8:7: policy.pools[0].minNodes: minNodes (3) is greater than maxNodes (1)"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.contains("s.yaml:11:5: jobs[0].arrival: invalid duration \"5q\""),
+            "{e}"
+        );
         assert!(e.contains("s.yaml:15:9: jobs[0].pods[0].requests:"), "{e}");
-        let e = parse_scenario("name: x\npolicy: {}\nbogus: 1\n", "t.yaml").err().unwrap();
-        assert!(e.starts_with("t.yaml:3:1: bogus: unknown field `bogus`"), "{e}");
+        let e = parse_scenario("name: x\npolicy: {}\nbogus: 1\n", "t.yaml")
+            .err()
+            .unwrap();
+        assert!(
+            e.starts_with("t.yaml:3:1: bogus: unknown field `bogus`"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -561,7 +654,8 @@ mod tests {
         let s = parse_scenario(text, "h.yaml").unwrap();
         // 0.5 GPU → 1 replica; 2 GPUs at 50 % → 4 replicas from 10m; back to 1 only after the
         // 5-minute stabilisation window following 20m.
-        let mut spans: Vec<(Ms, Option<Ms>)> = s.pods.iter().map(|p| (p.arrival, p.deleted_at)).collect();
+        let mut spans: Vec<(Ms, Option<Ms>)> =
+            s.pods.iter().map(|p| (p.arrival, p.deleted_at)).collect();
         spans.sort();
         assert_eq!(spans[0], (0, Some(40 * MINUTE)));
         assert_eq!(spans.len(), 4);

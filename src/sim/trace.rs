@@ -32,17 +32,57 @@ pub const MODEL_LABEL: &str = "trace.gpu-node-autoscaler.io/model";
 /// Trace GPU model → catalog instance types, in the built-in trace policy. P100 and the
 /// undisclosed G2/G3 have no AWS equivalent: they map to the nearest generation offered.
 pub const MODEL_MAP: [(&str, &str, &[&str]); 7] = [
-    ("T4", "t4", &["g4dn.xlarge", "g4dn.2xlarge", "g4dn.4xlarge", "g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal"]),
+    (
+        "T4",
+        "t4",
+        &[
+            "g4dn.xlarge",
+            "g4dn.2xlarge",
+            "g4dn.4xlarge",
+            "g4dn.8xlarge",
+            "g4dn.12xlarge",
+            "g4dn.16xlarge",
+            "g4dn.metal",
+        ],
+    ),
     ("P100", "p100", &["p3.2xlarge", "p3.8xlarge", "p3.16xlarge"]),
-    ("V100M16", "v100m16", &["p3.2xlarge", "p3.8xlarge", "p3.16xlarge"]),
+    (
+        "V100M16",
+        "v100m16",
+        &["p3.2xlarge", "p3.8xlarge", "p3.16xlarge"],
+    ),
     ("V100M32", "v100m32", &["p3dn.24xlarge"]),
-    ("A10", "a10", &["g5.xlarge", "g5.2xlarge", "g5.4xlarge", "g5.8xlarge", "g5.12xlarge", "g5.16xlarge", "g5.24xlarge", "g5.48xlarge"]),
-    ("G2", "g2", &["g6.xlarge", "g6.2xlarge", "g6.4xlarge", "g6.12xlarge", "g6.24xlarge", "g6.48xlarge"]),
+    (
+        "A10",
+        "a10",
+        &[
+            "g5.xlarge",
+            "g5.2xlarge",
+            "g5.4xlarge",
+            "g5.8xlarge",
+            "g5.12xlarge",
+            "g5.16xlarge",
+            "g5.24xlarge",
+            "g5.48xlarge",
+        ],
+    ),
+    (
+        "G2",
+        "g2",
+        &[
+            "g6.xlarge",
+            "g6.2xlarge",
+            "g6.4xlarge",
+            "g6.12xlarge",
+            "g6.24xlarge",
+            "g6.48xlarge",
+        ],
+    ),
     ("G3", "g3", &["g6e.xlarge", "g6e.12xlarge", "g6e.48xlarge"]),
 ];
 
 /// The built-in policy for traces: per trace model a whole-GPU pool and a shared-GPU pool
-/// (on-demand, two zones), labelled with the model.
+/// (on-demand, two zones), labelled with the model; idle GPU nodes go after 3 minutes.
 pub fn default_trace_policy() -> String {
     let mut s = String::from(
         "apiVersion: gpu-node-autoscaler.io/v1alpha1\nkind: ScalingPolicy\nclusterName: trace\nzones: [us-east-1a, us-east-1b]\npools:\n",
@@ -50,7 +90,7 @@ pub fn default_trace_policy() -> String {
     for (model, pool, types) in MODEL_MAP {
         for shared in [false, true] {
             s.push_str(&format!(
-                "  - name: {pool}{}\n    instanceTypes: [{}]\n    capacityTypes: [on-demand]\n    maxNodes: 2000\n    labels: {{{MODEL_LABEL}: {model}}}\n",
+                "  - name: {pool}{}\n    instanceTypes: [{}]\n    capacityTypes: [on-demand]\n    maxNodes: 2000\n    labels: {{{MODEL_LABEL}: {model}}}\n    scaleDown: {{unneededTime: 3m, cooldownAfterScaleUp: 3m}}\n",
                 if shared { "-shared" } else { "" },
                 types.join(", ")
             ));
@@ -103,7 +143,11 @@ pub fn load_trace(
         need("gpu_milli")?,
     );
     let c_spec = col("gpu_spec");
-    let times = match (col("creation_time"), col("deletion_time"), col("scheduled_time")) {
+    let times = match (
+        col("creation_time"),
+        col("deletion_time"),
+        col("scheduled_time"),
+    ) {
         (Some(c), Some(d), Some(s)) => Some((c, d, s)),
         _ => None,
     };
@@ -113,14 +157,14 @@ pub fn load_trace(
     let mut pods = Vec::new();
     let mut skipped: BTreeMap<&'static str, usize> = BTreeMap::new();
     for rec in rdr.records() {
-        let rec = rec.map_err(|e| format!("{file}:{}: {e}", e.position().map_or(0, |p| p.line())))?;
+        let rec =
+            rec.map_err(|e| format!("{file}:{}: {e}", e.position().map_or(0, |p| p.line())))?;
         let line = rec.position().map_or(0, |p| p.line());
         let field = |i: usize, name: &str| -> Result<i64, String> {
             let v = rec.get(i).unwrap_or("");
-            v.parse::<i64>()
-                .ok()
-                .filter(|x| *x >= 0)
-                .ok_or_else(|| format!("{file}:{line}: field `{name}`: expected a non-negative integer, got {v:?}"))
+            v.parse::<i64>().ok().filter(|x| *x >= 0).ok_or_else(|| {
+                format!("{file}:{line}: field `{name}`: expected a non-negative integer, got {v:?}")
+            })
         };
         let num_gpu = field(c_gpu, "num_gpu")?;
         let gpu_milli = field(c_milli, "gpu_milli")?;
@@ -134,16 +178,26 @@ pub fn load_trace(
             None => (0, default_duration),
             Some((c, d, s)) => {
                 if rec.get(s).unwrap_or("").is_empty() {
-                    *skipped.entry("never ran in the traced cluster (no scheduled_time)").or_default() += 1;
+                    *skipped
+                        .entry("never ran in the traced cluster (no scheduled_time)")
+                        .or_default() += 1;
                     continue;
                 }
-                let (created, deleted, scheduled) =
-                    (field(c, "creation_time")?, field(d, "deletion_time")?, field(s, "scheduled_time")?);
+                let (created, deleted, scheduled) = (
+                    field(c, "creation_time")?,
+                    field(d, "deletion_time")?,
+                    field(s, "scheduled_time")?,
+                );
                 if deleted < scheduled {
-                    *skipped.entry("deleted before it was scheduled").or_default() += 1;
+                    *skipped
+                        .entry("deleted before it was scheduled")
+                        .or_default() += 1;
                     continue;
                 }
-                (created * SECOND, ((deleted - scheduled) * SECOND).max(SECOND))
+                (
+                    created * SECOND,
+                    ((deleted - scheduled) * SECOND).max(SECOND),
+                )
             }
         };
         let mut requests = Resources {
@@ -227,7 +281,10 @@ pub fn load_trace(
     }
     Ok(Trace {
         pods,
-        skipped: skipped.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        skipped: skipped
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
     })
 }
 
@@ -256,7 +313,13 @@ mod tests {
         assert_eq!(a.pod.requests.memory, 16384 << 20);
         let b = &t.pods[1];
         assert_eq!(b.pod.requests.gpu, 0);
-        assert_eq!(b.pod.share, Some(GpuShare { mem_gib: 0, core_pct: 50 }));
+        assert_eq!(
+            b.pod.share,
+            Some(GpuShare {
+                mem_gib: 0,
+                core_pct: 50
+            })
+        );
         let e = &t.pods[2];
         assert_eq!(e.pod.requests.gpu, 8);
         let terms = e.pod.constraints.affinity.as_ref().unwrap();
@@ -265,7 +328,10 @@ mod tests {
             t.skipped,
             vec![
                 ("CPU-only task (num_gpu 0)".to_string(), 1),
-                ("never ran in the traced cluster (no scheduled_time)".to_string(), 1)
+                (
+                    "never ran in the traced cluster (no scheduled_time)".to_string(),
+                    1
+                )
             ]
         );
     }
@@ -274,18 +340,26 @@ mod tests {
     fn files_without_times_are_a_burst() {
         let text = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,4000,8192,4,1000\n";
         let t = load_trace(text, "m.csv", &policy(), 1800 * SECOND).unwrap();
-        assert_eq!((t.pods[0].arrival, t.pods[0].duration), (0, Some(1800 * SECOND)));
+        assert_eq!(
+            (t.pods[0].arrival, t.pods[0].duration),
+            (0, Some(1800 * SECOND))
+        );
     }
 
     #[test]
     fn bad_rows_name_file_line_and_field() {
         let text = format!("{HEADER}a,12000,16384,one,1000,,LS,Running,10,110,20\n");
         let e = load_trace(&text, "t.csv", &policy(), 0).err().unwrap();
-        assert_eq!(e, "t.csv:2: field `num_gpu`: expected a non-negative integer, got \"one\"");
+        assert_eq!(
+            e,
+            "t.csv:2: field `num_gpu`: expected a non-negative integer, got \"one\""
+        );
         let text = format!("{HEADER}a,12000,16384,1,1000,H200,LS,Running,10,110,20\n");
         let e = load_trace(&text, "t.csv", &policy(), 0).err().unwrap();
         assert!(e.starts_with("t.csv:2: field `gpu_spec`: GPU model \"H200\" is not mapped by the policy (it maps: A10, G2, G3, P100, T4, V100M16, V100M32"), "{e}");
-        let e = load_trace("name,cpu_milli\n", "x.csv", &policy(), 0).err().unwrap();
+        let e = load_trace("name,cpu_milli\n", "x.csv", &policy(), 0)
+            .err()
+            .unwrap();
         assert_eq!(e, "x.csv:1: missing column `memory_mib`");
     }
 

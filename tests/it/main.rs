@@ -2,6 +2,7 @@
 
 mod cli;
 mod docs;
+mod sim;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

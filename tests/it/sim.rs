@@ -1,0 +1,143 @@
+use serde_json::Value;
+
+use crate::{run, stderr, stdout, temp_file};
+
+fn json(args: &[&str]) -> Value {
+    let o = run(args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).expect("JSON report")
+}
+
+#[test]
+fn simulate_without_arguments_runs_the_builtin_scenario() {
+    let o = run(&["simulate"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = stdout(&o);
+    assert!(t.contains("Scenario: arena-mpi-training"), "{t}");
+    assert!(t.contains("gpu-node-autoscaler"));
+    assert!(t.contains("total cost (USD)"));
+}
+
+#[test]
+fn compare_reports_every_strategy_with_the_documented_fields() {
+    let v = json(&["simulate", "--compare", "--format", "json"]);
+    let s = v["strategies"].as_array().unwrap();
+    let names: Vec<&str> = s.iter().map(|m| m["strategy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["gpu-node-autoscaler", "ca-like", "karpenter-like"]);
+    for m in s {
+        for f in [
+            "span_s",
+            "cost_usd",
+            "lower_bound_usd",
+            "cost_over_lower_bound",
+            "gpu_hours_provisioned",
+            "gpu_hours_requested",
+            "gpu_allocation_ratio",
+            "pods_total",
+            "pods_never_placed",
+            "wait_p50_s",
+            "wait_p95_s",
+            "wait_p99_s",
+            "scale_ups",
+            "nodes_launched",
+            "nodes_removed",
+            "evictions",
+            "spot_interruptions",
+            "wall_s",
+        ] {
+            assert!(m.get(f).is_some(), "{f} missing");
+        }
+        assert!(m["cost_usd"].as_f64().unwrap() >= m["lower_bound_usd"].as_f64().unwrap());
+        assert_eq!(m["pods_never_placed"], 0);
+    }
+    // Same input, same numbers.
+    let again = json(&["simulate", "--compare", "--format", "json"]);
+    for (a, b) in s.iter().zip(again["strategies"].as_array().unwrap()) {
+        assert_eq!(a["cost_usd"], b["cost_usd"]);
+        assert_eq!(a["wait_p95_s"], b["wait_p95_s"]);
+    }
+}
+
+#[test]
+fn every_shipped_scenario_runs_and_ours_places_every_pod() {
+    for f in std::fs::read_dir(crate::root().join("simulations/scenarios")).unwrap() {
+        let p = f.unwrap().path();
+        let v = json(&["simulate", p.to_str().unwrap(), "--format", "json"]);
+        let m = &v["strategies"][0];
+        assert_eq!(m["pods_never_placed"], 0, "{}", p.display());
+        assert!(m["nodes_launched"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn a_spot_shortage_falls_back_and_interrupted_pods_run_again() {
+    let v = json(&[
+        "simulate",
+        "simulations/scenarios/spot-shortage.yaml",
+        "--format",
+        "json",
+    ]);
+    let m = &v["strategies"][0];
+    assert!(m["spot_interruptions"].as_u64().unwrap() > 0);
+    assert_eq!(m["pods_never_placed"], 0);
+    // Falling back instead of waiting: nobody waits much longer than a node's boot.
+    assert!(m["wait_p99_s"].as_f64().unwrap() < 600.0, "{m}");
+}
+
+#[test]
+fn traces_replay_with_the_builtin_policy() {
+    let trace = temp_file(
+        "trace.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+         p0,8000,16384,1,1000,,LS,Running,0,3600,0\n\
+         p1,4000,8192,1,300,,LS,Running,60,1800,60\n\
+         p2,4000,8192,1,300,T4,LS,Running,60,1800,60\n\
+         p3,32000,65536,4,1000,V100M16|V100M32,LS,Running,120,7200,300\n\
+         p4,1000,1024,0,0,,BE,Running,0,100,0\n\
+         p5,1000,1024,1,1000,,LS,Pending,0,,\n",
+    );
+    let v = json(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--compare",
+        "--format",
+        "json",
+    ]);
+    for m in v["strategies"].as_array().unwrap() {
+        assert_eq!(m["pods_total"], 4, "{m}");
+        assert_eq!(m["pods_never_placed"], 0, "{m}");
+        assert_eq!(m["skipped"].as_array().unwrap().len(), 2);
+    }
+}
+
+#[test]
+fn bad_simulation_input_is_a_clear_error() {
+    let t = temp_file(
+        "bad.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\np0,8000,16384,1,1000,B200,LS,Running,0,3600,0\n",
+    );
+    let o = run(&["simulate", "--trace", t.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("bad.csv:2: field `gpu_spec`: GPU model \"B200\" is not mapped"),
+        "{err}"
+    );
+
+    let s = temp_file(
+        "bad.yaml",
+        "name: x\npolicy:\n  zones: [a]\n  pools: []\njobs: []\n",
+    );
+    let o = run(&["simulate", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("bad.yaml:4:3: policy.pools: at least one pool is required"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = run(&["simulate", "--strategy", "magic"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("unknown strategy \"magic\""));
+}
