@@ -57,7 +57,6 @@ fn readme_gives_the_two_commands() {
     assert!(readme.contains("bash scripts/test.sh"));
     let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
     assert!(ci.contains("scripts/test.sh"));
-    assert!(readme.contains(
-        "cargo run -- plan --cluster examples/cluster.yaml --policy examples/policy.yaml"
-    ));
+    // The main job: the built-in simulation.
+    assert!(readme.contains("\ncargo run -- simulate\n"));
 }
