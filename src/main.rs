@@ -272,9 +272,28 @@ fn simulate(a: SimArgs) -> Result<()> {
         }
     };
     let mut runs = Vec::new();
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     for k in strategies {
         let mut s = k.build(&input);
-        runs.push(engine::run(&input, s.as_mut()));
+        let bar = terminal.then(|| {
+            let b = indicatif::ProgressBar::new(100);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{msg:>20} [{bar:40}] {pos:>3}%")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            b.set_message(k.name());
+            b
+        });
+        let m = engine::run_with_progress(&input, s.as_mut(), &mut |f| {
+            if let Some(b) = &bar {
+                b.set_position((f * 100.0) as u64);
+            }
+        });
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        runs.push(m);
     }
     match a.format {
         Format::Json => println!("{}", report::to_json(&input.name, &runs)),

@@ -816,7 +816,19 @@ impl World {
 
 /// Runs one strategy over the input. Deterministic for the same input and seed.
 pub fn run(input: &SimInput, strategy: &mut dyn Strategy) -> Metrics {
+    run_with_progress(input, strategy, &mut |_| {})
+}
+
+/// [`run`], reporting progress (the share of the workload's arrival span simulated, 0..=1) about
+/// every 1 %.
+pub fn run_with_progress(
+    input: &SimInput,
+    strategy: &mut dyn Strategy,
+    progress: &mut dyn FnMut(f64),
+) -> Metrics {
     let started = std::time::Instant::now();
+    let last_arrival = input.pods.iter().map(|p| p.arrival).max().unwrap_or(0);
+    let mut reported = -1i64;
     let mut w = World::new(input);
     w.metrics.strategy = strategy.name().to_string();
     w.metrics.scenario = input.name.clone();
@@ -863,6 +875,13 @@ pub fn run(input: &SimInput, strategy: &mut dyn Strategy) -> Metrics {
             }
         }
         w.record_series(false);
+        if last_arrival > start {
+            let pct = ((w.now - start) * 100 / (last_arrival - start)).min(100);
+            if pct > reported {
+                reported = pct;
+                progress(pct as f64 / 100.0);
+            }
+        }
         if w.done == w.pods.len()
             && w.events
                 .iter()

@@ -141,3 +141,37 @@ fn bad_simulation_input_is_a_clear_error() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("unknown strategy \"magic\""));
 }
+
+#[test]
+fn no_second_scale_up_while_the_device_plugin_starts() {
+    // A slow device plugin (10 minutes): the node is Ready but advertises no GPUs. We count it at
+    // its full capacity; Cluster Autoscaler semantics see a GPU-less node and scale up again.
+    let s = temp_file(
+        "slow-plugin.yaml",
+        "name: slow-plugin\ntiming: {devicePluginDelay: 10m}\npolicy:\n  zones: [us-east-1a]\n  pools:\n    - {name: a100, instanceTypes: [p4d.24xlarge], maxNodes: 5}\njobs:\n  - name: train\n    arrival: 0s\n    duration: 1h\n    pods:\n      - {name: w, requests: {cpu: \"8\", memory: 64Gi, nvidia.com/gpu: 8}}\n",
+    );
+    let v = json(&[
+        "simulate",
+        s.to_str().unwrap(),
+        "--compare",
+        "--format",
+        "json",
+    ]);
+    let launched = |i: usize| v["strategies"][i]["nodes_launched"].as_u64().unwrap();
+    assert_eq!(launched(0), 1, "gpu-node-autoscaler");
+    assert!(launched(1) > 1, "ca-like double-scales: {}", launched(1));
+    assert_eq!(launched(2), 1, "karpenter-like");
+}
+
+#[test]
+fn plots_are_written_as_svg_and_png() {
+    let dir = std::env::temp_dir().join(format!("gna-it-plots-{}", std::process::id()));
+    let o = run(&["simulate", "--compare", "--plot", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in ["gpus", "pending", "cost"] {
+        let svg = std::fs::read_to_string(dir.join(format!("{f}.svg"))).unwrap();
+        assert!(svg.contains("karpenter-like"), "{f}.svg");
+        let png = std::fs::read(dir.join(format!("{f}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
+}
