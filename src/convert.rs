@@ -475,7 +475,6 @@ impl Converter {
             .owner_references
             .iter()
             .find(|o| o.controller == Some(true))
-            .or_else(|| m.owner_references.first())
             .map(|o| Owner {
                 kind: OwnerKind::parse(&o.kind, &o.api_version),
                 name: o.name.clone(),

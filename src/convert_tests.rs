@@ -782,12 +782,13 @@ fn the_controller_is_the_owner() {
         {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "2", "controller": true},
     ]));
     assert_eq!(p.owner.unwrap().name, "rs");
-    // Without a controller, the first reference.
+    // Without a controlling reference nothing recreates the pod: it has no owner (and is not
+    // movable by a scale-down).
     let p = owned_by(json!([
         {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "1", "controller": false},
         {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "2"},
     ]));
-    assert_eq!(p.owner.unwrap().name, "cm");
+    assert_eq!(p.owner, None);
     assert_eq!(owned_by(json!([])).owner, None);
 }
 

@@ -271,6 +271,10 @@ fn simulate(a: SimArgs) -> Result<()> {
             skipped: Vec::new(),
         }
     };
+    let errors = gpu_node_autoscaler::plan::Templates::new(&input.policy, &input.catalog).errors;
+    if !errors.is_empty() {
+        bail!("the policy does not match the catalog:\n{}", errors.join("\n"));
+    }
     let mut runs = Vec::new();
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     for k in strategies {

@@ -308,6 +308,10 @@ impl<'a> Packer<'a> {
             let Some(pi) = self.pool_index(&f.pool) else {
                 continue;
             };
+            // Not registered within the max node provision time: given up, not capacity.
+            if now.since(f.launched_at) >= self.policy.max_node_provision_time {
+                continue;
+            }
             self.usage.nodes += f.count as i64;
             self.usage.pool_nodes[pi] += f.count as i64;
             let Some(ti) = self
@@ -389,7 +393,7 @@ impl<'a> Packer<'a> {
             }
         }
         let mut gang_of_key: BTreeMap<String, usize> = BTreeMap::new();
-        let mut class_of: HashMap<(Resources, Option<GpuShare>, usize, Option<usize>), usize> =
+        let mut class_of: HashMap<(Resources, Option<GpuShare>, usize, Option<usize>, i32), usize> =
             HashMap::new();
         for &pi in &pending {
             let pod: &Pod = &snap.pods[pi];
@@ -425,7 +429,7 @@ impl<'a> Packer<'a> {
                     self.gangs.len() - 1
                 })
             });
-            let key = (pod.requests.clone(), pod.share, cc, gang);
+            let key = (pod.requests.clone(), pod.share, cc, gang, pod.priority);
             let ci = *class_of.entry(key).or_insert_with(|| {
                 self.classes.push(Class {
                     requests: pod.requests.clone(),
@@ -476,11 +480,8 @@ impl<'a> Packer<'a> {
                     best = best.min(t.price(m) * dominant_share(c, t));
                 }
             }
-            c.value = if best.is_finite() && best > 0.0 {
-                best
-            } else {
-                0.0
-            };
+            // A free offering (price 0) still needs a positive value to be packed.
+            c.value = if best.is_finite() { best.max(1e-9) } else { 0.0 };
         }
         self.bin_compat_width = self.bins.len();
         self.bin_compat = vec![0; self.constraints.len() * self.bins.len()];
@@ -574,7 +575,9 @@ impl<'a> Packer<'a> {
     /// Takes off `items` what would fit on the bins of `zone`, without changing the bins.
     fn trial_on_bins(&mut self, items: &mut [(usize, i64)], zone: &str) {
         let list = self.bin_list(Some(zone));
-        let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>)> = HashMap::new();
+        // Scratch copies of the bins touched, with the offering mask narrowed as the real
+        // placement (`place_on_bins`) narrows it, so that trial and commit agree.
+        let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>, u64)> = HashMap::new();
         for it in items.iter_mut() {
             let c = it.0;
             for &b in &list {
@@ -584,12 +587,24 @@ impl<'a> Packer<'a> {
                 if !self.compat(c, b) {
                     continue;
                 }
-                let (free, shared) = scratch
+                let bin = &self.bins[b];
+                let (free, shared, mask) = scratch
                     .entry(b)
-                    .or_insert_with(|| (self.bins[b].free.clone(), self.bins[b].shared.clone()));
+                    .or_insert_with(|| (bin.free.clone(), bin.shared.clone(), bin.mask));
+                let narrowed = match bin.kind {
+                    BinKind::New(_) => {
+                        let m = *mask & self.classes[c].tmask[bin.template];
+                        if m == 0 {
+                            continue;
+                        }
+                        m
+                    }
+                    _ => *mask,
+                };
                 let k = self.classes[c].copies(free, shared).min(it.1);
                 if k > 0 {
                     self.classes[c].apply(free, shared, k);
+                    *mask = narrowed;
                     it.1 -= k;
                 }
             }

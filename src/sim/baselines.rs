@@ -36,6 +36,8 @@ struct Room {
     labels: std::sync::Arc<BTreeMap<String, String>>,
     taints: Vec<crate::model::Taint>,
     name: Option<String>,
+    /// Index into the snapshot's nodes (registered nodes only).
+    node: Option<usize>,
 }
 
 impl Room {
@@ -63,6 +65,7 @@ fn template_room(t: &Template, offering: usize) -> Room {
         labels: t.offerings[offering].labels.clone(),
         taints: t.taints.clone(),
         name: None,
+        node: None,
     }
 }
 
@@ -78,7 +81,7 @@ fn rooms(s: &Snapshot, templates: &[Template]) -> Vec<Room> {
         }
     }
     let mut out = Vec::new();
-    for n in &s.nodes {
+    for (ni, n) in s.nodes.iter().enumerate() {
         if !n.is_schedulable() {
             continue;
         }
@@ -98,6 +101,7 @@ fn rooms(s: &Snapshot, templates: &[Template]) -> Vec<Room> {
             labels: std::sync::Arc::new(n.labels.clone()),
             taints: n.taints.clone(),
             name: Some(n.name.clone()),
+            node: Some(ni),
         });
     }
     for f in &s.in_flight {
@@ -466,7 +470,10 @@ impl Strategy for KarpenterLike {
         let mut rooms = rooms(&snapshot, &templates);
         // Nodes whose GPUs are not advertised yet count at full capacity (node claims know
         // their instance type).
-        for (r, n) in rooms.iter_mut().zip(&snapshot.nodes) {
+        for r in rooms.iter_mut() {
+            let Some(n) = r.node.map(|i| &snapshot.nodes[i]) else {
+                continue;
+            };
             if let Some(t) = templates.iter().find(|t| {
                 Some(t.pool_name.as_str()) == n.pool()
                     && Some(t.instance_type.as_str()) == n.instance_type()
@@ -616,19 +623,18 @@ impl Strategy for KarpenterLike {
         // A node that a pending pod fits is nominated for it: not consolidated.
         let pending = pending_gpu_pods(&snapshot);
         let nominated = |n: &crate::model::Node| {
-            let mut r = Room {
+            let r = Room {
                 free: n.allocatable.clone(),
                 shared: n.shared_gpus.clone(),
                 labels: std::sync::Arc::new(n.labels.clone()),
                 taints: n.taints.clone(),
                 name: Some(n.name.clone()),
+                node: None,
             };
-            pending.iter().any(|p| r.clone().take(p)) || {
-                let _ = &mut r;
-                false
-            }
+            pending.iter().any(|p| r.clone().take(p))
         };
         let mut soonest: Option<Ms> = None;
+        let mut removed: BTreeMap<String, i64> = BTreeMap::new();
         for n in &snapshot.nodes {
             if busy.contains_key(n.name.as_str()) || n.advertised_gpus() == 0 || nominated(n) {
                 self.empty_since.remove(&n.name);
@@ -637,10 +643,15 @@ impl Strategy for KarpenterLike {
             let since = *self.empty_since.entry(n.name.clone()).or_insert(now);
             let pool = n.pool().and_then(|p| self.policy.pool(p));
             let min = pool.map_or(0, |p| p.min_nodes as i64);
-            let count = n.pool().map_or(0, |p| pool_nodes(&world.snapshot(), p));
+            let count = n.pool().map_or(0, |p| {
+                pool_nodes(&snapshot, p) - removed.get(p).copied().unwrap_or(0)
+            });
             if now - since >= 30 * SECOND && count > min {
                 world.drain_and_remove(&n.name);
                 self.empty_since.remove(&n.name);
+                if let Some(p) = n.pool() {
+                    *removed.entry(p.to_string()).or_insert(0) += 1;
+                }
             } else {
                 let at = since + 30 * SECOND;
                 soonest = Some(soonest.map_or(at, |s: Ms| s.min(at)));

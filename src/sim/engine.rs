@@ -314,7 +314,16 @@ impl World {
                 .get(&inst.offering.instance_type)
                 .and_then(|t| t.gpu.as_ref())
                 .map_or(0.0, |g| g.count as f64);
-            let price = self.provider.price(&inst.offering).unwrap_or(0.0);
+            // The price the planner used (pool overrides included), else the cloud's.
+            let price = self
+                .templates
+                .iter()
+                .filter(|t| t.pool_name == inst.pool)
+                .flat_map(|t| &t.offerings)
+                .find(|o| o.key == inst.offering)
+                .map(|o| o.price)
+                .or_else(|| self.provider.price(&inst.offering))
+                .unwrap_or(0.0);
             self.live_price += price;
             self.live_gpus += gpus;
             self.metrics.nodes_launched += 1;
@@ -814,6 +823,9 @@ impl World {
     }
 }
 
+/// How long the strategy may keep trying for waiting pods once nothing else can happen.
+const QUIET_HORIZON: Ms = HOUR;
+
 /// Runs one strategy over the input. Deterministic for the same input and seed.
 pub fn run(input: &SimInput, strategy: &mut dyn Strategy) -> Metrics {
     run_with_progress(input, strategy, &mut |_| {})
@@ -829,6 +841,7 @@ pub fn run_with_progress(
     let started = std::time::Instant::now();
     let last_arrival = input.pods.iter().map(|p| p.arrival).max().unwrap_or(0);
     let mut reported = -1i64;
+    let mut quiet_since: Option<Ms> = None;
     let mut w = World::new(input);
     w.metrics.strategy = strategy.name().to_string();
     w.metrics.scenario = input.name.clone();
@@ -843,8 +856,15 @@ pub fn run_with_progress(
             (None, None) => break,
             (Some(a), None) => a,
             (None, Some(b)) => {
+                // Nothing left to happen but the strategy's own runs: give pods that still wait
+                // (an insufficient-capacity entry or a back-off to expire) a bounded horizon.
                 if w.quiescent() {
-                    break;
+                    let since = *quiet_since.get_or_insert(w.now);
+                    if w.pending.is_empty() || b - since > QUIET_HORIZON {
+                        break;
+                    }
+                } else {
+                    quiet_since = None;
                 }
                 b
             }

@@ -135,6 +135,9 @@ impl Strategy for Ours {
         let p = plan::plan_with(&snapshot, &self.templates, &self.policy, Time(now));
         let ttl = self.policy.insufficient_capacity_ttl;
         let mut follow_up = false;
+        // A gang's scale-ups (one per instance type) stand or fall together.
+        let mut gang_launched: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        let mut gang_short: BTreeSet<&str> = BTreeSet::new();
         for su in &p.scale_ups {
             self.launches += 1;
             let req = LaunchRequest {
@@ -144,27 +147,41 @@ impl Strategy for Ours {
                 offerings: su.offerings.iter().map(|o| o.key()).collect(),
                 tags: BTreeMap::new(),
             };
-            match world.launch(&req) {
+            let launched = match world.launch(&req) {
                 Ok(res) => {
                     for (key, err) in &res.failures {
                         if matches!(err, ProviderError::InsufficientCapacity { .. }) {
                             self.ice.insert(key.clone(), Time(now) + ttl);
                         }
                     }
-                    if su.gang.is_some() && (res.launched.len() as u32) < su.count {
-                        // All or nothing: give back a gang's partial launch and plan it again.
-                        for i in &res.launched {
-                            world.terminate_instance(&i.id);
-                        }
-                    } else if !res.launched.is_empty() {
+                    if su.gang.is_none() && !res.launched.is_empty() {
                         self.pools.entry(su.pool.clone()).or_default().last_scale_up =
                             Some(Time(now));
                     }
-                    if (res.launched.len() as u32) < su.count {
-                        follow_up = true;
-                    }
+                    res.launched.into_iter().map(|i| i.id).collect()
                 }
-                Err(_) => follow_up = true,
+                Err(_) => Vec::new(),
+            };
+            if (launched.len() as u32) < su.count {
+                follow_up = true;
+                if let Some(g) = &su.gang {
+                    gang_short.insert(g.as_str());
+                }
+            }
+            if let Some(g) = &su.gang {
+                gang_launched.entry(g.as_str()).or_default().extend(launched);
+            }
+        }
+        for (g, ids) in gang_launched {
+            if gang_short.contains(g) {
+                // All or nothing: give back a gang's partial launch and plan it again.
+                for id in ids {
+                    world.terminate_instance(&id);
+                }
+            } else if !ids.is_empty() {
+                for su in p.scale_ups.iter().filter(|s| s.gang.as_deref() == Some(g)) {
+                    self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(Time(now));
+                }
             }
         }
         for d in &p.scale_downs {

@@ -393,12 +393,21 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 &[k("services"), i(si), k("hpa"), k("targetUtilization")],
                 "must be in (0, 1]",
             );
+            continue;
         }
         if h.min_replicas > h.max_replicas || h.max_replicas == 0 {
             errs.at(
                 &[k("services"), i(si), k("hpa"), k("minReplicas")],
                 "need 0 < minReplicas <= maxReplicas",
             );
+            continue;
+        }
+        if !(h.gpus_per_replica.is_finite() && h.gpus_per_replica > 0.0) {
+            errs.at(
+                &[k("services"), i(si), k("hpa"), k("gpusPerReplica")],
+                "must be a positive number",
+            );
+            continue;
         }
         let sync = h
             .sync

@@ -166,6 +166,10 @@ pub fn load_trace(
                 format!("{file}:{line}: field `{name}`: expected a non-negative integer, got {v:?}")
             })
         };
+        let seconds = |v: i64, name: &str| {
+            v.checked_mul(SECOND)
+                .ok_or_else(|| format!("{file}:{line}: field `{name}`: {v} seconds is out of range"))
+        };
         let num_gpu = field(c_gpu, "num_gpu")?;
         let gpu_milli = field(c_milli, "gpu_milli")?;
         let cpu = field(c_cpu, "cpu_milli")?;
@@ -195,14 +199,16 @@ pub fn load_trace(
                     continue;
                 }
                 (
-                    created * SECOND,
-                    ((deleted - scheduled) * SECOND).max(SECOND),
+                    seconds(created, "creation_time")?,
+                    seconds(deleted - scheduled, "deletion_time")?.max(SECOND),
                 )
             }
         };
         let mut requests = Resources {
             cpu_milli: cpu,
-            memory: mem << 20,
+            memory: mem.checked_mul(1 << 20).ok_or_else(|| {
+                format!("{file}:{line}: field `memory_mib`: {mem} is out of range")
+            })?,
             pods: 1,
             ..Default::default()
         };
