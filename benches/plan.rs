@@ -1,9 +1,6 @@
 //! `cargo bench --bench plan`: the scale-up planner on generated clusters (100 / 1,000 / 10,000
 //! pending pods, 1,000 existing nodes, ~400 offerings), plus its peak heap use per run.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpu_node_autoscaler::catalog;
 use gpu_node_autoscaler::fixtures::{bench_policy, generated_cluster, SYNTHETIC_TYPES_CSV};
@@ -11,29 +8,11 @@ use gpu_node_autoscaler::model::Time;
 use gpu_node_autoscaler::plan;
 use gpu_node_autoscaler::policy::parse_policy;
 
-/// Counts live heap bytes and their peak, to report the planner's peak memory.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = System.alloc(l);
-        if !p.is_null() {
-            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l);
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 fn bench(c: &mut Criterion) {
     let policy = parse_policy(&bench_policy(), "bench-policy").expect("bench policy");
@@ -46,10 +25,9 @@ fn bench(c: &mut Criterion) {
     for pods in [100usize, 1_000, 10_000] {
         let snapshot = generated_cluster(pods, 1_000, 42);
         // One run outside the timer: report size, quality and peak heap above the input.
-        let base = LIVE.load(Ordering::Relaxed);
-        PEAK.store(base, Ordering::Relaxed);
+        let base = counting_alloc::start();
         let p = plan::plan(&snapshot, &cat, &policy, now);
-        let peak = PEAK.load(Ordering::Relaxed) - base;
+        let peak = counting_alloc::peak_above(base);
         eprintln!(
             "plan/{pods}: {} offerings, {} scale-ups ({} nodes, ${:.2}/h), {} on existing capacity, {} unschedulable, peak heap {:.1} MiB",
             cat.offerings.len(),

@@ -2,46 +2,27 @@
 //! shipped scenarios with every strategy, printing wall time, peak heap and the headline numbers.
 //! A plain benchmark binary: one run each is the measurement (a trace replay takes seconds).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gpu_node_autoscaler::catalog;
 use gpu_node_autoscaler::policy::parse_policy;
 use gpu_node_autoscaler::sim::{engine, scenario, trace, SimInput, StrategyKind, HOUR};
 
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = System.alloc(l);
-        if !p.is_null() {
-            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l);
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 fn report(input: &SimInput, filter: Option<&str>) {
     for k in StrategyKind::ALL {
         if filter.is_some_and(|f| !k.name().contains(f)) {
             continue;
         }
-        PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
-        let base = LIVE.load(Ordering::Relaxed);
+        let base = counting_alloc::start();
         let mut s = k.build(input);
         let m = engine::run(input, s.as_mut());
-        let peak = (PEAK.load(Ordering::Relaxed) - base) as f64 / (1 << 20) as f64;
+        let peak = counting_alloc::peak_above(base) as f64 / (1 << 20) as f64;
         println!(
             "| {} | {} | {:.2} | {:.0} | {:.2} | {:.3} | {} | {:.0} | {:.0} | {:.1} | {:.1} |",
             input.name,

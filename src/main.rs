@@ -47,40 +47,7 @@ enum Command {
     },
     /// Replay a scenario or a GPU cluster trace on a virtual clock and report cost and waiting.
     /// Without a scenario or --trace, runs the built-in scenario (arena-style MPI training).
-    Simulate {
-        /// A scenario YAML file (see simulations/scenarios/).
-        scenario: Option<PathBuf>,
-        /// An Alibaba GPU trace CSV (openb_pod_list_*.csv) instead of a scenario.
-        #[arg(long, conflicts_with = "scenario")]
-        trace: Option<PathBuf>,
-        /// Policy for --trace (default: the built-in mapping of trace GPU models).
-        #[arg(long, requires = "trace")]
-        policy: Option<PathBuf>,
-        /// Instance catalog CSV (default: the scenario's, else the built-in AWS catalog).
-        #[arg(long)]
-        catalog: Option<PathBuf>,
-        /// gpu-node-autoscaler, ca-like or karpenter-like.
-        #[arg(
-            long,
-            default_value = "gpu-node-autoscaler",
-            conflicts_with = "compare"
-        )]
-        strategy: String,
-        /// Run all three strategies side by side.
-        #[arg(long)]
-        compare: bool,
-        #[arg(long, value_enum, default_value = "table")]
-        format: Format,
-        /// Write charts (SVG and PNG) into this directory.
-        #[arg(long)]
-        plot: Option<PathBuf>,
-        /// Run time of trace pods in files without time columns.
-        #[arg(long, default_value = "1h")]
-        default_duration: String,
-        /// Seed for boot delays and interruptions (default: the scenario's, else 1).
-        #[arg(long)]
-        seed: Option<u64>,
-    },
+    Simulate(SimArgs),
     /// Validate a scaling policy; print one line per pool, or every error found.
     CheckPolicy {
         file: PathBuf,
@@ -138,29 +105,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Simulate {
-            scenario,
-            trace,
-            policy,
-            catalog,
-            strategy,
-            compare,
-            format,
-            plot,
-            default_duration,
-            seed,
-        } => simulate(SimArgs {
-            scenario,
-            trace,
-            policy,
-            catalog,
-            strategy,
-            compare,
-            format,
-            plot,
-            default_duration,
-            seed,
-        }),
+        Command::Simulate(args) => simulate(args),
         Command::CheckPolicy { file, catalog } => {
             let policy = load_policy(&file)?;
             let explicit = catalog.is_some();
@@ -185,16 +130,39 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+#[derive(clap::Args)]
 struct SimArgs {
+    /// A scenario YAML file (see simulations/scenarios/).
     scenario: Option<PathBuf>,
+    /// An Alibaba GPU trace CSV (openb_pod_list_*.csv) instead of a scenario.
+    #[arg(long, conflicts_with = "scenario")]
     trace: Option<PathBuf>,
+    /// Policy for --trace (default: the built-in mapping of trace GPU models).
+    #[arg(long, requires = "trace")]
     policy: Option<PathBuf>,
+    /// Instance catalog CSV (default: the scenario's, else the built-in AWS catalog).
+    #[arg(long)]
     catalog: Option<PathBuf>,
+    /// gpu-node-autoscaler, ca-like or karpenter-like.
+    #[arg(
+        long,
+        default_value = "gpu-node-autoscaler",
+        conflicts_with = "compare"
+    )]
     strategy: String,
+    /// Run all three strategies side by side.
+    #[arg(long)]
     compare: bool,
+    #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// Write charts (SVG and PNG) into this directory.
+    #[arg(long)]
     plot: Option<PathBuf>,
+    /// Run time of trace pods in files without time columns.
+    #[arg(long, default_value = "1h")]
     default_duration: String,
+    /// Seed for boot delays and interruptions (default: the scenario's, else 1).
+    #[arg(long)]
     seed: Option<u64>,
 }
 
@@ -273,7 +241,10 @@ fn simulate(a: SimArgs) -> Result<()> {
     };
     let errors = gpu_node_autoscaler::plan::Templates::new(&input.policy, &input.catalog).errors;
     if !errors.is_empty() {
-        bail!("the policy does not match the catalog:\n{}", errors.join("\n"));
+        bail!(
+            "the policy does not match the catalog:\n{}",
+            errors.join("\n")
+        );
     }
     let mut runs = Vec::new();
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());

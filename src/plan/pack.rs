@@ -393,8 +393,9 @@ impl<'a> Packer<'a> {
             }
         }
         let mut gang_of_key: BTreeMap<String, usize> = BTreeMap::new();
-        let mut class_of: HashMap<(Resources, Option<GpuShare>, usize, Option<usize>, i32), usize> =
-            HashMap::new();
+        // Identical pods: requests, share, constraint class, gang, priority.
+        type ClassKey = (Resources, Option<GpuShare>, usize, Option<usize>, i32);
+        let mut class_of: HashMap<ClassKey, usize> = HashMap::new();
         for &pi in &pending {
             let pod: &Pod = &snap.pods[pi];
             let cc = *cclass_of
@@ -481,7 +482,11 @@ impl<'a> Packer<'a> {
                 }
             }
             // A free offering (price 0) still needs a positive value to be packed.
-            c.value = if best.is_finite() { best.max(1e-9) } else { 0.0 };
+            c.value = if best.is_finite() {
+                best.max(1e-9)
+            } else {
+                0.0
+            };
         }
         self.bin_compat_width = self.bins.len();
         self.bin_compat = vec![0; self.constraints.len() * self.bins.len()];

@@ -26,7 +26,7 @@ use crate::plan::{self, Template};
 use crate::policy::Policy;
 
 use super::engine::{Strategy, World};
-use super::{Ms, SimInput, MINUTE, SECOND};
+use super::{earliest, Batch, Ms, SimInput, MINUTE, SECOND};
 
 /// Free room of a node (or of a node on its way).
 #[derive(Clone)]
@@ -394,8 +394,7 @@ impl Strategy for CaLike {
 
 pub struct KarpenterLike {
     policy: Policy,
-    batch_first: Option<Ms>,
-    batch_last: Option<Ms>,
+    batch: Batch,
     next: Option<Ms>,
     ice: BTreeMap<OfferingKey, Ms>,
     empty_since: BTreeMap<String, Ms>,
@@ -406,8 +405,7 @@ impl KarpenterLike {
     pub fn new(input: &SimInput) -> KarpenterLike {
         KarpenterLike {
             policy: input.policy.clone(),
-            batch_first: None,
-            batch_last: None,
+            batch: Batch::default(),
             next: None,
             ice: BTreeMap::new(),
             empty_since: BTreeMap::new(),
@@ -439,8 +437,7 @@ impl Strategy for KarpenterLike {
     }
 
     fn pods_unschedulable(&mut self, now: Ms) {
-        self.batch_first.get_or_insert(now);
-        self.batch_last = Some(now);
+        self.batch.add(now);
     }
 
     fn cluster_changed(&mut self, now: Ms) {
@@ -449,20 +446,12 @@ impl Strategy for KarpenterLike {
     }
 
     fn next_run(&self) -> Option<Ms> {
-        let batch = match (self.batch_first, self.batch_last) {
-            (Some(f), Some(l)) => Some((l + SECOND).min(f + 10 * SECOND)),
-            _ => None,
-        };
-        match (batch, self.next) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        earliest(self.batch.deadline(SECOND, 10 * SECOND), self.next)
     }
 
     fn run(&mut self, world: &mut World) {
         let now = world.now;
-        self.batch_first = None;
-        self.batch_last = None;
+        self.batch.clear();
         self.next = None;
         self.ice.retain(|_, until| *until > now);
         let templates = world.templates().to_vec();

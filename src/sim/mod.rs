@@ -27,6 +27,37 @@ pub const SECOND: Ms = 1000;
 pub const MINUTE: Ms = 60 * SECOND;
 pub const HOUR: Ms = 60 * MINUTE;
 
+/// The earlier of two optional times.
+pub fn earliest(a: Option<Ms>, b: Option<Ms>) -> Option<Ms> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A batching window: it opens at the first unschedulable pod and closes `idle` after the last
+/// one, or `max` after it opened, whichever comes first.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Batch {
+    first: Option<Ms>,
+    last: Option<Ms>,
+}
+
+impl Batch {
+    pub fn add(&mut self, now: Ms) {
+        self.first.get_or_insert(now);
+        self.last = Some(now);
+    }
+
+    pub fn deadline(&self, idle: Ms, max: Ms) -> Option<Ms> {
+        Some((self.last? + idle).min(self.first? + max))
+    }
+
+    pub fn clear(&mut self) {
+        *self = Batch::default();
+    }
+}
+
 /// One pod of the workload.
 #[derive(Clone, Debug)]
 pub struct WorkloadPod {

@@ -11,7 +11,7 @@ use crate::plan;
 use crate::policy::Policy;
 
 use super::engine::{Strategy, World};
-use super::{Ms, SimInput, MINUTE, SECOND};
+use super::{earliest, Batch, Ms, SimInput, MINUTE, SECOND};
 
 /// How often a controller with nothing to do looks again (periodic resync).
 const RESYNC: Ms = 10 * SECOND;
@@ -22,8 +22,7 @@ pub struct Ours {
     /// Offerings that failed for lack of capacity, unavailable until then.
     ice: BTreeMap<OfferingKey, Time>,
     pools: BTreeMap<String, PoolState>,
-    batch_first: Option<Ms>,
-    batch_last: Option<Ms>,
+    batch: Batch,
     next: Option<Ms>,
     launches: u64,
 }
@@ -40,8 +39,7 @@ impl Ours {
             templates: plan::Templates::new(&input.policy, &catalog),
             ice: BTreeMap::new(),
             pools: BTreeMap::new(),
-            batch_first: None,
-            batch_last: None,
+            batch: Batch::default(),
             next: None,
             launches: 0,
         }
@@ -100,8 +98,7 @@ impl Strategy for Ours {
     }
 
     fn pods_unschedulable(&mut self, now: Ms) {
-        self.batch_first.get_or_insert(now);
-        self.batch_last = Some(now);
+        self.batch.add(now);
     }
 
     fn cluster_changed(&mut self, now: Ms) {
@@ -111,23 +108,18 @@ impl Strategy for Ours {
     }
 
     fn next_run(&self) -> Option<Ms> {
-        let batch = match (self.batch_first, self.batch_last) {
-            (Some(f), Some(l)) => Some(
-                (l + self.policy.batching.idle.as_millis() as Ms)
-                    .min(f + self.policy.batching.max.as_millis() as Ms),
+        earliest(
+            self.batch.deadline(
+                self.policy.batching.idle.as_millis() as Ms,
+                self.policy.batching.max.as_millis() as Ms,
             ),
-            _ => None,
-        };
-        match (batch, self.next) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+            self.next,
+        )
     }
 
     fn run(&mut self, world: &mut World) {
         let now = world.now;
-        self.batch_first = None;
-        self.batch_last = None;
+        self.batch.clear();
         self.ice.retain(|_, until| until.0 > now);
         let mut snapshot = world.snapshot();
         snapshot.unavailable = self.ice.clone();
@@ -169,7 +161,10 @@ impl Strategy for Ours {
                 }
             }
             if let Some(g) = &su.gang {
-                gang_launched.entry(g.as_str()).or_default().extend(launched);
+                gang_launched
+                    .entry(g.as_str())
+                    .or_default()
+                    .extend(launched);
             }
         }
         for (g, ids) in gang_launched {

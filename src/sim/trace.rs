@@ -167,8 +167,9 @@ pub fn load_trace(
             })
         };
         let seconds = |v: i64, name: &str| {
-            v.checked_mul(SECOND)
-                .ok_or_else(|| format!("{file}:{line}: field `{name}`: {v} seconds is out of range"))
+            v.checked_mul(SECOND).ok_or_else(|| {
+                format!("{file}:{line}: field `{name}`: {v} seconds is out of range")
+            })
         };
         let num_gpu = field(c_gpu, "num_gpu")?;
         let gpu_milli = field(c_milli, "gpu_milli")?;
