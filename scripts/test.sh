@@ -18,6 +18,12 @@ if [ ! -r /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-ge
   apt-get update -qq && apt-get install -y -qq fonts-dejavu-core >/dev/null
 fi
 
+# The AWS provider's tests run against moto_server, an EC2 API emulator (pinned; they fail without it).
+MOTO_VERSION=5.1.22
+if [ "$(python3 -c 'import moto; print(moto.__version__)' 2>/dev/null)" != "$MOTO_VERSION" ]; then
+  python3 -m pip install --quiet "moto[server]==$MOTO_VERSION"
+fi
+
 echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -88,7 +88,34 @@ pub struct Pool {
     pub max_pods: u32,
     pub priority: i32,
     pub scale_down: ScaleDown,
+    /// AWS settings (`aws:`), for pools with `provider: aws`.
+    pub aws: Option<AwsPoolSettings>,
 }
+
+/// A pool's `aws:` section: where and from what its instances launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AwsPoolSettings {
+    pub launch_template: LaunchTemplate,
+    /// Zone → subnet id; every zone of the pool has one.
+    pub subnets: BTreeMap<String, String>,
+}
+
+/// The EC2 launch template of a pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchTemplate {
+    pub by: LaunchTemplateBy,
+    /// A version number, `$Default` (the default) or `$Latest`.
+    pub version: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum LaunchTemplateBy {
+    Name(String),
+    Id(String),
+}
+
+/// The default `aws.launchTemplate.version`.
+pub const DEFAULT_LAUNCH_TEMPLATE_VERSION: &str = "$Default";
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Requirements {
@@ -245,6 +272,23 @@ struct RawPool {
     priority: i32,
     #[serde(default)]
     scale_down: RawScaleDown,
+    aws: Option<RawAwsPool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAwsPool {
+    launch_template: Option<RawLaunchTemplate>,
+    #[serde(default)]
+    subnets: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLaunchTemplate {
+    name: Option<String>,
+    id: Option<String>,
+    version: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -776,6 +820,13 @@ fn validate_pool(
                 );
                 GpuMode::Mig(Vec::new())
             }
+            Some(layout) if layout.is_empty() => {
+                c.at(
+                    &at(&["migLayout"]),
+                    "must list at least one MIG profile, e.g. 1g.5gb: 7",
+                );
+                GpuMode::Mig(Vec::new())
+            }
             Some(layout) => {
                 let mut compute = 0u32;
                 let mut out = Vec::new();
@@ -914,6 +965,7 @@ fn validate_pool(
         sd.backoff_after_failure,
         defaults::BACKOFF_AFTER_FAILURE,
     );
+    let aws = r.aws.map(|a| validate_aws(i, a, &provider, &zones, c));
     if c.errors.len() > before {
         return None;
     }
@@ -942,6 +994,121 @@ fn validate_pool(
             utilization_threshold,
             backoff_after_failure,
         },
+        aws,
+    })
+}
+
+/// A pool's `aws:` section: a launch template by name or id, a `subnet-...` for every zone.
+fn validate_aws(
+    i: usize,
+    a: RawAwsPool,
+    provider: &str,
+    zones: &[String],
+    c: &mut Collector,
+) -> AwsPoolSettings {
+    let at = |rest: &[&str]| {
+        let mut p = vec!["aws"];
+        p.extend_from_slice(rest);
+        pool_path(i, &p)
+    };
+    if provider != "aws" {
+        c.at(
+            &at(&[]),
+            format!("`aws` settings need `provider: aws` (the pool's provider is {provider})"),
+        );
+    }
+    let launch_template = match a.launch_template {
+        None => {
+            c.at(
+                &at(&[]),
+                "missing `launchTemplate` (give its `name` or `id`)",
+            );
+            LaunchTemplate {
+                by: LaunchTemplateBy::Name(String::new()),
+                version: DEFAULT_LAUNCH_TEMPLATE_VERSION.to_string(),
+            }
+        }
+        Some(lt) => {
+            let by = match (lt.name, lt.id) {
+                (Some(_), Some(_)) => {
+                    c.at(
+                        &at(&["launchTemplate"]),
+                        "give the launch template's `name` or its `id`, not both",
+                    );
+                    LaunchTemplateBy::Name(String::new())
+                }
+                (None, None) => {
+                    c.at(
+                        &at(&["launchTemplate"]),
+                        "needs the launch template's `name` or `id`",
+                    );
+                    LaunchTemplateBy::Name(String::new())
+                }
+                (Some(name), None) => {
+                    if name.trim().is_empty() {
+                        c.at(
+                            &at(&["launchTemplate", "name"]),
+                            "launch template name must not be empty",
+                        );
+                    }
+                    LaunchTemplateBy::Name(name)
+                }
+                (None, Some(id)) => {
+                    if !is_aws_id(&id, "lt-") {
+                        c.at(
+                            &at(&["launchTemplate", "id"]),
+                            format!("{id:?} is not a launch template id (lt-...)"),
+                        );
+                    }
+                    LaunchTemplateBy::Id(id)
+                }
+            };
+            let version = lt
+                .version
+                .unwrap_or_else(|| DEFAULT_LAUNCH_TEMPLATE_VERSION.to_string());
+            let numeric = !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit());
+            if !(numeric || version == "$Default" || version == "$Latest") {
+                c.at(
+                    &at(&["launchTemplate", "version"]),
+                    format!(
+                        "launch template version {version:?} must be a number, $Default or $Latest"
+                    ),
+                );
+            }
+            LaunchTemplate { by, version }
+        }
+    };
+    for (zone, subnet) in &a.subnets {
+        if !is_aws_id(subnet, "subnet-") {
+            c.at(
+                &at(&["subnets", zone]),
+                format!("{subnet:?} is not a subnet id (subnet-...)"),
+            );
+        }
+    }
+    if provider == "aws" {
+        for zone in zones {
+            if !a.subnets.contains_key(zone) {
+                c.at(
+                    &at(&["subnets"]),
+                    format!("zone {zone} has no subnet in aws.subnets"),
+                );
+            }
+        }
+    }
+    AwsPoolSettings {
+        launch_template,
+        subnets: a.subnets,
+    }
+}
+
+/// `prefix` followed by one or more lower-case letters or digits, e.g. `subnet-0abc12`.
+fn is_aws_id(s: &str, prefix: &str) -> bool {
+    s.strip_prefix(prefix).is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
     })
 }
 

@@ -164,6 +164,7 @@ fn example_policy_parses_with_defaults_applied() {
                 utilization_threshold: 0.5,
                 backoff_after_failure: mins(3),
             },
+            aws: None,
         }
     );
 
@@ -1166,4 +1167,159 @@ fn requirements_admit_instance_types() {
     assert!(!big.admits(&t("g5.xlarge", Some(("A10G", 1)))), "too few");
     assert!(!big.admits(&t("g6.12xlarge", Some(("A10G", 4)))), "family");
     assert!(!big.admits(&t("g5.12xlarge", Some(("L4", 4)))), "model");
+}
+
+// ---- aws ----
+
+/// A one-pool policy in two zones with `provider: aws`; `aws` lines go into the pool from line 7.
+fn aws_pool(aws: &[&str]) -> String {
+    let mut lines = vec![
+        "zones: [us-east-1a, us-east-1b]", // 1
+        "pools:",                          // 2
+        "  - name: a",                     // 3
+        "    provider: aws",               // 4
+        "    instanceTypes: [g5.xlarge]",  // 5
+        "    maxNodes: 3",                 // 6
+    ];
+    lines.extend_from_slice(aws);
+    yaml(&lines)
+}
+
+#[test]
+fn aws_section_is_optional() {
+    let p = parse_ok(&aws_pool(&[]));
+    assert_eq!(p.pools[0].aws, None);
+}
+
+#[test]
+fn aws_section_is_read_with_default_version() {
+    let p = parse_ok(&aws_pool(&[
+        "    aws:",
+        "      launchTemplate: {name: gpu-nodes}",
+        "      subnets:",
+        "        us-east-1a: subnet-0a1",
+        "        us-east-1b: subnet-0b2",
+    ]));
+    let aws = p.pools[0].aws.as_ref().unwrap();
+    assert_eq!(
+        aws.launch_template,
+        LaunchTemplate {
+            by: LaunchTemplateBy::Name("gpu-nodes".into()),
+            version: "$Default".into(),
+        }
+    );
+    assert_eq!(aws.subnets["us-east-1b"], "subnet-0b2");
+
+    let p = parse_ok(&aws_pool(&[
+        "    aws:",
+        "      launchTemplate: {id: lt-0abc, version: \"3\"}",
+        "      subnets: {us-east-1a: subnet-1, us-east-1b: subnet-2}",
+    ]));
+    let lt = &p.pools[0].aws.as_ref().unwrap().launch_template;
+    assert_eq!(lt.by, LaunchTemplateBy::Id("lt-0abc".into()));
+    assert_eq!(lt.version, "3");
+}
+
+#[test]
+fn aws_errors_name_the_field_and_position() {
+    let subnets = "      subnets: {us-east-1a: subnet-1, us-east-1b: subnet-2}";
+    let cases: Vec<(Vec<&str>, (usize, usize), &str)> = vec![
+        (
+            vec![
+                "    aws:",
+                "      launchTemplate: {name: lt}",
+                "      subnets: {us-east-1a: subnet-1}",
+            ],
+            (9, 7),
+            "pools[0].aws.subnets: zone us-east-1b has no subnet in aws.subnets",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      launchTemplate: {name: lt}",
+                "      subnets: {us-east-1a: subnet-1, us-east-1b: sn-2}",
+            ],
+            (9, 39),
+            "pools[0].aws.subnets.us-east-1b: \"sn-2\" is not a subnet id (subnet-...)",
+        ),
+        (
+            vec!["    aws:", "      launchTemplate: {name: \"\"}", subnets],
+            (8, 24),
+            "pools[0].aws.launchTemplate.name: launch template name must not be empty",
+        ),
+        (
+            vec!["    aws:", "      launchTemplate: {id: nope}", subnets],
+            (8, 24),
+            "pools[0].aws.launchTemplate.id: \"nope\" is not a launch template id (lt-...)",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      launchTemplate: {version: \"2\"}",
+                subnets,
+            ],
+            (8, 7),
+            "pools[0].aws.launchTemplate: needs the launch template's `name` or `id`",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      launchTemplate: {name: a, id: lt-1}",
+                subnets,
+            ],
+            (8, 7),
+            "not both",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      launchTemplate: {name: a, version: newest}",
+                subnets,
+            ],
+            (8, 33),
+            "must be a number, $Default or $Latest",
+        ),
+        (
+            vec!["    aws:", subnets],
+            (7, 5),
+            "pools[0].aws: missing `launchTemplate` (give its `name` or `id`)",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      launchTemplate: {name: a}",
+                subnets,
+                "      subnetIds: []",
+            ],
+            (10, 7),
+            "pools[0].aws.subnetIds: unknown field `subnetIds`",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (lines, at, phrase) in cases {
+        let e = parse_err(&aws_pool(&lines));
+        let got = positions(&e);
+        if !matches!(got.as_slice(), [(l, c, m)] if (*l, *c) == at && m.contains(phrase)) {
+            failures.push(format!(
+                "want one error at {at:?} containing {phrase:?}, got:\n{e}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn aws_section_needs_provider_aws() {
+    let text = aws_pool(&[
+        "    aws:",
+        "      launchTemplate: {name: a}",
+        "      subnets: {us-east-1a: subnet-1, us-east-1b: subnet-2}",
+    ])
+    .replace("provider: aws", "provider: memory");
+    let e = parse_err(&text);
+    assert_eq!(
+        e.to_string(),
+        "policy.yaml:7:5: pools[0].aws: `aws` settings need `provider: aws` (the pool's provider \
+         is memory)"
+    );
 }

@@ -1,0 +1,161 @@
+//! Pure helpers for launching: idempotency tokens, grouping a request's offerings into fleets,
+//! back-off delays, provider ids. No SDK types.
+
+use std::time::Duration;
+
+use gpu_node_autoscaler_provider::{CapacityType, OfferingKey};
+
+/// The longest `ClientToken` EC2 accepts.
+pub const MAX_CLIENT_TOKEN: usize = 64;
+
+/// FNV-1a, 64 bits: stable across runs and platforms (unlike `DefaultHasher`).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The `ClientToken` of one `CreateFleet` call: derived from the launch id, the capacity type and
+/// how many instances the call asks for, so that a retried identical call is idempotent at EC2
+/// while a follow-up call for the remainder (a different request) gets a token of its own (EC2
+/// rejects a reused token with different parameters). At most 64 ASCII characters.
+pub fn client_token(launch_id: &str, capacity_type: CapacityType, count: u32) -> String {
+    let full = format!("{launch_id}/{capacity_type}/{count}");
+    let readable: String = launch_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(32)
+        .collect();
+    let ct = match capacity_type {
+        CapacityType::Spot => "s",
+        CapacityType::OnDemand => "od",
+    };
+    let token = format!("gna-{readable}-{ct}{count}-{:016x}", fnv1a(full.as_bytes()));
+    debug_assert!(token.len() <= MAX_CLIENT_TOKEN);
+    token
+}
+
+/// The request's offerings grouped by capacity type, groups in the order their first offering
+/// appears, offerings in request order within a group (duplicates dropped).
+pub fn group_by_capacity_type(offerings: &[OfferingKey]) -> Vec<(CapacityType, Vec<OfferingKey>)> {
+    let mut groups: Vec<(CapacityType, Vec<OfferingKey>)> = Vec::new();
+    for o in offerings {
+        match groups.iter_mut().find(|(ct, _)| *ct == o.capacity_type) {
+            Some((_, list)) => {
+                if !list.contains(o) {
+                    list.push(o.clone())
+                }
+            }
+            None => groups.push((o.capacity_type, vec![o.clone()])),
+        }
+    }
+    groups
+}
+
+/// Exponential back-off with jitter: attempt 0 waits about `base`, each later one twice as long,
+/// capped at `max`; the wait is drawn from `[d/2, d]` with `unit` in `[0, 1)`.
+pub fn backoff(base: Duration, max: Duration, attempt: u32, unit: f64) -> Duration {
+    let d = base
+        .saturating_mul(2u32.saturating_pow(attempt.min(20)))
+        .min(max);
+    d.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
+}
+
+/// A number in `[0, 1)` from a fresh seed (time and a counter): jitter needs no quality.
+pub fn jitter_unit(seed: u64) -> f64 {
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `aws:///<zone>/<instance-id>`, the `spec.providerID` of an EC2 node.
+pub fn provider_id(zone: &str, instance_id: &str) -> String {
+    format!("aws:///{zone}/{instance_id}")
+}
+
+/// The instance id in an instance id or an `aws:///<zone>/<id>` provider id.
+pub fn instance_id_of(id: &str) -> &str {
+    if id.starts_with("aws://") {
+        id.rsplit('/').next().unwrap_or(id)
+    } else {
+        id
+    }
+}
+
+/// Whether a string looks like an EC2 instance id (`i-` and hex digits).
+pub fn is_instance_id(id: &str) -> bool {
+    id.strip_prefix("i-")
+        .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn o(t: &str, z: &str, ct: CapacityType) -> OfferingKey {
+        OfferingKey {
+            instance_type: t.into(),
+            zone: z.into(),
+            capacity_type: ct,
+        }
+    }
+
+    #[test]
+    fn client_tokens_are_short_stable_and_distinct() {
+        let long = "x".repeat(200);
+        let t = client_token(&long, CapacityType::Spot, 3);
+        assert!(t.len() <= MAX_CLIENT_TOKEN, "{t}");
+        assert_eq!(t, client_token(&long, CapacityType::Spot, 3));
+        assert_ne!(t, client_token(&long, CapacityType::OnDemand, 3));
+        assert_ne!(t, client_token(&long, CapacityType::Spot, 2));
+        let t = client_token("scale-up 42/ü", CapacityType::OnDemand, 10);
+        assert!(t.is_ascii() && t.starts_with("gna-scale-up42-od10-"), "{t}");
+    }
+
+    #[test]
+    fn groups_keep_request_order() {
+        use CapacityType::*;
+        let req = [
+            o("g5.xlarge", "a", OnDemand),
+            o("g5.xlarge", "a", Spot),
+            o("g5.xlarge", "b", OnDemand),
+            o("g5.xlarge", "a", OnDemand),
+        ];
+        let g = group_by_capacity_type(&req);
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].0, OnDemand);
+        assert_eq!(g[0].1, vec![req[0].clone(), req[2].clone()]);
+        assert_eq!(g[1], (Spot, vec![req[1].clone()]));
+    }
+
+    #[test]
+    fn backoff_doubles_with_bounded_jitter() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(1);
+        assert_eq!(backoff(base, max, 0, 0.999_999).as_millis(), 99);
+        assert_eq!(backoff(base, max, 0, 0.0), Duration::from_millis(50));
+        assert_eq!(backoff(base, max, 2, 0.0), Duration::from_millis(200));
+        assert_eq!(backoff(base, max, 9, 0.0), Duration::from_millis(500));
+        assert_eq!(backoff(base, max, u32::MAX, 1.0), max);
+        for s in 0..1000 {
+            let u = jitter_unit(s);
+            assert!((0.0..1.0).contains(&u));
+        }
+    }
+
+    #[test]
+    fn provider_ids_round_trip() {
+        let p = provider_id("us-east-1a", "i-0abc");
+        assert_eq!(p, "aws:///us-east-1a/i-0abc");
+        assert_eq!(instance_id_of(&p), "i-0abc");
+        assert_eq!(instance_id_of("i-0abc"), "i-0abc");
+        assert!(is_instance_id("i-0abc123"));
+        assert!(!is_instance_id("i-"));
+        assert!(!is_instance_id("vol-0abc"));
+    }
+}

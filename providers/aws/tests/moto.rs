@@ -1,0 +1,441 @@
+//! The AWS provider against a real EC2 API emulator (`moto_server`, started per test), with a
+//! fault-injecting proxy for what moto cannot produce. When moto is not installed these tests
+//! fail (they never skip): `scripts/test.sh` installs the pinned version.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use gpu_node_autoscaler_aws::{AwsProvider, TAG_CLUSTER, TAG_LAUNCH_ID, TAG_MANAGED_BY, TAG_POOL};
+use gpu_node_autoscaler_provider::{
+    CapacityType, CloudProvider, GpuInfo, GpuVendor, InstanceState, LaunchRequest, OfferingKey,
+    ProviderError,
+};
+use support::proxy::FaultProxy;
+use support::{config, describe, ec2, network, Moto, Network, CLUSTER, POOL};
+
+use CapacityType::{OnDemand, Spot};
+
+fn offering(t: &str, zone: &str, ct: CapacityType) -> OfferingKey {
+    OfferingKey {
+        instance_type: t.into(),
+        zone: zone.into(),
+        capacity_type: ct,
+    }
+}
+
+fn request(launch_id: &str, count: u32, offerings: &[OfferingKey]) -> LaunchRequest {
+    LaunchRequest {
+        launch_id: launch_id.into(),
+        pool: POOL.into(),
+        count,
+        offerings: offerings.to_vec(),
+        tags: BTreeMap::from([("team".to_string(), "ml".to_string())]),
+    }
+}
+
+/// moto, its network, and a provider talking to it directly.
+async fn setup() -> (Moto, Network, AwsProvider) {
+    let moto = Moto::start();
+    let net = network(&ec2(&moto.url()).await).await;
+    let provider = AwsProvider::new(config(&moto.url(), &net, CLUSTER))
+        .await
+        .unwrap();
+    (moto, net, provider)
+}
+
+/// moto, its network, a fault proxy in front of it, and a provider talking to the proxy.
+async fn setup_with_proxy() -> (Moto, Network, FaultProxy, AwsProvider) {
+    let moto = Moto::start();
+    let net = network(&ec2(&moto.url()).await).await;
+    let proxy = FaultProxy::start(moto.addr).await;
+    let provider = AwsProvider::new(config(&proxy.url(), &net, CLUSTER))
+        .await
+        .unwrap();
+    (moto, net, proxy, provider)
+}
+
+#[tokio::test]
+async fn catalog_reports_gpus_zones_and_prices() {
+    let (_moto, _net, provider) = setup().await;
+    let cat = provider.catalog().await.unwrap();
+
+    let g5 = cat.instance_type("g5.xlarge").unwrap();
+    assert_eq!((g5.vcpu, g5.memory_mib), (4, 16384));
+    assert_eq!(
+        g5.gpu,
+        Some(GpuInfo {
+            model: "A10G".into(),
+            vendor: GpuVendor::Nvidia,
+            count: 1,
+            memory_mib: 22888,
+        })
+    );
+    assert_eq!(g5.on_demand_price, Some(1.006));
+    let p4d = cat.instance_type("p4d.24xlarge").unwrap();
+    assert_eq!(p4d.vcpu, 96);
+    assert_eq!(
+        p4d.gpu,
+        Some(GpuInfo {
+            model: "A100".into(),
+            vendor: GpuVendor::Nvidia,
+            count: 8,
+            memory_mib: 40960,
+        })
+    );
+
+    // Two types × three zones × two capacity types, each offered by moto's us-east-1.
+    assert_eq!(cat.offerings.len(), 12, "{:#?}", cat.offerings);
+    assert!(
+        cat.offerings.iter().all(|o| o.available),
+        "{:#?}",
+        cat.offerings
+    );
+    let price = |ct| {
+        cat.offerings
+            .iter()
+            .find(|o| o.key == offering("g5.xlarge", "us-east-1b", ct))
+            .unwrap()
+            .price_per_hour
+    };
+    assert_eq!(price(OnDemand), 1.006);
+    // moto's spot price history says 0.00001 for everything.
+    assert!(price(Spot) > 0.0 && price(Spot) < 0.001, "{}", price(Spot));
+}
+
+#[tokio::test]
+async fn catalog_names_every_type_without_an_on_demand_price() {
+    let moto = Moto::start();
+    let net = network(&ec2(&moto.url()).await).await;
+    let mut c = config(&moto.url(), &net, CLUSTER);
+    c.pools[0].instance_types.push("g6.xlarge".into());
+    c.pools[0].on_demand_prices.remove("p4d.24xlarge");
+    let provider = AwsProvider::new(c).await.unwrap();
+    match provider.catalog().await {
+        Err(ProviderError::InvalidRequest { message }) => {
+            assert!(
+                message.contains("g6.xlarge, p4d.24xlarge") && !message.contains("g5.xlarge"),
+                "{message}"
+            );
+        }
+        other => panic!("expected an error naming the types, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn catalog_rejects_an_instance_type_the_region_does_not_know() {
+    let moto = Moto::start();
+    let net = network(&ec2(&moto.url()).await).await;
+    let mut c = config(&moto.url(), &net, CLUSTER);
+    c.pools[0].instance_types.push("zz9.mega".into());
+    c.pools[0].on_demand_prices.insert("zz9.mega".into(), 1.0);
+    let provider = AwsProvider::new(c).await.unwrap();
+    match provider.catalog().await {
+        Err(ProviderError::InvalidRequest { message }) => {
+            assert!(message.contains("zz9.mega"), "{message}")
+        }
+        other => panic!("expected an error naming zz9.mega, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_configuration_is_refused_with_every_problem() {
+    let mut c = gpu_node_autoscaler_aws::AwsConfig::new("us-east-1", CLUSTER);
+    c.pools.push(gpu_node_autoscaler_aws::AwsPool {
+        name: POOL.into(),
+        launch_template: gpu_node_autoscaler_aws::LaunchTemplateRef::new(""),
+        subnets: BTreeMap::from([("us-east-1a".to_string(), "sn-1".to_string())]),
+        instance_types: vec!["g5.xlarge".into()],
+        on_demand_prices: BTreeMap::new(),
+        on_demand_allocation: Default::default(),
+        spot_allocation: Default::default(),
+    });
+    let e = AwsProvider::new(c).await.unwrap_err().to_string();
+    assert!(
+        e.contains("pool gpu: launch template must not be empty"),
+        "{e}"
+    );
+    assert!(
+        e.contains("subnet \"sn-1\" of zone us-east-1a is not a subnet id"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn create_fleet_launches_tagged_spot_instances_in_the_requested_zone() {
+    let (moto, net, provider) = setup().await;
+    let req = request(
+        "launch-1",
+        2,
+        &[
+            offering("g5.xlarge", "us-east-1b", Spot),
+            offering("g5.xlarge", "us-east-1a", Spot),
+        ],
+    );
+    let r = provider.launch(&req).await.unwrap();
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.launched.len(), 2);
+    let client = ec2(&moto.url()).await;
+    for i in &r.launched {
+        assert_eq!(i.offering, offering("g5.xlarge", "us-east-1b", Spot));
+        assert_eq!(i.provider_id, format!("aws:///us-east-1b/{}", i.id));
+        assert_eq!((i.pool.as_str(), i.launch_id.as_str()), (POOL, "launch-1"));
+        let v = describe(&client, &i.id).await;
+        assert_eq!(v.subnet, net.subnets["us-east-1b"]);
+        assert_eq!(v.zone, "us-east-1b");
+        assert!(v.spot, "launched on-demand");
+        assert_eq!(v.tags[TAG_CLUSTER], CLUSTER);
+        assert_eq!(v.tags[TAG_POOL], POOL);
+        assert_eq!(v.tags[TAG_LAUNCH_ID], "launch-1");
+        assert_eq!(v.tags[TAG_MANAGED_BY], "gpu-node-autoscaler");
+        assert_eq!(v.tags["team"], "ml");
+    }
+
+    let listed = provider.list(POOL).await.unwrap();
+    let mut ids: Vec<_> = r.launched.iter().map(|i| i.id.clone()).collect();
+    ids.sort();
+    assert_eq!(listed.iter().map(|i| i.id.clone()).collect::<Vec<_>>(), ids);
+    for i in &listed {
+        assert_eq!(i.offering, offering("g5.xlarge", "us-east-1b", Spot));
+        assert!(matches!(
+            i.state,
+            InstanceState::Pending | InstanceState::Running
+        ));
+        assert_eq!(i.launch_id, "launch-1");
+        assert!(i.launched_at_ms > 0);
+    }
+    assert!(provider.list("other-pool").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_repeated_launch_launches_nothing_new() {
+    let (_moto, _net, provider) = setup().await;
+    let offerings = [offering("g5.xlarge", "us-east-1a", OnDemand)];
+    let first = provider
+        .launch(&request("launch-r", 2, &offerings))
+        .await
+        .unwrap();
+    assert_eq!(first.launched.len(), 2);
+    let again = provider
+        .launch(&request("launch-r", 2, &offerings))
+        .await
+        .unwrap();
+    assert!(again.launched.is_empty(), "{:?}", again.launched);
+    assert!(again.failures.is_empty());
+    assert_eq!(provider.list(POOL).await.unwrap().len(), 2);
+    // Asking for more under the same id launches only the difference.
+    let more = provider
+        .launch(&request("launch-r", 3, &offerings))
+        .await
+        .unwrap();
+    assert_eq!(more.launched.len(), 1);
+    assert_eq!(provider.list(POOL).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn terminate_and_list() {
+    let (moto, _net, provider) = setup().await;
+    let r = provider
+        .launch(&request(
+            "launch-t",
+            2,
+            &[offering("p4d.24xlarge", "us-east-1c", OnDemand)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.launched.len(), 2);
+    let (a, b) = (&r.launched[0], &r.launched[1]);
+    provider.terminate(&a.id).await.unwrap();
+    // By provider id too.
+    let listed = provider.list(POOL).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].id, b.id);
+    assert_eq!(
+        describe(&ec2(&moto.url()).await, &a.id).await.state,
+        "terminated"
+    );
+    provider.terminate(&b.provider_id).await.unwrap();
+    assert!(provider.list(POOL).await.unwrap().is_empty());
+
+    // Already terminated, and never existed: both success.
+    provider.terminate(&a.id).await.unwrap();
+    provider.terminate("i-0123456789abcdef0").await.unwrap();
+    assert!(matches!(
+        provider.terminate("vol-123").await,
+        Err(ProviderError::InvalidRequest { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_restarted_provider_finds_its_instances_by_tags() {
+    let (moto, net, provider) = setup().await;
+    let req = request("launch-x", 2, &[offering("g5.xlarge", "us-east-1a", Spot)]);
+    let launched = provider.launch(&req).await.unwrap().launched;
+    assert_eq!(launched.len(), 2);
+    drop(provider);
+
+    let restarted = AwsProvider::new(config(&moto.url(), &net, CLUSTER))
+        .await
+        .unwrap();
+    let found = restarted.list(POOL).await.unwrap();
+    assert_eq!(found.len(), 2);
+    for i in &found {
+        assert!(launched.iter().any(|l| l.id == i.id));
+        assert_eq!(i.offering, offering("g5.xlarge", "us-east-1a", Spot));
+        assert_eq!(i.launch_id, "launch-x");
+    }
+    // The same launch after the restart creates nothing twice.
+    assert!(restarted.launch(&req).await.unwrap().launched.is_empty());
+    // Another cluster's provider owns none of them.
+    let other = AwsProvider::new(config(&moto.url(), &net, "other-cluster"))
+        .await
+        .unwrap();
+    assert!(other.list(POOL).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn insufficient_capacity_in_one_zone_fails_that_offering_and_falls_back() {
+    let (_moto, net, proxy, provider) = setup_with_proxy().await;
+    proxy.fail_subnet(&net.subnets["us-east-1b"], "InsufficientInstanceCapacity");
+    let r = provider
+        .launch(&request(
+            "launch-ice",
+            2,
+            &[
+                offering("g5.xlarge", "us-east-1b", Spot),
+                offering("g5.xlarge", "us-east-1a", Spot),
+            ],
+        ))
+        .await
+        .unwrap();
+    let ice = offering("g5.xlarge", "us-east-1b", Spot);
+    assert_eq!(
+        r.failures,
+        vec![(
+            ice.clone(),
+            ProviderError::InsufficientCapacity { offering: ice }
+        )]
+    );
+    assert_eq!(r.launched.len(), 2);
+    assert!(r
+        .launched
+        .iter()
+        .all(|i| i.offering == offering("g5.xlarge", "us-east-1a", Spot)));
+}
+
+#[tokio::test]
+async fn spot_shortfall_launches_the_rest_on_demand_in_request_order() {
+    let (moto, net, proxy, provider) = setup_with_proxy().await;
+    proxy.cap_spot(1);
+    let r = provider
+        .launch(&request(
+            "launch-partial",
+            3,
+            &[
+                offering("g5.xlarge", "us-east-1a", Spot),
+                offering("g5.xlarge", "us-east-1c", OnDemand),
+                offering("g5.xlarge", "us-east-1a", OnDemand),
+            ],
+        ))
+        .await
+        .unwrap();
+    let spot_a = offering("g5.xlarge", "us-east-1a", Spot);
+    assert_eq!(
+        r.failures,
+        vec![(
+            spot_a.clone(),
+            ProviderError::InsufficientCapacity {
+                offering: spot_a.clone()
+            }
+        )]
+    );
+    let got: Vec<&OfferingKey> = r.launched.iter().map(|i| &i.offering).collect();
+    let od_c = offering("g5.xlarge", "us-east-1c", OnDemand);
+    assert_eq!(got, vec![&spot_a, &od_c, &od_c]);
+    let client = ec2(&moto.url()).await;
+    let mut spot = 0;
+    for i in &r.launched {
+        let v = describe(&client, &i.id).await;
+        spot += usize::from(v.spot);
+        if i.offering.capacity_type == OnDemand {
+            assert_eq!(v.subnet, net.subnets["us-east-1c"]);
+        }
+    }
+    assert_eq!(spot, 1);
+    assert_eq!(proxy.calls_of("CreateFleet"), 2);
+
+    // Spot only, and no spot at all: nothing launched, the offering reported, no error.
+    proxy.cap_spot(0);
+    let r = provider
+        .launch(&request("launch-none", 1, std::slice::from_ref(&spot_a)))
+        .await
+        .unwrap();
+    assert!(r.launched.is_empty());
+    assert_eq!(r.failures.len(), 1);
+    assert_eq!(r.failures[0].1.metric_label(), "insufficient_capacity");
+}
+
+#[tokio::test]
+async fn quota_and_unknown_fleet_errors_are_typed_with_the_aws_message() {
+    let (_moto, net, proxy, provider) = setup_with_proxy().await;
+    proxy.fail_subnet(&net.subnets["us-east-1a"], "VcpuLimitExceeded");
+    proxy.fail_subnet(&net.subnets["us-east-1b"], "InvalidFleetConfiguration");
+    let r = provider
+        .launch(&request(
+            "launch-q",
+            1,
+            &[
+                offering("p4d.24xlarge", "us-east-1a", OnDemand),
+                offering("p4d.24xlarge", "us-east-1b", OnDemand),
+                offering("p4d.24xlarge", "us-east-1c", OnDemand),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.launched.len(), 1);
+    assert_eq!(r.launched[0].offering.zone, "us-east-1c");
+    assert_eq!(r.failures.len(), 2, "{:?}", r.failures);
+    assert_eq!(r.failures[0].0.zone, "us-east-1a");
+    assert_eq!(r.failures[0].1.metric_label(), "quota_exceeded");
+    assert_eq!(r.failures[1].0.zone, "us-east-1b");
+    match &r.failures[1].1 {
+        ProviderError::Other { message } => assert!(
+            message.contains("InvalidFleetConfiguration: Injected InvalidFleetConfiguration"),
+            "{message}"
+        ),
+        e => panic!("expected Other, got {e:?}"),
+    }
+}
+
+#[tokio::test]
+async fn throttled_calls_are_retried_then_reported() {
+    let (_moto, _net, proxy, provider) = setup_with_proxy().await;
+    let offerings = [offering("g5.xlarge", "us-east-1a", OnDemand)];
+    // Two throttled calls, then success: the provider retried by itself.
+    proxy.throttle("CreateFleet", 2);
+    let r = provider
+        .launch(&request("launch-slow", 1, &offerings))
+        .await
+        .unwrap();
+    assert_eq!(r.launched.len(), 1);
+    assert_eq!(proxy.calls_of("CreateFleet"), 3);
+
+    // Throttled every time: after 4 attempts the caller gets `Throttled`.
+    proxy.throttle("CreateFleet", 100);
+    match provider
+        .launch(&request("launch-stuck", 1, &offerings))
+        .await
+    {
+        Err(ProviderError::Throttled { retry_after }) => assert!(retry_after.is_some()),
+        other => panic!("expected Throttled, got {other:?}"),
+    }
+    assert_eq!(proxy.calls_of("CreateFleet"), 3 + 4);
+
+    // The same for reads.
+    proxy.throttle("DescribeInstances", 100);
+    assert!(matches!(
+        provider.list(POOL).await,
+        Err(ProviderError::Throttled { .. })
+    ));
+    assert_eq!(proxy.calls_of("DescribeInstances"), 2 + 4);
+}

@@ -1,0 +1,240 @@
+//! Test support: a `moto_server` EC2 emulator per test, network set-up through the SDK, and a
+//! fault-injecting HTTP proxy between the provider and moto.
+
+pub mod proxy;
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_ec2::types::{RequestLaunchTemplateData, Tag};
+use aws_sdk_ec2::Client;
+use gpu_node_autoscaler_aws::{
+    AwsConfig, AwsPool, LaunchTemplateRef, OnDemandAllocation, RetryPolicy, SpotAllocation,
+};
+
+/// The moto version `scripts/test.sh` installs.
+pub const MOTO_VERSION: &str = "5.1.22";
+pub const REGION: &str = "us-east-1";
+pub const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+pub const POOL: &str = "gpu";
+pub const CLUSTER: &str = "test-cluster";
+
+/// A running `moto_server`, killed when dropped.
+pub struct Moto {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
+    l.local_addr().unwrap().port()
+}
+
+impl Moto {
+    /// Starts `python3 -m moto.server` (or `moto_server`) on a free loopback port and waits until
+    /// it answers. Panics — the test fails, it is not skipped — when moto is not installed.
+    pub fn start() -> Moto {
+        set_test_credentials();
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("moto-{port}.log"));
+        let args = ["-H", "127.0.0.1", "-p", &port.to_string()];
+        let spawn = |program: &str, pre: &[&str]| {
+            let stderr = std::fs::File::create(&log).expect("create moto log");
+            Command::new(program)
+                .args(pre)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+        };
+        let installed = Command::new("python3")
+            .args(["-c", "import moto.server"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        let child = if installed {
+            spawn("python3", &["-m", "moto.server"])
+        } else {
+            spawn("moto_server", &[])
+        }
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start moto_server ({e}): install it with \
+                 `python3 -m pip install 'moto[server]=={MOTO_VERSION}'` (scripts/test.sh does)"
+            )
+        });
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut moto = Moto { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("moto_server exited ({status}) before answering:\n{text}");
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return moto;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "moto_server did not answer on {addr} within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// moto accepts any credentials; the provider finds these through the default chain.
+pub fn set_test_credentials() {
+    std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+    std::env::set_var("AWS_SESSION_TOKEN", "testing");
+    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    std::env::remove_var("AWS_PROFILE");
+}
+
+/// A plain EC2 client for set-up and for checking what the provider did.
+pub async fn ec2(url: &str) -> Client {
+    set_test_credentials();
+    let sdk = aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new(REGION))
+        .endpoint_url(url)
+        .load()
+        .await;
+    Client::new(&sdk)
+}
+
+/// A VPC with one subnet per zone of [`ZONES`] and a launch template `gpu-nodes`.
+pub struct Network {
+    pub subnets: BTreeMap<String, String>,
+    pub launch_template: String,
+}
+
+pub async fn network(client: &Client) -> Network {
+    let vpc = client
+        .create_vpc()
+        .cidr_block("10.0.0.0/16")
+        .send()
+        .await
+        .expect("CreateVpc");
+    let vpc_id = vpc.vpc().and_then(|v| v.vpc_id()).unwrap().to_string();
+    let mut subnets = BTreeMap::new();
+    for (i, zone) in ZONES.iter().enumerate() {
+        let s = client
+            .create_subnet()
+            .vpc_id(&vpc_id)
+            .cidr_block(format!("10.0.{i}.0/24"))
+            .availability_zone(*zone)
+            .send()
+            .await
+            .expect("CreateSubnet");
+        let id = s.subnet().and_then(|s| s.subnet_id()).unwrap().to_string();
+        subnets.insert(zone.to_string(), id);
+    }
+    let images = client
+        .describe_images()
+        .owners("amazon")
+        .send()
+        .await
+        .expect("DescribeImages");
+    let ami = images
+        .images()
+        .iter()
+        .find_map(|i| i.image_id())
+        .expect("moto ships AMIs")
+        .to_string();
+    client
+        .create_launch_template()
+        .launch_template_name("gpu-nodes")
+        .launch_template_data(RequestLaunchTemplateData::builder().image_id(ami).build())
+        .send()
+        .await
+        .expect("CreateLaunchTemplate");
+    Network {
+        subnets,
+        launch_template: "gpu-nodes".to_string(),
+    }
+}
+
+/// The provider configuration for `network`, talking to `url`, with fast retries.
+pub fn config(url: &str, net: &Network, cluster: &str) -> AwsConfig {
+    let mut c = AwsConfig::new(REGION, cluster);
+    c.endpoint_url = Some(url.to_string());
+    c.retry = RetryPolicy {
+        max_attempts: 4,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(40),
+    };
+    c.pools.push(AwsPool {
+        name: POOL.to_string(),
+        launch_template: LaunchTemplateRef::new(&net.launch_template),
+        subnets: net.subnets.clone(),
+        instance_types: vec!["g5.xlarge".into(), "p4d.24xlarge".into()],
+        on_demand_prices: [
+            ("g5.xlarge".to_string(), 1.006),
+            ("p4d.24xlarge".to_string(), 32.77),
+        ]
+        .into_iter()
+        .collect(),
+        on_demand_allocation: OnDemandAllocation::Prioritized,
+        spot_allocation: SpotAllocation::PriceCapacityOptimized,
+    });
+    c
+}
+
+/// What EC2 itself says about an instance: (subnet, zone, lifecycle, tags).
+pub struct Ec2View {
+    pub subnet: String,
+    pub zone: String,
+    pub spot: bool,
+    pub state: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+pub async fn describe(client: &Client, id: &str) -> Ec2View {
+    let r = client
+        .describe_instances()
+        .instance_ids(id)
+        .send()
+        .await
+        .expect("DescribeInstances");
+    let i = &r.reservations()[0].instances()[0];
+    Ec2View {
+        subnet: i.subnet_id().unwrap_or_default().to_string(),
+        zone: i
+            .placement()
+            .and_then(|p| p.availability_zone())
+            .unwrap_or_default()
+            .to_string(),
+        spot: i.instance_lifecycle().is_some_and(|l| l.as_str() == "spot"),
+        state: i
+            .state()
+            .and_then(|s| s.name())
+            .map(|n| n.as_str().to_string())
+            .unwrap_or_default(),
+        tags: i
+            .tags()
+            .iter()
+            .map(|t: &Tag| {
+                (
+                    t.key().unwrap_or_default().to_string(),
+                    t.value().unwrap_or_default().to_string(),
+                )
+            })
+            .collect(),
+    }
+}

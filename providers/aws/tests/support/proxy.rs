@@ -1,0 +1,437 @@
+//! A fault-injecting HTTP/1.1 relay between the SDK and moto, for what moto cannot produce:
+//! throttling (`RequestLimitExceeded`), errors for one subnet's offerings (insufficient capacity,
+//! quotas, ...) and partial fulfilment of spot fleets. It rewrites `CreateFleet` requests and
+//! responses into the shapes EC2 documents; everything else passes through unchanged.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Default, Debug)]
+struct Faults {
+    /// Action → how many more calls get a 503 `RequestLimitExceeded`.
+    throttle: BTreeMap<String, u32>,
+    /// Subnet → error code for every `CreateFleet` override in it.
+    fail_subnets: BTreeMap<String, String>,
+    /// At most this many spot instances per `CreateFleet` (the rest: insufficient capacity).
+    spot_cap: Option<u32>,
+    /// Every action seen, in order.
+    calls: Vec<String>,
+}
+
+/// The proxy; it serves until the test's runtime ends.
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    faults: Arc<Mutex<Faults>>,
+}
+
+impl FaultProxy {
+    pub async fn start(upstream: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let faults = Arc::new(Mutex::new(Faults::default()));
+        let f = faults.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                tokio::spawn(connection(sock, upstream, f.clone()));
+            }
+        });
+        FaultProxy { addr, faults }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The next `times` calls of `action` are throttled.
+    pub fn throttle(&self, action: &str, times: u32) {
+        self.faults
+            .lock()
+            .unwrap()
+            .throttle
+            .insert(action.to_string(), times);
+    }
+
+    /// `CreateFleet` overrides in `subnet` fail with `code` instead of launching.
+    pub fn fail_subnet(&self, subnet: &str, code: &str) {
+        self.faults
+            .lock()
+            .unwrap()
+            .fail_subnets
+            .insert(subnet.to_string(), code.to_string());
+    }
+
+    /// Spot fleets launch at most `n` instances; the rest fail for lack of capacity.
+    pub fn cap_spot(&self, n: u32) {
+        self.faults.lock().unwrap().spot_cap = Some(n);
+    }
+
+    pub fn calls_of(&self, action: &str) -> usize {
+        self.faults
+            .lock()
+            .unwrap()
+            .calls
+            .iter()
+            .filter(|a| *a == action)
+            .count()
+    }
+}
+
+async fn connection(mut sock: TcpStream, upstream: SocketAddr, faults: Arc<Mutex<Faults>>) {
+    let mut buf = Vec::new();
+    while let Ok(Some((head, body))) = read_message(&mut sock, &mut buf).await {
+        let Ok(resp) = handle(&head, body, upstream, &faults).await else {
+            return;
+        };
+        if sock.write_all(&resp).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// Reads one HTTP/1.1 message (head, body) with a `Content-Length` body; `None` at EOF.
+async fn read_message(
+    sock: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<(String, Vec<u8>)>> {
+    let mut chunk = [0u8; 16384];
+    let head_end = loop {
+        if let Some(i) = find(buf, b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let len: usize = header(&head, "content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = buf[head_end..head_end + len].to_vec();
+    buf.drain(..head_end + len);
+    Ok(Some((head, body)))
+}
+
+fn response(status: u16, reason: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn parse_form(body: &[u8]) -> Vec<(String, String)> {
+    String::from_utf8_lossy(body)
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn encode_form(params: &[(String, String)]) -> Vec<u8> {
+    params
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+        .into_bytes()
+}
+
+const THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
+<Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors>\
+<RequestID>fault-proxy</RequestID></Response>";
+
+/// One error of `CreateFleet`'s `errorSet`, as EC2 documents it.
+struct FleetError {
+    instance_type: String,
+    subnet: String,
+    lifecycle: String,
+    code: String,
+}
+
+impl FleetError {
+    fn xml(&self) -> String {
+        format!(
+            "<item><launchTemplateAndOverrides><launchTemplateSpecification>\
+             <launchTemplateName>gpu-nodes</launchTemplateName><version>1</version>\
+             </launchTemplateSpecification><overrides><instanceType>{t}</instanceType>\
+             <subnetId>{s}</subnetId></overrides></launchTemplateAndOverrides>\
+             <lifecycle>{l}</lifecycle><errorCode>{c}</errorCode><errorMessage>Injected {c} for \
+             {t} in {s}.</errorMessage></item>",
+            t = self.instance_type,
+            s = self.subnet,
+            l = self.lifecycle,
+            c = self.code,
+        )
+    }
+}
+
+const OVERRIDES: &str = "LaunchTemplateConfigs.1.Overrides.";
+
+/// Applies the faults to a `CreateFleet` request: drops failing overrides (renumbering the rest)
+/// and caps spot capacity. Returns the errors to add to the response, and whether anything is
+/// left to launch.
+fn rewrite_create_fleet(params: &mut Vec<(String, String)>, f: &Faults) -> (Vec<FleetError>, bool) {
+    let get = |ps: &[(String, String)], k: &str| {
+        ps.iter().find(|(pk, _)| pk == k).map(|(_, v)| v.clone())
+    };
+    let lifecycle = get(
+        params,
+        "TargetCapacitySpecification.DefaultTargetCapacityType",
+    )
+    .unwrap_or_else(|| "on-demand".into());
+    // Override index → fields.
+    let mut overrides: BTreeMap<u32, BTreeMap<String, String>> = BTreeMap::new();
+    for (k, v) in params.iter() {
+        if let Some(rest) = k.strip_prefix(OVERRIDES) {
+            if let Some((n, field)) = rest.split_once('.') {
+                if let Ok(n) = n.parse::<u32>() {
+                    overrides
+                        .entry(n)
+                        .or_default()
+                        .insert(field.to_string(), v.clone());
+                }
+            }
+        }
+    }
+    let mut errors = Vec::new();
+    let mut kept = Vec::new();
+    for fields in overrides.values() {
+        let subnet = fields.get("SubnetId").cloned().unwrap_or_default();
+        let instance_type = fields.get("InstanceType").cloned().unwrap_or_default();
+        match f.fail_subnets.get(&subnet) {
+            Some(code) => errors.push(FleetError {
+                instance_type,
+                subnet,
+                lifecycle: lifecycle.clone(),
+                code: code.clone(),
+            }),
+            None => kept.push(fields.clone()),
+        }
+    }
+    params.retain(|(k, _)| !k.starts_with(OVERRIDES));
+    for (i, fields) in kept.iter().enumerate() {
+        for (field, v) in fields {
+            params.push((format!("{OVERRIDES}{}.{field}", i + 1), v.clone()));
+        }
+    }
+    let mut launchable = !kept.is_empty();
+    if let (Some(cap), "spot", Some(first)) = (f.spot_cap, lifecycle.as_str(), kept.first()) {
+        let total: u32 = get(params, "TargetCapacitySpecification.TotalTargetCapacity")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if total > cap {
+            for (k, v) in params.iter_mut() {
+                if k == "TargetCapacitySpecification.TotalTargetCapacity"
+                    || k == "TargetCapacitySpecification.SpotTargetCapacity"
+                {
+                    *v = cap.to_string();
+                }
+            }
+            errors.push(FleetError {
+                instance_type: first.get("InstanceType").cloned().unwrap_or_default(),
+                subnet: first.get("SubnetId").cloned().unwrap_or_default(),
+                lifecycle: lifecycle.clone(),
+                code: "InsufficientInstanceCapacity".into(),
+            });
+            launchable &= cap > 0;
+        }
+    }
+    (errors, launchable)
+}
+
+async fn forward(
+    head: &str,
+    body: &[u8],
+    upstream: SocketAddr,
+) -> std::io::Result<(u16, String, String, Vec<u8>)> {
+    let mut up = TcpStream::connect(upstream).await?;
+    let mut out = String::new();
+    for (i, line) in head.split("\r\n").enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let name = line
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if i > 0
+            && matches!(
+                name.as_str(),
+                "content-length" | "connection" | "transfer-encoding"
+            )
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    out.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    ));
+    up.write_all(out.as_bytes()).await?;
+    up.write_all(body).await?;
+    let mut raw = Vec::new();
+    up.read_to_end(&mut raw).await?;
+    let head_end = find(&raw, b"\r\n\r\n").map_or(raw.len(), |i| i + 4);
+    let rhead = String::from_utf8_lossy(&raw[..head_end]).to_string();
+    let mut rbody = raw[head_end..].to_vec();
+    if header(&rhead, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        rbody = dechunk(&rbody);
+    } else if let Some(len) = header(&rhead, "content-length").and_then(|v| v.parse().ok()) {
+        rbody.truncate(len);
+    }
+    let mut status = rhead.lines().next().unwrap_or("").splitn(3, ' ').skip(1);
+    let code = status.next().and_then(|c| c.parse().ok()).unwrap_or(502);
+    let reason = status.next().unwrap_or("").to_string();
+    let ct = header(&rhead, "content-type")
+        .unwrap_or("text/xml")
+        .to_string();
+    Ok((code, reason, ct, rbody))
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = find(b, b"\r\n") {
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&b[..i])
+                .split(';')
+                .next()
+                .unwrap()
+                .trim(),
+            16,
+        )
+        .unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[i + 2..i + 2 + size]);
+        b = &b[i + 2 + size + 2..];
+    }
+    out
+}
+
+async fn handle(
+    head: &str,
+    body: Vec<u8>,
+    upstream: SocketAddr,
+    faults: &Mutex<Faults>,
+) -> std::io::Result<Vec<u8>> {
+    let mut params = parse_form(&body);
+    let action = params
+        .iter()
+        .find(|(k, _)| k == "Action")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let (errors, launchable) = {
+        let mut f = faults.lock().unwrap();
+        f.calls.push(action.clone());
+        if let Some(n) = f.throttle.get_mut(&action).filter(|n| **n > 0) {
+            *n -= 1;
+            return Ok(response(
+                503,
+                "Service Unavailable",
+                "text/xml",
+                THROTTLED.as_bytes(),
+            ));
+        }
+        if action == "CreateFleet" {
+            rewrite_create_fleet(&mut params, &f)
+        } else {
+            (Vec::new(), true)
+        }
+    };
+    if action != "CreateFleet" || errors.is_empty() {
+        let (code, reason, ct, rbody) = forward(head, &body, upstream).await?;
+        return Ok(response(code, &reason, &ct, &rbody));
+    }
+    let error_xml = format!(
+        "<errorSet>{}</errorSet>",
+        errors.iter().map(FleetError::xml).collect::<String>()
+    );
+    if !launchable {
+        let xml = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CreateFleetResponse \
+             xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>fault-proxy</requestId>\
+             <fleetId>fleet-00000000-0000-0000-0000-000000000000</fleetId>{error_xml}\
+             <fleetInstanceSet/></CreateFleetResponse>"
+        );
+        return Ok(response(200, "OK", "text/xml", xml.as_bytes()));
+    }
+    let (code, reason, ct, rbody) = forward(head, &encode_form(&params), upstream).await?;
+    let text = String::from_utf8_lossy(&rbody)
+        .replace("<errorSet/>", "")
+        .replace("<errorSet></errorSet>", "");
+    let text = match text.rfind("</CreateFleetResponse>") {
+        Some(i) if code == 200 => format!("{}{error_xml}{}", &text[..i], &text[i..]),
+        _ => text,
+    };
+    Ok(response(code, &reason, &ct, text.as_bytes()))
+}
