@@ -864,7 +864,7 @@ fn validate_pool(
                 .as_ref()
                 .and_then(|s| s.core_percentage)
                 .unwrap_or(defaults::SHARED_CORE_PERCENTAGE);
-            if core == 0 || core > 100 || core % 5 != 0 {
+            if core == 0 || core > 100 || !core.is_multiple_of(5) {
                 c.at(
                     &at(&["sharedGpu", "corePercentage"]),
                     format!("gpu-core percentage must be a multiple of 5 in 5..=100, got {core}"),
