@@ -55,6 +55,17 @@ enum Command {
         /// AWS catalog, for pools with `provider: aws`).
         #[arg(long)]
         catalog: Option<PathBuf>,
+        /// Also check the pools of this provider against its account before any launch
+        /// (`aws`: instance types offered in each zone, subnets, launch templates; needs
+        /// credentials from the default chain).
+        #[arg(long, value_parser = ["aws"])]
+        provider: Option<String>,
+        /// Region for --provider aws (default: the policy's `region`).
+        #[arg(long)]
+        aws_region: Option<String>,
+        /// Another EC2 endpoint for --provider aws, e.g. an emulator's URL.
+        #[arg(long)]
+        aws_endpoint_url: Option<String>,
     },
 }
 
@@ -106,7 +117,13 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Simulate(args) => simulate(args),
-        Command::CheckPolicy { file, catalog } => {
+        Command::CheckPolicy {
+            file,
+            catalog,
+            provider,
+            aws_region,
+            aws_endpoint_url,
+        } => {
             let policy = load_policy(&file)?;
             let explicit = catalog.is_some();
             let catalog = load_catalog(catalog.as_deref(), &policy)?;
@@ -122,12 +139,59 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 bail!("{} error(s) in {}", errors.len(), file.display());
             }
+            if provider.as_deref() == Some("aws") {
+                check_aws(&policy, &catalog, &file, aws_region, aws_endpoint_url)?;
+            }
             for line in policy::summary(&policy) {
                 println!("{line}");
             }
             Ok(())
         }
     }
+}
+
+#[cfg(feature = "aws")]
+fn check_aws(
+    policy: &Policy,
+    catalog: &Catalog,
+    file: &Path,
+    region: Option<String>,
+    endpoint: Option<String>,
+) -> Result<()> {
+    let region = region.or_else(|| policy.region.clone()).ok_or_else(|| {
+        anyhow::anyhow!("--provider aws needs a region: --aws-region or the policy's `region`")
+    })?;
+    let config = gpu_node_autoscaler::aws::config_from_policy(policy, catalog, &region, endpoint)
+        .map_err(|errors| {
+        for e in &errors {
+            eprintln!("{}: {e}", file.display());
+        }
+        anyhow::anyhow!("{} error(s) in {}", errors.len(), file.display())
+    })?;
+    let problems =
+        gpu_node_autoscaler::aws::check_against_account(config).map_err(anyhow::Error::msg)?;
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!("{}: {p}", file.display());
+        }
+        bail!(
+            "{} problem(s) with the AWS account for {}",
+            problems.len(),
+            file.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "aws"))]
+fn check_aws(
+    _: &Policy,
+    _: &Catalog,
+    _: &Path,
+    _: Option<String>,
+    _: Option<String>,
+) -> Result<()> {
+    bail!("this build has no AWS support (built without the `aws` feature)")
 }
 
 #[derive(clap::Args)]

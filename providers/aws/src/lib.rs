@@ -341,6 +341,167 @@ impl AwsProvider {
         })
     }
 
+    /// (instance type, zone) for every zone of the region that offers one of `type_names`.
+    async fn offered_zones(
+        &self,
+        type_names: &[String],
+    ) -> Result<BTreeSet<(String, String)>, ProviderError> {
+        let mut offered: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut token: Option<String> = None;
+        loop {
+            let resp = self
+                .call(
+                    "DescribeInstanceTypeOfferings",
+                    &self.limits.describe_offerings,
+                    || {
+                        self.client
+                            .describe_instance_type_offerings()
+                            .location_type(LocationType::AvailabilityZone)
+                            .filters(
+                                Filter::builder()
+                                    .name("instance-type")
+                                    .set_values(Some(type_names.to_vec()))
+                                    .build(),
+                            )
+                            .set_next_token(token.clone())
+                            .send()
+                    },
+                )
+                .await
+                .map_err(ApiError::into_provider_error)?;
+            for o in resp.instance_type_offerings() {
+                if let (Some(t), Some(z)) = (o.instance_type(), o.location()) {
+                    offered.insert((t.as_str().to_string(), z.to_string()));
+                }
+            }
+            token = resp
+                .next_token()
+                .filter(|t| !t.is_empty())
+                .map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        Ok(offered)
+    }
+
+    /// Checks the configuration against the account before any launch: every pool's instance
+    /// types offered in each of its zones, its subnets existing in the zones they are listed for,
+    /// its launch template existing. One message per problem, naming the pool and field.
+    pub async fn validate(&self) -> Result<Vec<String>, ProviderError> {
+        let mut problems = Vec::new();
+        let mut types: BTreeSet<String> = BTreeSet::new();
+        for p in &self.config.pools {
+            types.extend(p.instance_types.iter().cloned());
+        }
+        let types: Vec<String> = types.into_iter().collect();
+        let offered = if types.is_empty() {
+            BTreeSet::new()
+        } else {
+            self.offered_zones(&types).await?
+        };
+        for p in &self.config.pools {
+            for t in &p.instance_types {
+                if !offered.iter().any(|(ot, _)| ot == t) {
+                    problems.push(format!(
+                        "pool {}: instanceTypes: {t} is not offered in region {}",
+                        p.name, self.config.region
+                    ));
+                    continue;
+                }
+                for zone in p.subnets.keys() {
+                    if !offered.contains(&(t.clone(), zone.clone())) {
+                        problems.push(format!(
+                            "pool {}: instanceTypes: {t} is not offered in zone {zone}",
+                            p.name
+                        ));
+                    }
+                }
+            }
+        }
+        // Subnets: where they are, if they exist.
+        let ids: Vec<String> = self
+            .config
+            .pools
+            .iter()
+            .flat_map(|p| p.subnets.values().cloned())
+            .collect();
+        let mut zone_of: BTreeMap<String, String> = BTreeMap::new();
+        if !ids.is_empty() {
+            let resp = self
+                .call("DescribeSubnets", &self.limits.describe_instances, || {
+                    self.client
+                        .describe_subnets()
+                        .filters(
+                            Filter::builder()
+                                .name("subnet-id")
+                                .set_values(Some(ids.clone()))
+                                .build(),
+                        )
+                        .send()
+                })
+                .await
+                .map_err(ApiError::into_provider_error)?;
+            for s in resp.subnets() {
+                if let (Some(id), Some(z)) = (s.subnet_id(), s.availability_zone()) {
+                    zone_of.insert(id.to_string(), z.to_string());
+                }
+            }
+        }
+        for p in &self.config.pools {
+            for (zone, id) in &p.subnets {
+                match zone_of.get(id) {
+                    None => problems.push(format!(
+                        "pool {}: aws.subnets.{zone}: subnet {id} not found",
+                        p.name
+                    )),
+                    Some(z) if z != zone => problems.push(format!(
+                        "pool {}: aws.subnets.{zone}: subnet {id} is in zone {z}",
+                        p.name
+                    )),
+                    Some(_) => {}
+                }
+            }
+        }
+        // Launch templates, by id or by name.
+        for p in &self.config.pools {
+            let lt = &p.launch_template.id_or_name;
+            let by_id = lt.starts_with("lt-");
+            let found = self
+                .call(
+                    "DescribeLaunchTemplates",
+                    &self.limits.describe_instances,
+                    || {
+                        let req = self.client.describe_launch_templates();
+                        if by_id {
+                            req.launch_template_ids(lt.clone()).send()
+                        } else {
+                            req.filters(
+                                Filter::builder()
+                                    .name("launch-template-name")
+                                    .values(lt.clone())
+                                    .build(),
+                            )
+                            .send()
+                        }
+                    },
+                )
+                .await;
+            let exists = match found {
+                Ok(r) => !r.launch_templates().is_empty(),
+                Err(e) if e.code.as_deref().is_some_and(|c| c.contains("NotFound")) => false,
+                Err(e) => return Err(e.into_provider_error()),
+            };
+            if !exists {
+                problems.push(format!(
+                    "pool {}: aws.launchTemplate: launch template {lt} not found",
+                    p.name
+                ));
+            }
+        }
+        Ok(problems)
+    }
+
     pub fn config(&self) -> &AwsConfig {
         &self.config
     }
@@ -783,43 +944,8 @@ impl CloudProvider for AwsProvider {
         }
 
         // Zones offering each type.
-        let mut offered: BTreeSet<(String, String)> = BTreeSet::new();
         let type_names: Vec<String> = types.iter().map(|t| t.to_string()).collect();
-        let mut token: Option<String> = None;
-        loop {
-            let resp = self
-                .call(
-                    "DescribeInstanceTypeOfferings",
-                    &self.limits.describe_offerings,
-                    || {
-                        self.client
-                            .describe_instance_type_offerings()
-                            .location_type(LocationType::AvailabilityZone)
-                            .filters(
-                                Filter::builder()
-                                    .name("instance-type")
-                                    .set_values(Some(type_names.clone()))
-                                    .build(),
-                            )
-                            .set_next_token(token.clone())
-                            .send()
-                    },
-                )
-                .await
-                .map_err(ApiError::into_provider_error)?;
-            for o in resp.instance_type_offerings() {
-                if let (Some(t), Some(z)) = (o.instance_type(), o.location()) {
-                    offered.insert((t.as_str().to_string(), z.to_string()));
-                }
-            }
-            token = resp
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_string);
-            if token.is_none() {
-                break;
-            }
-        }
+        let offered = self.offered_zones(&type_names).await?;
 
         // Latest spot price per type × zone.
         let mut spot: BTreeMap<(String, String), (i64, f64)> = BTreeMap::new();

@@ -439,3 +439,37 @@ async fn throttled_calls_are_retried_then_reported() {
     ));
     assert_eq!(proxy.calls_of("DescribeInstances"), 2 + 4);
 }
+
+#[tokio::test]
+async fn validate_reports_what_the_account_lacks_before_any_launch() {
+    let moto = Moto::start();
+    let client = support::ec2(&moto.url()).await;
+    let net = support::network(&client).await;
+    let good = support::config(&moto.url(), &net, support::CLUSTER);
+    let p = AwsProvider::new(good.clone()).await.unwrap();
+    assert_eq!(p.validate().await.unwrap(), Vec::<String>::new());
+
+    let mut bad = good;
+    let pool = &mut bad.pools[0];
+    pool.instance_types.push("x9.gpu".into());
+    pool.launch_template = gpu_node_autoscaler_aws::LaunchTemplateRef::new("no-such-template");
+    let a = pool.subnets["us-east-1a"].clone();
+    pool.subnets.insert("us-east-1b".into(), a);
+    pool.subnets
+        .insert("us-east-1c".into(), "subnet-0123456789abcdef0".into());
+    let p = AwsProvider::new(bad).await.unwrap();
+    let problems = p.validate().await.unwrap();
+    let want = [
+        "pool gpu: instanceTypes: x9.gpu is not offered in region us-east-1",
+        "pool gpu: aws.subnets.us-east-1b: subnet ",
+        "is in zone us-east-1a",
+        "pool gpu: aws.subnets.us-east-1c: subnet subnet-0123456789abcdef0 not found",
+        "pool gpu: aws.launchTemplate: launch template no-such-template not found",
+    ];
+    for w in want {
+        assert!(
+            problems.iter().any(|p| p.contains(w)),
+            "{w:?} not in {problems:#?}"
+        );
+    }
+}

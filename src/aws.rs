@@ -1,0 +1,86 @@
+//! The AWS provider's configuration from the scaling policy (behind the `aws` feature).
+
+use gpu_node_autoscaler_aws::{
+    AwsConfig, AwsPool, LaunchTemplateRef, OnDemandAllocation, SpotAllocation,
+};
+use gpu_node_autoscaler_provider::Catalog;
+
+use crate::plan::templates::pool_instance_types;
+use crate::policy::{LaunchTemplateBy, Policy};
+
+/// Pools with `provider: aws` become provider pools: their `aws` section, their instance types
+/// (listed, or resolved from `catalog` by their requirements) and on-demand prices (the pool's
+/// `prices`, else the catalog's list price). Errors name the pool and field.
+pub fn config_from_policy(
+    policy: &Policy,
+    catalog: &Catalog,
+    region: &str,
+    endpoint_url: Option<String>,
+) -> Result<AwsConfig, Vec<String>> {
+    let mut config = AwsConfig::new(region, policy.cluster_name.clone());
+    config.endpoint_url = endpoint_url;
+    let mut errors = Vec::new();
+    for pool in policy.pools.iter().filter(|p| p.provider == "aws") {
+        let Some(aws) = &pool.aws else {
+            errors.push(format!(
+                "pool {}: aws: missing (launchTemplate and subnets are needed to launch)",
+                pool.name
+            ));
+            continue;
+        };
+        let types: Vec<String> = match (&pool.instance_types, pool_instance_types(pool, catalog)) {
+            (Some(listed), _) => listed.clone(),
+            (None, Ok(found)) => found.into_iter().map(|t| t.name.clone()).collect(),
+            (None, Err(e)) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        let mut prices = std::collections::BTreeMap::new();
+        for t in &types {
+            let price = pool
+                .prices
+                .get(t)
+                .and_then(|p| p.on_demand)
+                .or_else(|| catalog.instance_type(t).and_then(|i| i.on_demand_price));
+            if let Some(p) = price {
+                prices.insert(t.clone(), p);
+            }
+        }
+        let id_or_name = match &aws.launch_template.by {
+            LaunchTemplateBy::Name(n) | LaunchTemplateBy::Id(n) => n.clone(),
+        };
+        config.pools.push(AwsPool {
+            name: pool.name.clone(),
+            launch_template: LaunchTemplateRef {
+                id_or_name,
+                version: aws.launch_template.version.clone(),
+            },
+            subnets: aws.subnets.clone(),
+            instance_types: types,
+            on_demand_prices: prices,
+            on_demand_allocation: OnDemandAllocation::Prioritized,
+            spot_allocation: SpotAllocation::PriceCapacityOptimized,
+        });
+    }
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Checks the policy's AWS pools against the account (instance types offered in their zones,
+/// subnets, launch templates). Returns every problem found.
+pub fn check_against_account(config: AwsConfig) -> Result<Vec<String>, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    rt.block_on(async {
+        let provider = gpu_node_autoscaler_aws::AwsProvider::new(config)
+            .await
+            .map_err(|e| e.to_string())?;
+        provider.validate().await.map_err(|e| format!("EC2: {e}"))
+    })
+}
