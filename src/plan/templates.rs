@@ -68,14 +68,6 @@ impl Template {
             .fold(0, |m, (i, _)| m | (1u64 << i))
     }
 
-    pub fn all_mask(&self) -> u64 {
-        if self.offerings.len() >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << self.offerings.len()) - 1
-        }
-    }
-
     pub fn zone_mask(&self, zone: &str) -> u64 {
         self.offerings
             .iter()

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use gpu_node_autoscaler_memory::{CapacityWindow, MemoryProvider};
 use gpu_node_autoscaler_provider::{
-    Catalog, InstanceType, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
+    InstanceType, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
 };
 
 use crate::fixtures::Rng;
@@ -291,15 +291,6 @@ impl World {
 
     pub fn templates(&self) -> &[Template] {
         &self.templates
-    }
-
-    /// The cloud's catalog right now (availability reflects capacity windows).
-    pub fn catalog(&self) -> Catalog {
-        self.provider.catalog_now().unwrap_or_default()
-    }
-
-    pub fn instance_type(&self, name: &str) -> Option<&InstanceType> {
-        self.instance_types.get(name)
     }
 
     /// Launches through the cloud; launched instances register after their boot delay.
