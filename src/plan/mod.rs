@@ -85,6 +85,10 @@ pub struct Kept {
 pub struct Unschedulable {
     pub pod: String,
     pub reason: String,
+    /// Nothing this policy can launch will ever host it (as it is specified now): waiting does
+    /// not help.
+    #[serde(skip)]
+    pub permanent: bool,
 }
 
 /// A pending pod that fits capacity already there or on its way.

@@ -1151,10 +1151,12 @@ impl<'a> Packer<'a> {
                 continue;
             }
             let reason = self.class_reason(ci);
+            let permanent = c.tmask.iter().all(|m| *m == 0);
             for &p in &c.pods[c.next..] {
                 plan.unschedulable.push(Unschedulable {
                     pod: snap.pods[p].id.to_string(),
                     reason: reason.clone(),
+                    permanent,
                 });
             }
         }
@@ -1164,6 +1166,7 @@ impl<'a> Packer<'a> {
                     plan.unschedulable.push(Unschedulable {
                         pod: p.id.to_string(),
                         reason: format!("invalid pod spec: {problem}"),
+                        permanent: true,
                     });
                 }
             }

@@ -204,10 +204,7 @@ impl Strategy for Ours {
                 self.ice.insert(offering, Time(now) + ttl);
             }
         }
-        let waiting = p
-            .unschedulable
-            .iter()
-            .any(|u| !u.reason.starts_with("no pool can ever host it"));
+        let waiting = p.unschedulable.iter().any(|u| !u.permanent);
         let pending = waiting || !p.scale_ups.is_empty() || follow_up;
         let mut next = self.next_interesting(&p, world, now);
         if pending || !world.unregistered().is_empty() {
