@@ -9,7 +9,7 @@ use crate::model::OwnerKind;
 
 const GI: i64 = 1 << 30;
 const MI: i64 = 1 << 20;
-const CLUSTER_EXAMPLE: &str = include_str!("../examples/cluster.yaml");
+const CLUSTER_EXAMPLE: &str = include_str!("../docs/examples/cluster.yaml");
 
 // ---- builders ----
 
@@ -1143,7 +1143,7 @@ fn pdb_without_a_selector_selects_no_pods() {
 
 #[test]
 fn example_cluster_file_loads() {
-    let loaded = load_cluster_file(CLUSTER_EXAMPLE, "examples/cluster.yaml").unwrap();
+    let loaded = load_cluster_file(CLUSTER_EXAMPLE, "docs/examples/cluster.yaml").unwrap();
     assert_eq!(loaded.warnings, Vec::<String>::new());
     let s = &loaded.snapshot;
     assert_eq!(s.nodes.len(), 3);

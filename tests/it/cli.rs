@@ -5,9 +5,9 @@ use crate::{run, stderr, stdout, temp_file};
 const EXAMPLE: [&str; 7] = [
     "plan",
     "--cluster",
-    "examples/cluster.yaml",
+    "docs/examples/cluster.yaml",
     "--policy",
-    "examples/policy.yaml",
+    "docs/examples/policy.yaml",
     "--now",
     "2026-11-21T10:00:00Z",
 ];
@@ -83,9 +83,9 @@ fn now_decides_what_the_scale_down_delay_allows() {
         let o = run(&[
             "plan",
             "--cluster",
-            "examples/cluster.yaml",
+            "docs/examples/cluster.yaml",
             "--policy",
-            "examples/policy.yaml",
+            "docs/examples/policy.yaml",
             "--format",
             "json",
             "--now",
@@ -102,7 +102,7 @@ fn now_decides_what_the_scale_down_delay_allows() {
 
 #[test]
 fn check_policy_summarises_each_pool() {
-    let o = run(&["check-policy", "examples/policy.yaml"]);
+    let o = run(&["check-policy", "docs/examples/policy.yaml"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert_eq!(out.lines().count(), 4, "{out}");
@@ -155,7 +155,7 @@ fn a_cluster_file_that_is_not_a_list_is_a_clear_error() {
         "--cluster",
         p.to_str().unwrap(),
         "--policy",
-        "examples/policy.yaml",
+        "docs/examples/policy.yaml",
     ]);
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
@@ -193,7 +193,7 @@ items:
         "--cluster",
         p.to_str().unwrap(),
         "--policy",
-        "examples/policy.yaml",
+        "docs/examples/policy.yaml",
         "--format",
         "json",
     ]);
@@ -215,18 +215,18 @@ fn malformed_inputs_never_panic() {
         vec![
             "plan".into(),
             "--cluster".into(),
-            "examples/cluster.yaml".into(),
+            "docs/examples/cluster.yaml".into(),
             "--policy".into(),
-            "examples/policy.yaml".into(),
+            "docs/examples/policy.yaml".into(),
             "--now".into(),
             "yesterday".into(),
         ],
         vec![
             "plan".into(),
             "--cluster".into(),
-            "examples/cluster.yaml".into(),
+            "docs/examples/cluster.yaml".into(),
             "--policy".into(),
-            "examples/policy.yaml".into(),
+            "docs/examples/policy.yaml".into(),
             "--catalog".into(),
             catalog.display().to_string(),
         ],
@@ -235,9 +235,9 @@ fn malformed_inputs_never_panic() {
             "--cluster".into(),
             "missing.yaml".into(),
             "--policy".into(),
-            "examples/policy.yaml".into(),
+            "docs/examples/policy.yaml".into(),
         ],
-        vec!["check-policy".into(), "examples/cluster.yaml".into()],
+        vec!["check-policy".into(), "docs/examples/cluster.yaml".into()],
     ];
     for args in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
