@@ -1,0 +1,343 @@
+//! The provider against a local fake of the ESS and ECS endpoints (`support`), which checks
+//! every request's signature and parameters.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use gpu_node_autoscaler_alibaba::{
+    AlibabaConfig, AlibabaPool, AlibabaProvider, Credentials, RetryPolicy,
+};
+use gpu_node_autoscaler_provider::{
+    CapacityType, CloudProvider, GpuVendor, InstanceState, LaunchRequest, OfferingKey,
+    ProviderError,
+};
+use support::{Fake, KEY_ID, SECRET, TOKEN};
+
+const A10: &str = "ecs.gn7i-c8g1.2xlarge";
+const T4: &str = "ecs.gn6i-c4g1.xlarge";
+const ZONES: [&str; 2] = ["cn-hangzhou-i", "cn-hangzhou-j"];
+
+fn pool(on_demand_group: bool) -> AlibabaPool {
+    AlibabaPool {
+        name: "gpu".into(),
+        spot_group: "asg-spot".into(),
+        compensate_with_on_demand: false,
+        on_demand_group: on_demand_group.then(|| "asg-od".to_string()),
+        instance_types: vec![A10.into(), T4.into()],
+        vswitches: ZONES
+            .iter()
+            .enumerate()
+            .map(|(i, z)| (z.to_string(), format!("vsw-{i}")))
+            .collect(),
+        on_demand_prices: [(A10.to_string(), 2.0), (T4.to_string(), 1.0)].into(),
+    }
+}
+
+async fn setup(on_demand_group: bool, page_size: u32) -> (Fake, AlibabaProvider) {
+    let fake = Fake::start(&[("asg-spot", &ZONES), ("asg-od", &ZONES)]).await;
+    let mut config = AlibabaConfig::new("cn-hangzhou");
+    config.ess_endpoint = Some(fake.url.clone());
+    config.ecs_endpoint = Some(fake.url.clone());
+    config.pools.push(pool(on_demand_group));
+    config.retry = RetryPolicy {
+        max_attempts: 3,
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    };
+    config.activity_poll_interval = Duration::from_millis(1);
+    config.activity_timeout = Duration::from_secs(10);
+    config.page_size = page_size;
+    let mut creds = Credentials::new(KEY_ID, SECRET);
+    creds.security_token = Some(TOKEN.into());
+    let provider = AlibabaProvider::new(config, creds).unwrap();
+    (fake, provider)
+}
+
+fn request(launch_id: &str, count: u32) -> LaunchRequest {
+    let key = |t: &str, ct| OfferingKey {
+        instance_type: t.into(),
+        zone: ZONES[0].into(),
+        capacity_type: ct,
+    };
+    LaunchRequest {
+        launch_id: launch_id.into(),
+        pool: "gpu".into(),
+        count,
+        offerings: vec![
+            key(A10, CapacityType::Spot),
+            key(T4, CapacityType::Spot),
+            key(A10, CapacityType::OnDemand),
+        ],
+        tags: BTreeMap::new(),
+    }
+}
+
+fn assert_clean(fake: &Fake) {
+    let v = fake.with(|s| s.violations.clone());
+    assert!(v.is_empty(), "the fake saw bad requests: {v:#?}");
+}
+
+#[tokio::test]
+async fn catalog_has_shapes_spot_and_on_demand_prices() {
+    let (fake, p) = setup(true, 50).await;
+    let c = p.catalog().await.unwrap();
+    let a10 = c.instance_type(A10).unwrap();
+    assert_eq!((a10.vcpu, a10.memory_mib), (8, 30 * 1024));
+    let gpu = a10.gpu.as_ref().unwrap();
+    assert_eq!(
+        (gpu.model.as_str(), gpu.vendor, gpu.count, gpu.memory_mib),
+        ("A10", GpuVendor::Nvidia, 1, 24 * 1024)
+    );
+    assert_eq!(a10.on_demand_price, Some(2.0));
+    assert_eq!(
+        c.instance_type(T4).unwrap().gpu.as_ref().unwrap().model,
+        "T4"
+    );
+    let find = |t: &str, z: &str, ct| {
+        c.offerings
+            .iter()
+            .find(|o| o.key.instance_type == t && o.key.zone == z && o.key.capacity_type == ct)
+            .unwrap()
+            .clone()
+    };
+    // The latest spot price wins; a zone without spot prices is listed unavailable.
+    let s = find(A10, ZONES[0], CapacityType::Spot);
+    assert_eq!((s.price_per_hour, s.available), (0.5, true));
+    assert!(!find(A10, ZONES[1], CapacityType::Spot).available);
+    assert!(!find(T4, ZONES[0], CapacityType::Spot).available);
+    let od = find(T4, ZONES[1], CapacityType::OnDemand);
+    assert_eq!((od.price_per_hour, od.available), (1.0, true));
+    assert_eq!(c.offerings.len(), 2 * 2 * 2);
+    let calls = fake.with(|s| s.calls_of("DescribeInstanceTypes"));
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        calls[0].get("InstanceTypes.1").map(String::as_str),
+        Some(T4)
+    );
+    assert_eq!(
+        fake.with(|s| s.calls_of("DescribeSpotPriceHistory")).len(),
+        2
+    );
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn catalog_names_types_without_on_demand_price() {
+    let fake = Fake::start(&[("asg-spot", &ZONES)]).await;
+    let mut config = AlibabaConfig::new("cn-hangzhou");
+    config.ess_endpoint = Some(fake.url.clone());
+    config.ecs_endpoint = Some(fake.url.clone());
+    let mut p = pool(false);
+    p.on_demand_prices.remove(T4);
+    config.pools.push(p);
+    let provider = AlibabaProvider::new(config, Credentials::new(KEY_ID, SECRET)).unwrap();
+    let e = provider.catalog().await.unwrap_err();
+    assert!(
+        matches!(&e, ProviderError::InvalidRequest { message } if message.contains("gpu/ecs.gn6i-c4g1.xlarge")),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn launch_scales_the_spot_group_and_reports_its_instances() {
+    let (fake, p) = setup(true, 50).await;
+    let r = p.launch(&request("launch-1", 3)).await.unwrap();
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.launched.len(), 3);
+    for i in &r.launched {
+        assert_eq!(i.provider_id, format!("cn-hangzhou.{}", i.id));
+        assert_eq!(i.offering.capacity_type, CapacityType::Spot);
+        assert_eq!(i.launch_id, "launch-1");
+        assert_eq!(i.pool, "gpu");
+        assert_eq!(i.state, InstanceState::Running);
+        assert!(ZONES.contains(&i.offering.zone.as_str()));
+    }
+    let scale = fake.with(|s| s.calls_of("ScaleWithAdjustment"));
+    assert_eq!(scale.len(), 1);
+    assert_eq!(scale[0]["ScalingGroupId"], "asg-spot");
+    assert_eq!(scale[0]["AdjustmentType"], "QuantityChangeInCapacity");
+    assert_eq!(scale[0]["AdjustmentValue"], "3");
+    assert!(scale[0]["ClientToken"].len() <= 64);
+    assert!(scale[0]["ActivityMetadata"].contains("launch-1"));
+    // The activity was InProgress once, then polled again.
+    assert!(fake.with(|s| s.calls_of("DescribeScalingActivities")).len() >= 2);
+    assert_eq!(fake.with(|s| s.groups["asg-od"].instances.len()), 0);
+    // list() finds them again with their launch id (crash recovery).
+    let listed = p.list("gpu").await.unwrap();
+    let mut ids: Vec<_> = listed
+        .iter()
+        .map(|i| (i.id.clone(), i.launch_id.clone()))
+        .collect();
+    let mut want: Vec<_> = r
+        .launched
+        .iter()
+        .map(|i| (i.id.clone(), i.launch_id.clone()))
+        .collect();
+    ids.sort();
+    want.sort();
+    assert_eq!(ids, want);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn repeated_launch_id_creates_nothing_twice() {
+    let (fake, p) = setup(true, 50).await;
+    let first = p.launch(&request("launch-1", 2)).await.unwrap();
+    let again = p.launch(&request("launch-1", 2)).await.unwrap();
+    assert_eq!(first.launched, again.launched);
+    assert_eq!(fake.with(|s| s.groups["asg-spot"].instances.len()), 2);
+    let tokens: Vec<String> = fake
+        .with(|s| s.calls_of("ScaleWithAdjustment"))
+        .into_iter()
+        .map(|c| c["ClientToken"].clone())
+        .collect();
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(tokens[0], tokens[1]);
+    // Another launch id is another scale-out.
+    p.launch(&request("launch-2", 1)).await.unwrap();
+    assert_eq!(fake.with(|s| s.groups["asg-spot"].instances.len()), 3);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn no_stock_on_spot_fails_the_spot_offerings_and_uses_the_on_demand_group() {
+    let (fake, p) = setup(true, 50).await;
+    fake.with(|s| s.groups.get_mut("asg-spot").unwrap().no_stock = true);
+    let r = p.launch(&request("launch-ice", 2)).await.unwrap();
+    assert_eq!(r.launched.len(), 2);
+    assert!(r
+        .launched
+        .iter()
+        .all(|i| i.offering.capacity_type == CapacityType::OnDemand));
+    let failed: Vec<_> = r
+        .failures
+        .iter()
+        .map(|(k, e)| (k.instance_type.as_str(), k.capacity_type, e.clone()))
+        .collect();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    for (k, e) in &r.failures {
+        assert_eq!(k.capacity_type, CapacityType::Spot);
+        assert_eq!(
+            e,
+            &ProviderError::InsufficientCapacity {
+                offering: k.clone()
+            }
+        );
+    }
+    let scale = fake.with(|s| s.calls_of("ScaleWithAdjustment"));
+    assert_eq!(scale.len(), 2);
+    assert_eq!(scale[1]["ScalingGroupId"], "asg-od");
+    assert_eq!(scale[1]["AdjustmentValue"], "2");
+    assert_ne!(scale[0]["ClientToken"], scale[1]["ClientToken"]);
+    assert_eq!(fake.with(|s| s.groups["asg-od"].instances.len()), 2);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn no_stock_without_on_demand_group_is_reported_not_raised() {
+    let (fake, p) = setup(false, 50).await;
+    fake.with(|s| s.groups.get_mut("asg-spot").unwrap().no_stock = true);
+    let r = p.launch(&request("launch-ice", 1)).await.unwrap();
+    assert!(r.launched.is_empty());
+    assert_eq!(r.failures.len(), 2);
+    assert!(r
+        .failures
+        .iter()
+        .all(|(_, e)| e.metric_label() == "insufficient_capacity"));
+    assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 1);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn throttling_is_retried_then_surfaced() {
+    let (fake, p) = setup(true, 50).await;
+    // Two Throttling.User answers, then success: within the 3 attempts.
+    fake.with(|s| s.throttle.insert("ScaleWithAdjustment".into(), 2));
+    let r = p.launch(&request("launch-t", 1)).await.unwrap();
+    assert_eq!(r.launched.len(), 1);
+    assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 3);
+    // Throttled for longer than the retries last: Throttled, after exactly 3 attempts.
+    fake.with(|s| s.throttle.insert("DescribeScalingInstances".into(), 10));
+    let before = fake.with(|s| s.calls_of("DescribeScalingInstances")).len();
+    let e = p.list("gpu").await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProviderError::Throttled {
+                retry_after: Some(_)
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        fake.with(|s| s.calls_of("DescribeScalingInstances")).len() - before,
+        3
+    );
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn terminate_removes_exactly_that_instance() {
+    let (fake, p) = setup(true, 50).await;
+    let r = p.launch(&request("launch-1", 3)).await.unwrap();
+    let victim = r.launched[1].clone();
+    // By provider id, as the node carries it.
+    p.terminate(&victim.provider_id).await.unwrap();
+    let removes = fake.with(|s| s.calls_of("RemoveInstances"));
+    assert_eq!(removes.len(), 1);
+    assert_eq!(removes[0]["ScalingGroupId"], "asg-spot");
+    assert_eq!(removes[0]["InstanceIds.1"], victim.id);
+    assert!(!removes[0].contains_key("InstanceIds.2"));
+    let left: Vec<String> = fake.with(|s| {
+        s.groups["asg-spot"]
+            .instances
+            .iter()
+            .map(|i| i.id.clone())
+            .collect()
+    });
+    assert_eq!(left.len(), 2);
+    assert!(!left.contains(&victim.id));
+    // Already gone: Ok, and no second RemoveInstances.
+    p.terminate(&victim.id).await.unwrap();
+    p.terminate("i-neverexisted").await.unwrap();
+    assert_eq!(fake.with(|s| s.calls_of("RemoveInstances")).len(), 1);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn list_reads_every_page() {
+    let (fake, p) = setup(true, 2).await;
+    p.launch(&request("launch-1", 5)).await.unwrap();
+    let before = fake.with(|s| s.calls_of("DescribeScalingInstances")).len();
+    let listed = p.list("gpu").await.unwrap();
+    assert_eq!(listed.len(), 5);
+    let calls = fake.with(|s| s.calls_of("DescribeScalingInstances"));
+    let spot_pages: Vec<String> = calls[before..]
+        .iter()
+        .filter(|c| c["ScalingGroupId"] == "asg-spot")
+        .map(|c| c["PageNumber"].clone())
+        .collect();
+    assert_eq!(spot_pages, ["1", "2", "3"]);
+    assert!(calls[before..].iter().all(|c| c["PageSize"] == "2"));
+    assert!(listed.iter().all(|i| i.launch_id == "launch-1"));
+    let e = p.list("nope").await.unwrap_err();
+    assert_eq!(e.metric_label(), "invalid_request");
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_wrong_secret_is_refused_by_the_fake() {
+    let (fake, _) = setup(true, 50).await;
+    let mut config = AlibabaConfig::new("cn-hangzhou");
+    config.ess_endpoint = Some(fake.url.clone());
+    config.ecs_endpoint = Some(fake.url.clone());
+    config.pools.push(pool(true));
+    let bad = AlibabaProvider::new(config, Credentials::new(KEY_ID, "wrong")).unwrap();
+    let e = bad.list("gpu").await.unwrap_err();
+    assert_eq!(e.metric_label(), "invalid_request");
+    assert!(e.to_string().contains("SignatureDoesNotMatch"), "{e}");
+    assert!(!format!("{bad:?}").contains("wrong"));
+    assert_eq!(fake.with(|s| s.violations.len()), 1);
+}
