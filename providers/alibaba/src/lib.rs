@@ -76,24 +76,8 @@ impl Default for RateLimits {
     }
 }
 
-/// Retries of throttled calls.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Calls in all, the first included (at least 1).
-    pub max_attempts: u32,
-    pub base_delay: Duration,
-    pub max_delay: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: 4,
-            base_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(8),
-        }
-    }
-}
+pub use gpu_node_autoscaler_provider::retry::RetryPolicy;
+use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AlibabaConfig {
@@ -232,19 +216,6 @@ pub fn client_token(launch_id: &str, role: CapacityType) -> String {
         .take(32)
         .collect();
     format!("gna-{}-{readable}-{h:016x}", role.as_str())
-}
-
-/// Back-off before retry `attempt` (0-based): `base · 2^attempt`, capped, times `0.5 + unit/2`.
-pub fn backoff(base: Duration, max: Duration, attempt: u32, unit: f64) -> Duration {
-    let d = base
-        .saturating_mul(2u32.saturating_pow(attempt.min(20)))
-        .min(max);
-    d.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
-}
-
-/// A number in `[0, 1)` from a seed (splitmix64).
-pub fn jitter_unit(seed: u64) -> f64 {
-    (splitmix(seed) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn splitmix(seed: u64) -> u64 {
@@ -1143,17 +1114,5 @@ mod tests {
         assert_eq!(instance_state("Pending:Wait"), InstanceState::Pending);
         assert_eq!(instance_state("InService"), InstanceState::Running);
         assert_eq!(instance_state("Removing"), InstanceState::ShuttingDown);
-    }
-
-    #[test]
-    fn backoff_doubles_with_bounded_jitter() {
-        let base = Duration::from_millis(100);
-        let max = Duration::from_secs(1);
-        assert_eq!(backoff(base, max, 0, 0.0), Duration::from_millis(50));
-        assert_eq!(backoff(base, max, 2, 0.0), Duration::from_millis(200));
-        assert_eq!(backoff(base, max, u32::MAX, 1.0), max);
-        for s in 0..1000 {
-            assert!((0.0..1.0).contains(&jitter_unit(s)));
-        }
     }
 }

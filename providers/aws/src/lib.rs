@@ -125,24 +125,7 @@ impl Default for RateLimits {
     }
 }
 
-/// Retries of throttled calls.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Calls in all, the first included (at least 1).
-    pub max_attempts: u32,
-    pub base_delay: Duration,
-    pub max_delay: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: 4,
-            base_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(8),
-        }
-    }
-}
+pub use gpu_node_autoscaler_provider::retry::RetryPolicy;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AwsConfig {
@@ -550,11 +533,11 @@ impl AwsProvider {
                 });
             }
             let seed = (now_ms() as u64) ^ self.jitter_counter.fetch_add(1, Ordering::Relaxed);
-            let delay = plan::backoff(
+            let delay = gpu_node_autoscaler_provider::retry::backoff(
                 retry.base_delay,
                 retry.max_delay,
                 attempt,
-                plan::jitter_unit(seed),
+                gpu_node_autoscaler_provider::retry::jitter_unit(seed),
             );
             attempt += 1;
             if attempt >= retry.max_attempts.max(1) {

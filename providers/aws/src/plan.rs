@@ -1,8 +1,6 @@
 //! Pure helpers for launching: idempotency tokens, grouping a request's offerings into fleets,
 //! back-off delays, provider ids. No SDK types.
 
-use std::time::Duration;
-
 use gpu_node_autoscaler_provider::{CapacityType, OfferingKey};
 
 /// The longest `ClientToken` EC2 accepts.
@@ -53,24 +51,6 @@ pub fn group_by_capacity_type(offerings: &[OfferingKey]) -> Vec<(CapacityType, V
         }
     }
     groups
-}
-
-/// Exponential back-off with jitter: attempt 0 waits about `base`, each later one twice as long,
-/// capped at `max`; the wait is drawn from `[d/2, d]` with `unit` in `[0, 1)`.
-pub fn backoff(base: Duration, max: Duration, attempt: u32, unit: f64) -> Duration {
-    let d = base
-        .saturating_mul(2u32.saturating_pow(attempt.min(20)))
-        .min(max);
-    d.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
-}
-
-/// A number in `[0, 1)` from a fresh seed (time and a counter): jitter needs no quality.
-pub fn jitter_unit(seed: u64) -> f64 {
-    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// `aws:///<zone>/<instance-id>`, the `spec.providerID` of an EC2 node.
@@ -131,21 +111,6 @@ mod tests {
         assert_eq!(g[0].0, OnDemand);
         assert_eq!(g[0].1, vec![req[0].clone(), req[2].clone()]);
         assert_eq!(g[1], (Spot, vec![req[1].clone()]));
-    }
-
-    #[test]
-    fn backoff_doubles_with_bounded_jitter() {
-        let base = Duration::from_millis(100);
-        let max = Duration::from_secs(1);
-        assert_eq!(backoff(base, max, 0, 0.999_999).as_millis(), 99);
-        assert_eq!(backoff(base, max, 0, 0.0), Duration::from_millis(50));
-        assert_eq!(backoff(base, max, 2, 0.0), Duration::from_millis(200));
-        assert_eq!(backoff(base, max, 9, 0.0), Duration::from_millis(500));
-        assert_eq!(backoff(base, max, u32::MAX, 1.0), max);
-        for s in 0..1000 {
-            let u = jitter_unit(s);
-            assert!((0.0..1.0).contains(&u));
-        }
     }
 
     #[test]
