@@ -150,6 +150,23 @@ impl Pod {
         self.node_name.is_some() && !self.phase.is_terminal()
     }
 
+    /// Fits a node with this much free (`free`, per-GPU `shared`) and these labels and taints:
+    /// resources, the shared-GPU share on one physical GPU, selectors, affinity, tolerations.
+    pub fn fits(
+        &self,
+        free: &Resources,
+        shared: &[super::resources::SharedGpu],
+        labels: &std::collections::BTreeMap<String, String>,
+        taints: &[super::constraints::Taint],
+        node_name: Option<&str>,
+    ) -> bool {
+        self.requests.fits_in(free)
+            && self
+                .share
+                .is_none_or(|s| super::resources::share_copies(shared, &s) > 0)
+            && self.constraints.admits(labels, taints, node_name)
+    }
+
     /// Size in GPU equivalents, for ordering (MIG slices count by compute share).
     pub fn gpu_equivalents(&self) -> f64 {
         let mut g = self.requests.whole_gpus() as f64;

@@ -419,26 +419,22 @@ pub(super) fn scale_down(
                 let room = scratch.get(&r.node).unwrap_or(r);
                 if r.node == c.node
                     || removed.contains(&r.node)
-                    || !p.requests.fits_in(&room.free)
                     || !dest.is_schedulable()
-                    || !p
-                        .constraints
-                        .admits(&dest.labels, &dest.taints, Some(&dest.name))
+                    || !p.fits(
+                        &room.free,
+                        &room.shared,
+                        &dest.labels,
+                        &dest.taints,
+                        Some(&dest.name),
+                    )
                 {
                     continue;
                 }
                 let room = scratch.entry(r.node).or_insert_with(|| r.clone());
-                if !p.requests.fits_in(&room.free) {
-                    continue;
-                }
-                let mut shared = room.shared.clone();
-                if let Some(s) = &p.share {
-                    if place_share(&mut shared, s).is_none() {
-                        continue;
-                    }
-                }
                 room.free.sub(&p.requests);
-                room.shared = shared;
+                if let Some(s) = &p.share {
+                    place_share(&mut room.shared, s);
+                }
                 placed = Some(r.node);
                 break;
             }

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use gpu_node_autoscaler_provider::{Catalog, LaunchRequest, OfferingKey};
 
-use crate::model::resources::{place_share, share_copies, Resources, SharedGpu};
+use crate::model::resources::{place_share, Resources, SharedGpu};
 use crate::model::{Pod, Snapshot, Time};
 use crate::plan::{self, Template};
 use crate::policy::Policy;
@@ -42,12 +42,13 @@ struct Room {
 
 impl Room {
     fn take(&mut self, p: &Pod) -> bool {
-        if !p.requests.fits_in(&self.free)
-            || !p
-                .constraints
-                .admits(&self.labels, &self.taints, self.name.as_deref())
-            || p.share.is_some_and(|s| share_copies(&self.shared, &s) == 0)
-        {
+        if !p.fits(
+            &self.free,
+            &self.shared,
+            &self.labels,
+            &self.taints,
+            self.name.as_deref(),
+        ) {
             return false;
         }
         self.free.sub(&p.requests);

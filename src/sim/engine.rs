@@ -11,7 +11,7 @@ use gpu_node_autoscaler_provider::{
 use crate::fixtures::Rng;
 use crate::model::constraints::{Effect, Taint};
 use crate::model::labels;
-use crate::model::resources::{place_share, GpuShare, Resources, SharedGpu};
+use crate::model::resources::{place_share, Resources, SharedGpu};
 use crate::model::{InFlight, Node, Pod, PodPhase, Snapshot, Time};
 use crate::plan::bound::BoundModel;
 use crate::plan::templates::{build_templates, Template};
@@ -600,11 +600,13 @@ impl World {
     fn fits(&self, p: &Pod, n: &SimNode) -> bool {
         !n.removed
             && n.node.is_schedulable()
-            && p.requests.fits_in(&n.free)
-            && p.share
-                .is_none_or(|s| crate::model::resources::share_copies(&n.free_shared, &s) > 0)
-            && p.constraints
-                .admits(&n.node.labels, &n.node.taints, Some(&n.node.name))
+            && p.fits(
+                &n.free,
+                &n.free_shared,
+                &n.node.labels,
+                &n.node.taints,
+                Some(&n.node.name),
+            )
     }
 
     /// kube-scheduler-like pass: binds pending pods first-fit over nodes in creation order;
@@ -677,11 +679,9 @@ impl World {
                             .unwrap_or_else(|| (node.free.clone(), node.free_shared.clone()));
                         !node.removed
                             && node.node.is_schedulable()
-                            && p.requests.fits_in(&free)
-                            && p.share.is_none_or(|s: GpuShare| {
-                                crate::model::resources::share_copies(&shared, &s) > 0
-                            })
-                            && p.constraints.admits(
+                            && p.fits(
+                                &free,
+                                &shared,
                                 &node.node.labels,
                                 &node.node.taints,
                                 Some(&node.node.name),
