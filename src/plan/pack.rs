@@ -22,7 +22,7 @@ use crate::model::resources::{
 use crate::model::{Constraints, Pod, Snapshot, Time};
 use crate::policy::Policy;
 
-use super::templates::Template;
+use super::templates::{template_of_node, Template};
 use super::{is_planned_pod, Placement, Plan, PlannedOffering, ScaleUp, Unschedulable};
 
 struct Class {
@@ -152,14 +152,6 @@ fn gpu_count_of_node(n: &crate::model::Node, templates: &[Template]) -> i64 {
     template_of_node(n, templates)
         .map(|t| templates[t].gpus as i64)
         .unwrap_or_else(|| n.allocatable.whole_gpus() + n.shared_gpus.len() as i64)
-}
-
-fn template_of_node(n: &crate::model::Node, templates: &[Template]) -> Option<usize> {
-    let pool = n.pool()?;
-    let it = n.instance_type()?;
-    templates
-        .iter()
-        .position(|t| t.pool_name == pool && t.instance_type == it)
 }
 
 fn dominant_share(c: &Class, t: &Template) -> f64 {
@@ -960,17 +952,21 @@ impl<'a> Packer<'a> {
         }
         let mut pools: BTreeSet<usize> =
             tolerated.iter().map(|&t| self.templates[t].pool).collect();
-        for (name, v) in cl.requests.dimensions() {
-            let lacking: Vec<usize> = pools
+        // Pools none of whose matching templates offer what `lacks` tests for.
+        let lacking = |pools: &BTreeSet<usize>, lacks: &dyn Fn(&Template) -> bool| -> Vec<usize> {
+            pools
                 .iter()
                 .copied()
                 .filter(|&p| {
                     tolerated
                         .iter()
                         .filter(|&&t| self.templates[t].pool == p)
-                        .all(|&t| self.templates[t].allocatable.get(name) == 0)
+                        .all(|&t| lacks(&self.templates[t]))
                 })
-                .collect();
+                .collect()
+        };
+        for (name, v) in cl.requests.dimensions() {
+            let lacking = lacking(&pools, &|t| t.allocatable.get(name) == 0);
             if v > 0 && !lacking.is_empty() && lacking.len() == pools.len() {
                 why.push(format!("no matching pool offers {name}"));
                 pools.clear();
@@ -985,16 +981,7 @@ impl<'a> Packer<'a> {
             }
         }
         if cl.share.is_some() {
-            let lacking: Vec<usize> = pools
-                .iter()
-                .copied()
-                .filter(|&p| {
-                    tolerated
-                        .iter()
-                        .filter(|&&t| self.templates[t].pool == p)
-                        .all(|&t| self.templates[t].shared.is_empty())
-                })
-                .collect();
+            let lacking = lacking(&pools, &|t| t.shared.is_empty());
             for p in &lacking {
                 why.push(format!(
                     "pool {} does not share GPUs",

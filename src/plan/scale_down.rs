@@ -21,7 +21,7 @@ use crate::model::{labels, Node, Pod, Snapshot, Time};
 use crate::policy::Policy;
 
 use super::pack::NodeRoom;
-use super::templates::Template;
+use super::templates::{template_of_node, Template};
 use super::{Kept, ScaleDown};
 
 /// A node that is unneeded now, and since when (to keep in its annotation).
@@ -204,12 +204,7 @@ pub(super) fn scale_down(
         n.pool()
             .and_then(|p| policy.pools.iter().position(|x| x.name == p))
     };
-    let template_of = |n: &Node| {
-        templates.iter().find(|t| {
-            Some(t.pool_name.as_str()) == n.pool()
-                && Some(t.instance_type.as_str()) == n.instance_type()
-        })
-    };
+    let template_of = |n: &Node| template_of_node(n, templates).map(|t| &templates[t]);
     // Pool sizes and the last scale-up, derived from what exists so that a restart loses nothing.
     let mut pool_nodes = vec![0i64; policy.pools.len()];
     let mut last_up: Vec<Option<Time>> = policy

@@ -77,6 +77,15 @@ impl Template {
     }
 }
 
+/// The template a registered node was launched from (its pool and instance-type labels).
+pub fn template_of_node(node: &crate::model::Node, templates: &[Template]) -> Option<usize> {
+    let pool = node.pool()?;
+    let it = node.instance_type()?;
+    templates
+        .iter()
+        .position(|t| t.pool_name == pool && t.instance_type == it)
+}
+
 /// Most offerings one template may have (zones × capacity types).
 pub const MAX_OFFERINGS: usize = 64;
 

@@ -22,6 +22,7 @@ use gpu_node_autoscaler_provider::{Catalog, LaunchRequest, OfferingKey};
 
 use crate::model::resources::{place_share, Resources, SharedGpu};
 use crate::model::{Pod, Snapshot, Time};
+use crate::plan::templates::template_of_node;
 use crate::plan::{self, Template};
 use crate::policy::Policy;
 
@@ -141,13 +142,8 @@ fn cluster_gpus(s: &Snapshot, templates: &[Template]) -> i64 {
         .nodes
         .iter()
         .map(|n| {
-            templates
-                .iter()
-                .find(|t| {
-                    Some(t.pool_name.as_str()) == n.pool()
-                        && Some(t.instance_type.as_str()) == n.instance_type()
-                })
-                .map_or(n.allocatable.whole_gpus(), |t| t.gpus as i64)
+            template_of_node(n, templates)
+                .map_or(n.allocatable.whole_gpus(), |t| templates[t].gpus as i64)
         })
         .sum();
     for f in &s.in_flight {
@@ -464,10 +460,7 @@ impl Strategy for KarpenterLike {
             let Some(n) = r.node.map(|i| &snapshot.nodes[i]) else {
                 continue;
             };
-            if let Some(t) = templates.iter().find(|t| {
-                Some(t.pool_name.as_str()) == n.pool()
-                    && Some(t.instance_type.as_str()) == n.instance_type()
-            }) {
+            if let Some(t) = template_of_node(n, &templates).map(|t| &templates[t]) {
                 if t.gpus > 0 && n.advertised_gpus() == 0 {
                     r.free.gpu += t.allocatable.gpu;
                     r.free.amd_gpu += t.allocatable.amd_gpu;
