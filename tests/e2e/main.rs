@@ -1,0 +1,1 @@
+//! End-to-end tests: kube-sim, moto_server and the real binary, driven with kubectl.
