@@ -28,6 +28,13 @@ if [ "$(python3 -c 'import moto; print(moto.__version__)' 2>/dev/null)" != "$MOT
   python3 -m pip install --quiet "moto[server]==$MOTO_VERSION"
 fi
 
+# tests/it/deploy.rs validates the rendered deploy/ manifests against the Kubernetes schemas
+# with kubernetes-validate (pinned; the test fails without it).
+KUBERNETES_VALIDATE_VERSION=1.37.0
+if [ "$(python3 -m kubernetes_validate --version 2>/dev/null)" != "$KUBERNETES_VALIDATE_VERSION" ]; then
+  python3 -m pip install --quiet "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+fi
+
 echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"

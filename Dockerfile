@@ -1,0 +1,23 @@
+# syntax=docker/dockerfile:1
+# gpu-node-autoscaler: build with `docker build -t gpu-node-autoscaler:0.1.0 .` at the repository
+# root (BuildKit). The runtime image holds the binary only and runs as a non-root user.
+
+# The toolchain of the workspace's rust-version (Cargo.toml); Debian 12, like the runtime image,
+# so the binary links against the same glibc.
+FROM rust:1.94.1-bookworm AS build
+WORKDIR /src
+COPY . .
+# Cached registry and target directory speed up rebuilds; the binary is copied out of the cache
+# in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin gpu-node-autoscaler \
+    && install -D -m 0755 target/release/gpu-node-autoscaler /out/gpu-node-autoscaler
+
+# glibc and libgcc, CA certificates, no shell or package manager; user nonroot (65532).
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /out/gpu-node-autoscaler /usr/local/bin/gpu-node-autoscaler
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/gpu-node-autoscaler"]
+CMD ["run"]
