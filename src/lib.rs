@@ -6,6 +6,8 @@
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod catalog;
+#[cfg(feature = "controller")]
+pub mod controller;
 pub mod convert;
 pub mod fixtures;
 pub mod model;

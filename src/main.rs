@@ -48,6 +48,10 @@ enum Command {
     /// Replay a scenario or a GPU cluster trace on a virtual clock and report cost and waiting.
     /// Without a scenario or --trace, runs the built-in scenario (arena-style MPI training).
     Simulate(SimArgs),
+    /// Run the autoscaler against the cluster (in-cluster service account or KUBECONFIG):
+    /// watch pending GPU pods and nodes, launch and drain, with leader election.
+    #[cfg(feature = "controller")]
+    Run(Box<gpu_node_autoscaler::controller::RunArgs>),
     /// Validate a scaling policy; print one line per pool, or every error found.
     CheckPolicy {
         file: PathBuf,
@@ -117,6 +121,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Simulate(args) => simulate(args),
+        #[cfg(feature = "controller")]
+        Command::Run(args) => gpu_node_autoscaler::controller::run(*args),
         Command::CheckPolicy {
             file,
             catalog,

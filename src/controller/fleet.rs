@@ -1,0 +1,324 @@
+//! Pure bookkeeping between the cloud's instances and the cluster's Nodes: what is in flight,
+//! what never became a working node in time, and how launches are named and tagged so that a
+//! restarted controller finds them again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use gpu_node_autoscaler_provider::{Instance, InstanceState, LaunchRequest, OfferingKey};
+
+use crate::model::{InFlight, Node, Time};
+use crate::plan::ScaleUp;
+use crate::policy::Pool;
+
+/// Tag prefix (the Cluster Autoscaler's node-template convention) carrying a node label.
+pub const NODE_TEMPLATE_LABEL: &str = "k8s.io/cluster-autoscaler/node-template/label/";
+/// Tag prefix carrying a node taint, as `value:Effect`.
+pub const NODE_TEMPLATE_TAINT: &str = "k8s.io/cluster-autoscaler/node-template/taint/";
+
+/// A launched instance that has not become a node with GPUs within the max provision time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Overdue {
+    pub instance: Instance,
+    /// Its Node, when it registered but never advertised GPUs.
+    pub node: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FleetView {
+    /// Launched instances whose Node has not registered, grouped per launch and offering.
+    pub in_flight: Vec<InFlight>,
+    pub overdue: Vec<Overdue>,
+    /// providerID → instance id, for terminating drained nodes.
+    pub instance_of_node: BTreeMap<String, String>,
+}
+
+/// Joins the provider's instances with the Nodes by providerID. `expects_gpus` tells whether an
+/// offering's instance type has GPUs (a node of it without advertised GPUs is still starting).
+pub fn fleet_view<'a>(
+    instances: impl IntoIterator<Item = &'a Instance>,
+    nodes: &HashMap<String, Node>,
+    now: Time,
+    max_provision: Duration,
+    expects_gpus: impl Fn(&OfferingKey) -> bool,
+) -> FleetView {
+    let by_provider_id: HashMap<&str, &Node> = nodes
+        .values()
+        .filter_map(|n| n.provider_id.as_deref().map(|p| (p, n)))
+        .collect();
+    let mut flights: BTreeMap<(String, OfferingKey), InFlight> = BTreeMap::new();
+    let mut view = FleetView::default();
+    for i in instances {
+        if matches!(
+            i.state,
+            InstanceState::Terminated | InstanceState::ShuttingDown
+        ) {
+            continue;
+        }
+        let launched = Time(i.launched_at_ms);
+        let late = launched + max_provision <= now;
+        match by_provider_id.get(i.provider_id.as_str()) {
+            Some(node) => {
+                view.instance_of_node
+                    .insert(i.provider_id.clone(), i.id.clone());
+                if late && node.advertised_gpus() == 0 && expects_gpus(&i.offering) {
+                    view.overdue.push(Overdue {
+                        instance: i.clone(),
+                        node: Some(node.name.clone()),
+                    });
+                }
+            }
+            None if late => view.overdue.push(Overdue {
+                instance: i.clone(),
+                node: None,
+            }),
+            None => {
+                let f = flights
+                    .entry((i.launch_id.clone(), i.offering.clone()))
+                    .or_insert_with(|| InFlight {
+                        launch_id: i.launch_id.clone(),
+                        pool: i.pool.clone(),
+                        offering: i.offering.clone(),
+                        count: 0,
+                        launched_at: launched,
+                    });
+                f.count += 1;
+                f.launched_at = f.launched_at.min(launched);
+            }
+        }
+    }
+    view.in_flight = flights.into_values().collect();
+    view
+}
+
+/// The instance id in a providerID: `aws:///us-east-1a/i-0abc` → `i-0abc`,
+/// `cn-hangzhou.i-bp1…` (ACK) → `i-bp1…`.
+pub fn instance_id_of(provider_id: &str) -> Option<&str> {
+    if let Some(rest) = provider_id.strip_prefix("aws://") {
+        return rest.rsplit('/').next().filter(|s| !s.is_empty());
+    }
+    if let Some((_, id)) = provider_id.split_once('.') {
+        return Some(id).filter(|s| !s.is_empty());
+    }
+    None
+}
+
+/// A launch id that is the same for the same scale-up of the same pods, so that a controller
+/// that crashed after launching and plans the same again launches nothing new (the provider
+/// finds the instances by this id). `attempt` changes it after a launch was given up.
+pub fn launch_id(su: &ScaleUp, attempt: u32) -> String {
+    let mut pods: Vec<&str> = su.pods.iter().map(String::as_str).collect();
+    pods.sort_unstable();
+    let mut h = Fnv::default();
+    su.pool.hash(&mut h);
+    su.offerings
+        .first()
+        .map(|o| o.instance_type.as_str())
+        .hash(&mut h);
+    pods.hash(&mut h);
+    attempt.hash(&mut h);
+    format!("{}-{:012x}", su.pool, h.0 & 0xffff_ffff_ffff)
+}
+
+/// FNV-1a: stable across processes and versions (std's hasher is not).
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// The pool's node labels and taints as node-template tags, for bootstrap scripts (and
+/// kube-sim) to apply when the node registers.
+pub fn node_template_tags(pool: &Pool) -> BTreeMap<String, String> {
+    let mut tags = BTreeMap::new();
+    for (k, v) in &pool.labels {
+        tags.insert(format!("{NODE_TEMPLATE_LABEL}{k}"), v.clone());
+    }
+    for t in &pool.taints {
+        tags.insert(
+            format!("{NODE_TEMPLATE_TAINT}{}", t.key),
+            format!("{}:{}", t.value, t.effect.as_str()),
+        );
+    }
+    tags
+}
+
+/// The launch request for one planned scale-up.
+pub fn launch_request(su: &ScaleUp, pool: Option<&Pool>, attempt: u32) -> LaunchRequest {
+    LaunchRequest {
+        launch_id: launch_id(su, attempt),
+        pool: su.pool.clone(),
+        count: su.count,
+        offerings: su.offerings.iter().map(|o| o.key()).collect(),
+        tags: pool.map(node_template_tags).unwrap_or_default(),
+    }
+}
+
+/// Gangs whose scale-ups were not all fulfilled: their partial launches are given back.
+pub fn short_gangs(scale_ups: &[ScaleUp], launched: &[u32]) -> BTreeSet<String> {
+    scale_ups
+        .iter()
+        .zip(launched)
+        .filter(|(su, n)| **n < su.count)
+        .filter_map(|(su, _)| su.gang.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::NodeBuilder;
+    use crate::plan::PlannedOffering;
+    use gpu_node_autoscaler_provider::CapacityType;
+
+    fn offering() -> OfferingKey {
+        OfferingKey {
+            instance_type: "g5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::Spot,
+        }
+    }
+
+    fn instance(id: &str, launch: &str, at_s: i64, state: InstanceState) -> Instance {
+        Instance {
+            id: id.into(),
+            provider_id: format!("aws:///us-east-1a/{id}"),
+            pool: "a10g".into(),
+            launch_id: launch.into(),
+            offering: offering(),
+            state,
+            launched_at_ms: at_s * 1000,
+        }
+    }
+
+    #[test]
+    fn instances_without_nodes_are_in_flight_until_overdue() {
+        let mut nodes = HashMap::new();
+        let mut n = NodeBuilder::new("n1").build();
+        n.provider_id = Some("aws:///us-east-1a/i-1".into());
+        nodes.insert("n1".into(), n);
+        let instances = [
+            instance("i-1", "L1", 0, InstanceState::Running),
+            instance("i-2", "L1", 0, InstanceState::Running),
+            instance("i-3", "L1", 10, InstanceState::Pending),
+            instance("i-4", "L2", 0, InstanceState::Terminated),
+            instance("i-5", "L3", -1000, InstanceState::Pending),
+        ];
+        let v = fleet_view(
+            &instances,
+            &nodes,
+            Time::from_secs(60),
+            Duration::from_secs(900),
+            |_| true,
+        );
+        assert_eq!(v.in_flight.len(), 1);
+        assert_eq!(v.in_flight[0].count, 2);
+        assert_eq!(v.in_flight[0].launched_at, Time(0));
+        assert_eq!(v.overdue.len(), 1);
+        assert_eq!(v.overdue[0].instance.id, "i-5");
+        assert_eq!(v.instance_of_node["aws:///us-east-1a/i-1"], "i-1");
+    }
+
+    #[test]
+    fn a_registered_node_that_never_advertises_gpus_is_overdue() {
+        let mut nodes = HashMap::new();
+        let mut n = NodeBuilder::new("n1").build();
+        n.provider_id = Some("aws:///us-east-1a/i-1".into());
+        assert_eq!(n.advertised_gpus(), 0);
+        nodes.insert("n1".into(), n);
+        let instances = [instance("i-1", "L1", 0, InstanceState::Running)];
+        let v = fleet_view(
+            &instances,
+            &nodes,
+            Time::from_secs(899),
+            Duration::from_secs(900),
+            |_| true,
+        );
+        assert!(v.overdue.is_empty());
+        let v = fleet_view(
+            &instances,
+            &nodes,
+            Time::from_secs(900),
+            Duration::from_secs(900),
+            |_| true,
+        );
+        assert_eq!(v.overdue[0].node.as_deref(), Some("n1"));
+        let v = fleet_view(
+            &instances,
+            &nodes,
+            Time::from_secs(900),
+            Duration::from_secs(900),
+            |_| false,
+        );
+        assert!(
+            v.overdue.is_empty(),
+            "a CPU-only type is never waiting for GPUs"
+        );
+    }
+
+    #[test]
+    fn provider_ids_name_their_instance() {
+        assert_eq!(instance_id_of("aws:///us-east-1a/i-0abc"), Some("i-0abc"));
+        assert_eq!(instance_id_of("cn-hangzhou.i-bp1xyz"), Some("i-bp1xyz"));
+        assert_eq!(instance_id_of("gce://p/z/n"), None);
+    }
+
+    fn scale_up(pods: &[&str]) -> ScaleUp {
+        ScaleUp {
+            pool: "a10g".into(),
+            count: 1,
+            offerings: vec![PlannedOffering {
+                instance_type: "g5.xlarge".into(),
+                zone: "us-east-1a".into(),
+                capacity_type: "spot".into(),
+                price_per_hour: 0.4,
+            }],
+            pods: pods.iter().map(|s| s.to_string()).collect(),
+            gang: None,
+            pods_per_node: vec![pods.len()],
+        }
+    }
+
+    #[test]
+    fn launch_ids_depend_on_the_pods_not_their_order() {
+        let a = launch_id(&scale_up(&["ml/a", "ml/b"]), 0);
+        assert_eq!(a, launch_id(&scale_up(&["ml/b", "ml/a"]), 0));
+        assert_ne!(a, launch_id(&scale_up(&["ml/a"]), 0));
+        assert_ne!(a, launch_id(&scale_up(&["ml/a", "ml/b"]), 1));
+        assert!(a.starts_with("a10g-"));
+        // Stable across builds: the id is found again after an upgrade.
+        assert_eq!(launch_id(&scale_up(&["x"]), 0).len(), "a10g-".len() + 12);
+    }
+
+    #[test]
+    fn a_gang_short_of_any_scale_up_is_given_back() {
+        let mut a = scale_up(&["ml/w0"]);
+        a.gang = Some("ml/job".into());
+        let mut b = scale_up(&["ml/w1"]);
+        b.gang = Some("ml/job".into());
+        let c = scale_up(&["ml/x"]);
+        let sus = [a, b, c];
+        assert!(short_gangs(&sus, &[1, 1, 0]).is_empty());
+        assert_eq!(
+            short_gangs(&sus, &[1, 0, 1])
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec!["ml/job".to_string()]
+        );
+    }
+}

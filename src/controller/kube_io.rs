@@ -1,0 +1,295 @@
+//! The thin Kubernetes edge: watch tasks feeding the store, node updates, evictions, Events and
+//! the status ConfigMap. No decisions are made here.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use super::store::{ClusterState, Kind, WatchEvent};
+use super::wall_now;
+use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
+
+/// Feeds one kind's watch into the store. A failed watch marks the store stale and starts over
+/// with a full list (after a jittered back-off), so no decision is made from stale state.
+pub async fn watch_into<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: Kind,
+    state: Arc<Mutex<ClusterState>>,
+) where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug + Send + 'static,
+{
+    let mut failures: u32 = 0;
+    loop {
+        let mut stream = watcher(api.clone(), config.clone()).boxed();
+        while let Some(ev) = stream.next().await {
+            let ev = match ev {
+                Ok(watcher::Event::Init) => WatchEvent::Init,
+                Ok(watcher::Event::InitApply(o)) => WatchEvent::InitApply(to_json(&o)),
+                Ok(watcher::Event::InitDone) => {
+                    failures = 0;
+                    info!(kind = kind.name(), "watch cache synced");
+                    WatchEvent::InitDone
+                }
+                Ok(watcher::Event::Apply(o)) => WatchEvent::Apply(to_json(&o)),
+                Ok(watcher::Event::Delete(o)) => WatchEvent::Delete(to_json(&o)),
+                Err(e) => {
+                    warn!(kind = kind.name(), error = %e, "watch failed; re-listing");
+                    state
+                        .lock()
+                        .unwrap()
+                        .apply(kind, WatchEvent::Lost(e.to_string()), wall_now());
+                    break;
+                }
+            };
+            state.lock().unwrap().apply(kind, ev, wall_now());
+        }
+        failures = failures.saturating_add(1);
+        let wait = backoff(
+            Duration::from_millis(500),
+            Duration::from_secs(30),
+            failures - 1,
+            jitter_unit(super::seed()),
+        );
+        tokio::time::sleep(wait).await;
+    }
+}
+
+fn to_json<K: Serialize>(o: &K) -> serde_json::Value {
+    serde_json::to_value(o).unwrap_or(serde_json::Value::Null)
+}
+
+/// Reads a node, lets `change` edit it, and writes it back with its resourceVersion; retried on
+/// conflicts. `change` returns false when there is nothing to write.
+pub async fn modify_node(
+    api: &Api<Node>,
+    name: &str,
+    mut change: impl FnMut(&mut Node) -> bool,
+) -> Result<(), kube::Error> {
+    for attempt in 0..5u32 {
+        let Some(mut node) = api.get_opt(name).await? else {
+            return Ok(());
+        };
+        if !change(&mut node) {
+            return Ok(());
+        }
+        match api.replace(name, &PostParams::default(), &node).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < 4 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sets or removes one annotation with a merge patch.
+pub async fn annotate_node(
+    api: &Api<Node>,
+    name: &str,
+    key: &str,
+    value: Option<&str>,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// How an eviction went.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Evicted {
+    /// Accepted, or the pod was already gone.
+    Done,
+    /// Refused by a PodDisruptionBudget (429): try again later.
+    Blocked(String),
+    Failed(String),
+}
+
+pub async fn evict(client: &Client, namespace: &str, name: &str) -> Evicted {
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    match api.evict(name, &EvictParams::default()).await {
+        Ok(_) => Evicted::Done,
+        Err(kube::Error::Api(s)) if s.code == 404 => Evicted::Done,
+        Err(kube::Error::Api(s)) if s.code == 429 => Evicted::Blocked(s.message),
+        Err(e) => Evicted::Failed(e.to_string()),
+    }
+}
+
+pub async fn delete_node(api: &Api<Node>, name: &str) -> Result<(), kube::Error> {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates or updates the status ConfigMap's data.
+pub async fn write_status(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    data: BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({"data": data});
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            let cm = ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.to_string()),
+                    namespace: Some(namespace.to_string()),
+                    labels: Some(BTreeMap::from([(
+                        "app.kubernetes.io/name".to_string(),
+                        "gpu-node-autoscaler".to_string(),
+                    )])),
+                    ..Default::default()
+                },
+                data: Some(data),
+                ..Default::default()
+            };
+            api.create(&PostParams::default(), &cm).await.map(|_| ())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// One Event to publish.
+#[derive(Clone, Debug)]
+pub struct Note {
+    pub object: ObjectReference,
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub message: String,
+}
+
+pub fn pod_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: (!uid.is_empty()).then(|| uid.to_string()),
+        ..Default::default()
+    }
+}
+
+pub fn node_ref(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.into()),
+        // Events about cluster-scoped objects live in `default`, as kubectl looks for them.
+        namespace: Some("default".into()),
+        ..Default::default()
+    }
+}
+
+pub fn configmap_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: (!uid.is_empty()).then(|| uid.to_string()),
+        ..Default::default()
+    }
+}
+
+/// Publishes Events from a bounded queue at a bounded rate, so that a burst of 10,000 pending
+/// pods never becomes a storm of writes. When the queue is full, Events are dropped (counted in
+/// the log), never the decisions they describe.
+#[derive(Clone)]
+pub struct EventSink {
+    tx: tokio::sync::mpsc::Sender<Note>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl EventSink {
+    pub fn start(client: Client, identity: &str, per_second: u32) -> EventSink {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Note>(2048);
+        let recorder = Recorder::new(
+            client,
+            Reporter {
+                controller: "gpu-node-autoscaler".into(),
+                instance: Some(identity.to_string()),
+            },
+        );
+        let per_second = NonZeroU32::new(per_second.max(1)).expect("non-zero");
+        let limiter: DefaultDirectRateLimiter = RateLimiter::direct(Quota::per_second(per_second));
+        tokio::spawn(async move {
+            while let Some(n) = rx.recv().await {
+                limiter.until_ready().await;
+                let ev = Event {
+                    type_: if n.warning {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    },
+                    reason: n.reason.into(),
+                    note: Some(truncate(&n.message, 1000)),
+                    action: n.action.into(),
+                    secondary: None,
+                };
+                if let Err(e) = recorder.publish(&ev, &n.object).await {
+                    debug!(error = %e, reason = n.reason, "could not publish an Event");
+                }
+            }
+        });
+        EventSink {
+            tx,
+            dropped: Arc::default(),
+        }
+    }
+
+    pub fn send(&self, note: Note) {
+        info!(
+            reason = note.reason,
+            object = note.object.name.as_deref().unwrap_or(""),
+            namespace = note.object.namespace.as_deref().unwrap_or(""),
+            "{}",
+            note.message
+        );
+        if self.tx.try_send(note).is_err() {
+            let n = self
+                .dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n.is_power_of_two() {
+                warn!(dropped = n + 1, "event queue full; Events dropped");
+            }
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

@@ -1,0 +1,1078 @@
+//! The controller (`gpu-node-autoscaler run`): watch, decide, act.
+//!
+//! Watch tasks keep a [`store::ClusterState`] of model values; the loop waits until every store
+//! has synced, batches newly unschedulable GPU pods (idle/max window from the policy) and resyncs
+//! every `--resync`; each pass rebuilds in-flight launches from the cloud (tags) and the Nodes
+//! (providerIDs), plans with the pure planner and acts: launches through the fallback list,
+//! drains, Events, the status ConfigMap and metrics. Only the Lease holder acts.
+
+pub mod drain;
+pub mod fleet;
+pub mod kube_io;
+pub mod leader;
+pub mod metrics;
+pub mod status;
+pub mod store;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, OfferingKey, ProviderError};
+use k8s_openapi::api::core::v1::{ConfigMap, Node as K8sNode, Pod as K8sPod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::Client;
+use tracing::{error, info, warn};
+
+use crate::model::snapshot::PoolState;
+use crate::model::{labels, Snapshot, Time};
+use crate::plan::{self, Plan, Templates};
+use crate::policy::{parse_policy, Policy};
+use crate::sim::Batch;
+
+use drain::{DrainContext, DrainJob, DrainOutcome};
+use fleet::{fleet_view, launch_request, short_gangs, FleetView};
+use kube_io::{configmap_ref, node_ref, pod_ref, EventSink, Note};
+use leader::Elector;
+use metrics::{FailedLaunch, Health, Metrics, PoolCapacity, PoolLabel};
+use status::{PoolHistory, StatusInput};
+use store::{ClusterState, Kind};
+
+/// Now, from the wall clock (the only place the controller reads it besides timers).
+pub fn wall_now() -> Time {
+    Time(chrono::Utc::now().timestamp_millis())
+}
+
+static SEED: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh seed for jitter.
+pub fn seed() -> u64 {
+    SEED.fetch_add(1, Ordering::Relaxed) ^ (wall_now().0 as u64).rotate_left(17)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn duration_arg(s: &str) -> std::result::Result<Duration, String> {
+    crate::policy::duration::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// `gpu-node-autoscaler run`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
+    /// The policy ConfigMap (`NAMESPACE/NAME`, key `policy.yaml`).
+    #[arg(long, default_value = "kube-system/gpu-node-autoscaler-policy")]
+    pub policy_configmap: String,
+    /// Where the status is written (`NAMESPACE/NAME`).
+    #[arg(long, default_value = "kube-system/gpu-node-autoscaler-status")]
+    pub status_configmap: String,
+    /// The leader-election Lease (`NAMESPACE/NAME`).
+    #[arg(long, default_value = "kube-system/gpu-node-autoscaler")]
+    pub lease: String,
+    /// This replica's name in the Lease (default: env POD_NAME, else the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Decide and report, but make no cloud call and change no node or pod.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Instance catalog CSV for on-demand prices (default: the built-in AWS us-east-1 catalog).
+    #[arg(long)]
+    pub catalog: Option<PathBuf>,
+    /// EC2 endpoint (for tests against an emulator); the region comes from the policy.
+    #[arg(long)]
+    pub aws_endpoint_url: Option<String>,
+    /// Periodic resync: a pass at least this often.
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    pub resync: Duration,
+    #[arg(long, default_value = "15s", value_parser = duration_arg)]
+    pub lease_duration: Duration,
+    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    pub lease_retry: Duration,
+    /// How long a drain may take (PDB refusals are retried until then) before the node is
+    /// given back.
+    #[arg(long, default_value = "600s", value_parser = duration_arg)]
+    pub max_graceful_termination: Duration,
+    /// Evictions per second, across all drains.
+    #[arg(long, default_value_t = 10)]
+    pub evictions_per_second: u32,
+    /// Events written per second at most.
+    #[arg(long, default_value_t = 20)]
+    pub events_per_second: u32,
+}
+
+fn split_ref(s: &str, what: &str) -> Result<(String, String)> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => {
+            Ok((ns.to_string(), name.to_string()))
+        }
+        _ => bail!("--{what}: expected NAMESPACE/NAME, got {s:?}"),
+    }
+}
+
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => b.try_init(),
+        LogFormat::Json => b.json().try_init(),
+    };
+}
+
+/// Runs the controller until SIGTERM or SIGINT.
+pub fn run(args: RunArgs) -> Result<()> {
+    init_logging(args.log_format);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(run_async(args))
+}
+
+async fn run_async(args: RunArgs) -> Result<()> {
+    let (policy_ns, policy_name) = split_ref(&args.policy_configmap, "policy-configmap")?;
+    let (lease_ns, lease_name) = split_ref(&args.lease, "lease")?;
+    split_ref(&args.status_configmap, "status-configmap")?;
+    let identity = match &args.identity {
+        Some(i) if !i.is_empty() => i.clone(),
+        _ => hostname(),
+    };
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes configuration (in-cluster service account or KUBECONFIG)")?;
+    let listener = metrics::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    info!(identity = %identity, dry_run = args.dry_run, listen = %args.listen, "starting");
+
+    let state = Arc::new(Mutex::new(ClusterState::default()));
+    let pods_cfg =
+        watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+    tokio::spawn(kube_io::watch_into(
+        Api::<K8sPod>::all(client.clone()),
+        pods_cfg,
+        Kind::Pod,
+        state.clone(),
+    ));
+    tokio::spawn(kube_io::watch_into(
+        Api::<K8sNode>::all(client.clone()),
+        watcher::Config::default(),
+        Kind::Node,
+        state.clone(),
+    ));
+    tokio::spawn(kube_io::watch_into(
+        Api::<PodDisruptionBudget>::all(client.clone()),
+        watcher::Config::default(),
+        Kind::Pdb,
+        state.clone(),
+    ));
+    tokio::spawn(kube_io::watch_into(
+        Api::<ConfigMap>::namespaced(client.clone(), &policy_ns),
+        watcher::Config::default().fields(&format!("metadata.name={policy_name}")),
+        Kind::PolicyConfigMap,
+        state.clone(),
+    ));
+
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    health
+        .heartbeat
+        .store(wall_now().0 / 1000, Ordering::Relaxed);
+    tokio::spawn(metrics::serve(listener, metrics.clone(), health.clone()));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let elector = Elector::new(
+        client.clone(),
+        &lease_ns,
+        &lease_name,
+        &identity,
+        args.lease_duration,
+    );
+    let election = tokio::spawn(elector.clone().run(args.lease_retry, stop_rx.clone()));
+
+    let events = EventSink::start(client.clone(), &identity, args.events_per_second);
+    let drain_ctx = Arc::new(DrainContext {
+        client: client.clone(),
+        state: state.clone(),
+        elector: elector.clone(),
+        metrics: metrics.clone(),
+        events: events.clone(),
+        evictions: DrainContext::eviction_limiter(args.evictions_per_second),
+    });
+    let mut ctl = Controller {
+        args: args.clone(),
+        client,
+        state,
+        metrics,
+        health,
+        elector,
+        events,
+        drain_ctx,
+        policy_name: (policy_ns, policy_name),
+        policy: None,
+        policy_seen: None,
+        policy_valid: false,
+        templates: None,
+        catalog: Catalog::default(),
+        providers: BTreeMap::new(),
+        ice: BTreeMap::new(),
+        pools: BTreeMap::new(),
+        history: BTreeMap::new(),
+        recent: HashMap::new(),
+        given_up: HashSet::new(),
+        drains: HashMap::new(),
+        notified: HashMap::new(),
+        reacted: HashSet::new(),
+        unneeded_dry: BTreeMap::new(),
+        last_status: None,
+    };
+
+    let mut stop = stop_rx;
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+    ctl.run_loop(&mut stop).await;
+    // Give the Lease back so that the other replica takes over at once.
+    let _ = election.await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| format!("gpu-node-autoscaler-{}", std::process::id()))
+}
+
+struct Controller {
+    args: RunArgs,
+    client: Client,
+    state: Arc<Mutex<ClusterState>>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    elector: Elector,
+    events: EventSink,
+    drain_ctx: Arc<DrainContext>,
+    policy_name: (String, String),
+    policy: Option<Arc<Policy>>,
+    /// resourceVersion of the policy ConfigMap last looked at.
+    policy_seen: Option<String>,
+    policy_valid: bool,
+    templates: Option<Arc<Templates>>,
+    catalog: Catalog,
+    /// Provider per pool name.
+    providers: BTreeMap<String, Arc<dyn CloudProvider>>,
+    /// Offerings that failed for lack of capacity, unavailable until then.
+    ice: BTreeMap<OfferingKey, Time>,
+    pools: BTreeMap<String, PoolState>,
+    history: BTreeMap<String, PoolHistory>,
+    /// Instances this process launched, until the cloud's listing shows them.
+    recent: HashMap<String, (Instance, Time)>,
+    /// Launch ids given up (never registered in time): a re-plan uses a new id.
+    given_up: HashSet<String>,
+    drains: HashMap<String, tokio::task::JoinHandle<DrainOutcome>>,
+    /// The last NotTriggerScaleUp reason sent per pod.
+    notified: HashMap<String, String>,
+    /// Pods whose reaction time was recorded.
+    reacted: HashSet<String>,
+    /// "Unneeded since" per node, kept in memory in dry-run (no annotation is written).
+    unneeded_dry: BTreeMap<String, String>,
+    last_status: Option<(String, Time)>,
+}
+
+impl Controller {
+    async fn run_loop(&mut self, stop: &mut tokio::sync::watch::Receiver<bool>) {
+        let start = tokio::time::Instant::now();
+        let ms = |i: tokio::time::Instant| i.duration_since(start).as_millis() as i64;
+        let mut batch = Batch::default();
+        let mut seen_unschedulable = 0u64;
+        let mut next_resync = tokio::time::Instant::now();
+        let tick = Duration::from_millis(200);
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            self.health
+                .heartbeat
+                .store(wall_now().0 / 1000, Ordering::Relaxed);
+            let (synced, new_unschedulable) = {
+                let s = self.state.lock().unwrap();
+                (s.all_synced(), s.new_unschedulable)
+            };
+            self.health.ready.store(synced, Ordering::Relaxed);
+            self.metrics.leader.set(i64::from(self.elector.is_leader()));
+            let now_i = tokio::time::Instant::now();
+            if new_unschedulable != seen_unschedulable {
+                seen_unschedulable = new_unschedulable;
+                batch.add(ms(now_i));
+            }
+            let (idle, max) = self
+                .policy
+                .as_ref()
+                .map(|p| (p.batching.idle, p.batching.max))
+                .unwrap_or((Duration::from_secs(1), Duration::from_secs(10)));
+            let batch_due = batch
+                .deadline(idle.as_millis() as i64, max.as_millis() as i64)
+                .is_some_and(|d| d <= ms(now_i));
+            if synced && (batch_due || now_i >= next_resync) {
+                batch.clear();
+                next_resync = now_i + self.args.resync;
+                self.pass().await;
+            }
+            self.reap_drains();
+            tokio::select! {
+                _ = tokio::time::sleep(tick) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    /// Collects finished drains.
+    fn reap_drains(&mut self) {
+        let done: Vec<String> = self
+            .drains
+            .iter()
+            .filter(|(_, h)| h.is_finished())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for node in done {
+            let Some(h) = self.drains.remove(&node) else {
+                continue;
+            };
+            let pool = self
+                .state
+                .lock()
+                .unwrap()
+                .nodes
+                .items
+                .get(&node)
+                .and_then(|n| n.pool().map(str::to_string));
+            let outcome = futures::FutureExt::now_or_never(h)
+                .and_then(|r| r.ok())
+                .unwrap_or(DrainOutcome::Failed(
+                    "the drain task ended abnormally".into(),
+                ));
+            let now = wall_now();
+            match outcome {
+                DrainOutcome::Removed => {
+                    if let Some(p) = &pool {
+                        self.metrics
+                            .scale_downs
+                            .get_or_create(&PoolLabel { pool: p.clone() })
+                            .inc();
+                        self.history.entry(p.clone()).or_default().last_scale_down = Some(now);
+                    }
+                }
+                DrainOutcome::RolledBack(why) | DrainOutcome::Failed(why) => {
+                    warn!(node = %node, "scale-down failed: {why}");
+                    if let Some(p) = pool {
+                        self.pools.entry(p).or_default().last_scale_down_failure = Some(now);
+                    }
+                }
+                DrainOutcome::Abandoned => {}
+            }
+        }
+    }
+
+    /// Reads a changed policy ConfigMap; an invalid one leaves the last good policy in force.
+    async fn reload_policy(&mut self) {
+        let src = self.state.lock().unwrap().policy_source().cloned();
+        let rv = src.as_ref().map(|s| s.resource_version.clone());
+        if rv == self.policy_seen && (self.policy.is_some() || rv.is_none()) {
+            return;
+        }
+        self.policy_seen = rv;
+        let (ns, name) = self.policy_name.clone();
+        let file = format!("configmap {ns}/{name} key {}", store::POLICY_KEY);
+        let Some(src) = src else {
+            warn!("the policy ConfigMap {ns}/{name} does not exist");
+            self.set_policy_valid(false);
+            return;
+        };
+        let cm = configmap_ref(&ns, &name, &src.uid);
+        let result = match &src.text {
+            None => Err(format!("{file}: the key is missing")),
+            Some(text) => match parse_policy(text, &file) {
+                Ok(p) => self.apply_policy(p).await,
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        match result {
+            Ok(()) => {
+                info!(resource_version = %src.resource_version, "policy in force");
+                self.set_policy_valid(true);
+            }
+            Err(msg) => {
+                error!("policy rejected, the last good one stays in force:\n{msg}");
+                self.set_policy_valid(false);
+                self.events.send(Note {
+                    object: cm,
+                    warning: true,
+                    reason: "PolicyInvalid",
+                    action: "Reload",
+                    message: format!(
+                        "{}; {}",
+                        msg,
+                        if self.policy.is_some() {
+                            "the last good policy stays in force"
+                        } else {
+                            "no policy in force: nothing is scaled"
+                        }
+                    ),
+                });
+            }
+        }
+    }
+
+    fn set_policy_valid(&mut self, ok: bool) {
+        self.policy_valid = ok;
+        self.metrics.policy_valid.set(i64::from(ok));
+    }
+
+    /// Builds providers, catalog and templates for a new policy; nothing changes on error.
+    async fn apply_policy(&mut self, policy: Policy) -> std::result::Result<(), String> {
+        let file_catalog = load_catalog(self.args.catalog.as_deref(), &policy)?;
+        let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
+        let mut catalog = file_catalog.clone();
+        let uses_aws = policy.pools.iter().any(|p| p.provider == "aws");
+        if let Some(p) = policy.pools.iter().find(|p| p.provider != "aws") {
+            return Err(format!(
+                "pool {}: provider {:?} cannot be run by this controller yet (supported: aws)",
+                p.name, p.provider
+            ));
+        }
+        if uses_aws && !self.args.dry_run {
+            let provider =
+                build_aws(&policy, &file_catalog, self.args.aws_endpoint_url.clone()).await?;
+            let mut c = provider
+                .catalog()
+                .await
+                .map_err(|e| format!("reading the AWS catalog: {e}"))?;
+            // Availability is learnt by failing (insufficient capacity), not assumed.
+            for o in &mut c.offerings {
+                o.available = true;
+            }
+            catalog = c;
+            for p in policy.pools.iter().filter(|p| p.provider == "aws") {
+                providers.insert(p.name.clone(), provider.clone());
+            }
+        }
+        let templates = Templates::new(&policy, &catalog);
+        self.templates = Some(Arc::new(templates));
+        self.catalog = catalog;
+        self.providers = providers;
+        self.policy = Some(Arc::new(policy));
+        Ok(())
+    }
+
+    /// The cloud's instances of every pool, plus those launched here and not listed yet.
+    async fn instances(&mut self, now: Time) -> std::result::Result<Vec<Instance>, String> {
+        let mut out: Vec<Instance> = Vec::new();
+        let mut seen = HashSet::new();
+        for (pool, provider) in &self.providers {
+            let listed = provider
+                .list(pool)
+                .await
+                .map_err(|e| format!("listing the instances of pool {pool}: {e}"))?;
+            for i in listed {
+                seen.insert(i.id.clone());
+                out.push(i);
+            }
+        }
+        self.recent.retain(|id, (_, added)| {
+            !seen.contains(id) && now.since(*added) < Duration::from_secs(300)
+        });
+        out.extend(self.recent.values().map(|(i, _)| i.clone()));
+        Ok(out)
+    }
+
+    async fn pass(&mut self) {
+        self.reload_policy().await;
+        let Some(policy) = self.policy.clone() else {
+            return;
+        };
+        if !self.elector.is_leader() {
+            return;
+        }
+        let now = wall_now();
+        self.ice.retain(|_, until| *until > now);
+        let instances = match self.instances(now).await {
+            Ok(i) => i,
+            Err(e) => {
+                // Without the cloud's view, in-flight capacity is unknown: deciding now could
+                // launch twice. Try again on the next pass.
+                warn!("{e}; skipping this pass");
+                return;
+            }
+        };
+        let catalog = &self.catalog;
+        let expects_gpus = |k: &OfferingKey| {
+            catalog
+                .instance_type(&k.instance_type)
+                .is_none_or(|t| t.gpu.is_some())
+        };
+        let (mut snapshot, view) = {
+            let s = self.state.lock().unwrap();
+            let view = fleet_view(
+                &instances,
+                &s.nodes.items,
+                now,
+                policy.max_node_provision_time,
+                expects_gpus,
+            );
+            let snapshot = Snapshot {
+                pods: s.pods.items.values().cloned().collect(),
+                nodes: s.nodes.items.values().cloned().collect(),
+                pdbs: s.pdbs.items.values().cloned().collect(),
+                in_flight: view.in_flight.clone(),
+                unavailable: BTreeMap::new(),
+                pools: BTreeMap::new(),
+            };
+            (snapshot, view)
+        };
+        self.give_up_overdue(&view, &policy, now).await;
+        if self.args.dry_run {
+            for n in &mut snapshot.nodes {
+                if let Some(s) = self.unneeded_dry.get(&n.name) {
+                    n.annotations
+                        .insert(labels::UNNEEDED_SINCE.into(), s.clone());
+                }
+            }
+        }
+        self.resume_drains(&snapshot, &view, now).await;
+        let Some(templates) = self.templates.clone() else {
+            return;
+        };
+        let mut plan;
+        let mut round = 0;
+        loop {
+            snapshot.unavailable = self.ice.clone();
+            snapshot.pools = self.pools.clone();
+            let t0 = std::time::Instant::now();
+            plan = plan::plan_with(&snapshot, &templates, &policy, now);
+            self.metrics
+                .plan_duration_seconds
+                .observe(t0.elapsed().as_secs_f64());
+            let short = self.scale_up(&plan, &policy, now).await;
+            round += 1;
+            // An offering short of capacity is now avoided: plan the rest again at once.
+            if !short || round == 3 || self.args.dry_run {
+                break;
+            }
+            snapshot.in_flight = fleet_view(
+                self.recent.values().map(|(i, _)| i),
+                &HashMap::new(),
+                now,
+                policy.max_node_provision_time,
+                |_| true,
+            )
+            .in_flight
+            .into_iter()
+            .chain(view.in_flight.iter().cloned())
+            .collect();
+        }
+        self.report_unschedulable(&plan);
+        self.scale_down(&plan, &policy, &view, now).await;
+        self.keep_unneeded(&plan, &snapshot).await;
+        self.publish(&plan, &policy, &snapshot, &view, now).await;
+    }
+
+    /// Launches the plan's scale-ups. Returns whether any fell short.
+    async fn scale_up(&mut self, plan: &Plan, policy: &Policy, now: Time) -> bool {
+        let mut launched_counts = Vec::with_capacity(plan.scale_ups.len());
+        let mut launched_ids: Vec<Vec<String>> = Vec::new();
+        for su in &plan.scale_ups {
+            let pool = policy.pool(&su.pool);
+            let mut attempt = 0;
+            let mut req = launch_request(su, pool, attempt);
+            while self.given_up.contains(&req.launch_id) {
+                attempt += 1;
+                req = launch_request(su, pool, attempt);
+            }
+            {
+                let s = self.state.lock().unwrap();
+                for p in &su.pods {
+                    if let Some(since) = s.unschedulable_since.get(p) {
+                        if self.reacted.insert(p.clone()) {
+                            self.metrics
+                                .reaction_seconds
+                                .observe(now.since(*since).as_secs_f64());
+                        }
+                    }
+                }
+            }
+            let first = su.offerings.first();
+            let what = format!(
+                "{} × {} in {} ({}), pool {}",
+                su.count,
+                first.map_or("-", |o| o.instance_type.as_str()),
+                first.map_or("-", |o| o.zone.as_str()),
+                first.map_or("-", |o| o.capacity_type.as_str()),
+                su.pool
+            );
+            if self.args.dry_run {
+                self.notify_pods(su, "TriggeredScaleUp", format!("would launch {what}"));
+                launched_counts.push(su.count);
+                launched_ids.push(Vec::new());
+                continue;
+            }
+            let Some(provider) = self.providers.get(&su.pool).cloned() else {
+                launched_counts.push(0);
+                launched_ids.push(Vec::new());
+                continue;
+            };
+            info!(launch_id = %req.launch_id, "launching {what}");
+            let result = provider.launch(&req).await;
+            let (n, ids) = match result {
+                Ok(res) => {
+                    for (key, err) in &res.failures {
+                        self.count_failure(&su.pool, err);
+                        if matches!(err, ProviderError::InsufficientCapacity { .. }) {
+                            self.ice
+                                .insert(key.clone(), now + policy.insufficient_capacity_ttl);
+                        }
+                    }
+                    let ids: Vec<String> = res.launched.iter().map(|i| i.id.clone()).collect();
+                    for i in res.launched {
+                        self.recent.insert(i.id.clone(), (i, now));
+                    }
+                    (ids.len() as u32, ids)
+                }
+                Err(e) => {
+                    warn!(pool = %su.pool, "launch failed: {e}");
+                    self.count_failure(&su.pool, &e);
+                    (0, Vec::new())
+                }
+            };
+            if n > 0 {
+                self.metrics
+                    .scale_ups
+                    .get_or_create(&PoolLabel {
+                        pool: su.pool.clone(),
+                    })
+                    .inc_by(u64::from(n));
+                self.history
+                    .entry(su.pool.clone())
+                    .or_default()
+                    .last_scale_up = Some(now);
+                if su.gang.is_none() {
+                    self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(now);
+                }
+                let note = if n < su.count {
+                    format!("launched {n} of {what}; the rest is planned again")
+                } else {
+                    format!("launched {what}")
+                };
+                self.notify_pods(su, "TriggeredScaleUp", note);
+            }
+            launched_counts.push(n);
+            launched_ids.push(ids);
+        }
+        let short = short_gangs(&plan.scale_ups, &launched_counts);
+        for (i, su) in plan.scale_ups.iter().enumerate() {
+            let Some(g) = &su.gang else { continue };
+            if short.contains(g) {
+                if let Some(provider) = self.providers.get(&su.pool).cloned() {
+                    for id in &launched_ids[i] {
+                        self.recent.remove(id);
+                        if let Err(e) = provider.terminate(id).await {
+                            warn!(instance = %id, "giving back a partial gang launch: {e}");
+                        }
+                    }
+                }
+                if !launched_ids[i].is_empty() {
+                    self.notify_pods(
+                        su,
+                        "NotTriggerScaleUp",
+                        format!(
+                            "gang {g} could not be launched whole; its {} instance(s) were \
+                             given back and it is planned again",
+                            launched_ids[i].len()
+                        ),
+                    );
+                }
+            } else if launched_counts[i] > 0 {
+                self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(now);
+            }
+        }
+        plan.scale_ups
+            .iter()
+            .zip(&launched_counts)
+            .any(|(su, n)| *n < su.count)
+    }
+
+    fn count_failure(&self, pool: &str, e: &ProviderError) {
+        self.metrics
+            .failed_launches
+            .get_or_create(&FailedLaunch {
+                pool: pool.to_string(),
+                reason: e.metric_label().to_string(),
+            })
+            .inc();
+    }
+
+    fn notify_pods(&self, su: &plan::ScaleUp, reason: &'static str, message: String) {
+        let s = self.state.lock().unwrap();
+        for key in &su.pods {
+            let Some(p) = s.pods.items.get(key) else {
+                continue;
+            };
+            self.events.send(Note {
+                object: pod_ref(&p.id.namespace, &p.id.name, &p.uid),
+                warning: false,
+                reason,
+                action: "ScaleUp",
+                message: message.clone(),
+            });
+        }
+    }
+
+    /// `NotTriggerScaleUp` once per pod and reason.
+    fn report_unschedulable(&mut self, plan: &Plan) {
+        let s = self.state.lock().unwrap();
+        self.notified.retain(|k, _| s.pods.items.contains_key(k));
+        for u in &plan.unschedulable {
+            if self.notified.get(&u.pod) == Some(&u.reason) {
+                continue;
+            }
+            let Some(p) = s.pods.items.get(&u.pod) else {
+                continue;
+            };
+            self.notified.insert(u.pod.clone(), u.reason.clone());
+            self.events.send(Note {
+                object: pod_ref(&p.id.namespace, &p.id.name, &p.uid),
+                warning: false,
+                reason: "NotTriggerScaleUp",
+                action: "ScaleUp",
+                message: u.reason.clone(),
+            });
+        }
+    }
+
+    /// Instances that never became working nodes: terminated, their offering avoided.
+    async fn give_up_overdue(&mut self, view: &FleetView, policy: &Policy, now: Time) {
+        for o in &view.overdue {
+            let i = &o.instance;
+            let why = match &o.node {
+                Some(n) => format!("node {n} never advertised its GPUs"),
+                None => "no Node registered".to_string(),
+            };
+            warn!(
+                instance = %i.id, offering = %i.offering,
+                "giving up a launch after {}: {why}",
+                crate::policy::duration::format_duration(policy.max_node_provision_time)
+            );
+            self.ice
+                .insert(i.offering.clone(), now + policy.insufficient_capacity_ttl);
+            self.given_up.insert(i.launch_id.clone());
+            self.metrics
+                .failed_launches
+                .get_or_create(&FailedLaunch {
+                    pool: i.pool.clone(),
+                    reason: "provision_timeout".into(),
+                })
+                .inc();
+            if self.args.dry_run {
+                continue;
+            }
+            self.recent.remove(&i.id);
+            if let Some(p) = self.providers.get(&i.pool) {
+                if let Err(e) = p.terminate(&i.id).await {
+                    warn!(instance = %i.id, "terminating: {e}");
+                }
+            }
+            if let Some(n) = &o.node {
+                let api: Api<K8sNode> = Api::all(self.client.clone());
+                if let Err(e) = kube_io::delete_node(&api, n).await {
+                    warn!(node = %n, "deleting: {e}");
+                }
+                self.events.send(Note {
+                    object: node_ref(n),
+                    warning: true,
+                    reason: "ScaleDown",
+                    action: "GiveUp",
+                    message: format!("instance {} removed: {why}", i.id),
+                });
+            }
+        }
+    }
+
+    /// Drains found from the taint (a previous leader's): finished within their deadline,
+    /// rolled back past it.
+    async fn resume_drains(&mut self, snapshot: &Snapshot, view: &FleetView, now: Time) {
+        if self.args.dry_run {
+            return;
+        }
+        let max = self.args.max_graceful_termination;
+        for n in &snapshot.nodes {
+            let ours = n
+                .taints
+                .iter()
+                .any(|t| t.key == labels::TO_BE_DELETED_TAINT);
+            if !ours || n.deleting || self.drains.contains_key(&n.name) {
+                continue;
+            }
+            let started = n
+                .annotations
+                .get(drain::DRAIN_STARTED)
+                .and_then(|s| Time::parse_rfc3339(s).ok())
+                .unwrap_or(now);
+            let deadline = started + max;
+            if deadline <= now {
+                let why = "a drain interrupted by a restart ran past its deadline";
+                if let Err(e) = drain::roll_back(&self.drain_ctx, &n.name, why).await {
+                    warn!(node = %n.name, "rolling back: {e}");
+                }
+                continue;
+            }
+            info!(node = %n.name, "resuming an interrupted drain");
+            self.spawn_drain(n, view, deadline, "resumed after a restart".into());
+        }
+    }
+
+    fn spawn_drain(
+        &mut self,
+        n: &crate::model::Node,
+        view: &FleetView,
+        deadline: Time,
+        reason: String,
+    ) {
+        let pool = n.pool().unwrap_or("").to_string();
+        let instance_id = n.provider_id.as_ref().and_then(|p| {
+            view.instance_of_node
+                .get(p)
+                .cloned()
+                .or_else(|| fleet::instance_id_of(p).map(str::to_string))
+        });
+        let job = DrainJob {
+            node: n.name.clone(),
+            provider: self.providers.get(&pool).cloned(),
+            pool,
+            instance_id,
+            deadline,
+            reason,
+        };
+        let ctx = self.drain_ctx.clone();
+        self.drains
+            .insert(n.name.clone(), tokio::spawn(drain::drain(ctx, job)));
+    }
+
+    async fn scale_down(&mut self, plan: &Plan, policy: &Policy, view: &FleetView, now: Time) {
+        let limit = policy.max_concurrent_drains as usize;
+        for d in &plan.scale_downs {
+            if self.drains.contains_key(&d.node) {
+                continue;
+            }
+            if self.args.dry_run {
+                self.events.send(Note {
+                    object: node_ref(&d.node),
+                    warning: false,
+                    reason: "ScaleDown",
+                    action: "Drain",
+                    message: format!(
+                        "would drain and remove {} (pool {}, saves ${:.3}/hour): {}",
+                        d.node, d.pool, d.saves_per_hour, d.reason
+                    ),
+                });
+                continue;
+            }
+            if self.drains.len() >= limit {
+                break;
+            }
+            let node = self.state.lock().unwrap().nodes.items.get(&d.node).cloned();
+            let Some(node) = node else { continue };
+            let deadline = now + self.args.max_graceful_termination;
+            self.spawn_drain(&node, view, deadline, d.reason.clone());
+        }
+    }
+
+    /// Keeps "unneeded since" on the nodes (annotation; in memory in dry-run).
+    async fn keep_unneeded(&mut self, plan: &Plan, snapshot: &Snapshot) {
+        let now_unneeded: BTreeMap<&str, &str> = plan
+            .unneeded
+            .iter()
+            .map(|u| (u.node.as_str(), u.since.as_str()))
+            .collect();
+        if self.args.dry_run {
+            self.unneeded_dry = now_unneeded
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            return;
+        }
+        let api: Api<K8sNode> = Api::all(self.client.clone());
+        for n in &snapshot.nodes {
+            let has = n
+                .annotations
+                .get(labels::UNNEEDED_SINCE)
+                .map(String::as_str);
+            let want = now_unneeded.get(n.name.as_str()).copied();
+            if has == want || self.drains.contains_key(&n.name) {
+                continue;
+            }
+            if let Err(e) =
+                kube_io::annotate_node(&api, &n.name, labels::UNNEEDED_SINCE, want).await
+            {
+                warn!(node = %n.name, "annotating: {e}");
+            }
+        }
+    }
+
+    async fn publish(
+        &mut self,
+        plan: &Plan,
+        policy: &Policy,
+        snapshot: &Snapshot,
+        view: &FleetView,
+        now: Time,
+    ) {
+        // Metrics.
+        let pending: Vec<&crate::model::Pod> = snapshot
+            .pods
+            .iter()
+            .filter(|p| p.is_pending() && p.wants_gpu())
+            .collect();
+        self.metrics.pending_gpu_pods.set(pending.len() as i64);
+        let oldest = {
+            let s = self.state.lock().unwrap();
+            s.unschedulable_since
+                .values()
+                .map(|t| now.since(*t).as_secs() as i64)
+                .max()
+                .unwrap_or(0)
+        };
+        self.metrics.oldest_pending_gpu_pod_seconds.set(oldest);
+        self.metrics.nodes.clear();
+        self.metrics.gpus.clear();
+        for n in &snapshot.nodes {
+            let Some(pool) = n.pool() else { continue };
+            let ct = n
+                .labels
+                .get(labels::CAPACITY_TYPE)
+                .or_else(|| n.labels.get(labels::KARPENTER_CAPACITY_TYPE))
+                .cloned()
+                .unwrap_or_else(|| "unknown".into());
+            let key = PoolCapacity {
+                pool: pool.to_string(),
+                capacity_type: ct,
+            };
+            self.metrics.nodes.get_or_create(&key).inc();
+            self.metrics
+                .gpus
+                .get_or_create(&key)
+                .inc_by(n.advertised_gpus());
+        }
+        // The status ConfigMap, at most every 10 s unless it changed.
+        let nodes: Vec<&crate::model::Node> = snapshot.nodes.iter().collect();
+        let st = status::build(&StatusInput {
+            now,
+            leader: self.elector.identity(),
+            dry_run: self.args.dry_run,
+            policy_valid: self.policy_valid,
+            policy,
+            nodes: &nodes,
+            in_flight: &view.in_flight,
+            plan,
+            history: &self.history,
+            unavailable: &self.ice,
+        });
+        let mut timeless = st.clone();
+        timeless.time.clear();
+        let key = serde_json::to_string(&timeless).unwrap_or_default();
+        if let Some((last, at)) = &self.last_status {
+            if *last == key && now.since(*at) < Duration::from_secs(10) {
+                return;
+            }
+        }
+        let data = BTreeMap::from([
+            ("status".to_string(), status::to_text(&st)),
+            (
+                "status.json".to_string(),
+                serde_json::to_string_pretty(&st).unwrap_or_default(),
+            ),
+        ]);
+        let (ns, name) =
+            split_ref(&self.args.status_configmap, "status-configmap").unwrap_or_default();
+        match kube_io::write_status(&self.client, &ns, &name, data).await {
+            Ok(()) => self.last_status = Some((key, now)),
+            Err(e) => warn!("writing the status ConfigMap: {e}"),
+        }
+    }
+}
+
+fn load_catalog(
+    path: Option<&std::path::Path>,
+    policy: &Policy,
+) -> std::result::Result<Catalog, String> {
+    let types = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            crate::catalog::parse_csv(&text, &p.display().to_string()).map_err(|e| e.to_string())?
+        }
+        None => crate::catalog::parse_csv(
+            crate::catalog::BUILTIN_AWS,
+            crate::catalog::BUILTIN_AWS_NAME,
+        )
+        .map_err(|e| e.to_string())?,
+    };
+    Ok(crate::catalog::offerings_from_list_prices(policy, types))
+}
+
+async fn build_aws(
+    policy: &Policy,
+    catalog: &Catalog,
+    endpoint: Option<String>,
+) -> std::result::Result<Arc<dyn CloudProvider>, String> {
+    let region = policy
+        .region
+        .clone()
+        .or_else(|| std::env::var("AWS_REGION").ok())
+        .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+        .ok_or("no region: set `region` in the policy or AWS_REGION")?;
+    let config = crate::aws::config_from_policy(policy, catalog, &region, endpoint)
+        .map_err(|e| e.join("\n"))?;
+    let provider = gpu_node_autoscaler_aws::AwsProvider::new(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Arc::new(provider))
+}

@@ -1,0 +1,252 @@
+//! The status ConfigMap (`kube-system/gpu-node-autoscaler-status`): per pool, what is ready, in
+//! flight and targeted, the last scale-up and scale-down, the cooldown, and the offerings
+//! currently avoided. Rendered as text for people (`status`) and JSON for tools (`status.json`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use gpu_node_autoscaler_provider::OfferingKey;
+use serde::Serialize;
+
+use crate::model::{InFlight, Node, Time};
+use crate::plan::Plan;
+use crate::policy::Policy;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    pub name: String,
+    pub ready_nodes: u32,
+    pub ready_gpus: i64,
+    /// Launched and not yet a node with GPUs.
+    pub in_flight_nodes: u32,
+    /// Ready + in flight + what this pass decided to launch, minus what it drains.
+    pub target_nodes: u32,
+    pub draining_nodes: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_scale_up: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_scale_down: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cooldown_until: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub time: String,
+    pub leader: String,
+    pub dry_run: bool,
+    pub policy_valid: bool,
+    pub pending_gpu_pods: usize,
+    pub pools: Vec<PoolStatus>,
+    /// Offering (`type/zone/capacity`) → unavailable until.
+    pub unavailable_offerings: BTreeMap<String, String>,
+}
+
+/// What the controller remembers per pool for the status.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolHistory {
+    pub last_scale_up: Option<Time>,
+    pub last_scale_down: Option<Time>,
+}
+
+pub struct StatusInput<'a> {
+    pub now: Time,
+    pub leader: &'a str,
+    pub dry_run: bool,
+    pub policy_valid: bool,
+    pub policy: &'a Policy,
+    pub nodes: &'a [&'a Node],
+    pub in_flight: &'a [InFlight],
+    pub plan: &'a Plan,
+    pub history: &'a BTreeMap<String, PoolHistory>,
+    pub unavailable: &'a BTreeMap<OfferingKey, Time>,
+}
+
+pub fn build(i: &StatusInput) -> Status {
+    let mut pools = Vec::new();
+    for p in &i.policy.pools {
+        let mut s = PoolStatus {
+            name: p.name.clone(),
+            ..Default::default()
+        };
+        for n in i.nodes.iter().filter(|n| n.pool() == Some(p.name.as_str())) {
+            if n.is_being_deleted() {
+                s.draining_nodes += 1;
+            } else if n.ready && n.advertised_gpus() > 0 {
+                s.ready_nodes += 1;
+                s.ready_gpus += n.advertised_gpus();
+            } else {
+                s.in_flight_nodes += 1;
+            }
+        }
+        s.in_flight_nodes += i
+            .in_flight
+            .iter()
+            .filter(|f| f.pool == p.name)
+            .map(|f| f.count)
+            .sum::<u32>();
+        let up: u32 = i
+            .plan
+            .scale_ups
+            .iter()
+            .filter(|u| u.pool == p.name)
+            .map(|u| u.count)
+            .sum();
+        let down = i
+            .plan
+            .scale_downs
+            .iter()
+            .filter(|d| d.pool == p.name)
+            .count() as u32;
+        s.target_nodes = (s.ready_nodes + s.in_flight_nodes + up).saturating_sub(down);
+        if let Some(h) = i.history.get(&p.name) {
+            s.last_scale_up = h.last_scale_up.map(Time::to_rfc3339);
+            s.last_scale_down = h.last_scale_down.map(Time::to_rfc3339);
+            s.cooldown_until = h
+                .last_scale_up
+                .map(|t| t + p.scale_down.cooldown_after_scale_up)
+                .filter(|t| *t > i.now)
+                .map(Time::to_rfc3339);
+        }
+        pools.push(s);
+    }
+    Status {
+        time: i.now.to_rfc3339(),
+        leader: i.leader.to_string(),
+        dry_run: i.dry_run,
+        policy_valid: i.policy_valid,
+        pending_gpu_pods: i.plan.scale_ups.iter().map(|u| u.pods.len()).sum::<usize>()
+            + i.plan.unschedulable.len()
+            + i.plan.existing_capacity.len(),
+        pools,
+        unavailable_offerings: i
+            .unavailable
+            .iter()
+            .filter(|(_, until)| **until > i.now)
+            .map(|(k, until)| (k.to_string(), until.to_rfc3339()))
+            .collect(),
+    }
+}
+
+/// The human-readable form.
+pub fn to_text(s: &Status) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "gpu-node-autoscaler status at {} (leader {}{}){}",
+        s.time,
+        s.leader,
+        if s.dry_run { ", DRY RUN" } else { "" },
+        if s.policy_valid {
+            ""
+        } else {
+            "\nWARNING: the latest policy is invalid; the last good one is in force"
+        }
+    );
+    let _ = writeln!(out, "Pending GPU pods: {}\n", s.pending_gpu_pods);
+    let _ = writeln!(
+        out,
+        "{:<20} {:>6} {:>6} {:>9} {:>7} {:>9}  {:<20} {:<20} COOLDOWN UNTIL",
+        "POOL",
+        "READY",
+        "GPUS",
+        "IN-FLIGHT",
+        "TARGET",
+        "DRAINING",
+        "LAST SCALE-UP",
+        "LAST SCALE-DOWN"
+    );
+    for p in &s.pools {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>6} {:>6} {:>9} {:>7} {:>9}  {:<20} {:<20} {}",
+            p.name,
+            p.ready_nodes,
+            p.ready_gpus,
+            p.in_flight_nodes,
+            p.target_nodes,
+            p.draining_nodes,
+            p.last_scale_up.as_deref().unwrap_or("-"),
+            p.last_scale_down.as_deref().unwrap_or("-"),
+            p.cooldown_until.as_deref().unwrap_or("-"),
+        );
+    }
+    if !s.unavailable_offerings.is_empty() {
+        let _ = writeln!(out, "\nUnavailable offerings (insufficient capacity):");
+        for (k, until) in &s.unavailable_offerings {
+            let _ = writeln!(out, "  {k} until {until}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::NodeBuilder;
+    use crate::model::labels;
+    use crate::policy::parse_policy;
+    use gpu_node_autoscaler_provider::CapacityType;
+
+    #[test]
+    fn pools_count_ready_in_flight_and_target() {
+        let policy = parse_policy(
+            "clusterName: c\nzones: [z]\npools:\n- name: a\n  instanceTypes: [g5.xlarge]\n  maxNodes: 5\n  scaleDown: {cooldownAfterScaleUp: 10m}\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let ready = NodeBuilder::new("n1")
+            .label(labels::POOL, "a")
+            .gpus(1)
+            .build();
+        let booting = NodeBuilder::new("n2").label(labels::POOL, "a").build();
+        let nodes = [&ready, &booting];
+        let flights = [InFlight {
+            launch_id: "L".into(),
+            pool: "a".into(),
+            offering: OfferingKey {
+                instance_type: "g5.xlarge".into(),
+                zone: "z".into(),
+                capacity_type: CapacityType::Spot,
+            },
+            count: 2,
+            launched_at: Time(0),
+        }];
+        let mut history = BTreeMap::new();
+        history.insert(
+            "a".to_string(),
+            PoolHistory {
+                last_scale_up: Some(Time::from_secs(100)),
+                last_scale_down: None,
+            },
+        );
+        let mut unavailable = BTreeMap::new();
+        unavailable.insert(flights[0].offering.clone(), Time::from_secs(400));
+        let s = build(&StatusInput {
+            now: Time::from_secs(200),
+            leader: "r1",
+            dry_run: false,
+            policy_valid: true,
+            policy: &policy,
+            nodes: &nodes,
+            in_flight: &flights,
+            plan: &Plan::default(),
+            history: &history,
+            unavailable: &unavailable,
+        });
+        let p = &s.pools[0];
+        assert_eq!((p.ready_nodes, p.ready_gpus, p.in_flight_nodes), (1, 1, 3));
+        assert_eq!(p.target_nodes, 4);
+        assert_eq!(p.cooldown_until.as_deref(), Some("1970-01-01T00:11:40Z"));
+        assert_eq!(s.unavailable_offerings.len(), 1);
+        let text = to_text(&s);
+        assert!(
+            text.contains("g5.xlarge/z/spot until 1970-01-01T00:06:40Z"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["pools"][0]["inFlightNodes"], 3);
+    }
+}

@@ -1,0 +1,360 @@
+//! The controller's view of the cluster: model values kept up to date from watch events.
+//!
+//! Each watched kind feeds one [`KindStore`]. Objects are converted to the planner's model as
+//! they arrive (so a pass does no conversion and the store holds only what the planner reads,
+//! not `managedFields` and the rest of the object). A store is *synced* from the end of a full
+//! list until its watch fails; the loop makes no decision while any store is not synced.
+//! Everything here is pure: events in, state out.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Value;
+
+use crate::convert::Converter;
+use crate::model::{Node, Pdb, Pod, Time};
+
+/// One watch event, after conversion to JSON (what `kube::runtime::watcher` yields, minus the
+/// typed object).
+#[derive(Clone, Debug)]
+pub enum WatchEvent {
+    /// A (re)list starts: what follows until `InitDone` replaces the store.
+    Init,
+    InitApply(Value),
+    InitDone,
+    Apply(Value),
+    Delete(Value),
+    /// The watch failed: the store is stale until the next full list.
+    Lost(String),
+}
+
+/// The key of a namespaced object (`namespace/name`) or a cluster-scoped one (`name`).
+pub fn object_key(v: &Value) -> Option<String> {
+    let m = v.get("metadata")?;
+    let name = m.get("name")?.as_str()?;
+    Some(match m.get("namespace").and_then(Value::as_str) {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    })
+}
+
+/// Objects of one kind, converted, with whether they are a complete and current view.
+#[derive(Debug)]
+pub struct KindStore<T> {
+    pub items: HashMap<String, T>,
+    /// Objects that could not be converted, with why (reported, never planned with).
+    pub rejected: BTreeMap<String, String>,
+    pub synced: bool,
+    /// Incremented on every change, so readers can tell whether anything moved.
+    pub generation: u64,
+    buffer: Option<(HashMap<String, T>, BTreeMap<String, String>)>,
+}
+
+impl<T> Default for KindStore<T> {
+    fn default() -> Self {
+        KindStore {
+            items: HashMap::new(),
+            rejected: BTreeMap::new(),
+            synced: false,
+            generation: 0,
+            buffer: None,
+        }
+    }
+}
+
+impl<T> KindStore<T> {
+    /// Applies one event; `convert` turns an object into a model value or says why it cannot.
+    /// Returns the key of the object that changed, if one did.
+    pub fn apply(
+        &mut self,
+        event: WatchEvent,
+        mut convert: impl FnMut(Value) -> Result<T, String>,
+    ) -> Option<(String, Option<&T>)> {
+        match event {
+            WatchEvent::Init => {
+                self.buffer = Some((HashMap::new(), BTreeMap::new()));
+                None
+            }
+            WatchEvent::InitApply(v) => {
+                let key = object_key(&v)?;
+                let (items, rejected) = self
+                    .buffer
+                    .get_or_insert_with(|| (HashMap::new(), BTreeMap::new()));
+                match convert(v) {
+                    Ok(t) => {
+                        items.insert(key, t);
+                    }
+                    Err(e) => {
+                        rejected.insert(key, e);
+                    }
+                }
+                None
+            }
+            WatchEvent::InitDone => {
+                if let Some((items, rejected)) = self.buffer.take() {
+                    self.items = items;
+                    self.rejected = rejected;
+                }
+                self.synced = true;
+                self.generation += 1;
+                None
+            }
+            WatchEvent::Apply(v) => {
+                let key = object_key(&v)?;
+                self.generation += 1;
+                match convert(v) {
+                    Ok(t) => {
+                        self.rejected.remove(&key);
+                        self.items.insert(key.clone(), t);
+                    }
+                    Err(e) => {
+                        self.items.remove(&key);
+                        self.rejected.insert(key.clone(), e);
+                    }
+                }
+                let item = self.items.get(&key);
+                Some((key, item))
+            }
+            WatchEvent::Delete(v) => {
+                let key = object_key(&v)?;
+                self.generation += 1;
+                self.items.remove(&key);
+                self.rejected.remove(&key);
+                Some((key, None))
+            }
+            WatchEvent::Lost(_) => {
+                self.synced = false;
+                self.buffer = None;
+                None
+            }
+        }
+    }
+}
+
+/// The policy ConfigMap's text, as last seen.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicySource {
+    /// `None` when the ConfigMap does not exist or lacks the key.
+    pub text: Option<String>,
+    pub resource_version: String,
+    pub uid: String,
+}
+
+/// Everything the controller watches.
+#[derive(Default)]
+pub struct ClusterState {
+    pub pods: KindStore<Pod>,
+    pub nodes: KindStore<Node>,
+    pub pdbs: KindStore<Pdb>,
+    pub policy: KindStore<PolicySource>,
+    /// When each pending GPU pod was first seen unschedulable (for the reaction-time metric and
+    /// the batching window).
+    pub unschedulable_since: HashMap<String, Time>,
+    /// Pods that became unschedulable since the loop last looked.
+    pub new_unschedulable: u64,
+    converter: Converter,
+}
+
+/// The key of the policy ConfigMap that holds the policy.
+pub const POLICY_KEY: &str = "policy.yaml";
+
+/// Which watched kind an event belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Pod,
+    Node,
+    Pdb,
+    PolicyConfigMap,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Pod, Kind::Node, Kind::Pdb, Kind::PolicyConfigMap];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Pod => "pods",
+            Kind::Node => "nodes",
+            Kind::Pdb => "poddisruptionbudgets",
+            Kind::PolicyConfigMap => "policy configmap",
+        }
+    }
+}
+
+impl ClusterState {
+    pub fn all_synced(&self) -> bool {
+        self.pods.synced && self.nodes.synced && self.pdbs.synced && self.policy.synced
+    }
+
+    pub fn synced(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Pod => self.pods.synced,
+            Kind::Node => self.nodes.synced,
+            Kind::Pdb => self.pdbs.synced,
+            Kind::PolicyConfigMap => self.policy.synced,
+        }
+    }
+
+    /// Applies one watch event of `kind` seen at `now`.
+    pub fn apply(&mut self, kind: Kind, event: WatchEvent, now: Time) {
+        match kind {
+            Kind::Pod => {
+                let conv = &mut self.converter;
+                let relist_done = matches!(event, WatchEvent::InitDone);
+                let changed = self
+                    .pods
+                    .apply(event, |v| conv.pod(v))
+                    .map(|(k, p)| (k, p.map(|p| p.is_pending() && p.unschedulable)));
+                match changed {
+                    Some((key, Some(true))) => {
+                        if let std::collections::hash_map::Entry::Vacant(e) =
+                            self.unschedulable_since.entry(key)
+                        {
+                            e.insert(now);
+                            self.new_unschedulable += 1;
+                        }
+                    }
+                    Some((key, _)) => {
+                        self.unschedulable_since.remove(&key);
+                    }
+                    None if relist_done => {
+                        let mut fresh = 0;
+                        let pods = &self.pods.items;
+                        self.unschedulable_since.retain(|k, _| {
+                            pods.get(k)
+                                .is_some_and(|p| p.is_pending() && p.unschedulable)
+                        });
+                        for (k, p) in pods {
+                            if p.is_pending() && p.unschedulable {
+                                self.unschedulable_since
+                                    .entry(k.clone())
+                                    .or_insert_with(|| {
+                                        fresh += 1;
+                                        now
+                                    });
+                            }
+                        }
+                        self.new_unschedulable += fresh;
+                    }
+                    None => {}
+                }
+            }
+            Kind::Node => {
+                let conv = &mut self.converter;
+                self.nodes.apply(event, |v| conv.node(v));
+            }
+            Kind::Pdb => {
+                let conv = &mut self.converter;
+                self.pdbs.apply(event, |v| conv.pdb(v));
+            }
+            Kind::PolicyConfigMap => {
+                self.policy.apply(event, |v| Ok(policy_source(&v)));
+            }
+        }
+    }
+
+    /// The policy as last seen (`None` if the ConfigMap is absent).
+    pub fn policy_source(&self) -> Option<&PolicySource> {
+        self.policy.items.values().next()
+    }
+}
+
+fn policy_source(v: &Value) -> PolicySource {
+    let m = v.get("metadata");
+    let s = |k: &str| {
+        m.and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    PolicySource {
+        text: v
+            .get("data")
+            .and_then(|d| d.get(POLICY_KEY))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        resource_version: s("resourceVersion"),
+        uid: s("uid"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, unschedulable: bool) -> Value {
+        let mut p = json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}")},
+            "spec": {"containers": [{"name": "c", "image": "i",
+                "resources": {"requests": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Pending"}
+        });
+        if unschedulable {
+            p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable"}]);
+        }
+        p
+    }
+
+    #[test]
+    fn relist_replaces_the_store_atomically_and_marks_it_synced() {
+        let mut s = ClusterState::default();
+        assert!(!s.synced(Kind::Pod));
+        s.apply(Kind::Pod, WatchEvent::Init, Time(0));
+        s.apply(Kind::Pod, WatchEvent::InitApply(pod("a", false)), Time(0));
+        assert!(s.pods.items.is_empty(), "nothing visible before InitDone");
+        s.apply(Kind::Pod, WatchEvent::InitDone, Time(0));
+        assert!(s.synced(Kind::Pod));
+        assert_eq!(s.pods.items.len(), 1);
+        // A lost watch makes the store stale until the next full list, which replaces it.
+        s.apply(Kind::Pod, WatchEvent::Lost("closed".into()), Time(1));
+        assert!(!s.synced(Kind::Pod));
+        s.apply(Kind::Pod, WatchEvent::Init, Time(2));
+        s.apply(Kind::Pod, WatchEvent::InitApply(pod("b", false)), Time(2));
+        s.apply(Kind::Pod, WatchEvent::InitDone, Time(2));
+        let keys: Vec<&String> = s.pods.items.keys().collect();
+        assert_eq!(keys, vec!["ml/b"]);
+    }
+
+    #[test]
+    fn unschedulable_pods_are_timed_once_and_forgotten_when_they_go() {
+        let mut s = ClusterState::default();
+        s.apply(Kind::Pod, WatchEvent::Init, Time(0));
+        s.apply(Kind::Pod, WatchEvent::InitDone, Time(0));
+        s.apply(Kind::Pod, WatchEvent::Apply(pod("a", true)), Time(5));
+        s.apply(Kind::Pod, WatchEvent::Apply(pod("a", true)), Time(9));
+        assert_eq!(s.unschedulable_since.get("ml/a"), Some(&Time(5)));
+        assert_eq!(s.new_unschedulable, 1);
+        s.apply(Kind::Pod, WatchEvent::Delete(pod("a", true)), Time(10));
+        assert!(s.unschedulable_since.is_empty());
+        assert!(s.pods.items.is_empty());
+    }
+
+    #[test]
+    fn an_object_that_does_not_convert_is_rejected_not_planned() {
+        let mut s = ClusterState::default();
+        s.apply(Kind::Pod, WatchEvent::Init, Time(0));
+        s.apply(Kind::Pod, WatchEvent::InitDone, Time(0));
+        s.apply(
+            Kind::Node,
+            WatchEvent::Apply(json!({"metadata": {"name": "n1"},
+                "status": {"allocatable": {"cpu": "lots"}}})),
+            Time(0),
+        );
+        assert!(s.nodes.items.is_empty());
+        assert!(s.nodes.rejected["n1"].contains("status.allocatable.cpu"));
+    }
+
+    #[test]
+    fn policy_text_comes_from_its_key() {
+        let mut s = ClusterState::default();
+        s.apply(
+            Kind::PolicyConfigMap,
+            WatchEvent::Apply(json!({"metadata": {"name": "p", "namespace": "kube-system",
+                "resourceVersion": "7", "uid": "u"}, "data": {"policy.yaml": "pools: []"}})),
+            Time(0),
+        );
+        let p = s.policy_source().unwrap();
+        assert_eq!(p.text.as_deref(), Some("pools: []"));
+        assert_eq!(p.resource_version, "7");
+    }
+}
