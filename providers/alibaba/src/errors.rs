@@ -23,6 +23,14 @@ pub const GONE_CODES: [&str; 3] = [
     "InstanceNotFound",
 ];
 
+/// Codes meaning the scaling group cannot take the call now: another scaling activity is in
+/// progress, or the group is not `Active` for the moment. Worth waiting for.
+pub const BUSY_CODES: [&str; 2] = ["ScalingActivityInProgress", "IncorrectScalingGroupStatus"];
+
+pub fn is_busy(code: &str) -> bool {
+    BUSY_CODES.contains(&code)
+}
+
 pub fn is_throttle(code: &str) -> bool {
     THROTTLE_CODES.contains(&code)
 }

@@ -14,6 +14,7 @@
 //!   derived from it, so a repeated launch gets the first call's scaling activity back, and the
 //!   instances that activity created are what the launch reports.
 
+pub mod credentials;
 pub mod errors;
 pub mod sign;
 
@@ -30,6 +31,7 @@ use gpu_node_autoscaler_provider::{
     InstanceType, LaunchRequest, LaunchResult, Offering, OfferingKey, ProviderError,
 };
 
+pub use credentials::{ChainOverrides, CredentialProvider, CredentialSource};
 pub use errors::ApiError;
 pub use sign::Credentials;
 
@@ -37,6 +39,8 @@ pub use sign::Credentials;
 pub const ESS_VERSION: &str = "2014-08-28";
 /// ECS API version.
 pub const ECS_VERSION: &str = "2014-05-26";
+/// VPC API version.
+pub const VPC_VERSION: &str = "2016-04-28";
 /// Key of the launch id in a scaling activity's `ActivityMetadata`.
 pub const METADATA_LAUNCH_ID: &str = "gpu-node-autoscaler.io/launch-id";
 
@@ -44,9 +48,11 @@ pub const METADATA_LAUNCH_ID: &str = "gpu-node-autoscaler.io/launch-id";
 #[derive(Clone, Debug, PartialEq)]
 pub struct AlibabaPool {
     pub name: String,
-    /// The scaling group launches go to first (`asg-...`); its scaling configuration or launch
-    /// template buys spot (`SpotStrategy`).
-    pub spot_group: String,
+    /// The scaling group launches go to first (`asg-...`).
+    pub scaling_group: String,
+    /// What that group buys: spot (its scaling configuration or launch template has a
+    /// `SpotStrategy`) or on-demand.
+    pub capacity_type: CapacityType,
     /// Set when that spot group has `CompensateWithOnDemand`: its instances may be on-demand.
     pub compensate_with_on_demand: bool,
     /// A second, on-demand scaling group used when the spot group has no stock.
@@ -56,6 +62,38 @@ pub struct AlibabaPool {
     pub vswitches: BTreeMap<String, String>,
     /// Instance type → on-demand price per hour (the ECS API has no list prices).
     pub on_demand_prices: BTreeMap<String, f64>,
+}
+
+impl AlibabaPool {
+    /// Whether the pool can get spot instances.
+    pub fn buys_spot(&self) -> bool {
+        self.capacity_type == CapacityType::Spot
+    }
+
+    /// Whether the pool can get on-demand instances (its group, a second group, or
+    /// compensation).
+    pub fn buys_on_demand(&self) -> bool {
+        self.capacity_type == CapacityType::OnDemand
+            || self.on_demand_group.is_some()
+            || self.compensate_with_on_demand
+    }
+
+    /// The pool's groups with what they buy and the policy field naming them.
+    pub fn groups(&self) -> Vec<(&str, CapacityType, &'static str)> {
+        let mut g = vec![(
+            self.scaling_group.as_str(),
+            self.capacity_type,
+            "alibaba.scalingGroupId",
+        )];
+        if let Some(od) = &self.on_demand_group {
+            g.push((
+                od.as_str(),
+                CapacityType::OnDemand,
+                "alibaba.onDemandScalingGroupId",
+            ));
+        }
+        g
+    }
 }
 
 /// Client-side rate limits, calls per second.
@@ -86,15 +124,25 @@ pub struct AlibabaConfig {
     pub ess_endpoint: Option<String>,
     /// ECS endpoint; default `https://ecs.<region>.aliyuncs.com`.
     pub ecs_endpoint: Option<String>,
+    /// VPC endpoint (vSwitch checks); default `https://vpc.aliyuncs.com`.
+    pub vpc_endpoint: Option<String>,
     pub pools: Vec<AlibabaPool>,
     pub rate_limits: RateLimits,
+    /// Retries of throttled calls.
     pub retry: RetryPolicy,
+    /// Retries of a scale-out or removal refused because the group is busy
+    /// (`ScalingActivityInProgress`, `IncorrectScalingGroupStatus`).
+    pub busy_retry: RetryPolicy,
     /// How often a scaling activity is polled while `InProgress`.
     pub activity_poll_interval: Duration,
     /// How long a launch follows its activity before returning what exists so far.
     pub activity_timeout: Duration,
     /// `PageSize` of `DescribeScalingInstances` (1..=50).
     pub page_size: u32,
+    /// How far back a launch looks for the scaling activities of its launch id.
+    pub launch_lookback: Duration,
+    /// At most this many pages of `DescribeScalingActivities` are read looking for them.
+    pub max_activity_pages: u32,
 }
 
 impl AlibabaConfig {
@@ -103,12 +151,20 @@ impl AlibabaConfig {
             region: region.into(),
             ess_endpoint: None,
             ecs_endpoint: None,
+            vpc_endpoint: None,
             pools: Vec::new(),
             rate_limits: RateLimits::default(),
             retry: RetryPolicy::default(),
+            busy_retry: RetryPolicy {
+                max_attempts: 10,
+                base_delay: Duration::from_secs(2),
+                max_delay: Duration::from_secs(30),
+            },
             activity_poll_interval: Duration::from_secs(5),
             activity_timeout: Duration::from_secs(300),
             page_size: 50,
+            launch_lookback: Duration::from_secs(24 * 3600),
+            max_activity_pages: 10,
         }
     }
 
@@ -122,6 +178,12 @@ impl AlibabaConfig {
         self.ecs_endpoint
             .clone()
             .unwrap_or_else(|| format!("https://ecs.{}.aliyuncs.com", self.region))
+    }
+
+    fn vpc_endpoint(&self) -> String {
+        self.vpc_endpoint
+            .clone()
+            .unwrap_or_else(|| "https://vpc.aliyuncs.com".to_string())
     }
 
     /// Every problem of the configuration, one message each, naming the pool and field.
@@ -149,9 +211,20 @@ impl AlibabaConfig {
                     ));
                 }
             };
-            check_group("spotGroup", &p.spot_group);
-            if let Some(g) = &p.on_demand_group {
-                check_group("onDemandGroup", g);
+            for (g, _, field) in p.groups() {
+                check_group(field, &g.to_string());
+            }
+            if !p.buys_spot() && p.on_demand_group.is_some() {
+                out.push(format!(
+                    "pool {}: alibaba.onDemandScalingGroupId needs a spot alibaba.scalingGroupId",
+                    p.name
+                ));
+            }
+            if !p.buys_spot() && p.compensate_with_on_demand {
+                out.push(format!(
+                    "pool {}: alibaba.compensateWithOnDemand needs a spot alibaba.scalingGroupId",
+                    p.name
+                ));
             }
             if p.instance_types.is_empty() {
                 out.push(format!("pool {}: no instance types", p.name));
@@ -170,6 +243,12 @@ impl AlibabaConfig {
         }
         if self.retry.max_attempts == 0 {
             out.push("retry.max_attempts must be at least 1".to_string());
+        }
+        if self.busy_retry.max_attempts == 0 {
+            out.push("busy_retry.max_attempts must be at least 1".to_string());
+        }
+        if self.max_activity_pages == 0 {
+            out.push("max_activity_pages must be at least 1".to_string());
         }
         if self.page_size == 0 || self.page_size > 50 {
             out.push(format!("page_size {} must be 1..=50", self.page_size));
@@ -202,20 +281,28 @@ pub fn instance_id_of<'a>(region: &str, id: &'a str) -> &'a str {
         .unwrap_or(id)
 }
 
-/// A `ClientToken` (≤ 64 ASCII characters) derived from the launch id and the group's role.
-pub fn client_token(launch_id: &str, role: CapacityType) -> String {
+/// A `ClientToken` (≤ 64 ASCII characters) derived from the launch id, the group's role and the
+/// count asked. ESS answers a repeated token with the first call's activity, and a token reused
+/// with other parameters with `IdempotentParameterMismatch`: so a retry asking for fewer
+/// instances (some exist already) is another token.
+pub fn client_token(launch_id: &str, role: CapacityType, count: u32) -> String {
     // FNV-1a: stable across releases and platforms, unlike std's hasher.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in launch_id.bytes() {
+    let role_char = match role {
+        CapacityType::Spot => 's',
+        CapacityType::OnDemand => 'o',
+    };
+    let key = format!("{launch_id}\n{role_char}\n{count}");
+    for b in key.bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     let readable: String = launch_id
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-        .take(32)
+        .take(30)
         .collect();
-    format!("gna-{}-{readable}-{h:016x}", role.as_str())
+    format!("gna-{role_char}{count}-{readable}-{h:016x}")
 }
 
 fn splitmix(seed: u64) -> u64 {
@@ -261,10 +348,36 @@ pub fn gpu_model(spec: &str) -> (GpuVendor, String) {
     (vendor, model)
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `StatusCode` (or `Status`) of a scaling activity.
+fn activity_status(a: &Value) -> &str {
+    match str_of(a, "StatusCode") {
+        "" => str_of(a, "Status"),
+        s => s,
+    }
+}
+
+/// The launch id in a scaling activity's `ActivityMetadata`.
+fn launch_id_of(a: &Value) -> Option<String> {
+    let m: Value = serde_json::from_str(a.get("ActivityMetadata")?.as_str()?).ok()?;
+    m.get(METADATA_LAUNCH_ID)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+/// Whether a `DescribeAvailableResource` zone or resource has stock: `StatusCategory`
+/// `WithStock` or `ClosedWithStock` (low, still sold), else `Status` `Available`.
+fn has_stock(v: &Value) -> bool {
+    match str_of(v, "StatusCategory") {
+        "WithStock" | "ClosedWithStock" => true,
+        "" => matches!(str_of(v, "Status"), "Available" | ""),
+        _ => false,
+    }
 }
 
 /// `v[outer][inner]` as a list (ESS/ECS wrap every list so).
@@ -292,6 +405,7 @@ fn num_of(v: &Value, key: &str) -> Option<f64> {
 enum Api {
     Ess,
     Ecs,
+    Vpc,
 }
 
 struct Limiters {
@@ -328,10 +442,13 @@ struct GroupOutcome {
 /// The Alibaba Cloud provider. `Send + Sync`; every method takes `&self`.
 pub struct AlibabaProvider {
     http: reqwest::Client,
-    credentials: Credentials,
+    credentials: CredentialProvider,
     config: AlibabaConfig,
     limits: Limiters,
     counter: AtomicU64,
+    /// One per scaling group: ESS runs one scaling activity per group at a time, so scale-outs
+    /// and removals of a group are queued here rather than refused by ESS.
+    group_locks: BTreeMap<String, tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for AlibabaProvider {
@@ -355,10 +472,11 @@ impl std::fmt::Debug for AlibabaProvider {
 }
 
 impl AlibabaProvider {
-    /// Checks the configuration and builds the HTTP client. Makes no API call.
+    /// Checks the configuration and builds the HTTP client. Makes no API call (credentials from
+    /// OIDC or the instance role are fetched at the first call).
     pub fn new(
         config: AlibabaConfig,
-        credentials: Credentials,
+        credentials: impl Into<CredentialProvider>,
     ) -> Result<AlibabaProvider, AlibabaError> {
         let problems = config.problems();
         if !problems.is_empty() {
@@ -375,12 +493,19 @@ impl AlibabaProvider {
             scale: limiter(r.scale_per_second),
             remove: limiter(r.remove_per_second),
         };
+        let group_locks = config
+            .pools
+            .iter()
+            .flat_map(|p| p.groups())
+            .map(|(g, _, _)| (g.to_string(), tokio::sync::Mutex::new(())))
+            .collect();
         Ok(AlibabaProvider {
             http,
-            credentials,
+            credentials: credentials.into(),
             config,
             limits,
             counter: AtomicU64::new(0),
+            group_locks,
         })
     }
 
@@ -415,7 +540,16 @@ impl AlibabaProvider {
         let (endpoint, version) = match api {
             Api::Ess => (self.config.ess_endpoint(), ESS_VERSION),
             Api::Ecs => (self.config.ecs_endpoint(), ECS_VERSION),
+            Api::Vpc => (self.config.vpc_endpoint(), VPC_VERSION),
         };
+        let credentials = self.credentials.credentials().await.map_err(|e| ApiError {
+            operation: action,
+            code: e.code.clone(),
+            message: e.to_string(),
+            http_status: None,
+            request_id: None,
+            throttled_after: None,
+        })?;
         let mut all: BTreeMap<String, String> = params.iter().cloned().collect();
         let nonce = format!("{:016x}{:016x}", self.next_seed(), self.next_seed());
         let common = [
@@ -423,7 +557,7 @@ impl AlibabaProvider {
             ("Version", version.to_string()),
             ("Format", "JSON".to_string()),
             ("RegionId", self.config.region.clone()),
-            ("AccessKeyId", self.credentials.access_key_id.clone()),
+            ("AccessKeyId", credentials.access_key_id.clone()),
             ("SignatureMethod", "HMAC-SHA1".to_string()),
             ("SignatureVersion", "1.0".to_string()),
             ("SignatureNonce", nonce),
@@ -435,10 +569,10 @@ impl AlibabaProvider {
         for (k, v) in common {
             all.insert(k.to_string(), v);
         }
-        if let Some(t) = &self.credentials.security_token {
+        if let Some(t) = &credentials.security_token {
             all.insert("SecurityToken".to_string(), t.clone());
         }
-        let query = sign::signed_query("GET", &all, &self.credentials.access_key_secret);
+        let query = sign::signed_query("GET", &all, &credentials.access_key_secret);
         let url = format!("{}/?{query}", endpoint.trim_end_matches('/'));
         let transport = |e: reqwest::Error| ApiError {
             operation: action,
@@ -597,7 +731,120 @@ impl AlibabaProvider {
         Ok(out)
     }
 
-    /// Scales `group` out by `count` for a launch and follows the activity to its end.
+    /// A call that ESS may refuse while the group is busy (an activity in progress, or a group
+    /// not `Active` for a moment): retried with back-off up to `busy_retry.max_attempts` calls.
+    async fn call_when_idle(
+        &self,
+        action: &'static str,
+        limiter: &DefaultDirectRateLimiter,
+        params: &[(String, String)],
+    ) -> Result<Value, ApiError> {
+        let retry = &self.config.busy_retry;
+        let mut attempt = 0u32;
+        loop {
+            let mut err = match self.call(Api::Ess, action, limiter, params).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            if !err.code.as_deref().is_some_and(errors::is_busy) {
+                return Err(err);
+            }
+            attempt += 1;
+            if attempt >= retry.max_attempts.max(1) {
+                err.message = format!(
+                    "{} (the scaling group stayed busy for {attempt} attempts)",
+                    err.message
+                );
+                return Err(err);
+            }
+            let delay = backoff(
+                retry.base_delay,
+                retry.max_delay,
+                attempt - 1,
+                jitter_unit(self.next_seed()),
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// The queue of a scaling group's scale-outs and removals.
+    async fn lock_group(&self, group: &str) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match self.group_locks.get(group) {
+            Some(m) => Some(m.lock().await),
+            None => None,
+        }
+    }
+
+    /// Polls an activity until it leaves `InProgress` or `activity_timeout` passes; returns its
+    /// last description (`Null` when ESS does not know it).
+    async fn follow_activity(
+        &self,
+        group: &str,
+        activity_id: &str,
+    ) -> Result<Value, ProviderError> {
+        let deadline = tokio::time::Instant::now() + self.config.activity_timeout;
+        loop {
+            let acts = self
+                .activities(group, &[activity_id.to_string()])
+                .await
+                .map_err(ApiError::into_provider_error)?;
+            let a = acts.get(activity_id).cloned().unwrap_or(Value::Null);
+            let status = activity_status(&a);
+            if !(status.is_empty() || status == "InProgress")
+                || tokio::time::Instant::now() >= deadline
+            {
+                return Ok(a);
+            }
+            tokio::time::sleep(self.config.activity_poll_interval).await;
+        }
+    }
+
+    /// The scaling activities of `group` started for `launch_id` (by their `ActivityMetadata`),
+    /// newest first, among those of the last `launch_lookback`.
+    async fn launch_activities(
+        &self,
+        group: &str,
+        launch_id: &str,
+    ) -> Result<Vec<Value>, ProviderError> {
+        let oldest = now_ms() - self.config.launch_lookback.as_millis() as i64;
+        let mut out = Vec::new();
+        for page in 1..=self.config.max_activity_pages {
+            let p = vec![
+                ("ScalingGroupId".to_string(), group.to_string()),
+                ("PageNumber".to_string(), page.to_string()),
+                ("PageSize".to_string(), "50".to_string()),
+            ];
+            let v = self
+                .call(
+                    Api::Ess,
+                    "DescribeScalingActivities",
+                    &self.limits.describe,
+                    &p,
+                )
+                .await
+                .map_err(ApiError::into_provider_error)?;
+            let items = list_of(&v, "ScalingActivities", "ScalingActivity");
+            let mut older = false;
+            for a in &items {
+                if parse_time_ms(str_of(a, "StartTime")).is_some_and(|t| t < oldest) {
+                    older = true;
+                    continue;
+                }
+                if launch_id_of(a).as_deref() == Some(launch_id) {
+                    out.push((*a).clone());
+                }
+            }
+            let total = num_of(&v, "TotalCount").unwrap_or(0.0) as u64;
+            if items.is_empty() || older || u64::from(page) * 50 >= total {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Scales `group` out by `count` for a launch and follows the activity to its end. Queued
+    /// behind the group's other scale-outs and removals of this process; retried while ESS says
+    /// the group is busy.
     async fn scale_group(
         &self,
         group: &str,
@@ -605,6 +852,7 @@ impl AlibabaProvider {
         count: u32,
         launch_id: &str,
     ) -> Result<GroupOutcome, ProviderError> {
+        let _queued = self.lock_group(group).await;
         let metadata = serde_json::json!({ METADATA_LAUNCH_ID: launch_id }).to_string();
         let params = vec![
             ("ScalingGroupId".to_string(), group.to_string()),
@@ -613,11 +861,14 @@ impl AlibabaProvider {
                 "QuantityChangeInCapacity".to_string(),
             ),
             ("AdjustmentValue".to_string(), count.to_string()),
-            ("ClientToken".to_string(), client_token(launch_id, role)),
+            (
+                "ClientToken".to_string(),
+                client_token(launch_id, role, count),
+            ),
             ("ActivityMetadata".to_string(), metadata),
         ];
         let activity_id = match self
-            .call(Api::Ess, "ScaleWithAdjustment", &self.limits.scale, &params)
+            .call_when_idle("ScaleWithAdjustment", &self.limits.scale, &params)
             .await
         {
             Ok(v) => str_of(&v, "ScalingActivityId").to_string(),
@@ -639,44 +890,34 @@ impl AlibabaProvider {
                 message: "ScaleWithAdjustment returned no ScalingActivityId".to_string(),
             });
         }
-        let deadline = tokio::time::Instant::now() + self.config.activity_timeout;
-        let activity = loop {
-            let acts = self
-                .activities(group, std::slice::from_ref(&activity_id))
-                .await
-                .map_err(ApiError::into_provider_error)?;
-            let a = acts.get(&activity_id).cloned().unwrap_or(Value::Null);
-            let status = str_of(&a, "StatusCode").to_string();
-            let status = if status.is_empty() {
-                str_of(&a, "Status").to_string()
-            } else {
-                status
-            };
-            if !(status.is_empty() || status == "InProgress")
-                || tokio::time::Instant::now() >= deadline
-            {
-                break a;
-            }
-            tokio::time::sleep(self.config.activity_poll_interval).await;
-        };
+        let activity = self.follow_activity(group, &activity_id).await?;
+        self.activity_outcome(group, &activity_id, &activity, count)
+            .await
+    }
+
+    /// The instances an activity created, and its failure when it ended short of `count`.
+    async fn activity_outcome(
+        &self,
+        group: &str,
+        activity_id: &str,
+        activity: &Value,
+        count: u32,
+    ) -> Result<GroupOutcome, ProviderError> {
         let instances = self
-            .scaling_instances(group, Some(&activity_id), None)
+            .scaling_instances(group, Some(activity_id), None)
             .await
             .map_err(ApiError::into_provider_error)?;
-        let status = match str_of(&activity, "StatusCode") {
-            "" => str_of(&activity, "Status"),
-            s => s,
-        };
+        let status = activity_status(activity);
         let failure = if matches!(status, "Failed" | "Rejected" | "Warning")
             && (instances.len() as u32) < count
         {
-            let code = match str_of(&activity, "ErrorCode") {
+            let code = match str_of(activity, "ErrorCode") {
                 "" => status.to_string(),
                 c => c.to_string(),
             };
             let message = [
-                str_of(&activity, "ErrorMessage"),
-                str_of(&activity, "StatusMessage"),
+                str_of(activity, "ErrorMessage"),
+                str_of(activity, "StatusMessage"),
             ]
             .into_iter()
             .filter(|s| !s.is_empty())
@@ -720,19 +961,10 @@ impl AlibabaProvider {
         }
     }
 
-    /// The groups of a pool with their role.
-    fn groups(pool: &AlibabaPool) -> Vec<(&str, CapacityType)> {
-        let mut g = vec![(pool.spot_group.as_str(), CapacityType::Spot)];
-        if let Some(od) = &pool.on_demand_group {
-            g.push((od.as_str(), CapacityType::OnDemand));
-        }
-        g
-    }
-
     /// The group holding `instance_id` among every configured pool's groups.
     async fn group_of(&self, instance_id: &str) -> Result<Option<String>, ProviderError> {
         for pool in &self.config.pools {
-            for (group, _) in Self::groups(pool) {
+            for (group, _, _) in pool.groups() {
                 match self.scaling_instances(group, None, Some(instance_id)).await {
                     Ok(found) if found.iter().any(|s| s.id == instance_id) => {
                         return Ok(Some(group.to_string()))
@@ -747,6 +979,222 @@ impl AlibabaProvider {
             }
         }
         Ok(None)
+    }
+
+    /// ECS `DescribeAvailableResource` (`DestinationResource=InstanceType`) of one zone, for spot
+    /// (`SpotAsPriceGo`) or on-demand (`NoSpot`) pay-as-you-go instances: the types offered there,
+    /// each with whether it has stock (`WithStock` or `ClosedWithStock`, not `WithoutStock` /
+    /// `SoldOut`).
+    async fn zone_stock(
+        &self,
+        zone: &str,
+        ct: CapacityType,
+    ) -> Result<BTreeMap<String, bool>, ProviderError> {
+        let spot_strategy = match ct {
+            CapacityType::Spot => "SpotAsPriceGo",
+            CapacityType::OnDemand => "NoSpot",
+        };
+        let p = vec![
+            (
+                "DestinationResource".to_string(),
+                "InstanceType".to_string(),
+            ),
+            ("ZoneId".to_string(), zone.to_string()),
+            ("InstanceChargeType".to_string(), "PostPaid".to_string()),
+            ("SpotStrategy".to_string(), spot_strategy.to_string()),
+            ("IoOptimized".to_string(), "optimized".to_string()),
+            ("ResourceType".to_string(), "instance".to_string()),
+        ];
+        let v = self
+            .call(
+                Api::Ecs,
+                "DescribeAvailableResource",
+                &self.limits.describe,
+                &p,
+            )
+            .await
+            .map_err(ApiError::into_provider_error)?;
+        let mut out = BTreeMap::new();
+        for z in list_of(&v, "AvailableZones", "AvailableZone") {
+            if str_of(z, "ZoneId") != zone {
+                continue;
+            }
+            let zone_ok = has_stock(z);
+            for r in list_of(z, "AvailableResources", "AvailableResource") {
+                if str_of(r, "Type") != "InstanceType" {
+                    continue;
+                }
+                for t in list_of(r, "SupportedResources", "SupportedResource") {
+                    let name = str_of(t, "Value");
+                    if !name.is_empty() {
+                        out.insert(name.to_string(), zone_ok && has_stock(t));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Self::zone_stock`] of every (zone, capacity type) the pools buy in.
+    async fn stock(
+        &self,
+    ) -> Result<BTreeMap<(String, CapacityType), BTreeMap<String, bool>>, ProviderError> {
+        let mut wanted = BTreeSet::new();
+        for p in &self.config.pools {
+            for zone in p.vswitches.keys() {
+                if p.buys_spot() {
+                    wanted.insert((zone.clone(), CapacityType::Spot));
+                }
+                if p.buys_on_demand() {
+                    wanted.insert((zone.clone(), CapacityType::OnDemand));
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (zone, ct) in wanted {
+            let types = self.zone_stock(&zone, ct).await?;
+            out.insert((zone, ct), types);
+        }
+        Ok(out)
+    }
+
+    /// Checks the configuration against the account before any launch: every scaling group
+    /// exists in the region and is `Active`, has the pool's vSwitches (and
+    /// `CompensateWithOnDemand` when the pool counts on it); every vSwitch exists in the zone it
+    /// is listed for; every instance type is offered in each zone for what the pool buys. One
+    /// message per problem, naming the pool and its policy field.
+    pub async fn validate(&self) -> Result<Vec<String>, ProviderError> {
+        let mut problems = Vec::new();
+        let all: Vec<String> = self
+            .config
+            .pools
+            .iter()
+            .flat_map(|p| p.groups())
+            .map(|(g, _, _)| g.to_string())
+            .collect();
+        let mut found: BTreeMap<String, Value> = BTreeMap::new();
+        for chunk in all.chunks(20) {
+            let mut p = vec![("PageSize".to_string(), "50".to_string())];
+            for (i, g) in chunk.iter().enumerate() {
+                p.push((format!("ScalingGroupId.{}", i + 1), g.clone()));
+            }
+            let v = self
+                .call(Api::Ess, "DescribeScalingGroups", &self.limits.describe, &p)
+                .await
+                .map_err(ApiError::into_provider_error)?;
+            for g in list_of(&v, "ScalingGroups", "ScalingGroup") {
+                found.insert(str_of(g, "ScalingGroupId").to_string(), g.clone());
+            }
+        }
+        let region = &self.config.region;
+        for pool in &self.config.pools {
+            for (group, role, field) in pool.groups() {
+                let Some(g) = found.get(group) else {
+                    problems.push(format!(
+                        "pool {}: {field}: scaling group {group} not found in region {region} \
+                         (or not active)",
+                        pool.name
+                    ));
+                    continue;
+                };
+                let state = str_of(g, "LifecycleState");
+                if !state.is_empty() && state != "Active" {
+                    problems.push(format!(
+                        "pool {}: {field}: scaling group {group} is {state}, not Active",
+                        pool.name
+                    ));
+                }
+                let mut vsws: BTreeSet<String> = match g.get("VSwitchIds") {
+                    Some(Value::Array(a)) => a
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect(),
+                    Some(_) => list_of(g, "VSwitchIds", "VSwitchId")
+                        .into_iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect(),
+                    None => BTreeSet::new(),
+                };
+                if !str_of(g, "VSwitchId").is_empty() {
+                    vsws.insert(str_of(g, "VSwitchId").to_string());
+                }
+                for (zone, vsw) in &pool.vswitches {
+                    if !vsws.contains(vsw) {
+                        problems.push(format!(
+                            "pool {}: alibaba.vSwitches.{zone}: vSwitch {vsw} is not a vSwitch of \
+                             scaling group {group}",
+                            pool.name
+                        ));
+                    }
+                }
+                let compensates = g.get("CompensateWithOnDemand").and_then(Value::as_bool);
+                if role == CapacityType::Spot
+                    && pool.compensate_with_on_demand
+                    && compensates == Some(false)
+                {
+                    problems.push(format!(
+                        "pool {}: alibaba.compensateWithOnDemand: scaling group {group} does not \
+                         have CompensateWithOnDemand",
+                        pool.name
+                    ));
+                }
+            }
+        }
+        // vSwitches: where they are, if they exist.
+        for pool in &self.config.pools {
+            for (zone, vsw) in &pool.vswitches {
+                let p = vec![
+                    ("VSwitchId".to_string(), vsw.clone()),
+                    ("PageSize".to_string(), "50".to_string()),
+                ];
+                let v = self
+                    .call(Api::Vpc, "DescribeVSwitches", &self.limits.describe, &p)
+                    .await
+                    .map_err(ApiError::into_provider_error)?;
+                let at = list_of(&v, "VSwitches", "VSwitch")
+                    .into_iter()
+                    .find(|s| str_of(s, "VSwitchId") == vsw)
+                    .map(|s| str_of(s, "ZoneId").to_string());
+                match at {
+                    None => problems.push(format!(
+                        "pool {}: alibaba.vSwitches.{zone}: vSwitch {vsw} not found in region \
+                         {region}",
+                        pool.name
+                    )),
+                    Some(z) if z != *zone => problems.push(format!(
+                        "pool {}: alibaba.vSwitches.{zone}: vSwitch {vsw} is in zone {z}",
+                        pool.name
+                    )),
+                    Some(_) => {}
+                }
+            }
+        }
+        // Instance types offered in each zone, for what the pool buys.
+        let stock = self.stock().await?;
+        for pool in &self.config.pools {
+            for t in &pool.instance_types {
+                for zone in pool.vswitches.keys() {
+                    for ct in CapacityType::ALL {
+                        let Some(types) = stock.get(&(zone.clone(), ct)) else {
+                            continue;
+                        };
+                        let buys = match ct {
+                            CapacityType::Spot => pool.buys_spot(),
+                            CapacityType::OnDemand => pool.buys_on_demand(),
+                        };
+                        if buys && !types.contains_key(t) {
+                            problems.push(format!(
+                                "pool {}: instanceTypes: {t} is not offered in zone {zone} ({ct})",
+                                pool.name
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(problems)
     }
 
     /// Spot prices: (type, zone) → the latest price, per type of `types`.
@@ -876,33 +1324,50 @@ impl CloudProvider for AlibabaProvider {
                 ),
             });
         }
-        let spot = self.spot_prices(&types).await?;
+        let spot_types: BTreeSet<String> = self
+            .config
+            .pools
+            .iter()
+            .filter(|p| p.buys_spot())
+            .flat_map(|p| p.instance_types.iter().cloned())
+            .collect();
+        let spot = self.spot_prices(&spot_types).await?;
+        let stock = self.stock().await?;
         let mut offerings = BTreeMap::new();
         for p in &self.config.pools {
             for t in &p.instance_types {
                 let od = p.on_demand_prices[t];
                 for zone in p.vswitches.keys() {
-                    let key = |ct| OfferingKey {
-                        instance_type: t.clone(),
-                        zone: zone.clone(),
-                        capacity_type: ct,
-                    };
-                    let sp = spot.get(&(t.clone(), zone.clone()));
-                    offerings.insert(
-                        key(CapacityType::Spot),
-                        Offering {
-                            key: key(CapacityType::Spot),
-                            price_per_hour: sp.copied().unwrap_or(od),
-                            available: sp.is_some(),
-                        },
-                    );
-                    if p.on_demand_group.is_some() || p.compensate_with_on_demand {
+                    for ct in CapacityType::ALL {
+                        let buys = match ct {
+                            CapacityType::Spot => p.buys_spot(),
+                            CapacityType::OnDemand => p.buys_on_demand(),
+                        };
+                        // Only what ECS offers in the zone exists; its stock says if available.
+                        let Some(available) = stock
+                            .get(&(zone.clone(), ct))
+                            .and_then(|types| types.get(t))
+                            .filter(|_| buys)
+                        else {
+                            continue;
+                        };
+                        let key = OfferingKey {
+                            instance_type: t.clone(),
+                            zone: zone.clone(),
+                            capacity_type: ct,
+                        };
+                        // Without a spot price, SpotAsPriceGo's ceiling: the on-demand price.
+                        let price = match ct {
+                            CapacityType::Spot => spot.get(&(t.clone(), zone.clone())).copied(),
+                            CapacityType::OnDemand => None,
+                        }
+                        .unwrap_or(od);
                         offerings.insert(
-                            key(CapacityType::OnDemand),
+                            key.clone(),
                             Offering {
-                                key: key(CapacityType::OnDemand),
-                                price_per_hour: od,
-                                available: true,
+                                key,
+                                price_per_hour: price,
+                                available: *available,
                             },
                         );
                     }
@@ -923,6 +1388,11 @@ impl CloudProvider for AlibabaProvider {
         let mut result = LaunchResult::default();
         if request.count == 0 {
             return Ok(result);
+        }
+        if request.launch_id.is_empty() {
+            return Err(ProviderError::InvalidRequest {
+                message: "empty launch id".into(),
+            });
         }
         let wants = |ct: CapacityType| {
             request.offerings.is_empty() || request.offerings.iter().any(|o| o.capacity_type == ct)
@@ -948,8 +1418,36 @@ impl CloudProvider for AlibabaProvider {
                 })
                 .collect()
         };
-        for (group, role) in Self::groups(pool) {
-            let missing = request.count.saturating_sub(result.launched.len() as u32);
+        // What this launch id has already (a retry, or a repeat after a restart): the instances
+        // of its earlier activities, which are followed to their end first.
+        let mut existing = 0u32;
+        for (group, _, _) in pool.groups() {
+            for a in self.launch_activities(group, &request.launch_id).await? {
+                let id = str_of(&a, "ScalingActivityId").to_string();
+                let a = if activity_status(&a) == "InProgress" {
+                    self.follow_activity(group, &id).await?
+                } else {
+                    a
+                };
+                if activity_status(&a) == "InProgress" {
+                    // Still creating after activity_timeout: it may yet deliver everything, so
+                    // nothing more is asked for this launch id.
+                    existing = request.count;
+                    continue;
+                }
+                let found = self
+                    .scaling_instances(group, Some(&id), None)
+                    .await
+                    .map_err(ApiError::into_provider_error)?;
+                // Instances removed since still count: they were created for this launch.
+                let created = num_of(&a, "CreatedCapacity").unwrap_or(0.0) as u32;
+                existing += created.max(found.len() as u32);
+            }
+        }
+        for (group, role, _) in pool.groups() {
+            let missing = request
+                .count
+                .saturating_sub(existing + result.launched.len() as u32);
             if missing == 0 || !wants(role) {
                 continue;
             }
@@ -978,13 +1476,14 @@ impl CloudProvider for AlibabaProvider {
             return Ok(()); // in none of our groups: already removed
         };
         let p = vec![
-            ("ScalingGroupId".to_string(), group),
+            ("ScalingGroupId".to_string(), group.clone()),
             ("InstanceIds.1".to_string(), id.to_string()),
             ("RemovePolicy".to_string(), "release".to_string()),
             ("DecreaseDesiredCapacity".to_string(), "true".to_string()),
         ];
+        let _queued = self.lock_group(&group).await;
         match self
-            .call(Api::Ess, "RemoveInstances", &self.limits.remove, &p)
+            .call_when_idle("RemoveInstances", &self.limits.remove, &p)
             .await
         {
             Ok(_) => Ok(()),
@@ -1002,7 +1501,7 @@ impl CloudProvider for AlibabaProvider {
     async fn list(&self, pool: &str) -> Result<Vec<Instance>, ProviderError> {
         let pool = self.pool(pool)?;
         let mut out = Vec::new();
-        for (group, role) in Self::groups(pool) {
+        for (group, role, _) in pool.groups() {
             let found = self
                 .scaling_instances(group, None, None)
                 .await
@@ -1025,14 +1524,7 @@ impl CloudProvider for AlibabaProvider {
             for s in &found {
                 let launch_id = acts
                     .get(&s.activity_id)
-                    .and_then(|a| a.get("ActivityMetadata"))
-                    .and_then(Value::as_str)
-                    .and_then(|m| serde_json::from_str::<Value>(m).ok())
-                    .and_then(|m| {
-                        m.get(METADATA_LAUNCH_ID)
-                            .and_then(Value::as_str)
-                            .map(str::to_string)
-                    })
+                    .and_then(launch_id_of)
                     .unwrap_or_default();
                 out.push(self.to_instance(pool, role, &launch_id, s));
             }
@@ -1048,7 +1540,8 @@ mod tests {
     fn pool() -> AlibabaPool {
         AlibabaPool {
             name: "gpu".into(),
-            spot_group: "asg-spot".into(),
+            scaling_group: "asg-spot".into(),
+            capacity_type: CapacityType::Spot,
             compensate_with_on_demand: false,
             on_demand_group: Some("asg-od".into()),
             instance_types: vec!["ecs.gn7i-c8g1.2xlarge".into()],
@@ -1064,18 +1557,29 @@ mod tests {
         assert!(c.problems().is_empty(), "{:?}", c.problems());
         let mut bad = pool();
         bad.name = "gpu".into();
-        bad.spot_group = "sg-1".into();
+        bad.scaling_group = "sg-1".into();
         bad.on_demand_group = Some("asg-od".into());
         bad.vswitches
             .insert("cn-hangzhou-j".into(), "subnet-1".into());
         bad.instance_types.clear();
         c.pools.push(bad);
+        let mut od_only = pool();
+        od_only.name = "od".into();
+        od_only.scaling_group = "asg-od2".into();
+        od_only.capacity_type = CapacityType::OnDemand;
+        od_only.on_demand_group = Some("asg-od3".into());
+        od_only.compensate_with_on_demand = true;
+        c.pools.push(od_only);
         c.page_size = 0;
+        c.busy_retry.max_attempts = 0;
         let p = c.problems().join("\n");
         for want in [
             "duplicate pool \"gpu\"",
-            "spotGroup \"sg-1\" is not a scaling group id",
-            "onDemandGroup asg-od is used by another pool",
+            "alibaba.scalingGroupId \"sg-1\" is not a scaling group id",
+            "alibaba.onDemandScalingGroupId asg-od is used by another pool",
+            "pool od: alibaba.onDemandScalingGroupId needs a spot alibaba.scalingGroupId",
+            "pool od: alibaba.compensateWithOnDemand needs a spot alibaba.scalingGroupId",
+            "busy_retry.max_attempts must be at least 1",
             "vSwitch \"subnet-1\" of zone cn-hangzhou-j",
             "pool gpu: no instance types",
             "page_size 0",
@@ -1089,11 +1593,13 @@ mod tests {
         assert_eq!(provider_id("cn-hangzhou", "i-bp1"), "cn-hangzhou.i-bp1");
         assert_eq!(instance_id_of("cn-hangzhou", "cn-hangzhou.i-bp1"), "i-bp1");
         assert_eq!(instance_id_of("cn-hangzhou", "i-bp1"), "i-bp1");
-        let a = client_token("launch-1", CapacityType::Spot);
-        assert_eq!(a, client_token("launch-1", CapacityType::Spot));
-        assert_ne!(a, client_token("launch-1", CapacityType::OnDemand));
-        assert_ne!(a, client_token("launch-2", CapacityType::Spot));
-        let long = client_token(&"x".repeat(500), CapacityType::OnDemand);
+        let a = client_token("launch-1", CapacityType::Spot, 2);
+        assert_eq!(a, client_token("launch-1", CapacityType::Spot, 2));
+        assert_ne!(a, client_token("launch-1", CapacityType::OnDemand, 2));
+        assert_ne!(a, client_token("launch-2", CapacityType::Spot, 2));
+        // A retry asking for fewer is another request, so another token.
+        assert_ne!(a, client_token("launch-1", CapacityType::Spot, 1));
+        let long = client_token(&"x".repeat(500), CapacityType::OnDemand, u32::MAX);
         assert!(long.len() <= 64 && long.is_ascii(), "{long}");
     }
 
@@ -1114,5 +1620,22 @@ mod tests {
         assert_eq!(instance_state("Pending:Wait"), InstanceState::Pending);
         assert_eq!(instance_state("InService"), InstanceState::Running);
         assert_eq!(instance_state("Removing"), InstanceState::ShuttingDown);
+        let zone =
+            |cat: &str, status: &str| serde_json::json!({"StatusCategory": cat, "Status": status});
+        assert!(has_stock(&zone("WithStock", "Available")));
+        assert!(has_stock(&zone("ClosedWithStock", "Available")));
+        assert!(!has_stock(&zone("WithoutStock", "SoldOut")));
+        assert!(!has_stock(&zone("", "SoldOut")));
+        assert!(has_stock(&zone("", "Available")));
+        let act = serde_json::json!({
+            "StatusCode": "Successful",
+            "ActivityMetadata": "{\"gpu-node-autoscaler.io/launch-id\":\"l-1\"}",
+        });
+        assert_eq!(launch_id_of(&act).as_deref(), Some("l-1"));
+        assert_eq!(activity_status(&act), "Successful");
+        assert_eq!(
+            launch_id_of(&serde_json::json!({"ActivityMetadata": "not json"})),
+            None
+        );
     }
 }

@@ -22,7 +22,8 @@ const ZONES: [&str; 2] = ["cn-hangzhou-i", "cn-hangzhou-j"];
 fn pool(on_demand_group: bool) -> AlibabaPool {
     AlibabaPool {
         name: "gpu".into(),
-        spot_group: "asg-spot".into(),
+        scaling_group: "asg-spot".into(),
+        capacity_type: CapacityType::Spot,
         compensate_with_on_demand: false,
         on_demand_group: on_demand_group.then(|| "asg-od".to_string()),
         instance_types: vec![A10.into(), T4.into()],
@@ -40,19 +41,29 @@ async fn setup(on_demand_group: bool, page_size: u32) -> (Fake, AlibabaProvider)
     let mut config = AlibabaConfig::new("cn-hangzhou");
     config.ess_endpoint = Some(fake.url.clone());
     config.ecs_endpoint = Some(fake.url.clone());
+    config.vpc_endpoint = Some(fake.url.clone());
     config.pools.push(pool(on_demand_group));
     config.retry = RetryPolicy {
         max_attempts: 3,
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(5),
     };
+    config.busy_retry = RetryPolicy {
+        max_attempts: 4,
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    };
     config.activity_poll_interval = Duration::from_millis(1);
     config.activity_timeout = Duration::from_secs(10);
     config.page_size = page_size;
+    let provider = AlibabaProvider::new(config, creds()).unwrap();
+    (fake, provider)
+}
+
+fn creds() -> Credentials {
     let mut creds = Credentials::new(KEY_ID, SECRET);
     creds.security_token = Some(TOKEN.into());
-    let provider = AlibabaProvider::new(config, creds).unwrap();
-    (fake, provider)
+    creds
 }
 
 fn request(launch_id: &str, count: u32) -> LaunchRequest {
@@ -82,6 +93,12 @@ fn assert_clean(fake: &Fake) {
 #[tokio::test]
 async fn catalog_has_shapes_spot_and_on_demand_prices() {
     let (fake, p) = setup(true, 50).await;
+    fake.with(|s| {
+        let od1 = s.stock.get_mut(&(ZONES[1].to_string(), false)).unwrap();
+        od1.retain(|(t, _)| t != A10);
+        od1.iter_mut()
+            .for_each(|(_, cat)| *cat = "WithoutStock".into());
+    });
     let c = p.catalog().await.unwrap();
     let a10 = c.instance_type(A10).unwrap();
     assert_eq!((a10.vcpu, a10.memory_mib), (8, 30 * 1024));
@@ -102,14 +119,28 @@ async fn catalog_has_shapes_spot_and_on_demand_prices() {
             .unwrap()
             .clone()
     };
-    // The latest spot price wins; a zone without spot prices is listed unavailable.
+    // The latest spot price wins; without a spot price, the on-demand price (SpotAsPriceGo's
+    // ceiling). ClosedWithStock is still available.
     let s = find(A10, ZONES[0], CapacityType::Spot);
     assert_eq!((s.price_per_hour, s.available), (0.5, true));
-    assert!(!find(A10, ZONES[1], CapacityType::Spot).available);
-    assert!(!find(T4, ZONES[0], CapacityType::Spot).available);
+    let s = find(A10, ZONES[1], CapacityType::Spot);
+    assert_eq!((s.price_per_hour, s.available), (2.0, true));
+    assert!(find(T4, ZONES[0], CapacityType::Spot).available);
+    // WithoutStock: listed, unavailable.
     let od = find(T4, ZONES[1], CapacityType::OnDemand);
-    assert_eq!((od.price_per_hour, od.available), (1.0, true));
-    assert_eq!(c.offerings.len(), 2 * 2 * 2);
+    assert_eq!((od.price_per_hour, od.available), (1.0, false));
+    assert!(find(T4, ZONES[1], CapacityType::Spot).available);
+    // Not offered in the zone at all (spot): no such offering.
+    assert!(!c.offerings.iter().any(|o| o.key.instance_type == A10
+        && o.key.zone == ZONES[1]
+        && o.key.capacity_type == CapacityType::OnDemand));
+    assert_eq!(c.offerings.len(), 2 * 2 * 2 - 1);
+    let stock = fake.with(|s| s.calls_of("DescribeAvailableResource"));
+    assert_eq!(stock.len(), 4, "one per zone and spot strategy: {stock:?}");
+    for c in &stock {
+        assert_eq!(c["DestinationResource"], "InstanceType");
+        assert_eq!(c["InstanceChargeType"], "PostPaid");
+    }
     let calls = fake.with(|s| s.calls_of("DescribeInstanceTypes"));
     assert_eq!(calls.len(), 1);
     assert_eq!(
@@ -124,6 +155,36 @@ async fn catalog_has_shapes_spot_and_on_demand_prices() {
 }
 
 #[tokio::test]
+async fn an_on_demand_only_pool_has_no_spot_offerings_and_asks_no_spot_prices() {
+    let fake = Fake::start(&[("asg-od", &ZONES)]).await;
+    let mut config = AlibabaConfig::new("cn-hangzhou");
+    config.ess_endpoint = Some(fake.url.clone());
+    config.ecs_endpoint = Some(fake.url.clone());
+    let mut p = pool(false);
+    p.scaling_group = "asg-od".into();
+    p.capacity_type = CapacityType::OnDemand;
+    config.pools.push(p);
+    config.activity_poll_interval = Duration::from_millis(1);
+    let provider = AlibabaProvider::new(config, creds()).unwrap();
+    let c = provider.catalog().await.unwrap();
+    assert_eq!(c.offerings.len(), 4);
+    assert!(c
+        .offerings
+        .iter()
+        .all(|o| o.key.capacity_type == CapacityType::OnDemand && o.available));
+    assert!(fake
+        .with(|s| s.calls_of("DescribeSpotPriceHistory"))
+        .is_empty());
+    let r = provider.launch(&request("od-1", 2)).await.unwrap();
+    assert_eq!(r.launched.len(), 2);
+    assert!(r
+        .launched
+        .iter()
+        .all(|i| i.offering.capacity_type == CapacityType::OnDemand));
+    assert_clean(&fake);
+}
+
+#[tokio::test]
 async fn catalog_names_types_without_on_demand_price() {
     let fake = Fake::start(&[("asg-spot", &ZONES)]).await;
     let mut config = AlibabaConfig::new("cn-hangzhou");
@@ -132,7 +193,7 @@ async fn catalog_names_types_without_on_demand_price() {
     let mut p = pool(false);
     p.on_demand_prices.remove(T4);
     config.pools.push(p);
-    let provider = AlibabaProvider::new(config, Credentials::new(KEY_ID, SECRET)).unwrap();
+    let provider = AlibabaProvider::new(config, creds()).unwrap();
     let e = provider.catalog().await.unwrap_err();
     assert!(
         matches!(&e, ProviderError::InvalidRequest { message } if message.contains("gpu/ecs.gn6i-c4g1.xlarge")),
@@ -185,16 +246,27 @@ async fn launch_scales_the_spot_group_and_reports_its_instances() {
 async fn repeated_launch_id_creates_nothing_twice() {
     let (fake, p) = setup(true, 50).await;
     let first = p.launch(&request("launch-1", 2)).await.unwrap();
+    assert_eq!(first.launched.len(), 2);
+    // The repeat finds the launch id's activity and its instances: nothing is asked again.
     let again = p.launch(&request("launch-1", 2)).await.unwrap();
-    assert_eq!(first.launched, again.launched);
+    assert!(
+        again.launched.is_empty() && again.failures.is_empty(),
+        "{again:?}"
+    );
     assert_eq!(fake.with(|s| s.groups["asg-spot"].instances.len()), 2);
-    let tokens: Vec<String> = fake
-        .with(|s| s.calls_of("ScaleWithAdjustment"))
-        .into_iter()
-        .map(|c| c["ClientToken"].clone())
-        .collect();
-    assert_eq!(tokens.len(), 2);
-    assert_eq!(tokens[0], tokens[1]);
+    assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 1);
+    // Asking for more under the same launch id asks only for the difference, with a new token.
+    let more = p.launch(&request("launch-1", 3)).await.unwrap();
+    assert_eq!(more.launched.len(), 1);
+    let scale = fake.with(|s| s.calls_of("ScaleWithAdjustment"));
+    assert_eq!(scale.len(), 2);
+    assert_eq!(scale[1]["AdjustmentValue"], "1");
+    assert_ne!(scale[0]["ClientToken"], scale[1]["ClientToken"]);
+    // Removed instances still count: the launch id created them.
+    p.terminate(&first.launched[0].id).await.unwrap();
+    let after = p.launch(&request("launch-1", 3)).await.unwrap();
+    assert!(after.launched.is_empty(), "{after:?}");
+    assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 2);
     // Another launch id is another scale-out.
     p.launch(&request("launch-2", 1)).await.unwrap();
     assert_eq!(fake.with(|s| s.groups["asg-spot"].instances.len()), 3);
@@ -340,4 +412,110 @@ async fn a_wrong_secret_is_refused_by_the_fake() {
     assert!(e.to_string().contains("SignatureDoesNotMatch"), "{e}");
     assert!(!format!("{bad:?}").contains("wrong"));
     assert_eq!(fake.with(|s| s.violations.len()), 1);
+}
+
+#[tokio::test]
+async fn concurrent_launches_on_one_group_are_queued_not_refused() {
+    let (fake, p) = setup(true, 50).await;
+    // Each activity stays InProgress for 3 polls: ESS refuses another one meanwhile.
+    fake.with(|s| s.activity_polls = 3);
+    let (r1, r2, r3) = (request("q-1", 1), request("q-2", 2), request("q-3", 1));
+    let (a, b, c) = tokio::join!(p.launch(&r1), p.launch(&r2), p.launch(&r3));
+    for r in [a.unwrap(), b.unwrap(), c.unwrap()] {
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        assert!(!r.launched.is_empty());
+    }
+    assert_eq!(fake.with(|s| s.groups["asg-spot"].instances.len()), 4);
+    // Queued in the process: ESS never had to refuse one.
+    assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 3);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_group_busy_with_someone_elses_activity_is_waited_for_within_bounds() {
+    let (fake, p) = setup(true, 50).await;
+    // Two refusals (ScalingActivityInProgress), then accepted: within the 4 attempts.
+    fake.with(|s| s.groups.get_mut("asg-spot").unwrap().busy_calls = 2);
+    let r = p.launch(&request("busy-1", 1)).await.unwrap();
+    assert_eq!(r.launched.len(), 1);
+    assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 3);
+    // Busy for longer than the bound: an error naming the code, after exactly 4 attempts.
+    fake.with(|s| s.groups.get_mut("asg-spot").unwrap().busy_calls = 10);
+    let e = p.launch(&request("busy-2", 1)).await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("ScalingActivityInProgress") && text.contains("4 attempts"),
+        "{text}"
+    );
+    assert_eq!(
+        fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(),
+        3 + 4
+    );
+    // Removals wait too.
+    fake.with(|s| s.groups.get_mut("asg-spot").unwrap().busy_calls = 1);
+    p.terminate(&r.launched[0].id).await.unwrap();
+    assert_eq!(fake.with(|s| s.calls_of("RemoveInstances")).len(), 2);
+    assert!(fake.with(|s| s.groups["asg-spot"].instances.is_empty()));
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_repeat_while_the_first_activity_runs_follows_it_instead_of_scaling_again() {
+    let (fake, p) = setup(true, 50).await;
+    fake.with(|s| s.activity_polls = 100);
+    let mut quick = AlibabaConfig::new("cn-hangzhou");
+    quick.ess_endpoint = Some(fake.url.clone());
+    quick.ecs_endpoint = Some(fake.url.clone());
+    quick.pools.push(pool(true));
+    quick.activity_poll_interval = Duration::from_millis(1);
+    quick.activity_timeout = Duration::from_millis(20);
+    let impatient = AlibabaProvider::new(quick, creds()).unwrap();
+    // The first call gives up following (timeout) while the activity still runs.
+    let first = impatient.launch(&request("slow-1", 2)).await.unwrap();
+    assert_eq!(first.launched.len(), 2);
+    // Another process repeats the launch id: it follows the running activity (up to its own
+    // timeout), and asks ESS for nothing more.
+    fake.with(|s| {
+        for a in s.activities.values_mut() {
+            a.polls_left = a.polls_left.min(3);
+        }
+    });
+    let again = p.launch(&request("slow-1", 2)).await.unwrap();
+    assert!(again.launched.is_empty(), "{again:?}");
+    assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 1);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn validate_names_missing_groups_vswitches_and_types_by_policy_field() {
+    let (fake, p) = setup(true, 50).await;
+    assert_eq!(p.validate().await.unwrap(), Vec::<String>::new());
+    fake.with(|s| {
+        s.groups.remove("asg-od");
+        s.groups.get_mut("asg-spot").unwrap().vswitches.pop();
+        s.vswitch_zones
+            .insert("vsw-0".into(), "cn-hangzhou-k".into());
+        s.stock
+            .get_mut(&(ZONES[1].to_string(), true))
+            .unwrap()
+            .retain(|(t, _)| t != T4);
+    });
+    let problems = p.validate().await.unwrap();
+    let want = [
+        "pool gpu: alibaba.onDemandScalingGroupId: scaling group asg-od not found in region cn-hangzhou",
+        "pool gpu: alibaba.vSwitches.cn-hangzhou-j: vSwitch vsw-1 is not a vSwitch of scaling group asg-spot",
+        "pool gpu: alibaba.vSwitches.cn-hangzhou-i: vSwitch vsw-0 is in zone cn-hangzhou-k",
+        "pool gpu: instanceTypes: ecs.gn6i-c4g1.xlarge is not offered in zone cn-hangzhou-j (spot)",
+    ];
+    for w in want {
+        assert!(
+            problems.iter().any(|p| p.starts_with(w)),
+            "missing {w:?} in {problems:#?}"
+        );
+    }
+    assert_eq!(problems.len(), want.len(), "{problems:#?}");
+    let groups = fake.with(|s| s.calls_of("DescribeScalingGroups"));
+    assert_eq!(groups[0]["ScalingGroupId.1"], "asg-spot");
+    assert_eq!(groups[0]["ScalingGroupId.2"], "asg-od");
+    assert_clean(&fake);
 }
