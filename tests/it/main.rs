@@ -3,6 +3,7 @@
 #[cfg(feature = "aws")]
 mod aws;
 mod cli;
+mod deploy;
 mod docs;
 mod sim;
 

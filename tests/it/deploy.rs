@@ -1,0 +1,1058 @@
+//! `deploy/` as users install it. For the base and every overlay: it renders with
+//! `kubectl kustomize`; every object validates against the Kubernetes schemas
+//! (`kubernetes-validate`, strict, installed by scripts/test.sh); the policy ConfigMap holds a
+//! valid policy; the security settings, scheduling rules and least-privilege RBAC of issue 8 hold;
+//! and kube-sim accepts the objects through the real `kubectl create -f`.
+//!
+//! Left out, on purpose:
+//! - Schema validation of `ServiceMonitor` and `PrometheusRule` (Prometheus Operator custom
+//!   resources: kubernetes-validate ships the built-in kinds' schemas only). Their selectors,
+//!   ports, alerts and the metrics they query are checked here instead.
+//! - In kube-sim, the kinds it does not serve ([`KUBE_SIM_LEFT_OUT`], with why). The kinds it
+//!   serves are read from its discovery, so a kind it learns to serve is created from then on.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Component, Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpu_node_autoscaler::catalog;
+use gpu_node_autoscaler::plan::Templates;
+use gpu_node_autoscaler::policy::{self, GpuMode};
+use gpu_node_autoscaler::provider::CapacityType;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::root;
+
+/// What users render: the base and each overlay, relative to `deploy/`.
+const TARGETS: [&str; 4] = [
+    "base",
+    "overlays/aws",
+    "overlays/dry-run",
+    "overlays/monitoring",
+];
+
+/// Kubernetes versions the objects are validated against: kubectl's (v1.32) and the API the
+/// controller is built for (k8s-openapi `v1_33`).
+const K8S_VERSIONS: [&str; 2] = ["1.32.0", "1.33.0"];
+
+/// Custom resources kubernetes-validate has no schema for.
+const NO_SCHEMA: [&str; 2] = ["ServiceMonitor", "PrometheusRule"];
+
+/// Rendered kinds kube-sim does not serve, and what stands in for creating them there.
+const KUBE_SIM_LEFT_OUT: [(&str, &str); 9] = [
+    (
+        "ServiceAccount",
+        "no ServiceAccounts (no token controller); referenced by name from the Deployment and the bindings, checked here",
+    ),
+    ("ClusterRole", "no RBAC API; rules checked here against an exact list"),
+    ("ClusterRoleBinding", "no RBAC API; subjects and roleRef checked here"),
+    ("Role", "no RBAC API; rules checked here against an exact list"),
+    ("RoleBinding", "no RBAC API; subjects and roleRef checked here"),
+    (
+        "Deployment",
+        "no apps/v1 Deployments; the two pods it would create are created instead",
+    ),
+    (
+        "Service",
+        "no Services; its selector and target port are checked here against the pod template",
+    ),
+    (
+        "ServiceMonitor",
+        "no custom resources; its selector and port are checked here against the Service",
+    ),
+    (
+        "PrometheusRule",
+        "no custom resources; its alerts and the metrics they query are checked here",
+    ),
+];
+
+const NAME: &str = "gpu-node-autoscaler";
+const NAMESPACE: &str = "kube-system";
+
+struct Rendered {
+    target: &'static str,
+    objects: Vec<Value>,
+}
+
+impl Rendered {
+    fn one(&self, kind: &str, name: &str) -> &Value {
+        self.objects
+            .iter()
+            .find(|o| kind_of(o) == kind && name_of(o) == name)
+            .unwrap_or_else(|| panic!("{}: no {kind} {name} rendered", self.target))
+    }
+
+    fn all(&self, kind: &str) -> Vec<&Value> {
+        self.objects.iter().filter(|o| kind_of(o) == kind).collect()
+    }
+
+    fn pod_labels(&self) -> &Value {
+        &self.one("Deployment", NAME)["spec"]["template"]["metadata"]["labels"]
+    }
+}
+
+fn kind_of(o: &Value) -> &str {
+    o["kind"].as_str().unwrap_or_default()
+}
+
+fn name_of(o: &Value) -> &str {
+    o["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn deploy_dir() -> PathBuf {
+    root().join("deploy")
+}
+
+/// `kubectl kustomize DIR`, parsed.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .env("KUBECONFIG", "/dev/null")
+        .output()
+        .expect("kubectl (v1.32) must be on PATH");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("UTF-8 from kubectl kustomize");
+    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("kubectl kustomize printed YAML"))
+        .filter(|v| !v.is_null())
+        .collect();
+    assert!(!objects.is_empty(), "{} renders nothing", dir.display());
+    objects
+}
+
+fn render_all() -> Vec<Rendered> {
+    TARGETS
+        .iter()
+        .map(|&target| Rendered {
+            target,
+            objects: kustomize(&deploy_dir().join(target)),
+        })
+        .collect()
+}
+
+fn yaml_stream(objects: &[&Value]) -> String {
+    objects
+        .iter()
+        .map(|o| serde_yaml::to_string(o).expect("serialize"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+fn file_name(label: &str) -> String {
+    label.replace('/', "-")
+}
+
+/// Runs `python3 -m kubernetes_validate --strict` on the objects, for every version.
+fn kubernetes_validate(label: &str, objects: &[&Value]) -> (Output, PathBuf) {
+    let file = crate::temp_file(
+        &format!("validate-{}.yaml", file_name(label)),
+        &yaml_stream(objects),
+    );
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "kubernetes_validate", "--strict"]);
+    for v in K8S_VERSIONS {
+        cmd.args(["-k", v]);
+    }
+    let out = cmd.arg(&file).output().expect("python3 must be on PATH");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named kubernetes_validate"),
+        "kubernetes-validate is not installed: bash scripts/test.sh installs it"
+    );
+    (out, file)
+}
+
+fn major_minor(version: &str) -> &str {
+    version.rsplit_once('.').map_or(version, |(mm, _)| mm)
+}
+
+#[test]
+fn every_target_renders_and_validates_against_the_kubernetes_schemas() {
+    for r in render_all() {
+        let (checked, skipped): (Vec<&Value>, Vec<&Value>) = r
+            .objects
+            .iter()
+            .partition(|o| !NO_SCHEMA.contains(&kind_of(o)));
+        // Only the custom resources are skipped, and only in the monitoring overlay.
+        let skipped_kinds: BTreeSet<&str> = skipped.iter().map(|o| kind_of(o)).collect();
+        if r.target == "overlays/monitoring" {
+            assert_eq!(skipped_kinds, NO_SCHEMA.into_iter().collect());
+        } else {
+            assert!(skipped_kinds.is_empty(), "{}: {skipped_kinds:?}", r.target);
+        }
+
+        let (out, file) = kubernetes_validate(r.target, &checked);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}: kubernetes-validate failed:\n{stdout}{}",
+            r.target,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // A kind without a schema is only a warning (exit 0): every object must have passed.
+        assert!(
+            !stdout.contains("WARN") && !stdout.contains("ERROR"),
+            "{}:\n{stdout}",
+            r.target
+        );
+        for o in &checked {
+            for v in K8S_VERSIONS {
+                let line = format!(
+                    "INFO {} passed for resource {}/{} against version {}",
+                    file.display(),
+                    kind_of(o).to_lowercase(),
+                    name_of(o),
+                    major_minor(v)
+                );
+                assert!(
+                    stdout.contains(&line),
+                    "{}: missing `{line}` in:\n{stdout}",
+                    r.target
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_schema_check_rejects_a_misspelt_field() {
+    let mut objects = kustomize(&deploy_dir().join("base"));
+    let d = objects
+        .iter_mut()
+        .find(|o| kind_of(o) == "Deployment")
+        .expect("a Deployment");
+    d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFS"] =
+        json!(true);
+    let refs: Vec<&Value> = objects.iter().collect();
+    let (out, _) = kubernetes_validate("misspelt", &refs);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("ERROR") && stdout.contains("deployment/gpu-node-autoscaler"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("readOnlyRootFS"), "{stdout}");
+}
+
+/// The GPU models of the instance types a pool may use.
+fn gpu_models(
+    pool: &policy::Pool,
+    catalog: &gpu_node_autoscaler::provider::Catalog,
+) -> BTreeSet<String> {
+    catalog
+        .instance_types
+        .iter()
+        .filter(|t| {
+            pool.instance_types
+                .as_ref()
+                .is_none_or(|names| names.contains(&t.name))
+                && pool.requirements.as_ref().is_none_or(|r| r.admits(t))
+        })
+        .filter_map(|t| t.gpu.as_ref().map(|g| g.model.clone()))
+        .collect()
+}
+
+#[test]
+fn every_target_carries_the_example_policy_and_it_is_valid() {
+    let path = "deploy/base/policy.yaml";
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    for r in render_all() {
+        let cm = r.one("ConfigMap", "gpu-node-autoscaler-policy");
+        assert_eq!(cm["metadata"]["namespace"], NAMESPACE, "{}", r.target);
+        assert_eq!(
+            cm["data"]["policy.yaml"].as_str(),
+            Some(text.as_str()),
+            "{}: the ConfigMap's policy.yaml is not {path}",
+            r.target
+        );
+    }
+
+    let policy = policy::parse_policy(&text, path).unwrap_or_else(|e| panic!("{e}"));
+    let types = catalog::parse_csv(catalog::BUILTIN_AWS, catalog::BUILTIN_AWS_NAME).unwrap();
+    let catalog = catalog::offerings_from_list_prices(&policy, types);
+    let errors = Templates::new(&policy, &catalog).errors;
+    assert!(errors.is_empty(), "{path} against the catalog: {errors:?}");
+
+    let has = |model: &str, caps: &[CapacityType], mode: fn(&GpuMode) -> bool| {
+        policy.pools.iter().any(|p| {
+            gpu_models(p, &catalog) == BTreeSet::from([model.to_string()])
+                && p.capacity_types == caps
+                && mode(&p.gpu_mode)
+        })
+    };
+    use CapacityType::{OnDemand, Spot};
+    assert!(
+        has("A10G", &[Spot, OnDemand], |m| *m == GpuMode::Whole),
+        "no spot A10G pool with on-demand fallback"
+    );
+    assert!(
+        has(
+            "A100",
+            &[OnDemand],
+            |m| matches!(m, GpuMode::Mig(l) if !l.is_empty())
+        ),
+        "no on-demand A100 pool with a MIG layout"
+    );
+    assert!(
+        has("T4", &[OnDemand], |m| matches!(m, GpuMode::Shared { .. })),
+        "no shared-GPU T4 pool"
+    );
+
+    // What the comment in the file tells users to run.
+    let o = crate::run(&["check-policy", path]);
+    assert!(o.status.success(), "{}", crate::stderr(&o));
+    assert_eq!(crate::stdout(&o).lines().count(), policy.pools.len());
+}
+
+/// Whether every `key: value` of `selector` (a label map) is among `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let Some(sel) = selector.as_object().filter(|s| !s.is_empty()) else {
+        return false;
+    };
+    sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The port number a probe or a Service names (by number or by container port name).
+fn resolve_port(port: &Value, container: &Value) -> Option<i64> {
+    match port {
+        Value::Number(n) => n.as_i64(),
+        Value::String(name) => container["ports"]
+            .as_array()?
+            .iter()
+            .find(|p| p["name"] == name.as_str())?["containerPort"]
+            .as_i64(),
+        _ => None,
+    }
+}
+
+fn check_container(target: &str, c: &Value) {
+    let name = c["name"].as_str().unwrap_or_default();
+    let at = format!("{target}: container {name}");
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "{at}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{at}");
+    assert_ne!(sc["privileged"], true, "{at}");
+    assert_ne!(sc["runAsNonRoot"], false, "{at}");
+    assert_ne!(sc["runAsUser"], 0, "{at}");
+    assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{at}");
+    assert!(strings(&sc["capabilities"]["add"]).is_empty(), "{at}");
+    let seccomp = &sc["seccompProfile"]["type"];
+    assert!(seccomp.is_null() || *seccomp == "RuntimeDefault", "{at}");
+    for bound in ["requests", "limits"] {
+        for resource in ["cpu", "memory"] {
+            assert!(
+                c["resources"][bound][resource].is_string(),
+                "{at}: no {bound}.{resource}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_deployment_keeps_its_security_and_scheduling_settings() {
+    for r in render_all() {
+        let t = r.target;
+        let d = r.one("Deployment", NAME);
+        let labels = r.pod_labels();
+        assert_eq!(d["spec"]["replicas"], 2, "{t}");
+        assert!(
+            selects(&d["spec"]["selector"]["matchLabels"], labels),
+            "{t}"
+        );
+        let pod = &d["spec"]["template"]["spec"];
+
+        // Security.
+        let psc = &pod["securityContext"];
+        assert_eq!(psc["runAsNonRoot"], true, "{t}");
+        assert!(psc["runAsUser"].as_i64().is_some_and(|u| u > 0), "{t}");
+        assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault", "{t}");
+        for host in ["hostNetwork", "hostPID", "hostIPC"] {
+            assert_ne!(pod[host], true, "{t}: {host}");
+        }
+        assert!(pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|v| v["hostPath"].is_null()));
+        let containers: Vec<&Value> = ["initContainers", "containers"]
+            .iter()
+            .flat_map(|k| pod[*k].as_array().into_iter().flatten())
+            .collect();
+        assert!(!containers.is_empty(), "{t}");
+        for c in &containers {
+            check_container(t, c);
+        }
+
+        // Scheduling: critical, spread across nodes, never on a GPU node, tolerating nothing.
+        assert_eq!(pod["priorityClassName"], "system-cluster-critical", "{t}");
+        assert!(
+            pod["tolerations"].as_array().is_none_or(Vec::is_empty),
+            "{t}"
+        );
+        let spread = pod["topologySpreadConstraints"].as_array().expect("spread");
+        assert!(
+            spread
+                .iter()
+                .any(|s| s["topologyKey"] == "kubernetes.io/hostname"
+                    && s["whenUnsatisfiable"] == "DoNotSchedule"
+                    && s["maxSkew"] == 1
+                    && selects(&s["labelSelector"]["matchLabels"], labels)),
+            "{t}: replicas not spread across nodes"
+        );
+        let terms = pod["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            .as_array()
+            .expect("required node affinity");
+        assert!(!terms.is_empty(), "{t}");
+        // Terms are alternatives: each must keep GPU nodes out.
+        for term in terms {
+            for key in ["gpu-node-autoscaler.io/pool", "nvidia.com/gpu.present"] {
+                assert!(
+                    term["matchExpressions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|e| e["key"] == key && e["operator"] == "DoesNotExist"),
+                    "{t}: a node selector term admits nodes with {key}"
+                );
+            }
+        }
+
+        // The container: the controller's flags, identity, probes and port.
+        assert_eq!(pod["serviceAccountName"], NAME, "{t}");
+        r.one("ServiceAccount", NAME);
+        let c = containers
+            .iter()
+            .find(|c| c["name"] == NAME)
+            .expect("the gpu-node-autoscaler container");
+        assert_eq!(
+            c["image"],
+            format!("gpu-node-autoscaler:{}", env!("CARGO_PKG_VERSION")),
+            "{t}"
+        );
+        let args = strings(&c["args"]);
+        assert_eq!(args.first(), Some(&"run"), "{t}");
+        for flag in [
+            "--policy-configmap=kube-system/gpu-node-autoscaler-policy",
+            "--status-configmap=kube-system/gpu-node-autoscaler-status",
+            "--lease=kube-system/gpu-node-autoscaler",
+            "--listen=0.0.0.0:8080",
+        ] {
+            assert!(args.contains(&flag), "{t}: {flag} missing from {args:?}");
+        }
+        assert_eq!(
+            args.contains(&"--dry-run"),
+            t == "overlays/dry-run",
+            "{t}: {args:?}"
+        );
+        let pod_name = c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == "POD_NAME")
+            .expect("env POD_NAME");
+        assert_eq!(
+            pod_name["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name",
+            "{t}"
+        );
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            let get = &c[probe]["httpGet"];
+            assert_eq!(get["path"], path, "{t}: {probe}");
+            assert_eq!(resolve_port(&get["port"], c), Some(8080), "{t}: {probe}");
+        }
+
+        // The PodDisruptionBudget covers these pods; the Service reaches their metrics port.
+        let pdb = r.one("PodDisruptionBudget", NAME);
+        assert_eq!(pdb["spec"]["minAvailable"], 1, "{t}");
+        assert!(
+            selects(&pdb["spec"]["selector"]["matchLabels"], labels),
+            "{t}"
+        );
+        let svc = r.one("Service", NAME);
+        assert!(selects(&svc["spec"]["selector"], labels), "{t}");
+        let port = &svc["spec"]["ports"][0];
+        assert_eq!(port["name"], "metrics", "{t}");
+        assert_eq!(resolve_port(&port["targetPort"], c), Some(8080), "{t}");
+
+        // Everything namespaced lives in kube-system, which is not created.
+        assert!(r.all("Namespace").is_empty(), "{t}");
+        for o in &r.objects {
+            if !["ClusterRole", "ClusterRoleBinding"].contains(&kind_of(o)) {
+                assert_eq!(
+                    o["metadata"]["namespace"],
+                    NAMESPACE,
+                    "{t}: {} {}",
+                    kind_of(o),
+                    name_of(o)
+                );
+            }
+        }
+    }
+}
+
+/// A role's rules as `group resource verb [name]` lines.
+fn rule_lines(target: &str, role: &Value) -> BTreeSet<String> {
+    let mut lines = BTreeSet::new();
+    assert!(role["aggregationRule"].is_null(), "{target}");
+    for rule in role["rules"].as_array().expect("rules") {
+        assert!(rule["nonResourceURLs"].is_null(), "{target}: {rule}");
+        for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
+            assert!(
+                !strings(&rule[field]).iter().any(|s| s.contains('*')),
+                "{target}: wildcard in {rule}"
+            );
+        }
+        let names = strings(&rule["resourceNames"]);
+        let names = if names.is_empty() { vec![""] } else { names };
+        for g in strings(&rule["apiGroups"]) {
+            for res in strings(&rule["resources"]) {
+                for v in strings(&rule["verbs"]) {
+                    for n in &names {
+                        let g = if g.is_empty() { "core" } else { g };
+                        lines.insert(format!("{g} {res} {v} {n}").trim_end().to_string());
+                    }
+                }
+            }
+        }
+    }
+    lines
+}
+
+fn expand(spec: &[(&str, &str, &str, &str)]) -> BTreeSet<String> {
+    let mut lines = BTreeSet::new();
+    for (group, resource, verbs, name) in spec {
+        for v in verbs.split(' ') {
+            lines.insert(
+                format!("{group} {resource} {v} {name}")
+                    .trim_end()
+                    .to_string(),
+            );
+        }
+    }
+    lines
+}
+
+#[test]
+fn rbac_is_least_privilege() {
+    // Exactly what the controller uses (cluster-wide, then kube-system); nothing more.
+    let cluster = expand(&[
+        ("core", "pods", "get list watch", ""),
+        ("core", "pods/eviction", "create", ""),
+        ("core", "nodes", "get list watch patch update delete", ""),
+        ("policy", "poddisruptionbudgets", "get list watch", ""),
+        ("core", "events", "create patch", ""),
+        ("events.k8s.io", "events", "create patch", ""),
+    ]);
+    let namespaced = expand(&[
+        (
+            "core",
+            "configmaps",
+            "get list watch",
+            "gpu-node-autoscaler-policy",
+        ),
+        (
+            "core",
+            "configmaps",
+            "get update patch",
+            "gpu-node-autoscaler-status",
+        ),
+        ("core", "configmaps", "create", ""),
+        ("coordination.k8s.io", "leases", "get update patch", NAME),
+        ("coordination.k8s.io", "leases", "create", ""),
+    ]);
+    for r in render_all() {
+        let t = r.target;
+        for (kind, expected) in [("ClusterRole", &cluster), ("Role", &namespaced)] {
+            let roles = r.all(kind);
+            assert_eq!(roles.len(), 1, "{t}: one {kind}");
+            assert_eq!(&rule_lines(t, roles[0]), expected, "{t}: {kind} rules");
+        }
+        for (kind, role_kind) in [
+            ("ClusterRoleBinding", "ClusterRole"),
+            ("RoleBinding", "Role"),
+        ] {
+            let bindings = r.all(kind);
+            assert_eq!(bindings.len(), 1, "{t}: one {kind}");
+            let b = bindings[0];
+            assert_eq!(
+                b["roleRef"],
+                json!({"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": NAME}),
+                "{t}: {kind} must bind our own {role_kind}, never cluster-admin"
+            );
+            assert_eq!(
+                b["subjects"],
+                json!([{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]),
+                "{t}: {kind} subjects"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_aws_overlays_carry_the_irsa_role_and_the_base_does_not() {
+    for r in render_all() {
+        let role =
+            &r.one("ServiceAccount", NAME)["metadata"]["annotations"]["eks.amazonaws.com/role-arn"];
+        if r.target == "base" {
+            assert!(role.is_null(), "base: {role}");
+        } else {
+            assert!(
+                role.as_str().is_some_and(|s| !s.is_empty()),
+                "{}: no IRSA role annotation",
+                r.target
+            );
+        }
+    }
+}
+
+/// The metric names an expression reads (histogram series folded onto their histogram).
+fn metrics_in(expr: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("gpu_node_autoscaler_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let base = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|b| b.ends_with("_seconds")))
+            .unwrap_or(name);
+        found.insert(base.to_string());
+        rest = &tail[end..];
+    }
+    found
+}
+
+fn balanced(expr: &str) -> bool {
+    let mut stack = Vec::new();
+    for c in expr.chars() {
+        match c {
+            '(' | '{' | '[' => stack.push(c),
+            ')' | '}' | ']' => {
+                let open = match c {
+                    ')' => '(',
+                    '}' => '{',
+                    _ => '[',
+                };
+                if stack.pop() != Some(open) {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+    }
+    stack.is_empty()
+}
+
+#[test]
+fn the_monitoring_overlay_scrapes_alerts_and_charts_what_the_controller_exports() {
+    let operations = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    for r in render_all() {
+        if r.target != "overlays/monitoring" {
+            for kind in NO_SCHEMA {
+                assert!(r.all(kind).is_empty(), "{}: {kind}", r.target);
+            }
+            continue;
+        }
+        let svc = r.one("Service", NAME);
+        let sm = r.one("ServiceMonitor", NAME);
+        assert!(selects(
+            &sm["spec"]["selector"]["matchLabels"],
+            &svc["metadata"]["labels"]
+        ));
+        assert!(strings(&sm["spec"]["namespaceSelector"]["matchNames"]).contains(&NAMESPACE));
+        let endpoints = sm["spec"]["endpoints"].as_array().expect("endpoints");
+        for e in endpoints {
+            assert_eq!(e["port"], svc["spec"]["ports"][0]["name"]);
+            assert_eq!(e["path"], "/metrics");
+        }
+
+        let mut exprs = Vec::new();
+        let rules = r.one("PrometheusRule", NAME);
+        let mut alerts = BTreeSet::new();
+        for group in rules["spec"]["groups"].as_array().expect("groups") {
+            for rule in group["rules"].as_array().expect("rules") {
+                let alert = rule["alert"].as_str().expect("alert rules only");
+                alerts.insert(alert);
+                assert!(rule["labels"]["severity"].is_string(), "{alert}");
+                assert!(rule["annotations"]["summary"].is_string(), "{alert}");
+                assert!(
+                    operations.contains(alert),
+                    "{alert} is not in the runbook docs/operations.md"
+                );
+                exprs.push(rule["expr"].as_str().expect("expr").to_string());
+            }
+        }
+        for wanted in [
+            "GpuNodeAutoscalerNoLeader",
+            "GpuNodeAutoscalerLaunchesFailing",
+            "GpuNodeAutoscalerGpuPodsPendingTooLong",
+            "GpuNodeAutoscalerPolicyInvalid",
+        ] {
+            assert!(alerts.contains(wanted), "no alert {wanted}: {alerts:?}");
+        }
+        let no_leader = rules["spec"]["groups"][0]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["alert"] == "GpuNodeAutoscalerNoLeader")
+            .unwrap();
+        assert_eq!(no_leader["for"], "5m");
+
+        let cm = r.one("ConfigMap", "gpu-node-autoscaler-dashboard");
+        assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+        let data = cm["data"].as_object().expect("data");
+        assert_eq!(data.len(), 1);
+        let dashboard: Value =
+            serde_json::from_str(data.values().next().unwrap().as_str().unwrap())
+                .expect("the dashboard is JSON");
+        assert!(dashboard["uid"].is_string() && dashboard["title"].is_string());
+        let panels = dashboard["panels"].as_array().expect("panels");
+        assert!(!panels.is_empty());
+        for p in panels {
+            assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+            let targets = p["targets"].as_array().expect("targets");
+            assert!(!targets.is_empty(), "{}", p["title"]);
+            exprs.extend(
+                targets
+                    .iter()
+                    .map(|t| t["expr"].as_str().unwrap().to_string()),
+            );
+        }
+
+        let mut used = BTreeSet::new();
+        for e in &exprs {
+            assert!(balanced(e), "unbalanced brackets in {e}");
+            let m = metrics_in(e);
+            assert!(!m.is_empty(), "reads no metric of ours: {e}");
+            used.extend(m);
+        }
+        for m in &used {
+            assert!(
+                operations.contains(&format!("`{m}")),
+                "{m} is not documented in docs/operations.md"
+            );
+        }
+    }
+}
+
+/// The path of `to` relative to the directory `from` (kustomize refuses absolute paths).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from = from.canonicalize().unwrap();
+    let to = to.canonicalize().unwrap();
+    let depth = from
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .count();
+    let mut p = PathBuf::new();
+    for _ in 0..depth {
+        p.push("..");
+    }
+    p.join(to.strip_prefix("/").unwrap())
+}
+
+/// The YAML block of docs/operations.md that starts with `first_line`, indented as it is there.
+fn doc_yaml_block(doc: &str, first_line: &str) -> String {
+    let mut lines = doc.lines().skip_while(|l| l.trim() != first_line);
+    let head = lines.next().expect("the block in docs/operations.md");
+    let indent = head.len() - head.trim_start().len();
+    let mut text = format!("{}\n", head.trim_start());
+    for l in lines.take_while(|l| l.trim() != "```") {
+        text.push_str(l.get(indent..).unwrap_or(""));
+        text.push('\n');
+    }
+    text
+}
+
+#[test]
+fn the_overlay_of_ones_own_in_the_runbook_renders_as_it_says() {
+    let doc = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    let block = doc_yaml_block(&doc, "# my-cluster/kustomization.yaml");
+    // The runbook's layout: my-cluster/ beside a checkout named gpu-node-autoscaler.
+    let file = crate::temp_file("kustomization.yaml", "");
+    let dir = file.parent().unwrap();
+    let checkout = format!("{}/", relative(dir, &root()).display());
+    std::fs::write(&file, block.replace("../gpu-node-autoscaler/", &checkout)).unwrap();
+    let base_policy = std::fs::read_to_string(root().join("deploy/base/policy.yaml")).unwrap();
+    let own_policy = base_policy.replace("clusterName: ml-prod", "clusterName: my-cluster");
+    assert_ne!(own_policy, base_policy);
+    std::fs::write(dir.join("policy.yaml"), &own_policy).unwrap();
+
+    let r = Rendered {
+        target: "my-cluster",
+        objects: kustomize(dir),
+    };
+    let container = &r.one("Deployment", NAME)["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["image"],
+        "registry.example.com/gpu-node-autoscaler:0.1.0"
+    );
+    let args = strings(&container["args"]);
+    assert_eq!(args.iter().filter(|a| **a == "--dry-run").count(), 1);
+    assert_eq!(
+        r.one("ServiceAccount", NAME)["metadata"]["annotations"]["eks.amazonaws.com/role-arn"],
+        "arn:aws:iam::111122223333:role/gpu-node-autoscaler"
+    );
+    let cm = r.one("ConfigMap", "gpu-node-autoscaler-policy");
+    assert_eq!(cm["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        cm["data"]["policy.yaml"].as_str(),
+        Some(own_policy.as_str())
+    );
+    assert_eq!(r.all("ConfigMap").len(), 2, "the policy and the dashboard");
+    r.one("ServiceMonitor", NAME);
+    r.one("PrometheusRule", NAME);
+}
+
+/// The machine's kubectl against one kube-sim.
+struct Kubectl {
+    server: String,
+    cache: PathBuf,
+}
+
+impl Kubectl {
+    fn new(addr: SocketAddr) -> Kubectl {
+        Kubectl {
+            server: format!("http://{addr}"),
+            cache: std::env::temp_dir().join(format!(
+                "gna-it-kubectl-cache-{}-{}",
+                std::process::id(),
+                addr.port()
+            )),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("kubectl")
+            .arg("--server")
+            .arg(&self.server)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .args(["--request-timeout", "20s"])
+            .args(args)
+            .env("KUBECONFIG", "/dev/null")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .expect("kubectl (v1.32) must be on PATH")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `(apiVersion, kind)` of every resource the server's discovery lists.
+    fn served(&self) -> BTreeSet<(String, String)> {
+        self.ok(&["api-resources", "--no-headers"])
+            .lines()
+            .filter_map(|l| {
+                // NAME [SHORTNAMES] APIVERSION NAMESPACED KIND
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                let n = cols.len();
+                (n >= 4).then(|| (cols[n - 3].to_string(), cols[n - 1].to_string()))
+            })
+            .collect()
+    }
+}
+
+fn api_version(o: &Value) -> String {
+    o["apiVersion"].as_str().unwrap_or_default().to_string()
+}
+
+/// What kubectl prints for a created object: `configmap/x`, `poddisruptionbudget.policy/x`.
+fn printed_name(o: &Value) -> String {
+    let kind = kind_of(o).to_lowercase();
+    match api_version(o).split_once('/') {
+        Some((group, _)) => format!("{kind}.{group}/{}", name_of(o)),
+        None => format!("{kind}/{}", name_of(o)),
+    }
+}
+
+#[test]
+fn kube_sim_accepts_every_object_it_serves() {
+    for r in render_all() {
+        let t = r.target;
+        let addr = kube_sim::spawn_background(kube_sim::Config::default()).expect("kube-sim");
+        let k = Kubectl::new(addr);
+        let served = k.served();
+        assert!(!served.is_empty(), "kube-sim discovery lists nothing");
+        let (create, left_out): (Vec<&Value>, Vec<&Value>) = r
+            .objects
+            .iter()
+            .partition(|o| served.contains(&(api_version(o), kind_of(o).to_string())));
+        for o in &left_out {
+            assert!(
+                KUBE_SIM_LEFT_OUT.iter().any(|(k, _)| *k == kind_of(o)),
+                "{t}: kube-sim does not serve {}; say why in KUBE_SIM_LEFT_OUT",
+                kind_of(o)
+            );
+        }
+
+        // The two pods the Deployment would create, as its ReplicaSet would.
+        let d = r.one("Deployment", NAME);
+        let pods: Vec<Value> = ["a", "b"]
+            .iter()
+            .map(|s| {
+                json!({
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": format!("{NAME}-{s}"),
+                        "namespace": NAMESPACE,
+                        "labels": r.pod_labels(),
+                    },
+                    "spec": d["spec"]["template"]["spec"],
+                })
+            })
+            .collect();
+        let mut all: Vec<&Value> = create.clone();
+        all.extend(&pods);
+        let file = crate::temp_file(
+            &format!("kube-sim-{}.yaml", file_name(t)),
+            &yaml_stream(&all),
+        );
+        let out = k.ok(&["create", "-f", file.to_str().unwrap()]);
+        for o in &all {
+            assert!(
+                out.contains(&format!("{} created", printed_name(o))),
+                "{t}: {} not created:\n{out}",
+                printed_name(o)
+            );
+        }
+        let kinds: BTreeSet<&str> = create.iter().map(|o| kind_of(o)).collect();
+        assert!(
+            kinds.contains("ConfigMap") && kinds.contains("PodDisruptionBudget"),
+            "{t}: {kinds:?}"
+        );
+
+        // Stored as rendered.
+        let stored: Value = serde_json::from_str(&k.ok(&[
+            "get",
+            "configmap",
+            "gpu-node-autoscaler-policy",
+            "-n",
+            NAMESPACE,
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        assert_eq!(
+            stored["data"],
+            r.one("ConfigMap", "gpu-node-autoscaler-policy")["data"],
+            "{t}"
+        );
+
+        // The PodDisruptionBudget protects these pods: with both Ready one may be evicted, the
+        // last one may not.
+        for p in &pods {
+            k.ok(&[
+                "patch",
+                "pod",
+                name_of(p),
+                "-n",
+                NAMESPACE,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
+            ]);
+        }
+        let evict = |pod: &str| {
+            let body = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": NAMESPACE}});
+            let f = crate::temp_file(
+                &format!("eviction-{}-{pod}.json", file_name(t)),
+                &body.to_string(),
+            );
+            k.run(&[
+                "create",
+                "--raw",
+                &format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}/eviction"),
+                "-f",
+                f.to_str().unwrap(),
+            ])
+        };
+        let first = evict(name_of(&pods[0]));
+        assert!(
+            first.status.success(),
+            "{t}: {}",
+            String::from_utf8_lossy(&first.stderr)
+        );
+        let second = evict(name_of(&pods[1]));
+        let err = String::from_utf8_lossy(&second.stderr);
+        assert!(
+            !second.status.success() && err.contains("disruption budget"),
+            "{t}: the last replica was evicted: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_dockerfile_builds_what_the_deployment_runs() {
+    let docker = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let froms: Vec<&str> = docker
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .collect();
+    assert_eq!(froms.len(), 2, "a build stage and a runtime stage");
+    // The builder uses the workspace's toolchain.
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let rust_version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .expect("rust-version")
+        .trim_matches('"');
+    assert!(
+        froms[0].starts_with(&format!("rust:{rust_version}-")),
+        "{}",
+        froms[0]
+    );
+    assert!(docker.contains("cargo build --release --locked --bin gpu-node-autoscaler"));
+    assert!(froms[1].starts_with("gcr.io/distroless/") && froms[1].contains(":nonroot"));
+    // The image's user is the one the pod runs as (runAsNonRoot needs a numeric, non-zero uid).
+    let user = docker
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("USER");
+    let uid: i64 = user
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("numeric USER");
+    let base = kustomize(&deploy_dir().join("base"));
+    let d = base.iter().find(|o| kind_of(o) == "Deployment").unwrap();
+    assert_eq!(
+        d["spec"]["template"]["spec"]["securityContext"]["runAsUser"],
+        uid
+    );
+    assert!(uid > 0);
+    let ignore = std::fs::read_to_string(root().join(".dockerignore")).unwrap();
+    assert!(
+        ignore.lines().any(|l| l == "target"),
+        ".dockerignore must leave out target"
+    );
+}
