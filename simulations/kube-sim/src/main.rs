@@ -1,6 +1,9 @@
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use clap::Parser;
+use kube_sim::faults::{check_error_code, check_error_rate};
+use kube_sim::units::parse_duration;
 
 /// An in-memory, Kubernetes-API-compatible cluster simulator (plain HTTP).
 #[derive(Parser, Debug)]
@@ -12,6 +15,54 @@ struct Args {
     /// Changes kept for watches resuming from a resourceVersion (older ones get 410 Gone).
     #[arg(long, default_value_t = 10_000)]
     watch_history: usize,
+
+    /// Do not run the simulated scheduler (Pending pods stay unbound).
+    #[arg(long)]
+    no_scheduler: bool,
+    /// Do not run the simulated kubelets (bound pods stay Pending, no node heartbeats).
+    #[arg(long)]
+    no_kubelet: bool,
+    /// How long after it is bound a pod turns Running.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pod_start_delay: Duration,
+    /// How often each node's Ready condition gets a new lastHeartbeatTime.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    heartbeat: Duration,
+
+    /// EC2 endpoint whose instances tagged for --cluster-name become Nodes (e.g. a moto_server).
+    #[arg(long, requires = "cluster_name")]
+    ec2_endpoint: Option<String>,
+    /// The EC2 region.
+    #[arg(long, default_value = "us-east-1")]
+    ec2_region: String,
+    /// The value of the instances' gpu-node-autoscaler.io/cluster tag.
+    #[arg(long, requires = "ec2_endpoint")]
+    cluster_name: Option<String>,
+    /// How long after an instance is first seen its Node registers.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    boot_delay: Duration,
+    /// How long after a Node registers its GPUs are advertised.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    device_plugin_delay: Duration,
+    /// How often EC2 instances are listed.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    ec2_poll: Duration,
+
+    /// Share (0 to 1) of API requests answered with --fault-error-code.
+    #[arg(long, default_value_t = 0.0, value_parser = |s: &str| s.parse::<f64>().map_err(|e| e.to_string()).and_then(check_error_rate))]
+    fault_error_rate: f64,
+    /// The injected error: 429 (with Retry-After: 1) or 500-599.
+    #[arg(long, default_value_t = 500, value_parser = |s: &str| s.parse::<u16>().map_err(|e| e.to_string()).and_then(check_error_code))]
+    fault_error_code: u16,
+    /// End every watch stream this long after it started.
+    #[arg(long, value_parser = parse_duration)]
+    fault_watch_close_after: Option<Duration>,
+    /// Delay every API response this long.
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    fault_delay: Duration,
+    /// Seed of the random sequence that picks the failing requests.
+    #[arg(long, default_value_t = 1)]
+    fault_seed: u64,
 }
 
 #[tokio::main]
@@ -28,8 +79,29 @@ async fn main() {
         "kube-sim: serving the Kubernetes API on http://{}",
         args.listen
     );
+    let ec2 = match (&args.ec2_endpoint, &args.cluster_name) {
+        (Some(endpoint), Some(cluster)) => Some(kube_sim::Ec2Config {
+            boot_delay: args.boot_delay,
+            device_plugin_delay: args.device_plugin_delay,
+            poll: args.ec2_poll,
+            ..kube_sim::Ec2Config::new(endpoint, &args.ec2_region, cluster)
+        }),
+        _ => None,
+    };
     let config = kube_sim::Config {
         watch_history: args.watch_history,
+        scheduler: !args.no_scheduler,
+        kubelet: !args.no_kubelet,
+        pod_start_delay: args.pod_start_delay,
+        heartbeat: args.heartbeat,
+        ec2,
+        faults: kube_sim::Faults {
+            error_rate: args.fault_error_rate,
+            error_code: args.fault_error_code,
+            watch_close_after: args.fault_watch_close_after.filter(|d| !d.is_zero()),
+            delay: args.fault_delay,
+        },
+        fault_seed: args.fault_seed,
         ..kube_sim::Config::default()
     };
     if let Err(e) = kube_sim::serve(listener, config).await {

@@ -15,6 +15,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 
+use crate::faults::{FaultState, Faults};
 use crate::patch;
 use crate::resources::{self, PODS, RESOURCES};
 use crate::selector::{FieldSelector, LabelSelector};
@@ -30,12 +31,35 @@ pub struct App {
     pub store: Mutex<Store>,
     pub addr: SocketAddr,
     pub bookmark_interval: Duration,
+    pub faults: Mutex<FaultState>,
+    /// Bumped to end every open watch (`POST /admin/watches/close`).
+    pub close_watches: tokio::sync::watch::Sender<u64>,
 }
 
 impl App {
+    pub fn new(
+        store: Store,
+        addr: SocketAddr,
+        bookmark_interval: Duration,
+        faults: Faults,
+        seed: u64,
+    ) -> Self {
+        App {
+            store: Mutex::new(store),
+            addr,
+            bookmark_interval,
+            faults: Mutex::new(FaultState::new(faults, seed)),
+            close_watches: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
     pub fn store(&self) -> MutexGuard<'_, Store> {
         // A panic while holding the lock leaves consistent data: every write is applied at once.
         self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn faults(&self) -> MutexGuard<'_, FaultState> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -56,7 +80,7 @@ fn error_response(e: &ApiError) -> Response<Body> {
 /// Serves one request. A handler that panics answers 500 with a `Status`; the store is left as it
 /// was, because every write is applied only after all its checks have passed.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    let result = tokio::spawn(async move { route(&app, req).await }).await;
+    let result = tokio::spawn(async move { serve_request(&app, req).await }).await;
     Ok(match result {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => error_response(&e),
@@ -66,6 +90,55 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
             "an internal error occurred while serving the request",
         )),
     })
+}
+
+/// Admin requests are never faulted; health checks neither; every other request may be delayed
+/// and may fail, as the fault settings say.
+async fn serve_request(app: &Arc<App>, req: Request<Incoming>) -> ApiResult<Response<Body>> {
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    if path == "/admin" || path.starts_with("/admin/") {
+        return admin(app, req, &path).await;
+    }
+    if !matches!(path.as_str(), "/healthz" | "/readyz" | "/livez") {
+        let (delay, injected) = {
+            let mut f = app.faults();
+            (f.faults.delay, f.roll())
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(e) = injected {
+            let mut r = error_response(&e);
+            if e.code == 429 {
+                r.headers_mut()
+                    .insert("Retry-After", HeaderValue::from_static("1"));
+            }
+            return Ok(r);
+        }
+    }
+    route(app, req).await
+}
+
+/// `GET`/`PUT /admin/faults`, `POST /admin/watches/close`.
+async fn admin(app: &Arc<App>, req: Request<Incoming>, path: &str) -> ApiResult<Response<Body>> {
+    match (req.method().clone(), path) {
+        (Method::GET, "/admin/faults") => Ok(json_response(200, &app.faults().faults.to_json())),
+        (Method::PUT, "/admin/faults") => {
+            let bytes = read_body(req).await?;
+            let body: Value = serde_json::from_slice(&bytes)
+                .map_err(|e| ApiError::bad_request(format!("the body must be JSON: {e}")))?;
+            let faults = Faults::from_json(&body)?;
+            app.faults().faults = faults;
+            Ok(json_response(200, &faults.to_json()))
+        }
+        (Method::POST, "/admin/watches/close") => {
+            let open = app.close_watches.receiver_count();
+            app.close_watches.send_modify(|n| *n += 1);
+            Ok(json_response(200, &json!({"closedWatches": open})))
+        }
+        (_, "/admin/faults" | "/admin/watches/close") => Err(ApiError::method_not_allowed(path)),
+        _ => Err(ApiError::path_not_found(path)),
+    }
 }
 
 struct Target {
@@ -364,6 +437,13 @@ fn watch(
     let bookmarks = query
         .get("allowWatchBookmarks")
         .is_some_and(|b| b == "true" || b == "1");
+    // A fault setting may end the watch earlier than the client asked.
+    let close_after = app.faults().faults.watch_close_after;
+    let timeout = match (timeout, close_after) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let mut close = app.close_watches.subscribe();
     let start = app.store().watch(&filter, rv);
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     let line = |v: &Value| {
@@ -423,6 +503,7 @@ fn watch(
                         }
                         _ = tx.closed() => return,
                         _ = sleep => return,
+                        _ = close.changed() => return,
                     }
                 }
             });

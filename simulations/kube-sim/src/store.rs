@@ -110,7 +110,8 @@ pub struct Store {
     rng: u64,
 }
 
-fn now_timestamp() -> String {
+/// The current time as the API server writes timestamps (RFC 3339, seconds).
+pub fn now_timestamp() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
@@ -767,10 +768,47 @@ impl Store {
         Ok(status::success(201, None))
     }
 
+    /// Every stored object of a resource, in key order.
+    pub fn iter(&self, res: usize) -> impl Iterator<Item = &Value> {
+        self.objects[res].values()
+    }
+
+    /// A receiver for every later change (the simulated controllers follow the store with it).
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<WatchEvent>> {
+        self.tx.subscribe()
+    }
+
     /// The number of stored objects of a resource (for tests and metrics).
     pub fn count(&self, res: usize) -> usize {
         self.objects[res].len()
     }
+}
+
+/// Waits up to `timeout` for a change to one of `resources`. A receiver that fell behind counts as
+/// a change (the caller rescans anyway). Returns false once the store is gone.
+pub async fn wait_for_change(
+    rx: &mut broadcast::Receiver<Arc<WatchEvent>>,
+    resources: &[usize],
+    timeout: std::time::Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Err(_) => return true,
+            Ok(Ok(ev)) if resources.contains(&ev.res) => return true,
+            Ok(Ok(_)) => {}
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => return true,
+            Ok(Err(broadcast::error::RecvError::Closed)) => return false,
+        }
+    }
+}
+
+/// Drops the changes already queued on `rx` (the caller is about to rescan).
+pub fn drain(rx: &mut broadcast::Receiver<Arc<WatchEvent>>) {
+    while !matches!(
+        rx.try_recv(),
+        Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)
+    ) {}
 }
 
 fn check_type(def: &ResourceDef, obj: &Value) -> ApiResult<()> {

@@ -2,7 +2,9 @@
 
 use serde_json::Value;
 
+use crate::kubelet::RUN_DURATION_ANNOTATION;
 use crate::resources::ResourceDef;
+use crate::units::{parse_duration, parse_quantity_milli};
 
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
@@ -146,6 +148,50 @@ fn validate_pod(obj: &Value, causes: &mut Causes) {
     }
 }
 
+/// Resource quantities in containers and the kube-sim run-duration annotation.
+fn validate_pod_quantities(obj: &Value, causes: &mut Causes) {
+    for list in ["containers", "initContainers"] {
+        let cs = obj
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array);
+        for (i, c) in cs.into_iter().flatten().enumerate() {
+            for kind in ["requests", "limits"] {
+                let Some(m) = c
+                    .pointer(&format!("/resources/{kind}"))
+                    .and_then(Value::as_object)
+                else {
+                    continue;
+                };
+                for (r, q) in m {
+                    let text = match q {
+                        Value::String(s) => s.clone(),
+                        Value::Number(n) => n.to_string(),
+                        other => other.to_string(),
+                    };
+                    if let Err(e) = parse_quantity_milli(&text) {
+                        causes.push((
+                            format!("spec.{list}[{i}].resources.{kind}[{r}]"),
+                            format!("Invalid value: {}: {e}", quoted(q)),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    if let Some(d) = obj
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(RUN_DURATION_ANNOTATION))
+        .and_then(Value::as_str)
+    {
+        if let Err(e) = parse_duration(d) {
+            causes.push((
+                format!("metadata.annotations[{RUN_DURATION_ANNOTATION}]"),
+                format!("Invalid value: {d:?}: {e}"),
+            ));
+        }
+    }
+}
+
 fn validate_node(obj: &Value, causes: &mut Causes) {
     if let Some(taints) = obj.pointer("/spec/taints").and_then(Value::as_array) {
         for (i, t) in taints.iter().enumerate() {
@@ -195,7 +241,10 @@ pub fn validate(res: &ResourceDef, obj: &Value) -> Causes {
     let mut causes = Vec::new();
     validate_metadata(obj, &mut causes);
     match (res.group, res.kind) {
-        ("", "Pod") => validate_pod(obj, &mut causes),
+        ("", "Pod") => {
+            validate_pod(obj, &mut causes);
+            validate_pod_quantities(obj, &mut causes);
+        }
         ("", "Node") => validate_node(obj, &mut causes),
         ("", "ConfigMap") => validate_configmap(obj, &mut causes),
         ("policy", _) => validate_pdb(obj, &mut causes),
@@ -235,5 +284,17 @@ mod tests {
         );
         let good = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
         assert!(validate(&RESOURCES[PODS], &good).is_empty());
+        let bad = json!({"metadata": {"annotations": {RUN_DURATION_ANNOTATION: "soon"}}, "spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "one"}}}]}});
+        let fields: Vec<String> = validate(&RESOURCES[PODS], &bad)
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.containers[0].resources.limits[nvidia.com/gpu]",
+                "metadata.annotations[kube-sim.gpu-node-autoscaler.io/run-duration]"
+            ]
+        );
     }
 }

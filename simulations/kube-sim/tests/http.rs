@@ -454,7 +454,7 @@ fn watch_streams_changes_from_a_resource_version() {
 fn too_old_resource_version_is_410_gone() {
     let a = start_with(kube_sim::Config {
         watch_history: 3,
-        ..Default::default()
+        ..kube_sim::Config::api_only()
     });
     for i in 0..10 {
         post(a, CMS, &cm(&format!("c{i}")));
@@ -677,7 +677,7 @@ fn delete_preconditions_and_other_resources() {
 fn bookmarks_when_asked() {
     let a = start_with(kube_sim::Config {
         bookmark_interval: std::time::Duration::from_millis(50),
-        ..Default::default()
+        ..kube_sim::Config::api_only()
     });
     post(a, CMS, &cm("c"));
     let mut w = Watch::open(

@@ -9,8 +9,24 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// A server with the API only (no scheduler, no kubelets): pods stay as the test leaves them.
 pub fn start() -> SocketAddr {
-    start_with(kube_sim::Config::default())
+    start_with(kube_sim::Config::api_only())
+}
+
+/// Polls `f` every 50 ms until it returns Some, for at most `secs` seconds; panics with `what`.
+pub fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 pub fn start_with(config: kube_sim::Config) -> SocketAddr {
