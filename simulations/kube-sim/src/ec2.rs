@@ -226,7 +226,7 @@ fn node_object(
                 "lastTransitionTime": now}],
             "addresses": addresses,
             "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                "kubeletVersion": "v1.33.0-kube-sim", "kubeProxyVersion": "v1.33.0-kube-sim",
+                "kubeletVersion": "v1.32.0-kube-sim", "kubeProxyVersion": "v1.32.0-kube-sim",
                 "containerRuntimeVersion": "containerd://1.7.0", "osImage": "kube-sim",
                 "kernelVersion": "", "machineID": inst.id, "systemUUID": inst.id, "bootID": inst.id},
         },

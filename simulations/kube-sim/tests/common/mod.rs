@@ -52,6 +52,18 @@ fn send(s: &mut TcpStream, method: &str, path: &str, content_type: &str, body: &
 
 /// Reads the status line and headers; returns (status, chunked).
 fn read_head(r: &mut impl BufRead) -> (u16, bool) {
+    let (status, headers) = read_head_full(r);
+    (status, is_chunked(&headers))
+}
+
+fn is_chunked(headers: &[(String, String)]) -> bool {
+    headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"))
+}
+
+/// Reads the status line and headers (names lowercased).
+fn read_head_full(r: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
     let mut line = String::new();
     r.read_line(&mut line).unwrap();
     let status: u16 = line
@@ -60,19 +72,18 @@ fn read_head(r: &mut impl BufRead) -> (u16, bool) {
         .expect("status")
         .parse()
         .unwrap();
-    let mut chunked = false;
+    let mut headers = Vec::new();
     loop {
         line.clear();
         r.read_line(&mut line).unwrap();
         if line == "\r\n" || line.is_empty() {
             break;
         }
-        let l = line.to_ascii_lowercase();
-        if l.starts_with("transfer-encoding:") && l.contains("chunked") {
-            chunked = true;
+        if let Some((k, v)) = line.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
     }
-    (status, chunked)
+    (status, headers)
 }
 
 fn read_chunk(r: &mut impl BufRead) -> Option<Vec<u8>> {
@@ -95,12 +106,24 @@ pub fn request(
     content_type: &str,
     body: &str,
 ) -> (u16, Value) {
+    let (status, _, body) = request_full(addr, method, path, content_type, body);
+    (status, body)
+}
+
+/// One request; returns the status code, the headers (names lowercased) and the JSON body.
+pub fn request_full(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> (u16, Vec<(String, String)>, Value) {
     let mut s = connect(addr);
     send(&mut s, method, path, content_type, body.as_bytes());
     let mut r = BufReader::new(s);
-    let (status, chunked) = read_head(&mut r);
+    let (status, headers) = read_head_full(&mut r);
     let mut bytes = Vec::new();
-    if chunked {
+    if is_chunked(&headers) {
         while let Some(c) = read_chunk(&mut r) {
             bytes.extend(c);
         }
@@ -109,6 +132,7 @@ pub fn request(
     }
     (
         status,
+        headers,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     )
 }
@@ -147,6 +171,27 @@ impl Watch {
             reader,
             pending: Vec::new(),
             status,
+        }
+    }
+
+    /// Reads events until the stream ends: true when the server ended it (the last chunk), false
+    /// when reading failed first (e.g. the 10 s read timeout).
+    pub fn ends(&mut self) -> bool {
+        loop {
+            let mut line = String::new();
+            if self.reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return false;
+            }
+            let Ok(size) = usize::from_str_radix(line.trim(), 16) else {
+                return false;
+            };
+            let mut buf = vec![0; size + 2];
+            if self.reader.read_exact(&mut buf).is_err() {
+                return false;
+            }
+            if size == 0 {
+                return true;
+            }
         }
     }
 
