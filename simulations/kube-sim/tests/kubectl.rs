@@ -463,3 +463,160 @@ fn apply_and_watch() {
     ]);
     assert!(out.contains("configmap/policy"), "{out}");
 }
+
+const GPU_NODES: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-1
+  labels: {pool: gpu}
+status:
+  capacity: {cpu: "8", memory: 64Gi, pods: "110", nvidia.com/gpu: "2"}
+  allocatable: {cpu: "8", memory: 64Gi, pods: "110", nvidia.com/gpu: "2"}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-2
+  labels: {pool: gpu}
+status:
+  capacity: {cpu: "8", memory: 64Gi, pods: "110", nvidia.com/gpu: "2"}
+  allocatable: {cpu: "8", memory: 64Gi, pods: "110", nvidia.com/gpu: "2"}
+"#;
+
+fn gpu_pod(name: &str, gpus: u32, annotations: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations: {{{annotations}}}
+  labels: {{app: train}}
+  ownerReferences:
+  - {{apiVersion: apps/v1, kind: ReplicaSet, name: train, uid: 00000000-0000-0000-0000-000000000009, controller: true}}
+spec:
+  containers:
+  - name: main
+    image: trainer:1
+    resources: {{limits: {{nvidia.com/gpu: "{gpus}"}}}}
+"#
+    )
+}
+
+fn simulated() -> Kubectl {
+    Kubectl::new(common::start_with(kube_sim::Config {
+        pod_start_delay: std::time::Duration::from_millis(300),
+        ..kube_sim::Config::default()
+    }))
+}
+
+#[test]
+fn created_pods_are_scheduled_and_run_or_say_why_not() {
+    let k = simulated();
+    k.create(GPU_NODES);
+    k.create(&gpu_pod("one", 2, ""));
+    k.ok(&["wait", "--for=condition=Ready", "pod/one", "--timeout=60s"]);
+    let pod = yaml(&k.ok(&["get", "pod", "one", "-o", "yaml"]));
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert!(["gpu-1", "gpu-2"].contains(&pod["spec"]["nodeName"].as_str().unwrap()));
+
+    k.create(&gpu_pod("too-big", 4, ""));
+    k.ok(&[
+        "wait",
+        "--for=condition=PodScheduled=false",
+        "pod/too-big",
+        "--timeout=60s",
+    ]);
+    let why = k.ok(&[
+        "get",
+        "pod",
+        "too-big",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="PodScheduled")].reason}: {.status.conditions[?(@.type=="PodScheduled")].message}"#,
+    ]);
+    assert_eq!(
+        why,
+        "Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    );
+    assert_eq!(
+        k.ok(&["get", "pod", "too-big", "-o", "jsonpath={.status.phase}"]),
+        "Pending"
+    );
+}
+
+#[test]
+fn a_run_duration_pod_succeeds() {
+    let k = simulated();
+    k.create(GPU_NODES);
+    k.create(&gpu_pod(
+        "job",
+        1,
+        r#"kube-sim.gpu-node-autoscaler.io/run-duration: 1s"#,
+    ));
+    k.ok(&[
+        "wait",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "pod/job",
+        "--timeout=60s",
+    ]);
+    let pod = yaml(&k.ok(&["get", "pod", "job", "-o", "yaml"]));
+    assert_eq!(
+        pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"],
+        "Completed"
+    );
+}
+
+#[test]
+fn drain_evicts_and_nothing_moves() {
+    let k = simulated();
+    k.create(GPU_NODES);
+    k.ok(&["cordon", "gpu-2"]);
+    k.create(&gpu_pod("a", 1, ""));
+    k.create(&gpu_pod("b", 1, ""));
+    k.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/a",
+        "pod/b",
+        "--timeout=60s",
+    ]);
+    let on = k.ok(&["get", "pods", "-o", "jsonpath={.items[*].spec.nodeName}"]);
+    assert_eq!(on, "gpu-1 gpu-1", "gpu-2 is cordoned");
+    k.ok(&["uncordon", "gpu-2"]);
+
+    let out = k.run(
+        &["drain", "gpu-1", "--ignore-daemonsets", "--timeout=60s"],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("pod/a evicted") && stdout.contains("pod/b evicted"),
+        "{stdout}"
+    );
+    // No ReplicaSet controller runs: the evicted pods are gone, none was re-created on gpu-2.
+    let pods = yaml(&k.ok(&["get", "pods", "-A", "-o", "yaml"]));
+    assert!(names(&pods).is_empty(), "{pods:?}");
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "node",
+            "gpu-1",
+            "-o",
+            "jsonpath={.spec.unschedulable}"
+        ]),
+        "true"
+    );
+    // A new pod now goes to the other node.
+    k.create(&gpu_pod("c", 2, ""));
+    k.ok(&["wait", "--for=condition=Ready", "pod/c", "--timeout=60s"]);
+    assert_eq!(
+        k.ok(&["get", "pod", "c", "-o", "jsonpath={.spec.nodeName}"]),
+        "gpu-2"
+    );
+}
