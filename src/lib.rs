@@ -3,6 +3,8 @@
 //! The pure core is [`model`], [`policy`] and [`plan`]: no I/O, time passed in. [`convert`] turns
 //! Kubernetes objects into model values; [`catalog`] reads instance catalogs.
 
+#[cfg(feature = "alibaba")]
+pub mod alibaba;
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod catalog;

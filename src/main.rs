@@ -60,9 +60,10 @@ enum Command {
         #[arg(long)]
         catalog: Option<PathBuf>,
         /// Also check the pools of this provider against its account before any launch
-        /// (`aws`: instance types offered in each zone, subnets, launch templates; needs
-        /// credentials from the default chain).
-        #[arg(long, value_parser = ["aws"])]
+        /// (`aws`: instance types offered in each zone, subnets, launch templates; `alibaba`:
+        /// scaling groups and their vSwitches, instance types offered in each zone; both need
+        /// credentials from their default chain).
+        #[arg(long, value_parser = ["aws", "alibaba"])]
         provider: Option<String>,
         /// Region for --provider aws (default: the policy's `region`).
         #[arg(long)]
@@ -70,6 +71,9 @@ enum Command {
         /// Another EC2 endpoint for --provider aws, e.g. an emulator's URL.
         #[arg(long)]
         aws_endpoint_url: Option<String>,
+        /// Another ESS/ECS/VPC endpoint for --provider alibaba (region: the policy's `region`).
+        #[arg(long)]
+        alibaba_endpoint_url: Option<String>,
     },
 }
 
@@ -129,6 +133,7 @@ fn run(cli: Cli) -> Result<()> {
             provider,
             aws_region,
             aws_endpoint_url,
+            alibaba_endpoint_url,
         } => {
             let policy = load_policy(&file)?;
             let explicit = catalog.is_some();
@@ -147,6 +152,9 @@ fn run(cli: Cli) -> Result<()> {
             }
             if provider.as_deref() == Some("aws") {
                 check_aws(&policy, &catalog, &file, aws_region, aws_endpoint_url)?;
+            }
+            if provider.as_deref() == Some("alibaba") {
+                check_alibaba(&policy, &catalog, &file, alibaba_endpoint_url)?;
             }
             for line in policy::summary(&policy) {
                 println!("{line}");
@@ -198,6 +206,40 @@ fn check_aws(
     _: Option<String>,
 ) -> Result<()> {
     bail!("this build has no AWS support (built without the `aws` feature)")
+}
+
+#[cfg(feature = "alibaba")]
+fn check_alibaba(
+    policy: &Policy,
+    catalog: &Catalog,
+    file: &Path,
+    endpoint: Option<String>,
+) -> Result<()> {
+    use gpu_node_autoscaler::alibaba;
+    let Some(region) = policy.region.as_deref() else {
+        bail!("--provider alibaba needs the policy's `region`");
+    };
+    let report = |what: String, lines: Vec<String>| {
+        for l in &lines {
+            eprintln!("{}: {l}", file.display());
+        }
+        anyhow::anyhow!("{} {what} {}", lines.len(), file.display())
+    };
+    let config = alibaba::config_from_policy(policy, catalog, region, endpoint)
+        .map_err(|e| report("error(s) in".into(), e))?;
+    let problems = alibaba::check_against_account(config).map_err(anyhow::Error::msg)?;
+    if !problems.is_empty() {
+        return Err(report(
+            "problem(s) with the Alibaba Cloud account for".into(),
+            problems,
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "alibaba"))]
+fn check_alibaba(_: &Policy, _: &Catalog, _: &Path, _: Option<String>) -> Result<()> {
+    bail!("this build has no Alibaba Cloud support (built without the `alibaba` feature)")
 }
 
 #[derive(clap::Args)]

@@ -90,6 +90,22 @@ pub struct Pool {
     pub scale_down: ScaleDown,
     /// AWS settings (`aws:`), for pools with `provider: aws`.
     pub aws: Option<AwsPoolSettings>,
+    /// Alibaba Cloud settings (`alibaba:`), required for pools with `provider: alibaba`.
+    pub alibaba: Option<AlibabaPoolSettings>,
+}
+
+/// A pool's `alibaba:` section: the ESS scaling group(s) its nodes come from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AlibabaPoolSettings {
+    /// The group scaled first (`asg-...`): a spot group when the pool's `capacityTypes` include
+    /// `spot`, else an on-demand one.
+    pub scaling_group_id: String,
+    /// A second, on-demand group for what spot cannot deliver.
+    pub on_demand_scaling_group_id: Option<String>,
+    /// The spot group itself makes up for missing spot with on-demand instances.
+    pub compensate_with_on_demand: bool,
+    /// Zone → vSwitch id; every zone of the pool has one.
+    pub vswitches: BTreeMap<String, String>,
 }
 
 /// A pool's `aws:` section: where and from what its instances launch.
@@ -273,6 +289,17 @@ struct RawPool {
     #[serde(default)]
     scale_down: RawScaleDown,
     aws: Option<RawAwsPool>,
+    alibaba: Option<RawAlibabaPool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAlibabaPool {
+    scaling_group_id: Option<String>,
+    on_demand_scaling_group_id: Option<String>,
+    compensate_with_on_demand: Option<bool>,
+    #[serde(default)]
+    v_switches: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -966,6 +993,25 @@ fn validate_pool(
         defaults::BACKOFF_AFTER_FAILURE,
     );
     let aws = r.aws.map(|a| validate_aws(i, a, &provider, &zones, c));
+    let alibaba = match r.alibaba {
+        Some(a) => Some(validate_alibaba(
+            i,
+            a,
+            &provider,
+            &zones,
+            &capacity_types,
+            c,
+        )),
+        None => {
+            if provider == "alibaba" {
+                c.at(
+                    &at(&[]),
+                    "`provider: alibaba` needs an `alibaba` section (scalingGroupId, vSwitches)",
+                );
+            }
+            None
+        }
+    };
     if c.errors.len() > before {
         return None;
     }
@@ -995,7 +1041,108 @@ fn validate_pool(
             backoff_after_failure,
         },
         aws,
+        alibaba,
     })
+}
+
+/// A pool's `alibaba:` section: `asg-...` scaling groups that fit the pool's capacity types, a
+/// `vsw-...` for every zone.
+fn validate_alibaba(
+    i: usize,
+    a: RawAlibabaPool,
+    provider: &str,
+    zones: &[String],
+    capacity_types: &[CapacityType],
+    c: &mut Collector,
+) -> AlibabaPoolSettings {
+    let at = |rest: &[&str]| {
+        let mut p = vec!["alibaba"];
+        p.extend_from_slice(rest);
+        pool_path(i, &p)
+    };
+    if provider != "alibaba" {
+        c.at(
+            &at(&[]),
+            format!(
+                "`alibaba` settings need `provider: alibaba` (the pool's provider is {provider})"
+            ),
+        );
+    }
+    let spot = capacity_types.contains(&CapacityType::Spot);
+    let on_demand = capacity_types.contains(&CapacityType::OnDemand);
+    let group = a.scaling_group_id.unwrap_or_default();
+    if group.is_empty() {
+        c.at(
+            &at(&[]),
+            "missing `scalingGroupId` (the ESS scaling group, asg-...)",
+        );
+    } else if !is_aws_id(&group, "asg-") {
+        c.at(
+            &at(&["scalingGroupId"]),
+            format!("{group:?} is not a scaling group id (asg-...)"),
+        );
+    }
+    if let Some(od) = &a.on_demand_scaling_group_id {
+        if !is_aws_id(od, "asg-") {
+            c.at(
+                &at(&["onDemandScalingGroupId"]),
+                format!("{od:?} is not a scaling group id (asg-...)"),
+            );
+        } else if *od == group {
+            c.at(
+                &at(&["onDemandScalingGroupId"]),
+                "must differ from scalingGroupId",
+            );
+        } else if !(spot && on_demand) {
+            c.at(
+                &at(&["onDemandScalingGroupId"]),
+                "a second, on-demand group needs `capacityTypes` with both spot and on-demand",
+            );
+        }
+    }
+    let compensate = a.compensate_with_on_demand.unwrap_or(false);
+    if compensate && !(spot && on_demand) {
+        c.at(
+            &at(&["compensateWithOnDemand"]),
+            "on-demand compensation needs `capacityTypes` with both spot and on-demand",
+        );
+    }
+    if spot && on_demand && a.on_demand_scaling_group_id.is_none() && !compensate {
+        c.at(
+            &at(&[]),
+            "`capacityTypes` include spot and on-demand: set `onDemandScalingGroupId` or \
+             `compensateWithOnDemand: true`",
+        );
+    }
+    for (zone, vsw) in &a.v_switches {
+        if !is_aws_id(vsw, "vsw-") {
+            c.at(
+                &at(&["vSwitches", zone]),
+                format!("{vsw:?} is not a vSwitch id (vsw-...)"),
+            );
+        } else if !zones.contains(zone) {
+            c.at(
+                &at(&["vSwitches", zone]),
+                format!("{zone} is not a zone of the pool ({})", zones.join(", ")),
+            );
+        }
+    }
+    if provider == "alibaba" {
+        for zone in zones {
+            if !a.v_switches.contains_key(zone) {
+                c.at(
+                    &at(&["vSwitches"]),
+                    format!("zone {zone} has no vSwitch in alibaba.vSwitches"),
+                );
+            }
+        }
+    }
+    AlibabaPoolSettings {
+        scaling_group_id: group,
+        on_demand_scaling_group_id: a.on_demand_scaling_group_id,
+        compensate_with_on_demand: compensate,
+        vswitches: a.v_switches,
+    }
 }
 
 /// A pool's `aws:` section: a launch template by name or id, a `subnet-...` for every zone.

@@ -165,6 +165,7 @@ fn example_policy_parses_with_defaults_applied() {
                 backoff_after_failure: mins(3),
             },
             aws: None,
+            alibaba: None,
         }
     );
 
@@ -222,6 +223,7 @@ fn minimal_policy_gets_every_default() {
 fn optional_pool_fields_are_read() {
     let p = parse_ok(&one_pool(&[
         "    provider: alibaba",
+        "    alibaba: {scalingGroupId: asg-1, vSwitches: {z1: vsw-1, z2: vsw-2}}",
         "    requirements: {gpuModels: [T4, A10], gpuCount: {min: 2}, families: [ecs]}",
         "    zones: [z1, z2]",
         "    gpuMode: shared",
@@ -1321,5 +1323,217 @@ fn aws_section_needs_provider_aws() {
         e.to_string(),
         "policy.yaml:7:5: pools[0].aws: `aws` settings need `provider: aws` (the pool's provider \
          is memory)"
+    );
+}
+
+// ---- alibaba ----
+
+/// A one-pool policy in two zones with `provider: alibaba` buying spot then on-demand;
+/// `alibaba` lines go into the pool from line 8.
+fn alibaba_pool(alibaba: &[&str]) -> String {
+    let mut lines = vec![
+        "zones: [cn-hangzhou-i, cn-hangzhou-j]",      // 1
+        "pools:",                                     // 2
+        "  - name: a10",                              // 3
+        "    provider: alibaba",                      // 4
+        "    instanceTypes: [ecs.gn7i-c8g1.2xlarge]", // 5
+        "    capacityTypes: [spot, on-demand]",       // 6
+        "    maxNodes: 3",                            // 7
+    ];
+    lines.extend_from_slice(alibaba);
+    yaml(&lines)
+}
+
+const VSWITCHES: &str = "      vSwitches: {cn-hangzhou-i: vsw-bp1a, cn-hangzhou-j: vsw-bp1b}";
+
+#[test]
+fn alibaba_section_is_read() {
+    let p = parse_ok(&alibaba_pool(&[
+        "    alibaba:",
+        "      scalingGroupId: asg-bp1spot",
+        "      onDemandScalingGroupId: asg-bp1od",
+        VSWITCHES,
+    ]));
+    assert_eq!(
+        p.pools[0].alibaba,
+        Some(AlibabaPoolSettings {
+            scaling_group_id: "asg-bp1spot".into(),
+            on_demand_scaling_group_id: Some("asg-bp1od".into()),
+            compensate_with_on_demand: false,
+            vswitches: [
+                ("cn-hangzhou-i".to_string(), "vsw-bp1a".to_string()),
+                ("cn-hangzhou-j".to_string(), "vsw-bp1b".to_string()),
+            ]
+            .into(),
+        })
+    );
+    let p = parse_ok(&alibaba_pool(&[
+        "    alibaba:",
+        "      scalingGroupId: asg-bp1spot",
+        "      compensateWithOnDemand: true",
+        VSWITCHES,
+    ]));
+    assert!(
+        p.pools[0]
+            .alibaba
+            .as_ref()
+            .unwrap()
+            .compensate_with_on_demand
+    );
+    // An on-demand-only pool: its one group is on-demand.
+    let od_only = alibaba_pool(&["    alibaba:", "      scalingGroupId: asg-bp1od", VSWITCHES])
+        .replace("[spot, on-demand]", "[on-demand]");
+    assert_eq!(
+        parse_ok(&od_only).pools[0].capacity_types,
+        [CapacityType::OnDemand]
+    );
+}
+
+#[test]
+fn alibaba_section_is_required_with_provider_alibaba() {
+    let e = parse_err(&alibaba_pool(&[]));
+    assert_eq!(
+        e.to_string(),
+        "policy.yaml:3:5: pools[0]: `provider: alibaba` needs an `alibaba` section \
+         (scalingGroupId, vSwitches)"
+    );
+}
+
+#[test]
+fn alibaba_errors_name_the_field_and_position() {
+    let cases: Vec<(Vec<&str>, (usize, usize), &str)> = vec![
+        (
+            vec!["    alibaba:", "      compensateWithOnDemand: true", VSWITCHES],
+            (8, 5),
+            "pools[0].alibaba: missing `scalingGroupId` (the ESS scaling group, asg-...)",
+        ),
+        (
+            vec![
+                "    alibaba:",
+                "      scalingGroupId: sg-1",
+                "      compensateWithOnDemand: true",
+                VSWITCHES,
+            ],
+            (9, 7),
+            "pools[0].alibaba.scalingGroupId: \"sg-1\" is not a scaling group id (asg-...)",
+        ),
+        (
+            vec![
+                "    alibaba:",
+                "      scalingGroupId: asg-1",
+                "      onDemandScalingGroupId: asg-1",
+                VSWITCHES,
+            ],
+            (10, 7),
+            "pools[0].alibaba.onDemandScalingGroupId: must differ from scalingGroupId",
+        ),
+        (
+            vec!["    alibaba:", "      scalingGroupId: asg-1", VSWITCHES],
+            (8, 5),
+            "pools[0].alibaba: `capacityTypes` include spot and on-demand: set \
+             `onDemandScalingGroupId` or `compensateWithOnDemand: true`",
+        ),
+        (
+            vec![
+                "    alibaba:",
+                "      scalingGroupId: asg-1",
+                "      compensateWithOnDemand: true",
+                "      vSwitches: {cn-hangzhou-i: vsw-a}",
+            ],
+            (11, 7),
+            "pools[0].alibaba.vSwitches: zone cn-hangzhou-j has no vSwitch in alibaba.vSwitches",
+        ),
+        (
+            vec![
+                "    alibaba:",
+                "      scalingGroupId: asg-1",
+                "      compensateWithOnDemand: true",
+                "      vSwitches: {cn-hangzhou-i: vsw-a, cn-hangzhou-j: subnet-b}",
+            ],
+            (11, 41),
+            "pools[0].alibaba.vSwitches.cn-hangzhou-j: \"subnet-b\" is not a vSwitch id (vsw-...)",
+        ),
+        (
+            vec![
+                "    alibaba:",
+                "      scalingGroupId: asg-1",
+                "      compensateWithOnDemand: true",
+                "      vSwitches: {cn-hangzhou-i: vsw-a, cn-hangzhou-j: vsw-b, cn-hangzhou-k: vsw-c}",
+            ],
+            (11, 63),
+            "pools[0].alibaba.vSwitches.cn-hangzhou-k: cn-hangzhou-k is not a zone of the pool \
+             (cn-hangzhou-i, cn-hangzhou-j)",
+        ),
+        (
+            vec![
+                "    alibaba:",
+                "      scalingGroupId: asg-1",
+                "      compensateWithOnDemand: yes please",
+                VSWITCHES,
+            ],
+            (10, 7),
+            "pools[0].alibaba.compensateWithOnDemand: invalid type: string \"yes please\", expected a boolean",
+        ),
+        (
+            vec![
+                "    alibaba:",
+                "      scalingGroupId: asg-1",
+                "      compensateWithOnDemand: true",
+                VSWITCHES,
+                "      vswitchIds: []",
+            ],
+            (12, 7),
+            "pools[0].alibaba.vswitchIds: unknown field `vswitchIds`",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (lines, at, phrase) in cases {
+        let e = parse_err(&alibaba_pool(&lines));
+        let got = positions(&e);
+        if !matches!(got.as_slice(), [(l, c, m)] if (*l, *c) == at && m.contains(phrase)) {
+            failures.push(format!(
+                "want one error at {at:?} containing {phrase:?}, got:\n{e}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn alibaba_groups_must_fit_the_capacity_types() {
+    let od_only = |extra: &str| {
+        alibaba_pool(&[
+            "    alibaba:",
+            "      scalingGroupId: asg-1",
+            extra,
+            VSWITCHES,
+        ])
+        .replace("[spot, on-demand]", "[on-demand]")
+    };
+    let e = parse_err(&od_only("      onDemandScalingGroupId: asg-2"));
+    assert!(
+        e.to_string().contains(
+            "a second, on-demand group needs `capacityTypes` with both spot and on-demand"
+        ),
+        "{e}"
+    );
+    let e = parse_err(&od_only("      compensateWithOnDemand: true"));
+    assert!(
+        e.to_string()
+            .contains("pools[0].alibaba.compensateWithOnDemand: on-demand compensation needs"),
+        "{e}"
+    );
+    // And `alibaba` only with `provider: alibaba`.
+    let text = alibaba_pool(&[
+        "    alibaba:",
+        "      scalingGroupId: asg-1",
+        "      compensateWithOnDemand: true",
+        VSWITCHES,
+    ])
+    .replace("provider: alibaba", "provider: memory");
+    assert_eq!(
+        parse_err(&text).to_string(),
+        "policy.yaml:8:5: pools[0].alibaba: `alibaba` settings need `provider: alibaba` (the \
+         pool's provider is memory)"
     );
 }

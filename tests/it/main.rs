@@ -1,5 +1,7 @@
 //! All integration tests in one binary, a module per area.
 
+#[cfg(feature = "alibaba")]
+mod alibaba;
 #[cfg(feature = "aws")]
 mod aws;
 mod cli;

@@ -9,10 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+
 use gpu_node_autoscaler_alibaba::sign;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 pub const KEY_ID: &str = "LTAI-test-id";
 pub const SECRET: &str = "test-secret";
@@ -146,14 +147,14 @@ impl Req {
     }
 }
 
-async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<Req> {
+fn read_request(sock: &mut TcpStream) -> Option<Req> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;
         }
-        match sock.read(&mut chunk).await {
+        match sock.read(&mut chunk) {
             Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
@@ -173,7 +174,7 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<Req> {
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0);
     while buf.len() < head_end + len {
-        match sock.read(&mut chunk).await {
+        match sock.read(&mut chunk) {
             Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
@@ -188,7 +189,13 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<Req> {
 }
 
 impl Fake {
+    /// Serves on a free loopback port from a thread of its own (plain blocking I/O, so that
+    /// tests of any runtime, or none, can use it).
     pub async fn start(groups: &[(&str, &[&str])]) -> Fake {
+        Fake::start_blocking(groups)
+    }
+
+    pub fn start_blocking(groups: &[(&str, &[&str])]) -> Fake {
         let mut st = FakeState {
             temporary_ttl_secs: 3600,
             activity_polls: 1,
@@ -227,17 +234,17 @@ impl Fake {
             }
         }
         let state = Arc::new(Mutex::new(st));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let shared = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut sock, _)) = listener.accept().await else {
+        std::thread::spawn(move || {
+            for sock in listener.incoming() {
+                let Ok(mut sock) = sock else {
                     return;
                 };
                 let shared = shared.clone();
-                tokio::spawn(async move {
-                    let Some(req) = read_request(&mut sock).await else {
+                std::thread::spawn(move || {
+                    let Some(req) = read_request(&mut sock) else {
                         return;
                     };
                     let (status, body) = route(&shared, &req);
@@ -246,8 +253,8 @@ impl Fake {
                         "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json;charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                         body.len()
                     );
-                    let _ = sock.write_all(resp.as_bytes()).await;
-                    let _ = sock.shutdown().await;
+                    let _ = sock.write_all(resp.as_bytes());
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
                 });
             }
         });

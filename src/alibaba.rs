@@ -1,0 +1,98 @@
+//! The Alibaba Cloud provider's configuration from the scaling policy (behind the `alibaba`
+//! feature).
+
+use std::collections::BTreeMap;
+
+use gpu_node_autoscaler_alibaba::{
+    AlibabaConfig, AlibabaPool, AlibabaProvider, ChainOverrides, CredentialSource,
+};
+use gpu_node_autoscaler_provider::{CapacityType, Catalog};
+
+use crate::plan::templates::pool_instance_types;
+use crate::policy::Policy;
+
+/// Pools with `provider: alibaba` become provider pools: their `alibaba` section (scaling groups,
+/// vSwitches), their instance types (listed, or resolved from `catalog` by their requirements)
+/// and on-demand prices (the pool's `prices`, else the catalog's list price: the price file).
+/// `endpoint_url` replaces the ESS, ECS and VPC endpoints (an emulator). Errors name the pool
+/// and field.
+pub fn config_from_policy(
+    policy: &Policy,
+    catalog: &Catalog,
+    region: &str,
+    endpoint_url: Option<String>,
+) -> Result<AlibabaConfig, Vec<String>> {
+    let mut config = AlibabaConfig::new(region);
+    config.ess_endpoint = endpoint_url.clone();
+    config.ecs_endpoint = endpoint_url.clone();
+    config.vpc_endpoint = endpoint_url;
+    let mut errors = Vec::new();
+    for pool in policy.pools.iter().filter(|p| p.provider == "alibaba") {
+        let Some(ali) = &pool.alibaba else {
+            errors.push(format!(
+                "pool {}: alibaba: missing (scalingGroupId and vSwitches are needed to launch)",
+                pool.name
+            ));
+            continue;
+        };
+        let types: Vec<String> = match (&pool.instance_types, pool_instance_types(pool, catalog)) {
+            (Some(listed), _) => listed.clone(),
+            (None, Ok(found)) => found.into_iter().map(|t| t.name.clone()).collect(),
+            (None, Err(e)) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        let mut prices = BTreeMap::new();
+        for t in &types {
+            let price = pool
+                .prices
+                .get(t)
+                .and_then(|p| p.on_demand)
+                .or_else(|| catalog.instance_type(t).and_then(|i| i.on_demand_price));
+            match price {
+                Some(p) => {
+                    prices.insert(t.clone(), p);
+                }
+                None => errors.push(format!(
+                    "pool {}: prices.{t}.onDemand: no on-demand price for {t} (the ECS API has \
+                     none: set it in the pool's prices or give a --catalog price file with it)",
+                    pool.name
+                )),
+            }
+        }
+        // The policy checked that the groups fit the capacity types: with spot among them,
+        // `scalingGroupId` is the spot group.
+        let spot = pool.capacity_types.contains(&CapacityType::Spot);
+        config.pools.push(AlibabaPool {
+            name: pool.name.clone(),
+            scaling_group: ali.scaling_group_id.clone(),
+            capacity_type: if spot {
+                CapacityType::Spot
+            } else {
+                CapacityType::OnDemand
+            },
+            compensate_with_on_demand: ali.compensate_with_on_demand,
+            on_demand_group: ali.on_demand_scaling_group_id.clone(),
+            instance_types: types,
+            vswitches: ali.vswitches.clone(),
+            on_demand_prices: prices,
+        });
+    }
+    errors.extend(config.problems());
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Checks the policy's Alibaba Cloud pools against the account (scaling groups and their
+/// vSwitches, vSwitch zones, instance types offered per zone), with credentials from the chain
+/// (environment, RRSA/OIDC, ECS instance RAM role). Returns every problem found.
+pub fn check_against_account(config: AlibabaConfig) -> Result<Vec<String>, String> {
+    let source = CredentialSource::from_env(&ChainOverrides::default())?;
+    AlibabaProvider::new(config, source)
+        .map_err(|e| e.to_string())?
+        .validate_blocking()
+}
