@@ -1,0 +1,353 @@
+//! The EC2 bridge against a real `moto_server`: instances become Nodes, GPUs appear after the
+//! device-plugin delay, terminated instances take their Nodes (and pods) with them.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_ec2::types::{
+    InstanceMarketOptionsRequest, InstanceType, MarketType, Placement, ResourceType, Tag,
+    TagSpecification,
+};
+use aws_sdk_ec2::Client;
+use common::{eventually, get, post, start_with, Watch};
+use serde_json::{json, Value};
+
+/// The moto version `scripts/test.sh` installs.
+const MOTO_VERSION: &str = "5.1.22";
+const REGION: &str = "us-east-1";
+const CLUSTER: &str = "kube-sim-test";
+
+/// A running `moto_server`, killed when dropped.
+struct Moto {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Moto {
+    /// Starts moto on a free loopback port and waits until it answers. Panics — the test fails,
+    /// it is not skipped — when moto is not installed.
+    fn start() -> Moto {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = std::env::temp_dir().join(format!("kube-sim-moto-{port}.log"));
+        let installed = Command::new("python3")
+            .args(["-c", "import moto.server"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        let (program, pre): (&str, &[&str]) = if installed {
+            ("python3", &["-m", "moto.server"])
+        } else {
+            ("moto_server", &[])
+        };
+        let child = Command::new(program)
+            .args(pre)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start moto_server ({e}): install it with \
+                     `python3 -m pip install 'moto[server]=={MOTO_VERSION}'` (scripts/test.sh does)"
+                )
+            });
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut moto = Moto { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("moto_server exited ({status}) before answering:\n{text}");
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return moto;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "moto_server did not answer within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn ec2(url: &str) -> Client {
+    let sdk = aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new(REGION))
+        .endpoint_url(url)
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+            "testing", "testing", None, None, "test",
+        ))
+        .load()
+        .await;
+    Client::new(&sdk)
+}
+
+/// Launches one instance with `tags` in us-east-1b; returns its id.
+async fn launch(client: &Client, instance_type: &str, spot: bool, tags: &[(&str, &str)]) -> String {
+    let images = client
+        .describe_images()
+        .owners("amazon")
+        .send()
+        .await
+        .expect("DescribeImages");
+    let ami = images
+        .images()
+        .iter()
+        .find_map(|i| i.image_id())
+        .expect("moto ships AMIs");
+    let tag_list: Vec<Tag> = tags
+        .iter()
+        .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
+        .collect();
+    let mut req = client
+        .run_instances()
+        .image_id(ami)
+        .instance_type(InstanceType::from(instance_type))
+        .min_count(1)
+        .max_count(1)
+        .placement(Placement::builder().availability_zone("us-east-1b").build())
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Instance)
+                .set_tags(Some(tag_list))
+                .build(),
+        );
+    if spot {
+        req = req.instance_market_options(
+            InstanceMarketOptionsRequest::builder()
+                .market_type(MarketType::Spot)
+                .build(),
+        );
+    }
+    let out = req.send().await.expect("RunInstances");
+    out.instances()[0].instance_id().unwrap().to_string()
+}
+
+fn node_names(a: SocketAddr) -> Vec<String> {
+    let (c, list) = get(a, "/api/v1/nodes");
+    assert_eq!(c, 200);
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The next node event of `kind` from `w` (skipping others), within the watch's read timeout.
+fn next_node_event(w: &mut Watch, kind: &str) -> Value {
+    loop {
+        let ev = w.next().expect("the node watch is open");
+        if ev["type"] == kind {
+            return ev["object"].clone();
+        }
+    }
+}
+
+#[test]
+fn instances_become_nodes_with_labels_taints_and_late_gpus_and_leave_with_them() {
+    let moto = Moto::start();
+    let rt = runtime();
+    let client = rt.block_on(ec2(&moto.url()));
+    let a = start_with(kube_sim::Config {
+        ec2: Some(kube_sim::Ec2Config {
+            boot_delay: Duration::from_millis(300),
+            device_plugin_delay: Duration::from_millis(700),
+            poll: Duration::from_millis(200),
+            ..kube_sim::Ec2Config::new(&moto.url(), REGION, CLUSTER)
+        }),
+        pod_start_delay: Duration::from_millis(100),
+        ..kube_sim::Config::default()
+    });
+    let mut nodes = Watch::open(a, "/api/v1/nodes?watch=1");
+
+    // Another cluster's instance never becomes a Node.
+    rt.block_on(launch(
+        &client,
+        "g5.xlarge",
+        false,
+        &[("gpu-node-autoscaler.io/cluster", "someone-else")],
+    ));
+    let id = rt.block_on(launch(
+        &client,
+        "g5.xlarge",
+        true,
+        &[
+            ("gpu-node-autoscaler.io/cluster", CLUSTER),
+            ("gpu-node-autoscaler.io/pool", "gpu"),
+            ("gpu-node-autoscaler.io/launch-id", "launch-1"),
+            (
+                "k8s.io/cluster-autoscaler/node-template/label/workload",
+                "training",
+            ),
+            (
+                "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu",
+                "present:NoSchedule",
+            ),
+        ],
+    ));
+
+    let node = next_node_event(&mut nodes, "ADDED");
+    let name = node["metadata"]["name"].as_str().unwrap().to_string();
+    let described = rt
+        .block_on(client.describe_instances().instance_ids(&id).send())
+        .unwrap();
+    let inst = &described.reservations()[0].instances()[0];
+    assert_eq!(Some(name.as_str()), inst.private_dns_name());
+    assert_eq!(
+        node["spec"]["providerID"],
+        format!("aws:///us-east-1b/{id}")
+    );
+    let labels = &node["metadata"]["labels"];
+    for (k, v) in [
+        ("node.kubernetes.io/instance-type", "g5.xlarge"),
+        ("topology.kubernetes.io/zone", "us-east-1b"),
+        ("topology.kubernetes.io/region", "us-east-1"),
+        ("kubernetes.io/hostname", name.as_str()),
+        ("kubernetes.io/arch", "amd64"),
+        ("kubernetes.io/os", "linux"),
+        ("gpu-node-autoscaler.io/pool", "gpu"),
+        ("gpu-node-autoscaler.io/launch-id", "launch-1"),
+        ("nvidia.com/gpu.product", "NVIDIA-A10G"),
+        ("workload", "training"),
+    ] {
+        assert_eq!(labels[k], v, "label {k}: {labels}");
+    }
+    // moto reports the spot market request as the instance's lifecycle.
+    assert_eq!(
+        inst.instance_lifecycle(),
+        Some(&aws_sdk_ec2::types::InstanceLifecycleType::Spot)
+    );
+    let lifecycle = "spot";
+    assert_eq!(labels["karpenter.sh/capacity-type"], lifecycle);
+    assert_eq!(labels["gpu-node-autoscaler.io/capacity-type"], lifecycle);
+    assert_eq!(
+        node["spec"]["taints"],
+        json!([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    );
+    let st = &node["status"];
+    assert_eq!(st["capacity"]["cpu"], "4");
+    assert_eq!(st["capacity"]["memory"], "16384Mi");
+    assert_eq!(st["allocatable"]["pods"], "110");
+    assert!(
+        st["allocatable"].get("nvidia.com/gpu").is_none(),
+        "no GPUs before the device plugin starts: {st}"
+    );
+    assert!(st["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True"));
+
+    // The device plugin advertises the GPU.
+    let with_gpus = loop {
+        let n = next_node_event(&mut nodes, "MODIFIED");
+        if n["status"]["allocatable"].get("nvidia.com/gpu").is_some() {
+            break n;
+        }
+    };
+    assert_eq!(with_gpus["status"]["allocatable"]["nvidia.com/gpu"], "1");
+    assert_eq!(with_gpus["status"]["capacity"]["nvidia.com/gpu"], "1");
+
+    // A GPU pod tolerating the taint runs there.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train"},
+        "spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+    assert_eq!(post(a, "/api/v1/namespaces/default/pods", &pod).0, 201);
+    eventually(30, "the pod to run on the new node", || {
+        let (_, p) = get(a, "/api/v1/namespaces/default/pods/train");
+        (p["status"]["phase"] == "Running" && p["spec"]["nodeName"] == name.as_str()).then_some(())
+    });
+
+    // Terminating the instance removes the Node and the pods bound to it.
+    rt.block_on(client.terminate_instances().instance_ids(&id).send())
+        .expect("TerminateInstances");
+    let gone = next_node_event(&mut nodes, "DELETED");
+    assert_eq!(gone["metadata"]["name"], name.as_str());
+    eventually(30, "the pod to be deleted", || {
+        (get(a, "/api/v1/namespaces/default/pods/train").0 == 404).then_some(())
+    });
+    assert!(
+        node_names(a).is_empty(),
+        "the other cluster's instance has no Node: {:?}",
+        node_names(a)
+    );
+}
+
+#[test]
+fn a_node_deleted_by_a_client_is_not_registered_again() {
+    let moto = Moto::start();
+    let rt = runtime();
+    let client = rt.block_on(ec2(&moto.url()));
+    let a = start_with(kube_sim::Config {
+        ec2: Some(kube_sim::Ec2Config {
+            boot_delay: Duration::ZERO,
+            device_plugin_delay: Duration::ZERO,
+            poll: Duration::from_millis(100),
+            ..kube_sim::Ec2Config::new(&moto.url(), REGION, CLUSTER)
+        }),
+        ..kube_sim::Config::api_only()
+    });
+    rt.block_on(launch(
+        &client,
+        "g4ad.xlarge",
+        false,
+        &[("gpu-node-autoscaler.io/cluster", CLUSTER)],
+    ));
+    let name = eventually(30, "the node", || node_names(a).pop());
+    let (_, node) = get(a, &format!("/api/v1/nodes/{name}"));
+    assert_eq!(
+        node["metadata"]["labels"]["karpenter.sh/capacity-type"],
+        "on-demand"
+    );
+    // No device-plugin delay: AMD GPUs at once; no pool tag, no pool label.
+    assert_eq!(node["status"]["allocatable"]["amd.com/gpu"], "1");
+    assert!(node["metadata"]["labels"]
+        .get("gpu-node-autoscaler.io/pool")
+        .is_none());
+    assert!(node["metadata"]["labels"]
+        .get("nvidia.com/gpu.product")
+        .is_none());
+
+    let (c, _) = common::request(a, "DELETE", &format!("/api/v1/nodes/{name}"), "", "");
+    assert_eq!(c, 200);
+    // A second instance registering proves the bridge polled after the deletion; the first
+    // Node did not come back.
+    rt.block_on(launch(
+        &client,
+        "g5.xlarge",
+        false,
+        &[("gpu-node-autoscaler.io/cluster", CLUSTER)],
+    ));
+    let second = eventually(30, "the second node", || node_names(a).pop());
+    assert_ne!(second, name);
+    assert_eq!(node_names(a), [second]);
+}
