@@ -310,7 +310,8 @@ struct Controller {
     recent: HashMap<String, (Instance, Time)>,
     /// Launch ids given up (never registered in time): a re-plan uses a new id.
     given_up: HashSet<String>,
-    drains: HashMap<String, tokio::task::JoinHandle<DrainOutcome>>,
+    /// Running drains: node → (pool, task).
+    drains: HashMap<String, (String, tokio::task::JoinHandle<DrainOutcome>)>,
     /// The last NotTriggerScaleUp reason sent per pod.
     notified: HashMap<String, String>,
     /// Pods whose reaction time was recorded.
@@ -372,21 +373,14 @@ impl Controller {
         let done: Vec<String> = self
             .drains
             .iter()
-            .filter(|(_, h)| h.is_finished())
+            .filter(|(_, (_, h))| h.is_finished())
             .map(|(n, _)| n.clone())
             .collect();
         for node in done {
-            let Some(h) = self.drains.remove(&node) else {
+            let Some((pool, h)) = self.drains.remove(&node) else {
                 continue;
             };
-            let pool = self
-                .state
-                .lock()
-                .unwrap()
-                .nodes
-                .items
-                .get(&node)
-                .and_then(|n| n.pool().map(str::to_string));
+            let pool = Some(pool).filter(|p| !p.is_empty());
             let outcome = futures::FutureExt::now_or_never(h)
                 .and_then(|r| r.ok())
                 .unwrap_or(DrainOutcome::Failed(
@@ -893,8 +887,9 @@ impl Controller {
             reason,
         };
         let ctx = self.drain_ctx.clone();
+        let pool = job.pool.clone();
         self.drains
-            .insert(n.name.clone(), tokio::spawn(drain::drain(ctx, job)));
+            .insert(n.name.clone(), (pool, tokio::spawn(drain::drain(ctx, job))));
     }
 
     async fn scale_down(&mut self, plan: &Plan, policy: &Policy, view: &FleetView, now: Time) {
