@@ -96,3 +96,84 @@ pub fn check_against_account(config: AlibabaConfig) -> Result<Vec<String>, Strin
         .map_err(|e| e.to_string())?
         .validate_blocking()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{offerings_from_list_prices, parse_csv};
+    use crate::policy::parse_policy;
+
+    const POLICY: &str = "region: cn-hangzhou
+zones: [cn-hangzhou-i]
+pools:
+  - name: spot
+    provider: alibaba
+    instanceTypes: [ecs.gn7i-c8g1.2xlarge, ecs.gn6i-c4g1.xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 4
+    prices: {ecs.gn7i-c8g1.2xlarge: {onDemand: 2.5}}
+    alibaba:
+      scalingGroupId: asg-spot
+      onDemandScalingGroupId: asg-od
+      vSwitches: {cn-hangzhou-i: vsw-1}
+  - name: od
+    provider: alibaba
+    instanceTypes: [ecs.gn6i-c4g1.xlarge]
+    maxNodes: 2
+    alibaba: {scalingGroupId: asg-od2, vSwitches: {cn-hangzhou-i: vsw-1}}
+  - name: elsewhere
+    provider: memory
+    instanceTypes: [ecs.gn6i-c4g1.xlarge]
+    maxNodes: 1
+";
+
+    /// The price file: a catalog CSV.
+    const PRICES: &str =
+        "instance_type,gpu_model,gpu_count,gpu_memory_mib,vcpu,memory_mib,on_demand_usd_per_hour
+ecs.gn7i-c8g1.2xlarge,A10,1,24576,8,30720,1.9
+ecs.gn6i-c4g1.xlarge,T4,1,16384,4,15360,1.2
+";
+
+    #[test]
+    fn pools_map_onto_groups_with_prices_from_the_policy_then_the_price_file() {
+        let policy = parse_policy(POLICY, "policy.yaml").unwrap();
+        let catalog = offerings_from_list_prices(&policy, parse_csv(PRICES, "prices.csv").unwrap());
+        let c =
+            config_from_policy(&policy, &catalog, "cn-hangzhou", Some("http://x".into())).unwrap();
+        assert_eq!(c.ess_endpoint.as_deref(), Some("http://x"));
+        assert_eq!(c.vpc_endpoint.as_deref(), Some("http://x"));
+        assert_eq!(c.pools.len(), 2, "only the alibaba pools");
+        let spot = &c.pools[0];
+        assert_eq!(
+            (spot.scaling_group.as_str(), spot.capacity_type),
+            ("asg-spot", CapacityType::Spot)
+        );
+        assert_eq!(spot.on_demand_group.as_deref(), Some("asg-od"));
+        // The policy's price wins over the price file's.
+        assert_eq!(spot.on_demand_prices["ecs.gn7i-c8g1.2xlarge"], 2.5);
+        assert_eq!(spot.on_demand_prices["ecs.gn6i-c4g1.xlarge"], 1.2);
+        let od = &c.pools[1];
+        assert_eq!(
+            (od.scaling_group.as_str(), od.capacity_type),
+            ("asg-od2", CapacityType::OnDemand)
+        );
+        assert_eq!(od.vswitches["cn-hangzhou-i"], "vsw-1");
+    }
+
+    #[test]
+    fn types_without_a_price_are_named() {
+        let policy = parse_policy(POLICY, "policy.yaml").unwrap();
+        let e = config_from_policy(&policy, &Catalog::default(), "cn-hangzhou", None).unwrap_err();
+        assert_eq!(
+            e,
+            [
+                "pool spot: prices.ecs.gn6i-c4g1.xlarge.onDemand: no on-demand price for \
+                 ecs.gn6i-c4g1.xlarge (the ECS API has none: set it in the pool's prices or give \
+                 a --catalog price file with it)",
+                "pool od: prices.ecs.gn6i-c4g1.xlarge.onDemand: no on-demand price for \
+                 ecs.gn6i-c4g1.xlarge (the ECS API has none: set it in the pool's prices or give \
+                 a --catalog price file with it)",
+            ]
+        );
+    }
+}
