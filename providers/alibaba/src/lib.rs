@@ -78,6 +78,14 @@ impl AlibabaPool {
             || self.compensate_with_on_demand
     }
 
+    /// Whether the pool can get instances of this capacity type.
+    pub fn buys(&self, ct: CapacityType) -> bool {
+        match ct {
+            CapacityType::Spot => self.buys_spot(),
+            CapacityType::OnDemand => self.buys_on_demand(),
+        }
+    }
+
     /// The pool's groups with what they buy and the policy field naming them.
     pub fn groups(&self) -> Vec<(&str, CapacityType, &'static str)> {
         let mut g = vec![(
@@ -648,6 +656,18 @@ impl AlibabaProvider {
         }
     }
 
+    /// A `Describe*` call at the describe rate, its error as a [`ProviderError`].
+    async fn describe(
+        &self,
+        api: Api,
+        action: &'static str,
+        params: &[(String, String)],
+    ) -> Result<Value, ProviderError> {
+        self.call(api, action, &self.limits.describe, params)
+            .await
+            .map_err(ApiError::into_provider_error)
+    }
+
     /// `DescribeScalingInstances` of a group, all pages, optionally of one activity / instance.
     async fn scaling_instances(
         &self,
@@ -815,14 +835,8 @@ impl AlibabaProvider {
                 ("PageSize".to_string(), "50".to_string()),
             ];
             let v = self
-                .call(
-                    Api::Ess,
-                    "DescribeScalingActivities",
-                    &self.limits.describe,
-                    &p,
-                )
-                .await
-                .map_err(ApiError::into_provider_error)?;
+                .describe(Api::Ess, "DescribeScalingActivities", &p)
+                .await?;
             let items = list_of(&v, "ScalingActivities", "ScalingActivity");
             let mut older = false;
             for a in &items {
@@ -1016,14 +1030,8 @@ impl AlibabaProvider {
             ("ResourceType".to_string(), "instance".to_string()),
         ];
         let v = self
-            .call(
-                Api::Ecs,
-                "DescribeAvailableResource",
-                &self.limits.describe,
-                &p,
-            )
-            .await
-            .map_err(ApiError::into_provider_error)?;
+            .describe(Api::Ecs, "DescribeAvailableResource", &p)
+            .await?;
         let mut out = BTreeMap::new();
         for z in list_of(&v, "AvailableZones", "AvailableZone") {
             if str_of(z, "ZoneId") != zone {
@@ -1052,11 +1060,8 @@ impl AlibabaProvider {
         let mut wanted = BTreeSet::new();
         for p in &self.config.pools {
             for zone in p.vswitches.keys() {
-                if p.buys_spot() {
-                    wanted.insert((zone.clone(), CapacityType::Spot));
-                }
-                if p.buys_on_demand() {
-                    wanted.insert((zone.clone(), CapacityType::OnDemand));
+                for ct in CapacityType::ALL.into_iter().filter(|ct| p.buys(*ct)) {
+                    wanted.insert((zone.clone(), ct));
                 }
             }
         }
@@ -1088,10 +1093,7 @@ impl AlibabaProvider {
             for (i, g) in chunk.iter().enumerate() {
                 p.push((format!("ScalingGroupId.{}", i + 1), g.clone()));
             }
-            let v = self
-                .call(Api::Ess, "DescribeScalingGroups", &self.limits.describe, &p)
-                .await
-                .map_err(ApiError::into_provider_error)?;
+            let v = self.describe(Api::Ess, "DescribeScalingGroups", &p).await?;
             for g in list_of(&v, "ScalingGroups", "ScalingGroup") {
                 found.insert(str_of(g, "ScalingGroupId").to_string(), g.clone());
             }
@@ -1159,10 +1161,7 @@ impl AlibabaProvider {
                     ("VSwitchId".to_string(), vsw.clone()),
                     ("PageSize".to_string(), "50".to_string()),
                 ];
-                let v = self
-                    .call(Api::Vpc, "DescribeVSwitches", &self.limits.describe, &p)
-                    .await
-                    .map_err(ApiError::into_provider_error)?;
+                let v = self.describe(Api::Vpc, "DescribeVSwitches", &p).await?;
                 let at = list_of(&v, "VSwitches", "VSwitch")
                     .into_iter()
                     .find(|s| str_of(s, "VSwitchId") == vsw)
@@ -1190,11 +1189,7 @@ impl AlibabaProvider {
                         let Some(types) = stock.get(&(zone.clone(), ct)) else {
                             continue;
                         };
-                        let buys = match ct {
-                            CapacityType::Spot => pool.buys_spot(),
-                            CapacityType::OnDemand => pool.buys_on_demand(),
-                        };
-                        if buys && !types.contains_key(t) {
+                        if pool.buys(ct) && !types.contains_key(t) {
                             problems.push(format!(
                                 "pool {}: instanceTypes: {t} is not offered in zone {zone} ({ct})",
                                 pool.name
@@ -1220,14 +1215,8 @@ impl AlibabaProvider {
                 ("OSType".to_string(), "linux".to_string()),
             ];
             let v = self
-                .call(
-                    Api::Ecs,
-                    "DescribeSpotPriceHistory",
-                    &self.limits.describe,
-                    &p,
-                )
-                .await
-                .map_err(ApiError::into_provider_error)?;
+                .describe(Api::Ecs, "DescribeSpotPriceHistory", &p)
+                .await?;
             for s in list_of(&v, "SpotPrices", "SpotPriceType") {
                 let (zone, ts) = (str_of(s, "ZoneId"), str_of(s, "Timestamp"));
                 let Some(price) = num_of(s, "SpotPrice") else {
@@ -1290,10 +1279,7 @@ impl CloudProvider for AlibabaProvider {
                 if !token.is_empty() {
                     p.push(("NextToken".to_string(), token.clone()));
                 }
-                let v = self
-                    .call(Api::Ecs, "DescribeInstanceTypes", &self.limits.describe, &p)
-                    .await
-                    .map_err(ApiError::into_provider_error)?;
+                let v = self.describe(Api::Ecs, "DescribeInstanceTypes", &p).await?;
                 for t in list_of(&v, "InstanceTypes", "InstanceType") {
                     let name = str_of(t, "InstanceTypeId").to_string();
                     let gpus = num_of(t, "GPUAmount").unwrap_or(0.0) as u32;
@@ -1349,15 +1335,11 @@ impl CloudProvider for AlibabaProvider {
                 let od = p.on_demand_prices[t];
                 for zone in p.vswitches.keys() {
                     for ct in CapacityType::ALL {
-                        let buys = match ct {
-                            CapacityType::Spot => p.buys_spot(),
-                            CapacityType::OnDemand => p.buys_on_demand(),
-                        };
                         // Only what ECS offers in the zone exists; its stock says if available.
                         let Some(available) = stock
                             .get(&(zone.clone(), ct))
                             .and_then(|types| types.get(t))
-                            .filter(|_| buys)
+                            .filter(|_| p.buys(ct))
                         else {
                             continue;
                         };

@@ -38,10 +38,7 @@ fn pool(on_demand_group: bool) -> AlibabaPool {
 
 async fn setup(on_demand_group: bool, page_size: u32) -> (Fake, AlibabaProvider) {
     let fake = Fake::start(&[("asg-spot", &ZONES), ("asg-od", &ZONES)]).await;
-    let mut config = AlibabaConfig::new("cn-hangzhou");
-    config.ess_endpoint = Some(fake.url.clone());
-    config.ecs_endpoint = Some(fake.url.clone());
-    config.vpc_endpoint = Some(fake.url.clone());
+    let mut config = config_for(&fake);
     config.pools.push(pool(on_demand_group));
     config.retry = RetryPolicy {
         max_attempts: 3,
@@ -58,6 +55,15 @@ async fn setup(on_demand_group: bool, page_size: u32) -> (Fake, AlibabaProvider)
     config.page_size = page_size;
     let provider = AlibabaProvider::new(config, creds()).unwrap();
     (fake, provider)
+}
+
+/// A configuration whose ESS, ECS and VPC endpoints are the fake.
+fn config_for(fake: &Fake) -> AlibabaConfig {
+    let mut config = AlibabaConfig::new("cn-hangzhou");
+    config.ess_endpoint = Some(fake.url.clone());
+    config.ecs_endpoint = Some(fake.url.clone());
+    config.vpc_endpoint = Some(fake.url.clone());
+    config
 }
 
 fn creds() -> Credentials {
@@ -157,9 +163,7 @@ async fn catalog_has_shapes_spot_and_on_demand_prices() {
 #[tokio::test]
 async fn an_on_demand_only_pool_has_no_spot_offerings_and_asks_no_spot_prices() {
     let fake = Fake::start(&[("asg-od", &ZONES)]).await;
-    let mut config = AlibabaConfig::new("cn-hangzhou");
-    config.ess_endpoint = Some(fake.url.clone());
-    config.ecs_endpoint = Some(fake.url.clone());
+    let mut config = config_for(&fake);
     let mut p = pool(false);
     p.scaling_group = "asg-od".into();
     p.capacity_type = CapacityType::OnDemand;
@@ -187,9 +191,7 @@ async fn an_on_demand_only_pool_has_no_spot_offerings_and_asks_no_spot_prices() 
 #[tokio::test]
 async fn catalog_names_types_without_on_demand_price() {
     let fake = Fake::start(&[("asg-spot", &ZONES)]).await;
-    let mut config = AlibabaConfig::new("cn-hangzhou");
-    config.ess_endpoint = Some(fake.url.clone());
-    config.ecs_endpoint = Some(fake.url.clone());
+    let mut config = config_for(&fake);
     let mut p = pool(false);
     p.on_demand_prices.remove(T4);
     config.pools.push(p);
@@ -402,9 +404,7 @@ async fn list_reads_every_page() {
 #[tokio::test]
 async fn a_wrong_secret_is_refused_by_the_fake() {
     let (fake, _) = setup(true, 50).await;
-    let mut config = AlibabaConfig::new("cn-hangzhou");
-    config.ess_endpoint = Some(fake.url.clone());
-    config.ecs_endpoint = Some(fake.url.clone());
+    let mut config = config_for(&fake);
     config.pools.push(pool(true));
     let bad = AlibabaProvider::new(config, Credentials::new(KEY_ID, "wrong")).unwrap();
     let e = bad.list("gpu").await.unwrap_err();
@@ -463,9 +463,7 @@ async fn a_group_busy_with_someone_elses_activity_is_waited_for_within_bounds() 
 async fn a_repeat_while_the_first_activity_runs_follows_it_instead_of_scaling_again() {
     let (fake, p) = setup(true, 50).await;
     fake.with(|s| s.activity_polls = 100);
-    let mut quick = AlibabaConfig::new("cn-hangzhou");
-    quick.ess_endpoint = Some(fake.url.clone());
-    quick.ecs_endpoint = Some(fake.url.clone());
+    let mut quick = config_for(&fake);
     quick.pools.push(pool(true));
     quick.activity_poll_interval = Duration::from_millis(1);
     quick.activity_timeout = Duration::from_millis(20);

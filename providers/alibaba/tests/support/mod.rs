@@ -438,6 +438,16 @@ fn sts(st: &mut FakeState, req: &Req, query: &BTreeMap<String, String>) -> (u16,
     }))
 }
 
+/// `PageNumber` (default 1) and `PageSize` (default 10, at most 50) of a listing.
+fn paging(st: &mut FakeState, own: &BTreeMap<String, String>) -> (usize, usize) {
+    let get = |k: &str, default: usize| own.get(k).and_then(|p| p.parse().ok()).unwrap_or(default);
+    let (page, size) = (get("PageNumber", 1).max(1), get("PageSize", 10));
+    if size > 50 {
+        st.violations.push(format!("PageSize {size}"));
+    }
+    (page, size)
+}
+
 fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, String) {
     let Some(signature) = params.remove("Signature") else {
         st.violations.push("no Signature".into());
@@ -654,17 +664,7 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
                 .filter(|(k, _)| k.starts_with("ScalingActivityId."))
                 .map(|(_, v)| v)
                 .collect();
-            let page: usize = own
-                .get("PageNumber")
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(1);
-            let size: usize = own
-                .get("PageSize")
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(10);
-            if size > 50 {
-                st.violations.push(format!("PageSize {size}"));
-            }
+            let (page, size) = paging(st, &own);
             // Newest first.
             let ids: Vec<String> = st
                 .activities
@@ -707,17 +707,7 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
             }))
         }
         "DescribeScalingInstances" => {
-            let page: usize = own
-                .get("PageNumber")
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(1);
-            let size: usize = own
-                .get("PageSize")
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(10);
-            if size > 50 {
-                st.violations.push(format!("PageSize {size}"));
-            }
+            let (page, size) = paging(st, &own);
             let ids: BTreeSet<&String> = own
                 .iter()
                 .filter(|(k, _)| k.starts_with("InstanceIds."))
