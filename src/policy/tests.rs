@@ -37,6 +37,25 @@ fn positions(e: &PolicyErrors) -> Vec<(usize, usize, &str)> {
         .collect()
 }
 
+/// Each case's lines, put into a policy by `policy`, give exactly one error, at `(line, col)`,
+/// containing the phrase.
+fn assert_one_error_each(
+    cases: Vec<(Vec<&str>, (usize, usize), &str)>,
+    policy: fn(&[&str]) -> String,
+) {
+    let mut failures = Vec::new();
+    for (lines, at, phrase) in cases {
+        let e = parse_err(&policy(&lines));
+        let got = positions(&e);
+        if !matches!(got.as_slice(), [(l, c, m)] if (*l, *c) == at && m.contains(phrase)) {
+            failures.push(format!(
+                "want one error at {at:?} containing {phrase:?}, got:\n{e}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 fn mins(m: u64) -> Duration {
     Duration::from_secs(60 * m)
 }
@@ -1297,17 +1316,7 @@ fn aws_errors_name_the_field_and_position() {
             "pools[0].aws.subnetIds: unknown field `subnetIds`",
         ),
     ];
-    let mut failures = Vec::new();
-    for (lines, at, phrase) in cases {
-        let e = parse_err(&aws_pool(&lines));
-        let got = positions(&e);
-        if !matches!(got.as_slice(), [(l, c, m)] if (*l, *c) == at && m.contains(phrase)) {
-            failures.push(format!(
-                "want one error at {at:?} containing {phrase:?}, got:\n{e}"
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_one_error_each(cases, aws_pool);
 }
 
 #[test]
@@ -1486,17 +1495,7 @@ fn alibaba_errors_name_the_field_and_position() {
             "pools[0].alibaba.vswitchIds: unknown field `vswitchIds`",
         ),
     ];
-    let mut failures = Vec::new();
-    for (lines, at, phrase) in cases {
-        let e = parse_err(&alibaba_pool(&lines));
-        let got = positions(&e);
-        if !matches!(got.as_slice(), [(l, c, m)] if (*l, *c) == at && m.contains(phrase)) {
-            failures.push(format!(
-                "want one error at {at:?} containing {phrase:?}, got:\n{e}"
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_one_error_each(cases, alibaba_pool);
 }
 
 #[test]
