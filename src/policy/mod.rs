@@ -642,6 +642,30 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
             }
         }
     }
+    // A scaling group belongs to one pool: ESS would mix their nodes.
+    let mut groups: BTreeMap<&str, &str> = BTreeMap::new();
+    for (i, pool) in pools.iter().enumerate() {
+        let Some(a) = &pool.alibaba else { continue };
+        let ids = [
+            ("scalingGroupId", Some(&a.scaling_group_id)),
+            (
+                "onDemandScalingGroupId",
+                a.on_demand_scaling_group_id.as_ref(),
+            ),
+        ];
+        for (field, id) in ids {
+            let Some(id) = id else { continue };
+            if let Some(other) = groups.insert(id, &pool.name) {
+                c.at(
+                    &pool_path(
+                        pool_index(&raw.pools, &pool.name).unwrap_or(i),
+                        &["alibaba", field],
+                    ),
+                    format!("scaling group {id} is already used by pool {other}"),
+                );
+            }
+        }
+    }
     Policy {
         cluster_name: raw.cluster_name.unwrap_or_else(|| "default".to_string()),
         region: raw.region,
@@ -664,6 +688,14 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
         spot_price_ratio,
         pools,
     }
+}
+
+/// The position in the `pools` list of the pool named `name`.
+fn pool_index(pools: &serde_yaml::Value, name: &str) -> Option<usize> {
+    pools
+        .as_sequence()?
+        .iter()
+        .position(|p| p.get("name").and_then(|v| v.as_str()) == Some(name))
 }
 
 fn check_zones(zones: &[String], path: &[PathSeg], c: &mut Collector) {

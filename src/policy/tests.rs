@@ -1536,3 +1536,30 @@ fn alibaba_groups_must_fit_the_capacity_types() {
          pool's provider is memory)"
     );
 }
+
+#[test]
+fn a_scaling_group_belongs_to_one_pool() {
+    let text = yaml(&[
+        "zones: [z1]",                                                  // 1
+        "pools:",                                                       // 2
+        "  - name: a",                                                  // 3
+        "    provider: alibaba",                                        // 4
+        "    instanceTypes: [t]",                                       // 5
+        "    maxNodes: 1",                                              // 6
+        "    alibaba: {scalingGroupId: asg-1, vSwitches: {z1: vsw-1}}", // 7
+        "  - name: b",                                                  // 8
+        "    provider: alibaba",                                        // 9
+        "    instanceTypes: [t]",                                       // 10
+        "    capacityTypes: [spot, on-demand]",                         // 11
+        "    maxNodes: 1",                                              // 12
+        "    alibaba:",                                                 // 13
+        "      scalingGroupId: asg-2",                                  // 14
+        "      onDemandScalingGroupId: asg-1",                          // 15
+        "      vSwitches: {z1: vsw-1}",                                 // 16
+    ]);
+    assert_eq!(
+        parse_err(&text).to_string(),
+        "policy.yaml:15:7: pools[1].alibaba.onDemandScalingGroupId: scaling group asg-1 is \
+         already used by pool a"
+    );
+}
