@@ -233,3 +233,22 @@ async fn no_secret_in_debug_of_sources_providers_or_fetched_credentials() {
     let c = slow.credentials().await.unwrap();
     assert!(!format!("{slow:?}").contains(&c.access_key_secret));
 }
+
+#[tokio::test]
+async fn concurrent_callers_share_one_refresh() {
+    let fake = Fake::start(&[("asg-spot", &["cn-hangzhou-i"])]).await;
+    let file = token_file("oidc-concurrent", OIDC_TOKEN);
+    let creds = CredentialProvider::new(oidc_source(&fake, &file));
+    let (a, b, c, d) = tokio::join!(
+        creds.credentials(),
+        creds.credentials(),
+        creds.credentials(),
+        creds.credentials()
+    );
+    let ids: Vec<String> = [a, b, c, d]
+        .into_iter()
+        .map(|r| r.unwrap().access_key_id)
+        .collect();
+    assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+    assert_eq!(fake.with(|s| s.sts_calls.len()), 1);
+}

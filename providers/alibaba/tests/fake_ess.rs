@@ -517,3 +517,45 @@ async fn validate_names_missing_groups_vswitches_and_types_by_policy_field() {
     assert_eq!(groups[0]["ScalingGroupId.2"], "asg-od");
     assert_clean(&fake);
 }
+
+#[tokio::test]
+async fn a_partly_fulfilled_spot_launch_is_completed_on_demand_once_even_when_repeated() {
+    let (fake, p) = setup(true, 50).await;
+    fake.with(|s| s.groups.get_mut("asg-spot").unwrap().stock_left = Some(1));
+    let first = p.launch(&request("part-1", 3)).await.unwrap();
+    let by_type = |ct| {
+        first
+            .launched
+            .iter()
+            .filter(|i| i.offering.capacity_type == ct)
+            .count()
+    };
+    assert_eq!(
+        (by_type(CapacityType::Spot), by_type(CapacityType::OnDemand)),
+        (1, 2)
+    );
+    // The spot activity ended Warning: its offerings are marked short of stock.
+    assert_eq!(first.failures.len(), 2, "{:?}", first.failures);
+    assert!(first
+        .failures
+        .iter()
+        .all(|(k, e)| k.capacity_type == CapacityType::Spot
+            && e.metric_label() == "insufficient_capacity"));
+    let scale = fake.with(|s| s.calls_of("ScaleWithAdjustment"));
+    assert_eq!(
+        scale
+            .iter()
+            .map(|c| (c["ScalingGroupId"].as_str(), c["AdjustmentValue"].as_str()))
+            .collect::<Vec<_>>(),
+        [("asg-spot", "3"), ("asg-od", "2")]
+    );
+    // The repeat counts both groups' activities: nothing more.
+    let again = p.launch(&request("part-1", 3)).await.unwrap();
+    assert!(
+        again.launched.is_empty() && again.failures.is_empty(),
+        "{again:?}"
+    );
+    assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 2);
+    assert_eq!(p.list("gpu").await.unwrap().len(), 3);
+    assert_clean(&fake);
+}

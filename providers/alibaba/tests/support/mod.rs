@@ -39,6 +39,9 @@ pub struct FakeGroup {
     pub instances: Vec<FakeInstance>,
     /// Scale-outs of this group fail for want of stock.
     pub no_stock: bool,
+    /// Scale-outs of this group create at most this many instances each, then end `Warning`
+    /// for want of stock.
+    pub stock_left: Option<u32>,
     /// This many more scale-out / removal calls are refused with `ScalingActivityInProgress`
     /// (an activity someone else started).
     pub busy_calls: u32,
@@ -641,7 +644,18 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
                 act.error_code = "OperationDenied.NoStock".into();
                 act.error_message = "The requested resource is sold out in the specified zone; try other types of resources or other regions and zones.".into();
             } else {
-                for k in 0..count {
+                let made = st.groups[&group_id]
+                    .stock_left
+                    .map_or(count, |s| s.min(count));
+                if made < count {
+                    act.status = "Warning".into();
+                    act.error_code = "OperationDenied.NoStock".into();
+                    act.error_message = "The requested resource is sold out in the specified zone; try other types of resources or other regions and zones.".into();
+                }
+                if let Some(s) = st.groups.get_mut(&group_id).unwrap().stock_left.as_mut() {
+                    *s -= made;
+                }
+                for k in 0..made {
                     st.next += 1;
                     let n = st.next;
                     let g = st.groups.get_mut(&group_id).unwrap();
@@ -652,7 +666,7 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
                         activity: id.clone(),
                     });
                 }
-                act.created = count;
+                act.created = made;
             }
             st.activities.insert(id.clone(), act);
             st.tokens.insert(token, id.clone());
