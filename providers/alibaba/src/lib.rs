@@ -909,6 +909,51 @@ impl AlibabaProvider {
             .await
     }
 
+    /// ECS `DescribeInstances` (`InstanceIds` as a JSON array, ≤ 100 per call) for the scaling
+    /// instances whose listing lacks the instance type or the `SpotStrategy`: which type ESS
+    /// picked among the group's, and whether a compensating group's instance is spot.
+    async fn complete_from_ecs(
+        &self,
+        instances: &mut [ScalingInstance],
+    ) -> Result<(), ProviderError> {
+        let ids: Vec<String> = instances
+            .iter()
+            .filter(|s| s.instance_type.is_none() || s.spot_strategy.is_none())
+            .map(|s| s.id.clone())
+            .collect();
+        let mut details: BTreeMap<String, (String, String)> = BTreeMap::new();
+        for chunk in ids.chunks(100) {
+            let p = vec![
+                (
+                    "InstanceIds".to_string(),
+                    serde_json::to_string(chunk).unwrap_or_default(),
+                ),
+                ("PageSize".to_string(), "100".to_string()),
+            ];
+            let v = self.describe(Api::Ecs, "DescribeInstances", &p).await?;
+            for i in list_of(&v, "Instances", "Instance") {
+                details.insert(
+                    str_of(i, "InstanceId").to_string(),
+                    (
+                        str_of(i, "InstanceType").to_string(),
+                        str_of(i, "SpotStrategy").to_string(),
+                    ),
+                );
+            }
+        }
+        for s in instances.iter_mut() {
+            if let Some((t, spot)) = details.get(&s.id) {
+                if s.instance_type.is_none() && !t.is_empty() {
+                    s.instance_type = Some(t.clone());
+                }
+                if s.spot_strategy.is_none() && !spot.is_empty() {
+                    s.spot_strategy = Some(spot.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The instances an activity created, and its failure when it ended short of `count`.
     async fn activity_outcome(
         &self,
@@ -917,10 +962,11 @@ impl AlibabaProvider {
         activity: &Value,
         count: u32,
     ) -> Result<GroupOutcome, ProviderError> {
-        let instances = self
+        let mut instances = self
             .scaling_instances(group, Some(activity_id), None)
             .await
             .map_err(ApiError::into_provider_error)?;
+        self.complete_from_ecs(&mut instances).await?;
         let status = activity_status(activity);
         let failure = if matches!(status, "Failed" | "Rejected" | "Warning")
             && (instances.len() as u32) < count
@@ -1494,10 +1540,11 @@ impl CloudProvider for AlibabaProvider {
         let pool = self.pool(pool)?;
         let mut out = Vec::new();
         for (group, role, _) in pool.groups() {
-            let found = self
+            let mut found = self
                 .scaling_instances(group, None, None)
                 .await
                 .map_err(ApiError::into_provider_error)?;
+            self.complete_from_ecs(&mut found).await?;
             // The launch id of each instance, from its activity's metadata.
             let ids: Vec<String> = found
                 .iter()

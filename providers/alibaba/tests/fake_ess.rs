@@ -217,6 +217,22 @@ async fn launch_scales_the_spot_group_and_reports_its_instances() {
         assert_eq!(i.state, InstanceState::Running);
         assert!(ZONES.contains(&i.offering.zone.as_str()));
     }
+    // The type ESS picked, from ECS DescribeInstances (the listing does not say it).
+    let mut types: Vec<&str> = r
+        .launched
+        .iter()
+        .map(|i| i.offering.instance_type.as_str())
+        .collect();
+    types.sort();
+    assert_eq!(types, [T4, A10, A10]);
+    let described = fake.with(|s| s.calls_of("DescribeInstances"));
+    assert_eq!(described.len(), 1);
+    assert_eq!(
+        serde_json::from_str::<Vec<String>>(&described[0]["InstanceIds"])
+            .unwrap()
+            .len(),
+        3
+    );
     let scale = fake.with(|s| s.calls_of("ScaleWithAdjustment"));
     assert_eq!(scale.len(), 1);
     assert_eq!(scale[0]["ScalingGroupId"], "asg-spot");
@@ -557,5 +573,29 @@ async fn a_partly_fulfilled_spot_launch_is_completed_on_demand_once_even_when_re
     );
     assert_eq!(fake.with(|s| s.calls_of("ScaleWithAdjustment")).len(), 2);
     assert_eq!(p.list("gpu").await.unwrap().len(), 3);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_compensating_group_reports_its_on_demand_instances_as_on_demand() {
+    let fake = Fake::start(&[("asg-spot", &ZONES)]).await;
+    // ESS compensated: the spot group's new instances are pay-as-you-go.
+    fake.with(|s| s.groups.get_mut("asg-spot").unwrap().spot_strategy = "NoSpot".into());
+    let mut config = config_for(&fake);
+    let mut p = pool(false);
+    p.compensate_with_on_demand = true;
+    config.pools.push(p);
+    config.activity_poll_interval = Duration::from_millis(1);
+    let provider = AlibabaProvider::new(config, creds()).unwrap();
+    let r = provider.launch(&request("comp-1", 2)).await.unwrap();
+    assert_eq!(r.launched.len(), 2);
+    assert!(r
+        .launched
+        .iter()
+        .all(|i| i.offering.capacity_type == CapacityType::OnDemand));
+    let listed = provider.list("gpu").await.unwrap();
+    assert!(listed
+        .iter()
+        .all(|i| i.offering.capacity_type == CapacityType::OnDemand && i.launch_id == "comp-1"));
     assert_clean(&fake);
 }

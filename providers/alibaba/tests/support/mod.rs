@@ -30,6 +30,8 @@ pub struct FakeInstance {
     pub id: String,
     pub zone: String,
     pub activity: String,
+    pub instance_type: String,
+    pub spot_strategy: String,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -47,6 +49,10 @@ pub struct FakeGroup {
     pub busy_calls: u32,
     pub compensate_with_on_demand: bool,
     pub lifecycle_state: String,
+    /// Instance types of the group's configuration: new instances take them in turn.
+    pub instance_types: Vec<String>,
+    /// `SpotStrategy` of the group's new instances (`NoSpot` for a group named `...od...`).
+    pub spot_strategy: String,
 }
 
 #[derive(Clone, Debug)]
@@ -221,6 +227,15 @@ impl Fake {
                     zones: zones.iter().map(|z| z.to_string()).collect(),
                     vswitches,
                     lifecycle_state: "Active".into(),
+                    instance_types: vec![
+                        "ecs.gn7i-c8g1.2xlarge".into(),
+                        "ecs.gn6i-c4g1.xlarge".into(),
+                    ],
+                    spot_strategy: if id.contains("od") {
+                        "NoSpot".into()
+                    } else {
+                        "SpotAsPriceGo".into()
+                    },
                     ..FakeGroup::default()
                 },
             );
@@ -545,6 +560,7 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
         "DescribeSpotPriceHistory" => &["InstanceType", "NetworkType"],
         "DescribeAvailableResource" => &["DestinationResource", "ZoneId", "SpotStrategy"],
         "DescribeVSwitches" => &["VSwitchId"],
+        "DescribeInstances" => &["InstanceIds"],
         _ => {
             st.violations.push(format!("unknown action {action:?}"));
             return error(404, "InvalidAction.NotFound", "Specified api is not found.");
@@ -660,10 +676,15 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
                     let n = st.next;
                     let g = st.groups.get_mut(&group_id).unwrap();
                     let zone = g.zones[k as usize % g.zones.len()].clone();
+                    let instance_type =
+                        g.instance_types[g.instances.len() % g.instance_types.len()].clone();
+                    let spot_strategy = g.spot_strategy.clone();
                     g.instances.push(FakeInstance {
                         id: format!("i-bp1fake{n:06}"),
                         zone,
                         activity: id.clone(),
+                        instance_type,
+                        spot_strategy,
                     });
                 }
                 act.created = made;
@@ -861,6 +882,43 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
                         "SupportedResources": { "SupportedResource": supported },
                     }]},
                 }]}
+            }))
+        }
+        "DescribeInstances" => {
+            let Ok(ids) = serde_json::from_str::<Vec<String>>(&own["InstanceIds"]) else {
+                st.violations.push("InstanceIds is not a JSON array".into());
+                return error(
+                    400,
+                    "InvalidInstanceIds.Malformed",
+                    "The specified parameter InstanceIds is not valid.",
+                );
+            };
+            if ids.len() > 100 {
+                st.violations.push(format!("{} InstanceIds", ids.len()));
+            }
+            let items: Vec<Value> = st
+                .groups
+                .values()
+                .flat_map(|g| &g.instances)
+                .filter(|i| ids.contains(&i.id))
+                .map(|i| {
+                    json!({
+                        "InstanceId": i.id,
+                        "InstanceType": i.instance_type,
+                        "ZoneId": i.zone,
+                        "RegionId": REGION,
+                        "Status": "Running",
+                        "InstanceChargeType": "PostPaid",
+                        "SpotStrategy": i.spot_strategy,
+                        "CreationTime": "2026-11-22T01:00Z",
+                    })
+                })
+                .collect();
+            ok(json!({
+                "TotalCount": items.len(),
+                "PageNumber": 1,
+                "PageSize": 100,
+                "Instances": { "Instance": items },
             }))
         }
         "DescribeInstanceTypes" => {
