@@ -1076,3 +1076,217 @@ fn the_dockerfile_builds_what_the_deployment_runs() {
         ".dockerignore must leave out target"
     );
 }
+
+/// Ends the controller process this test started, also when the test fails.
+#[cfg(feature = "controller")]
+struct Started(std::process::Child);
+
+#[cfg(feature = "controller")]
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `GET path` on the controller's HTTP port: (status, body).
+#[cfg(feature = "controller")]
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+/// The series names `/metrics` declares (`# TYPE name kind`): counters as `name_total`,
+/// histograms under their own name.
+#[cfg(feature = "controller")]
+fn exported_metrics(body: &str) -> BTreeSet<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| match kind {
+            "counter" => format!("{}_total", name.trim_end_matches("_total")),
+            _ => name.to_string(),
+        })
+        .collect()
+}
+
+#[cfg(feature = "controller")]
+#[test]
+fn the_controller_runs_with_the_dry_run_overlays_arguments_and_policy() {
+    let r = Rendered {
+        target: "overlays/dry-run",
+        objects: kustomize(&deploy_dir().join("overlays/dry-run")),
+    };
+    let addr = kube_sim::spawn_background(kube_sim::Config::api_only()).expect("kube-sim");
+    let k = Kubectl::new(addr);
+    let policy = r.one("ConfigMap", "gpu-node-autoscaler-policy");
+    let file = crate::temp_file("controller-policy.yaml", &yaml_stream(&[policy]));
+    k.ok(&["create", "-f", file.to_str().unwrap()]);
+    let kubeconfig = crate::temp_file(
+        "controller-kubeconfig",
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: sim, cluster: {{server: \"http://{addr}\"}}}}]\n\
+             users: [{{name: sim, user: {{}}}}]\ncontexts: [{{name: sim, context: {{cluster: sim, user: sim}}}}]\n\
+             current-context: sim\n"
+        ),
+    );
+
+    // The container's arguments and environment as the Deployment gives them; only the listen
+    // address moves to a free loopback port.
+    let c = &r.one("Deployment", NAME)["spec"]["template"]["spec"]["containers"][0];
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("--listen=127.0.0.1:{port}");
+    let args: Vec<&str> = strings(&c["args"])
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--listen=") {
+                listen.as_str()
+            } else {
+                a
+            }
+        })
+        .collect();
+    let identity = "gpu-node-autoscaler-7d9f8-x2k4q";
+    let log = kubeconfig.with_file_name("controller.log");
+    let mut cmd = crate::bin();
+    cmd.args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    for e in c["env"].as_array().expect("env") {
+        let name = e["name"].as_str().unwrap();
+        match (e["value"].as_str(), name) {
+            (Some(v), _) => cmd.env(name, v),
+            (None, "POD_NAME") => cmd.env(name, identity),
+            _ => panic!("unexpected env {e}"),
+        };
+    }
+    let mut controller = Started(cmd.spawn().expect("gpu-node-autoscaler"));
+
+    // Ready, leading, and running the policy of the ConfigMap (polled; nothing is timed).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let body = get(port, "/readyz")
+            .filter(|(s, _)| *s == 200)
+            .and_then(|_| get(port, "/metrics"))
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        if ["leader", "policy_valid"].iter().all(|m| {
+            body.lines()
+                .any(|l| l == format!("gpu_node_autoscaler_{m} 1"))
+        }) {
+            break;
+        }
+        let log = || std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(exit) = controller.0.try_wait().unwrap() {
+            panic!("the controller exited ({exit}):\n{}", log());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller did not become ready, leader and policy-valid:\n{body}\n{}",
+            log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(get(port, "/healthz").map(|(s, _)| s), Some(200));
+
+    // The Lease and the status ConfigMap it writes are the ones the Role names.
+    let holder = k.ok(&[
+        "get",
+        "lease",
+        NAME,
+        "-n",
+        NAMESPACE,
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_eq!(holder, identity);
+    let role = r.one("Role", NAME);
+    let names: BTreeSet<&str> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|rule| strings(&rule["resourceNames"]))
+        .collect();
+    assert!(names.contains(NAME));
+    let status_cm = "gpu-node-autoscaler-status";
+    assert!(names.contains(status_cm));
+    let status = loop {
+        let out = k.run(&[
+            "get",
+            "configmap",
+            status_cm,
+            "-n",
+            NAMESPACE,
+            "-o",
+            "jsonpath={.data.status}",
+        ]);
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "no status ConfigMap");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(status.contains("DRY RUN"), "{status}");
+}
+
+#[cfg(feature = "controller")]
+#[test]
+fn the_alerts_and_the_dashboard_read_metrics_the_controller_exports() {
+    use gpu_node_autoscaler::controller::metrics::{
+        EvictionResult, FailedLaunch, Metrics, PoolCapacity, PoolLabel,
+    };
+    let m = Metrics::new();
+    // A sample in every labelled family: an empty family is not written out.
+    let pool = || PoolLabel {
+        pool: "a10g".into(),
+    };
+    let capacity = || PoolCapacity {
+        pool: "a10g".into(),
+        capacity_type: "spot".into(),
+    };
+    m.nodes.get_or_create(&capacity()).set(1);
+    m.gpus.get_or_create(&capacity()).set(4);
+    m.scale_ups.get_or_create(&pool()).inc();
+    m.scale_downs.get_or_create(&pool()).inc();
+    m.failed_launches
+        .get_or_create(&FailedLaunch {
+            pool: "a10g".into(),
+            reason: "insufficient_capacity".into(),
+        })
+        .inc();
+    m.evictions
+        .get_or_create(&EvictionResult {
+            result: "blocked".into(),
+        })
+        .inc();
+    let exported = exported_metrics(&m.encode());
+
+    let monitoring = kustomize(&deploy_dir().join("overlays/monitoring"));
+    let rules = monitoring
+        .iter()
+        .find(|o| kind_of(o) == "PrometheusRule")
+        .unwrap();
+    let dashboard = monitoring
+        .iter()
+        .find(|o| name_of(o) == "gpu-node-autoscaler-dashboard")
+        .unwrap();
+    let used = metrics_in(&format!("{rules}{dashboard}"));
+    assert!(used.len() >= 10, "{used:?}");
+    for m in &used {
+        assert!(exported.contains(m), "{m} is not exported: {exported:?}");
+    }
+}
