@@ -87,14 +87,17 @@ pub fn config_from_policy(
     }
 }
 
-/// Checks the policy's Alibaba Cloud pools against the account (scaling groups and their
-/// vSwitches, vSwitch zones, instance types offered per zone), with credentials from the chain
-/// (environment, RRSA/OIDC, ECS instance RAM role). Returns every problem found.
-pub fn check_against_account(config: AlibabaConfig) -> Result<Vec<String>, String> {
+/// The provider for `config`, with credentials from the chain (environment, RRSA/OIDC, ECS
+/// instance RAM role; fetched at the first call).
+pub fn provider(config: AlibabaConfig) -> Result<AlibabaProvider, String> {
     let source = CredentialSource::from_env(&ChainOverrides::default())?;
-    AlibabaProvider::new(config, source)
-        .map_err(|e| e.to_string())?
-        .validate_blocking()
+    AlibabaProvider::new(config, source).map_err(|e| e.to_string())
+}
+
+/// Checks the policy's Alibaba Cloud pools against the account (scaling groups and their
+/// vSwitches, vSwitch zones, instance types offered per zone). Returns every problem found.
+pub fn check_against_account(config: AlibabaConfig) -> Result<Vec<String>, String> {
+    provider(config)?.validate_blocking()
 }
 
 #[cfg(test)]
