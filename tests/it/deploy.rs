@@ -2,7 +2,9 @@
 //! `kubectl kustomize`; every object validates against the Kubernetes schemas
 //! (`kubernetes-validate`, strict, installed by scripts/test.sh); the policy ConfigMap holds a
 //! valid policy; the security settings, scheduling rules and least-privilege RBAC it promises
-//! hold; and kube-sim accepts the objects through the real `kubectl create -f`.
+//! hold; kube-sim accepts the objects through the real `kubectl create -f`; and (with the
+//! `controller` feature) the controller runs with the dry-run overlay's arguments and policy
+//! against kube-sim, and exports every metric the alerts and the dashboard read.
 //!
 //! Left out, on purpose:
 //! - Schema validation of `ServiceMonitor` and `PrometheusRule` (Prometheus Operator custom
@@ -669,7 +671,7 @@ fn balanced(expr: &str) -> bool {
 }
 
 #[test]
-fn the_monitoring_overlay_scrapes_alerts_and_charts_what_the_controller_exports() {
+fn the_monitoring_overlay_scrapes_alerts_and_charts_what_the_runbook_documents() {
     let operations = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
     for r in render_all() {
         if r.target != "overlays/monitoring" {
