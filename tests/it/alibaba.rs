@@ -142,3 +142,30 @@ fn check_policy_with_provider_alibaba_needs_prices_and_a_region() {
         stderr(&o)
     );
 }
+
+#[test]
+fn every_alibaba_policy_field_is_in_the_policy_reference() {
+    // serde names the section's fields when it meets an unknown one.
+    let probe = policy("ali-probe.yaml", "      zzz: 1\n", "");
+    let o = crate::run(&["check-policy", probe.to_str().unwrap()]);
+    let err = stderr(&o);
+    let listed = err
+        .split("expected one of ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no field list in: {err}"));
+    let fields: Vec<&str> = listed
+        .lines()
+        .next()
+        .unwrap()
+        .split(", ")
+        .map(|f| f.trim_matches(|c| c == '`' || c == ' '))
+        .collect();
+    assert_eq!(fields.len(), 4, "{fields:?}");
+    let doc = std::fs::read_to_string(crate::root().join("docs/policy.md")).unwrap();
+    for f in fields {
+        assert!(
+            doc.contains(&format!("`alibaba.{f}`")),
+            "docs/policy.md does not describe `alibaba.{f}`"
+        );
+    }
+}
