@@ -1,18 +1,23 @@
 //! The Alibaba Cloud [`CloudProvider`]: ACK GPU node pools are ESS scaling groups. Launches are
-//! `ScaleWithAdjustment` on the pool's spot group (then its on-demand group when spot has no
-//! stock), followed through `DescribeScalingActivities` / `DescribeScalingInstances`; removals are
-//! `RemoveInstances` with the exact instance id; the catalog comes from ECS
-//! `DescribeInstanceTypes` and `DescribeSpotPriceHistory`.
+//! `ScaleWithAdjustment` on the pool's first group (spot, or on-demand for an on-demand pool;
+//! then its on-demand group when spot has no stock), followed through
+//! `DescribeScalingActivities` / `DescribeScalingInstances`; removals are `RemoveInstances` with
+//! the exact instance id; the catalog comes from ECS `DescribeInstanceTypes`,
+//! `DescribeAvailableResource` (stock per zone) and `DescribeSpotPriceHistory`.
 //!
 //! - HTTP is plain RPC-style `GET` with the version 1.0 HMAC-SHA1 signature ([`sign`]).
-//! - Credentials ([`Credentials`]) never reach a log: this crate logs nothing and every `Debug`
-//!   redacts them.
+//! - Credentials come from a chain ([`credentials`]: environment, RRSA/OIDC, ECS instance RAM
+//!   role), temporary ones refreshed before they expire. They never reach a log: this crate logs
+//!   nothing and every `Debug` redacts them.
 //! - Each API class has a client-side rate limit (`governor`), and a throttled call
 //!   (`Throttling`, `Throttling.User`, `Throttling.Api`) is retried with jittered exponential
 //!   back-off before [`ProviderError::Throttled`] is returned.
-//! - A launch is idempotent per launch id: the `ClientToken` of each `ScaleWithAdjustment` is
-//!   derived from it, so a repeated launch gets the first call's scaling activity back, and the
-//!   instances that activity created are what the launch reports.
+//! - A launch is idempotent per launch id: the scaling activities started for it (found by their
+//!   `ActivityMetadata`) count first, and the `ClientToken` of each `ScaleWithAdjustment` is
+//!   derived from the launch id, the group and the count, so a retried call gets the first call's
+//!   activity back.
+//! - ESS runs one scaling activity per group at a time: a group's scale-outs and removals are
+//!   queued in the process, and retried with back-off while ESS says the group is busy.
 
 pub mod credentials;
 pub mod errors;
