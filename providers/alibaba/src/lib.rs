@@ -1484,13 +1484,13 @@ impl CloudProvider for AlibabaProvider {
                     .map_err(ApiError::into_provider_error)?;
                 // Instances removed since still count: they were created for this launch.
                 let created = num_of(&a, "CreatedCapacity").unwrap_or(0.0) as u32;
-                existing += created.max(found.len() as u32);
+                existing = existing.saturating_add(created.max(found.len() as u32));
             }
         }
         for (group, role, _) in pool.groups() {
             let missing = request
                 .count
-                .saturating_sub(existing + result.launched.len() as u32);
+                .saturating_sub(existing.saturating_add(result.launched.len() as u32));
             if missing == 0 || !wants(role) {
                 continue;
             }
