@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::sign::{self, Credentials};
+use crate::sign::{self, Credentials, ENV_ACCESS_KEY_ID, ENV_ACCESS_KEY_SECRET};
 
 pub const ENV_ROLE_ARN: &str = "ALIBABA_CLOUD_ROLE_ARN";
 pub const ENV_OIDC_PROVIDER_ARN: &str = "ALIBABA_CLOUD_OIDC_PROVIDER_ARN";
@@ -123,6 +123,14 @@ impl CredentialSource {
         let non_empty = |k: &str| get(k).filter(|v| !v.trim().is_empty());
         let env_err = match Credentials::from_lookup(&get) {
             Ok(c) => return Ok(CredentialSource::Static(c)),
+            // Half an AccessKey is a mistake, not a reason to try the next source.
+            Err(e)
+                if [ENV_ACCESS_KEY_ID, ENV_ACCESS_KEY_SECRET]
+                    .iter()
+                    .any(|k| non_empty(k).is_some()) =>
+            {
+                return Err(e)
+            }
             Err(e) => e,
         };
         let oidc = [ENV_ROLE_ARN, ENV_OIDC_PROVIDER_ARN, ENV_OIDC_TOKEN_FILE];
@@ -505,7 +513,6 @@ impl CredentialProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sign::{ENV_ACCESS_KEY_ID, ENV_ACCESS_KEY_SECRET};
 
     fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let vars: Vec<(String, String)> = vars
@@ -587,6 +594,10 @@ mod tests {
             e.contains(ENV_ACCESS_KEY_ID) && e.contains(ENV_ECS_METADATA_DISABLED),
             "{e}"
         );
+        // Half an AccessKey does not fall through to the instance role.
+        let e = CredentialSource::from_lookup(lookup(&[(ENV_ACCESS_KEY_ID, "LTAIid")]), &none)
+            .unwrap_err();
+        assert!(e.contains(ENV_ACCESS_KEY_SECRET), "{e}");
     }
 
     #[test]
