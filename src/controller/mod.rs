@@ -49,6 +49,17 @@ pub fn wall_now() -> Time {
     Time(chrono::Utc::now().timestamp_millis())
 }
 
+/// The `reason` label values of `failed_launches_total`.
+pub const LAUNCH_FAILURE_REASONS: [&str; 7] = [
+    "insufficient_capacity",
+    "quota_exceeded",
+    "throttled",
+    "invalid_request",
+    "not_found",
+    "other",
+    "provision_timeout",
+];
+
 static SEED: AtomicU64 = AtomicU64::new(0);
 
 /// A fresh seed for jitter.
@@ -154,9 +165,13 @@ async fn run_async(args: RunArgs) -> Result<()> {
         Some(i) if !i.is_empty() => i.clone(),
         _ => hostname(),
     };
-    let client = Client::try_default()
+    let mut config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration (in-cluster service account or KUBECONFIG)")?;
+    // Retries are ours (jittered back-off, PDB refusals retried until the drain deadline): the
+    // client's own would hold a refused eviction for minutes.
+    config.default_retry = false;
+    let client = Client::try_from(config).context("building the Kubernetes client")?;
     let listener = metrics::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -242,6 +257,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         reacted: HashSet::new(),
         unneeded_dry: BTreeMap::new(),
         last_status: None,
+        kept: BTreeMap::new(),
     };
 
     let mut stop = stop_rx;
@@ -319,6 +335,8 @@ struct Controller {
     /// "Unneeded since" per node, kept in memory in dry-run (no annotation is written).
     unneeded_dry: BTreeMap<String, String>,
     last_status: Option<(String, Time)>,
+    /// Why each idle-looking node is kept, as last logged.
+    kept: BTreeMap<String, String>,
 }
 
 impl Controller {
@@ -491,6 +509,21 @@ impl Controller {
                 providers.insert(p.name.clone(), provider.clone());
             }
         }
+        // Every pool's counters exist from the start, so that the first failure shows as an
+        // increase (a series appearing at 1 does not).
+        for p in &policy.pools {
+            let pool = PoolLabel {
+                pool: p.name.clone(),
+            };
+            let _ = self.metrics.scale_ups.get_or_create(&pool);
+            let _ = self.metrics.scale_downs.get_or_create(&pool);
+            for reason in LAUNCH_FAILURE_REASONS {
+                let _ = self.metrics.failed_launches.get_or_create(&FailedLaunch {
+                    pool: p.name.clone(),
+                    reason: reason.to_string(),
+                });
+            }
+        }
         let templates = Templates::new(&policy, &catalog);
         self.templates = Some(Arc::new(templates));
         self.catalog = catalog;
@@ -606,6 +639,17 @@ impl Controller {
             .collect();
         }
         self.report_unschedulable(&plan);
+        let kept: BTreeMap<String, String> = plan
+            .kept
+            .iter()
+            .map(|k| (k.node.clone(), k.reason.clone()))
+            .collect();
+        for (node, reason) in &kept {
+            if self.kept.get(node) != Some(reason) {
+                info!(node = %node, "idle-looking node kept: {reason}");
+            }
+        }
+        self.kept = kept;
         self.scale_down(&plan, &policy, &view, now).await;
         self.keep_unneeded(&plan, &snapshot).await;
         self.publish(&plan, &policy, &snapshot, &view, now).await;

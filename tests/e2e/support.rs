@@ -30,15 +30,10 @@ pub struct Env {
     controllers: Vec<(String, Child, u16)>,
 }
 
+#[derive(Default)]
 pub struct Options {
     /// Put a fault-injecting proxy between the controller and moto.
     pub proxy: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options { proxy: false }
-    }
 }
 
 fn free_port() -> u16 {
