@@ -106,6 +106,9 @@ pub struct RunArgs {
     /// EC2 endpoint (for tests against an emulator); the region comes from the policy.
     #[arg(long)]
     pub aws_endpoint_url: Option<String>,
+    /// ESS/ECS/VPC endpoint (for tests against a local fake); the region comes from the policy.
+    #[arg(long)]
+    pub alibaba_endpoint_url: Option<String>,
     /// Periodic resync: a pass at least this often.
     #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub resync: Duration,
@@ -484,31 +487,12 @@ impl Controller {
     /// Builds providers, catalog and templates for a new policy; nothing changes on error.
     async fn apply_policy(&mut self, policy: Policy) -> std::result::Result<(), String> {
         let file_catalog = load_catalog(self.args.catalog.as_deref(), &policy)?;
-        let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
-        let mut catalog = file_catalog.clone();
-        let uses_aws = policy.pools.iter().any(|p| p.provider == "aws");
-        if let Some(p) = policy.pools.iter().find(|p| p.provider != "aws") {
-            return Err(format!(
-                "pool {}: provider {:?} cannot be run by this controller yet (supported: aws)",
-                p.name, p.provider
-            ));
-        }
-        if uses_aws && !self.args.dry_run {
-            let provider =
-                build_aws(&policy, &file_catalog, self.args.aws_endpoint_url.clone()).await?;
-            let mut c = provider
-                .catalog()
-                .await
-                .map_err(|e| format!("reading the AWS catalog: {e}"))?;
-            // Availability is learnt by failing (insufficient capacity), not assumed.
-            for o in &mut c.offerings {
-                o.available = true;
-            }
-            catalog = c;
-            for p in policy.pools.iter().filter(|p| p.provider == "aws") {
-                providers.insert(p.name.clone(), provider.clone());
-            }
-        }
+        let (providers, catalog) = if self.args.dry_run {
+            // No cloud call at all: the price file's catalog, every offering assumed available.
+            (BTreeMap::new(), file_catalog)
+        } else {
+            build_providers(&policy, &file_catalog, &self.args).await?
+        };
         // Every pool's counters exist from the start, so that the first failure shows as an
         // increase (a series appearing at 1 does not).
         for p in &policy.pools {
@@ -1095,6 +1079,67 @@ fn load_catalog(
         .map_err(|e| e.to_string())?,
     };
     Ok(crate::catalog::offerings_from_list_prices(policy, types))
+}
+
+/// One provider per cloud the policy's pools use, and their catalogs merged. Availability is
+/// learnt by failing (insufficient capacity), not assumed from the catalog.
+async fn build_providers(
+    policy: &Policy,
+    file_catalog: &Catalog,
+    args: &RunArgs,
+) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog), String> {
+    let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
+    let mut catalog = Catalog::default();
+    let clouds: std::collections::BTreeSet<&str> =
+        policy.pools.iter().map(|p| p.provider.as_str()).collect();
+    for cloud in clouds {
+        let provider: Arc<dyn CloudProvider> = match cloud {
+            "aws" => build_aws(policy, file_catalog, args.aws_endpoint_url.clone()).await?,
+            #[cfg(feature = "alibaba")]
+            "alibaba" => {
+                let region = policy
+                    .region
+                    .clone()
+                    .or_else(|| std::env::var("ALIBABA_CLOUD_REGION_ID").ok())
+                    .ok_or("no region: set `region` in the policy or ALIBABA_CLOUD_REGION_ID")?;
+                let config = crate::alibaba::config_from_policy(
+                    policy,
+                    file_catalog,
+                    &region,
+                    args.alibaba_endpoint_url.clone(),
+                )
+                .map_err(|e| e.join("\n"))?;
+                Arc::new(crate::alibaba::provider(config)?)
+            }
+            other => {
+                return Err(format!(
+                    "provider {other:?} cannot be run by this controller (built with: {})",
+                    if cfg!(feature = "alibaba") {
+                        "aws, alibaba"
+                    } else {
+                        "aws"
+                    }
+                ))
+            }
+        };
+        let mut c = provider
+            .catalog()
+            .await
+            .map_err(|e| format!("reading the {cloud} catalog: {e}"))?;
+        for o in &mut c.offerings {
+            o.available = true;
+        }
+        for t in c.instance_types {
+            if catalog.instance_type(&t.name).is_none() {
+                catalog.instance_types.push(t);
+            }
+        }
+        catalog.offerings.extend(c.offerings);
+        for p in policy.pools.iter().filter(|p| p.provider == cloud) {
+            providers.insert(p.name.clone(), provider.clone());
+        }
+    }
+    Ok((providers, catalog))
 }
 
 async fn build_aws(
