@@ -327,13 +327,7 @@ pub async fn run(app: Arc<App>, pod_start_delay: Duration, heartbeat_every: Dura
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     beat.tick().await;
     loop {
-        let next_timer = k.timers.peek().map(|t| t.0.at);
-        let sleep = async {
-            match next_timer {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = crate::store::sleep_until(k.timers.peek().map(|t| t.0.at));
         tokio::select! {
             ev = rx.recv() => match ev {
                 Ok(ev) => k.observe(&mut app.store(), &ev),

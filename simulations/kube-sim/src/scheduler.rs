@@ -288,6 +288,14 @@ fn is_pending_for_us(pod: &Value) -> bool {
 
 /// One scheduling pass over every pending pod. Returns how many pods are still pending.
 pub fn schedule_pass(store: &mut Store) -> usize {
+    let mut pending: Vec<Value> = store
+        .iter(PODS)
+        .filter(|p| is_pending_for_us(p))
+        .cloned()
+        .collect();
+    if pending.is_empty() {
+        return 0;
+    }
     let mut nodes: Vec<NodeInfo> = store
         .iter(NODES)
         .map(|n| NodeInfo {
@@ -307,16 +315,9 @@ pub fn schedule_pass(store: &mut Store) -> usize {
         .enumerate()
         .map(|(i, n)| (n.name.clone(), i))
         .collect();
-    let mut pending = Vec::new();
     for pod in store.iter(PODS) {
         let node = str_at(pod, "/spec/nodeName");
-        if node.is_empty() {
-            if is_pending_for_us(pod) {
-                pending.push(pod.clone());
-            }
-            continue;
-        }
-        if terminal(pod) {
+        if node.is_empty() || terminal(pod) {
             continue;
         }
         if let Some(&i) = index.get(node) {

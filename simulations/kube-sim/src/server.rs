@@ -470,12 +470,7 @@ fn watch(
                     tokio::time::interval(app2.bookmark_interval.max(Duration::from_millis(10)));
                 tick.tick().await;
                 loop {
-                    let sleep = async {
-                        match deadline {
-                            Some(d) => tokio::time::sleep_until(d).await,
-                            None => std::future::pending().await,
-                        }
-                    };
+                    let sleep = crate::store::sleep_until(deadline);
                     tokio::select! {
                         ev = rx.recv() => match ev {
                             Ok(ev) => {

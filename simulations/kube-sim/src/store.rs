@@ -803,6 +803,14 @@ pub async fn wait_for_change(
     }
 }
 
+/// Sleeps until `at`, or forever when there is no `at` (a `select!` branch that may never fire).
+pub async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Drops the changes already queued on `rx` (the caller is about to rescan).
 pub fn drain(rx: &mut broadcast::Receiver<Arc<WatchEvent>>) {
     while !matches!(

@@ -1,10 +1,8 @@
 //! The simulated scheduler and kubelets, driven over HTTP.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{eventually, get, patch, post, start_with};
+use crate::common::{eventually, get, patch, post, start_with};
 use serde_json::{json, Value};
 
 const PODS: &str = "/api/v1/namespaces/default/pods";

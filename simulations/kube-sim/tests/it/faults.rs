@@ -1,10 +1,8 @@
 //! Fault injection: flags, the admin endpoint, failing shares of requests, watch closes, delays.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{get, post, put, request_full, start, start_with, Watch};
+use crate::common::{get, post, put, request_full, start, start_with, Watch};
 use serde_json::json;
 
 const CMS: &str = "/api/v1/namespaces/default/configmaps";
@@ -187,7 +185,7 @@ fn the_binary_takes_fault_flags_and_rejects_bad_ones() {
         .spawn()
         .unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    common::eventually(20, "kube-sim to listen", || {
+    crate::common::eventually(20, "kube-sim to listen", || {
         std::net::TcpStream::connect(addr).ok().map(|_| ())
     });
     let faults = get(addr, "/admin/faults");

@@ -1,8 +1,6 @@
 //! End-to-end tests that drive the machine's real `kubectl` against an in-process kube-sim.
 
-mod common;
-
-use common::{start, Kubectl};
+use crate::common::{start, Kubectl};
 use serde_json::Value;
 
 const CLUSTER: &str = r#"
@@ -505,7 +503,7 @@ spec:
 }
 
 fn simulated() -> Kubectl {
-    Kubectl::new(common::start_with(kube_sim::Config {
+    Kubectl::new(crate::common::start_with(kube_sim::Config {
         pod_start_delay: std::time::Duration::from_millis(300),
         ..kube_sim::Config::default()
     }))

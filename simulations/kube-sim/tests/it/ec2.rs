@@ -1,19 +1,17 @@
 //! The EC2 bridge against a real `moto_server`: instances become Nodes, GPUs appear after the
 //! device-plugin delay, terminated instances take their Nodes (and pods) with them.
 
-mod common;
-
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::{eventually, get, post, start_with, Watch};
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_ec2::types::{
     InstanceMarketOptionsRequest, InstanceType, MarketType, Placement, ResourceType, Tag,
     TagSpecification,
 };
 use aws_sdk_ec2::Client;
-use common::{eventually, get, post, start_with, Watch};
 use serde_json::{json, Value};
 
 /// The moto version `scripts/test.sh` installs.
@@ -337,7 +335,7 @@ fn a_node_deleted_by_a_client_is_not_registered_again() {
         .get("nvidia.com/gpu.product")
         .is_none());
 
-    let (c, _) = common::request(a, "DELETE", &format!("/api/v1/nodes/{name}"), "", "");
+    let (c, _) = crate::common::request(a, "DELETE", &format!("/api/v1/nodes/{name}"), "", "");
     assert_eq!(c, 200);
     // A second instance registering proves the bridge polled after the deletion; the first
     // Node did not come back.

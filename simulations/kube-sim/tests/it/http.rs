@@ -1,8 +1,6 @@
 //! HTTP-level API semantics: conflicts, validation, bad bodies, selectors, pagination, watch.
 
-mod common;
-
-use common::{get, patch, post, put, request, start, start_with, Watch};
+use crate::common::{get, patch, post, put, request, start, start_with, Watch};
 use serde_json::{json, Value};
 
 fn cm(name: &str) -> Value {

@@ -1,8 +1,6 @@
 //! kube-rs watchers against kube-sim: they survive forced watch closes (resuming from their
 //! resourceVersion) and a 410 Gone (re-listing), and keep seeing changes.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -47,10 +45,11 @@ async fn until(rx: &mut mpsc::UnboundedReceiver<String>, want: &str) -> Vec<Stri
 }
 
 async fn admin_close_watches(addr: SocketAddr) {
-    let (c, body) =
-        tokio::task::spawn_blocking(move || common::post(addr, "/admin/watches/close", &json!({})))
-            .await
-            .unwrap();
+    let (c, body) = tokio::task::spawn_blocking(move || {
+        crate::common::post(addr, "/admin/watches/close", &json!({}))
+    })
+    .await
+    .unwrap();
     assert_eq!(c, 200, "{body}");
 }
 
@@ -159,7 +158,7 @@ async fn a_watcher_rides_out_injected_errors_and_early_closes() {
     // Every watch ends after 300 ms and, from now on, half the requests fail: the watcher keeps
     // going and sees every object, some more than once (after re-lists).
     let (c, _) = tokio::task::spawn_blocking(move || {
-        common::put(
+        crate::common::put(
             addr,
             "/admin/faults",
             &json!({"errorRate": 0.5, "errorCode": 503, "watchCloseAfterSeconds": 0.3}),

@@ -1,0 +1,10 @@
+//! kube-sim's integration tests, in one binary: the HTTP API, the real kubectl, kube-rs
+//! watchers, the simulated controllers, the EC2 bridge against moto_server, fault injection.
+
+mod common;
+mod controllers;
+mod ec2;
+mod faults;
+mod http;
+mod kube_rs;
+mod kubectl;
