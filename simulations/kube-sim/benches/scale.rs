@@ -1,6 +1,7 @@
 //! Scale benchmark: 5,000 nodes and 100,000 pods loaded over HTTP, then a full pod list, four
 //! concurrent watchers following 10,000 pod status changes, four watchers starting from scratch,
-//! and the process's peak RSS (server and client share the process).
+//! and peak RSS. The server is the `kube-sim` binary (scheduler and kubelets off) in a child
+//! process, so that its memory (`VmHWM` in `/proc/<pid>/status`) is the server's alone.
 //!
 //! `cargo bench -p kube-sim --bench scale` (optional arguments: NODES PODS CHANGES).
 
@@ -54,6 +55,7 @@ fn node(i: usize) -> Value {
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}})
 }
 
+/// Pod `i`, bound round-robin to one of `nodes` nodes.
 fn pod(i: usize, nodes: usize) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("train-{i:06}"), "namespace": format!("team-{}", i % 10),
@@ -66,8 +68,9 @@ fn pod(i: usize, nodes: usize) -> Value {
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}})
 }
 
-fn peak_rss_mib() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// (VmHWM, VmRSS) of a process in MiB.
+fn rss_mib(pid: &str) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = |field: &str| {
         status
             .lines()
@@ -79,16 +82,17 @@ fn peak_rss_mib() -> (f64, f64) {
     (kib("VmHWM:") / 1024.0, kib("VmRSS:") / 1024.0)
 }
 
-/// Creates `items` with `conns` concurrent keep-alive connections.
-async fn load(addr: SocketAddr, conns: usize, items: Vec<(String, Value)>) {
-    let per = items.len().div_ceil(conns);
+/// Creates `make(0..n)` with `conns` concurrent keep-alive connections.
+async fn load<F>(addr: SocketAddr, conns: usize, n: usize, make: F)
+where
+    F: Fn(usize) -> (String, Value) + Copy + Send + 'static,
+{
     let mut tasks = Vec::new();
-    let mut items = items.into_iter();
-    for _ in 0..conns {
-        let chunk: Vec<(String, Value)> = items.by_ref().take(per).collect();
+    for k in 0..conns {
         tasks.push(tokio::spawn(async move {
             let mut c = connect(addr).await;
-            for (path, obj) in chunk {
+            for i in (k..n).step_by(conns) {
+                let (path, obj) = make(i);
                 let (code, body) = call(
                     &mut c,
                     "POST",
@@ -126,6 +130,56 @@ async fn watch_count(addr: SocketAddr, path: String, want: usize, started: Insta
     started.elapsed()
 }
 
+/// The list's `metadata.continue`, found in the head that precedes the items.
+fn continue_token(body: &[u8]) -> Option<String> {
+    let head = &body[..body.len().min(1024)];
+    let key = b"\"continue\":\"";
+    let at = head.windows(key.len()).position(|w| w == key)? + key.len();
+    let end = head[at..].iter().position(|b| *b == b'"')?;
+    Some(String::from_utf8_lossy(&head[at..at + end]).to_string())
+}
+
+/// The `kube-sim` binary on a free port, killed when dropped.
+struct Server {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+            .args([
+                "--listen",
+                &addr.to_string(),
+                "--no-scheduler",
+                "--no-kubelet",
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start kube-sim");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return Server { child, addr };
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("kube-sim did not listen on {addr}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn main() {
     let args: Vec<usize> = std::env::args()
         .skip(1)
@@ -134,8 +188,14 @@ fn main() {
     let nodes = args.first().copied().unwrap_or(5_000);
     let pods = args.get(1).copied().unwrap_or(100_000);
     let changes = args.get(2).copied().unwrap_or(10_000);
+    assert!(
+        pods >= changes && nodes > 0,
+        "PODS must be at least CHANGES"
+    );
 
-    let addr = kube_sim::spawn_background(kube_sim::Config::api_only()).expect("kube-sim");
+    let server = Server::start();
+    let addr = server.addr;
+    let pid = server.child.id().to_string();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -148,13 +208,13 @@ fn main() {
             call(&mut c, "POST", "/api/v1/namespaces", "application/json", body.into_bytes()).await;
         }
         let t = Instant::now();
-        load(addr, 4, (0..nodes).map(|i| ("/api/v1/nodes".to_string(), node(i))).collect()).await;
+        load(addr, 4, nodes, |i| ("/api/v1/nodes".to_string(), node(i))).await;
         let node_load = t.elapsed();
         let t = Instant::now();
-        let items = (0..pods)
-            .map(|i| (format!("/api/v1/namespaces/team-{}/pods", i % 10), pod(i, nodes)))
-            .collect();
-        load(addr, 4, items).await;
+        load(addr, 4, pods, move |i| {
+            (format!("/api/v1/namespaces/team-{}/pods", i % 10), pod(i, nodes))
+        })
+        .await;
         let pod_load = t.elapsed();
         println!("kube-sim scale benchmark: {nodes} nodes, {pods} pods, {changes} changes");
         println!(
@@ -163,8 +223,8 @@ fn main() {
             pod_load.as_secs_f64(),
             pods as f64 / pod_load.as_secs_f64()
         );
-        let (_, rss_loaded) = peak_rss_mib();
-        println!("RSS after loading: {rss_loaded:.0} MiB");
+        let (_, rss_loaded) = rss_mib(&pid);
+        println!("server RSS after loading: {rss_loaded:.0} MiB");
 
         let mut times = Vec::new();
         let mut rv = String::new();
@@ -179,6 +239,7 @@ fn main() {
             assert_eq!(list["items"].as_array().map(Vec::len), Some(pods));
             rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
         }
+        let (peak_lists, _) = rss_mib(&pid);
         times.sort();
         println!(
             "full pod list (GET /api/v1/pods, JSON): {:.0} ms median, {:.0} ms best of 3, {:.1} MiB",
@@ -191,11 +252,11 @@ fn main() {
         let mut cont = String::new();
         loop {
             let path = format!("/api/v1/pods?limit=500&continue={cont}");
-            let (_, body) = call(&mut c, "GET", &path, "", Vec::new()).await;
-            let list: Value = serde_json::from_slice(&body).unwrap();
+            let (code, body) = call(&mut c, "GET", &path, "", Vec::new()).await;
+            assert_eq!(code, 200);
             pages += 1;
-            match list["metadata"]["continue"].as_str() {
-                Some(next) => cont = next.to_string(),
+            match continue_token(&body) {
+                Some(next) => cont = next,
                 None => break,
             }
         }
@@ -255,7 +316,10 @@ fn main() {
             "4 concurrent watches without a resourceVersion: {pods} initial ADDED events each in {:.2} s",
             slowest.as_secs_f64()
         );
-        let (peak, now) = peak_rss_mib();
-        println!("peak RSS (VmHWM, server and client in one process): {peak:.0} MiB; RSS now {now:.0} MiB");
+        let (peak, now) = rss_mib(&pid);
+        println!(
+            "server peak RSS (VmHWM): {peak_lists:.0} MiB after loading and three full lists, \
+             {peak:.0} MiB at the end; RSS now {now:.0} MiB"
+        );
     });
 }

@@ -128,6 +128,7 @@ pub static RESOURCES: [ResourceDef; 9] = [
 pub const NAMESPACES: usize = 0;
 pub const PODS: usize = 1;
 pub const NODES: usize = 2;
+pub const CONFIGMAPS: usize = 3;
 pub const PDBS: usize = 5;
 
 /// The groups (besides the legacy core group) in discovery order.

@@ -20,7 +20,7 @@ use crate::patch;
 use crate::resources::{self, PODS, RESOURCES};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, ApiResult};
-use crate::store::{ListOptions, Store, WatchFilter, WatchStart};
+use crate::store::{event_line, ListOptions, Store, WatchFilter, WatchStart};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -66,7 +66,12 @@ impl App {
 fn json_response(code: u16, v: &Value) -> Response<Body> {
     let mut bytes = serde_json::to_vec(v).expect("serializable");
     bytes.push(b'\n');
-    let mut r = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
+    bytes_response(code, Bytes::from(bytes))
+}
+
+/// A response with a JSON body that is already serialized.
+fn bytes_response(code: u16, bytes: Bytes) -> Response<Body> {
+    let mut r = Response::new(Full::new(bytes).boxed_unsync());
     *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -300,8 +305,10 @@ async fn route(app: &Arc<App>, req: Request<Incoming>) -> ApiResult<Response<Bod
                 return watch(app, &target, &query);
             }
             let opts = list_options(&query, def.kind)?;
-            let list = app.store().list(res, target.namespace.as_deref(), &opts)?;
-            Ok(json_response(200, &list))
+            let list = app
+                .store()
+                .list_json(res, target.namespace.as_deref(), &opts)?;
+            Ok(bytes_response(200, list.to_bytes()))
         }
         (&Method::POST, None, None) => {
             if !def.namespaced && target.namespace.is_some() {
@@ -460,8 +467,8 @@ fn watch(
             let kind = def.kind;
             let api_version = def.api_version();
             tokio::spawn(async move {
-                for ev in &initial {
-                    if tx.send(line(ev)).await.is_err() {
+                for (kind, obj) in &initial {
+                    if tx.send(event_line(kind.as_str(), obj)).await.is_err() {
                         return;
                     }
                 }
@@ -474,8 +481,8 @@ fn watch(
                     tokio::select! {
                         ev = rx.recv() => match ev {
                             Ok(ev) => {
-                                if let Some(v) = filter.event_json(&ev) {
-                                    if tx.send(line(&v)).await.is_err() {
+                                if let Some((kind, obj)) = filter.event(&ev) {
+                                    if tx.send(event_line(kind.as_str(), &obj)).await.is_err() {
                                         return;
                                     }
                                 }

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use tokio::sync::broadcast;
 
@@ -37,7 +38,65 @@ pub struct WatchEvent {
     pub namespace: String,
     pub kind: EventType,
     pub object: Value,
+    /// `object` as JSON, serialized once for every watcher.
+    pub json: Bytes,
     pub prev: Option<Value>,
+}
+
+/// A stored object and its JSON, kept side by side: lists and watches copy the bytes instead of
+/// cloning and serializing the object again.
+#[derive(Debug, Clone)]
+struct Stored {
+    value: Value,
+    json: Bytes,
+}
+
+fn to_json(v: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).expect("serializable"))
+}
+
+impl Stored {
+    fn new(value: Value) -> Self {
+        let json = to_json(&value);
+        Stored { value, json }
+    }
+}
+
+/// One watch event line: `{"type":"ADDED","object":{...}}` and a newline.
+pub fn event_line(kind: &str, object_json: &[u8]) -> Bytes {
+    let mut b = Vec::with_capacity(object_json.len() + 32);
+    b.extend_from_slice(b"{\"type\":\"");
+    b.extend_from_slice(kind.as_bytes());
+    b.extend_from_slice(b"\",\"object\":");
+    b.extend_from_slice(object_json);
+    b.extend_from_slice(b"}\n");
+    Bytes::from(b)
+}
+
+/// A list response with its items still as separate JSON documents (joined outside the lock).
+pub struct JsonList {
+    head: Value,
+    items: Vec<Bytes>,
+}
+
+impl JsonList {
+    /// The `<Kind>List` document, newline-terminated.
+    pub fn to_bytes(&self) -> Bytes {
+        // `head` is an object without `items`: drop its closing brace and append them.
+        let head = serde_json::to_vec(&self.head).expect("serializable");
+        let size: usize = self.items.iter().map(|i| i.len() + 1).sum();
+        let mut b = Vec::with_capacity(head.len() + size + 16);
+        b.extend_from_slice(&head[..head.len() - 1]);
+        b.extend_from_slice(b",\"items\":[");
+        for (i, item) in self.items.iter().enumerate() {
+            if i > 0 {
+                b.push(b',');
+            }
+            b.extend_from_slice(item);
+        }
+        b.extend_from_slice(b"]}\n");
+        Bytes::from(b)
+    }
 }
 
 /// What a watcher filters on.
@@ -54,8 +113,8 @@ impl WatchFilter {
         self.labels.matches(obj.pointer("/metadata/labels")) && self.fields.matches(obj)
     }
 
-    /// The `{"type","object"}` line a watcher with this filter sees for `ev`, if any.
-    pub fn event_json(&self, ev: &WatchEvent) -> Option<Value> {
+    /// The event type and object JSON a watcher with this filter sees for `ev`, if any.
+    pub fn event(&self, ev: &WatchEvent) -> Option<(EventType, Bytes)> {
         if ev.res != self.res
             || self
                 .namespace
@@ -74,7 +133,7 @@ impl WatchFilter {
                 (false, false) => return None,
             },
         };
-        Some(json!({"type": kind.as_str(), "object": ev.object}))
+        Some((kind, ev.json.clone()))
     }
 }
 
@@ -83,7 +142,8 @@ pub enum WatchStart {
     /// The requested resourceVersion is older than the history (410 Gone).
     Expired(ApiError),
     Stream {
-        initial: Vec<Value>,
+        /// Events (type, object JSON) to send first.
+        initial: Vec<(EventType, Bytes)>,
         rx: broadcast::Receiver<Arc<WatchEvent>>,
     },
 }
@@ -101,7 +161,7 @@ type Key = (String, String);
 
 pub struct Store {
     rv: u64,
-    objects: Vec<BTreeMap<Key, Value>>,
+    objects: Vec<BTreeMap<Key, Stored>>,
     history: VecDeque<Arc<WatchEvent>>,
     history_cap: usize,
     /// Events with a resourceVersion at or below this one may have left the history.
@@ -255,7 +315,7 @@ impl Store {
         res: usize,
         namespace: &str,
         kind: EventType,
-        object: Value,
+        object: Stored,
         prev: Option<Value>,
     ) {
         let ev = Arc::new(WatchEvent {
@@ -263,7 +323,8 @@ impl Store {
             res,
             namespace: namespace.to_string(),
             kind,
-            object,
+            object: object.value,
+            json: object.json,
             prev,
         });
         if self.history.len() == self.history_cap {
@@ -285,7 +346,7 @@ impl Store {
         let def = &RESOURCES[res];
         self.objects[res]
             .get(&Self::key(def, ns, name))
-            .cloned()
+            .map(|s| s.value.clone())
             .ok_or_else(|| ApiError::not_found(def, name))
     }
 
@@ -369,8 +430,9 @@ impl Store {
             return Ok(obj);
         }
         self.rv = rv;
-        self.objects[res].insert(key.clone(), obj.clone());
-        self.record(res, &key.0, EventType::Added, obj.clone(), None);
+        let stored = Stored::new(obj.clone());
+        self.objects[res].insert(key.clone(), stored.clone());
+        self.record(res, &key.0, EventType::Added, stored, None);
         Ok(obj)
     }
 
@@ -389,7 +451,7 @@ impl Store {
         let key = Self::key(def, ns, name);
         let old = self.objects[res]
             .get(&key)
-            .cloned()
+            .map(|s| s.value.clone())
             .ok_or_else(|| ApiError::not_found(def, name))?;
         if !new.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
@@ -500,8 +562,9 @@ impl Store {
             return Ok(next);
         }
         self.rv = rv;
-        self.objects[res].insert(key.clone(), next.clone());
-        self.record(res, &key.0, EventType::Modified, next.clone(), Some(old));
+        let stored = Stored::new(next.clone());
+        self.objects[res].insert(key.clone(), stored.clone());
+        self.record(res, &key.0, EventType::Modified, stored, Some(old));
         Ok(next)
     }
 
@@ -516,9 +579,10 @@ impl Store {
     ) -> ApiResult<Value> {
         let def = &RESOURCES[res];
         let key = Self::key(def, ns, name);
-        let old = self.objects[res]
+        let old = &self.objects[res]
             .get(&key)
-            .ok_or_else(|| ApiError::not_found(def, name))?;
+            .ok_or_else(|| ApiError::not_found(def, name))?
+            .value;
         if let Some(pre) = options.and_then(|o| o.get("preconditions")) {
             for (field, what) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
                 if let Some(want) = pre.get(field).and_then(Value::as_str) {
@@ -534,10 +598,16 @@ impl Store {
         if dry_run {
             return Ok(old.clone());
         }
-        let mut gone = self.objects[res].remove(&key).expect("present");
+        let mut gone = self.objects[res].remove(&key).expect("present").value;
         self.rv += 1;
         gone["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.record(res, &key.0, EventType::Deleted, gone.clone(), None);
+        self.record(
+            res,
+            &key.0,
+            EventType::Deleted,
+            Stored::new(gone.clone()),
+            None,
+        );
         if res == NAMESPACES {
             for r in (0..RESOURCES.len()).filter(|r| RESOURCES[*r].namespaced) {
                 let names: Vec<String> = self.objects[r]
@@ -553,8 +623,14 @@ impl Store {
         Ok(gone)
     }
 
-    /// Lists objects (all namespaces when `ns` is None) as a `<Kind>List`.
-    pub fn list(&self, res: usize, ns: Option<&str>, opts: &ListOptions) -> ApiResult<Value> {
+    /// The objects a list selects (all namespaces when `ns` is None), and the continue token when
+    /// `limit` cut the list short.
+    fn select(
+        &self,
+        res: usize,
+        ns: Option<&str>,
+        opts: &ListOptions,
+    ) -> ApiResult<(Vec<&Stored>, Option<String>)> {
         let def = &RESOURCES[res];
         let ns = ns.filter(|_| def.namespaced);
         let start: Bound<Key> = match &opts.continue_token {
@@ -573,12 +649,13 @@ impl Store {
                 None => Bound::Unbounded,
             },
         };
-        let mut items = Vec::new();
+        let mut items: Vec<&Stored> = Vec::new();
         let mut more = false;
-        for ((kns, _), obj) in self.objects[res].range((start, Bound::Unbounded)) {
+        for ((kns, _), stored) in self.objects[res].range((start, Bound::Unbounded)) {
             if ns.is_some_and(|ns| ns != kns) {
                 break;
             }
+            let obj = &stored.value;
             if !opts.labels.matches(obj.pointer("/metadata/labels")) || !opts.fields.matches(obj) {
                 continue;
             }
@@ -586,29 +663,59 @@ impl Store {
                 more = true;
                 break;
             }
-            items.push(obj.clone());
+            items.push(stored);
         }
         // The continue token names the last returned item; the next page starts after it.
-        let mut meta = Map::new();
-        meta.insert("resourceVersion".into(), json!(self.rv.to_string()));
-        if more {
-            let last = items.last().expect("limit >= 1");
-            let tok = format!(
+        let token = more.then(|| {
+            let last = &items.last().expect("limit >= 1").value;
+            format!(
                 "{}.{}.{}",
                 self.rv,
                 hex(meta_str(last, "namespace")
                     .filter(|_| def.namespaced)
                     .unwrap_or("")),
                 hex(meta_str(last, "name").unwrap_or(""))
-            );
+            )
+        });
+        Ok((items, token))
+    }
+
+    fn list_head(&self, res: usize, token: Option<String>) -> Value {
+        let def = &RESOURCES[res];
+        let mut meta = Map::new();
+        meta.insert("resourceVersion".into(), json!(self.rv.to_string()));
+        if let Some(tok) = token {
             meta.insert("continue".into(), json!(tok));
         }
-        Ok(json!({
+        json!({
             "kind": format!("{}List", def.kind),
             "apiVersion": def.api_version(),
             "metadata": meta,
-            "items": items,
-        }))
+        })
+    }
+
+    /// Lists objects (all namespaces when `ns` is None) as a `<Kind>List`.
+    pub fn list(&self, res: usize, ns: Option<&str>, opts: &ListOptions) -> ApiResult<Value> {
+        let (items, token) = self.select(res, ns, opts)?;
+        let items: Vec<Value> = items.into_iter().map(|s| s.value.clone()).collect();
+        let mut list = self.list_head(res, token);
+        list["items"] = Value::Array(items);
+        Ok(list)
+    }
+
+    /// The same list as [`Store::list`], with the items as their stored JSON: cheap to take under
+    /// the lock, joined into one document by [`JsonList::to_bytes`] after it.
+    pub fn list_json(
+        &self,
+        res: usize,
+        ns: Option<&str>,
+        opts: &ListOptions,
+    ) -> ApiResult<JsonList> {
+        let (items, token) = self.select(res, ns, opts)?;
+        Ok(JsonList {
+            items: items.into_iter().map(|s| s.json.clone()).collect(),
+            head: self.list_head(res, token),
+        })
     }
 
     /// Starts a watch: the events a watcher must see first, and a receiver for later ones.
@@ -621,14 +728,12 @@ impl Store {
                     fields: filter.fields.clone(),
                     ..Default::default()
                 };
-                let list = self
-                    .list(filter.res, filter.namespace.as_deref(), &opts)
+                let (items, _) = self
+                    .select(filter.res, filter.namespace.as_deref(), &opts)
                     .expect("no continue token");
-                list["items"]
-                    .as_array()
-                    .expect("items")
-                    .iter()
-                    .map(|o| json!({"type": "ADDED", "object": o}))
+                items
+                    .into_iter()
+                    .map(|s| (EventType::Added, s.json.clone()))
                     .collect()
             }
             Some(rv) => {
@@ -641,7 +746,7 @@ impl Store {
                 self.history
                     .iter()
                     .filter(|e| e.rv > rv)
-                    .filter_map(|e| filter.event_json(e))
+                    .filter_map(|e| filter.event(e))
                     .collect()
             }
         };
@@ -673,7 +778,7 @@ impl Store {
             let pdbs: Vec<&Value> = self.objects[PDBS]
                 .range((ns.to_string(), String::new())..)
                 .take_while(|((n, _), _)| n == ns)
-                .map(|(_, p)| p)
+                .map(|(_, p)| &p.value)
                 .filter(|p| {
                     p.pointer("/spec/selector")
                         .and_then(LabelSelector::from_object)
@@ -691,7 +796,7 @@ impl Store {
                 let pods: Vec<&Value> = self.objects[PODS]
                     .range((ns.to_string(), String::new())..)
                     .take_while(|((n, _), _)| n == ns)
-                    .map(|(_, p)| p)
+                    .map(|(_, p)| &p.value)
                     .filter(|p| selector.matches(p.pointer("/metadata/labels")))
                     .filter(|p| {
                         !pod_terminal(p) && p.pointer("/metadata/deletionTimestamp").is_none()
@@ -763,14 +868,15 @@ impl Store {
         let key = Self::key(def, ns, name);
         self.rv += 1;
         next["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.objects[PODS].insert(key.clone(), next.clone());
-        self.record(PODS, &key.0, EventType::Modified, next, Some(pod));
+        let stored = Stored::new(next);
+        self.objects[PODS].insert(key.clone(), stored.clone());
+        self.record(PODS, &key.0, EventType::Modified, stored, Some(pod));
         Ok(status::success(201, None))
     }
 
     /// Every stored object of a resource, in key order.
     pub fn iter(&self, res: usize) -> impl Iterator<Item = &Value> {
-        self.objects[res].values()
+        self.objects[res].values().map(|s| &s.value)
     }
 
     /// A receiver for every later change (the simulated controllers follow the store with it).
@@ -880,5 +986,44 @@ fn apply_create_defaults(res: usize, o: &mut Map<String, Value>) {
         }
         NODES => {}
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::CONFIGMAPS;
+
+    #[test]
+    fn json_lists_match_value_lists() {
+        let mut s = Store::new(100);
+        for i in 0..5 {
+            let cm = json!({"metadata": {"name": format!("c{i}"), "labels": {"n": i.to_string()}}, "data": {"k": "v"}});
+            s.create(CONFIGMAPS, "default", cm, false).unwrap();
+        }
+        for opts in [
+            ListOptions::default(),
+            ListOptions {
+                limit: Some(2),
+                ..Default::default()
+            },
+            ListOptions {
+                labels: LabelSelector::parse("n in (1,3)").unwrap(),
+                ..Default::default()
+            },
+            ListOptions {
+                labels: LabelSelector::parse("n=9").unwrap(),
+                ..Default::default()
+            },
+        ] {
+            let want = s.list(CONFIGMAPS, Some("default"), &opts).unwrap();
+            let got: Value = serde_json::from_slice(
+                &s.list_json(CONFIGMAPS, Some("default"), &opts)
+                    .unwrap()
+                    .to_bytes(),
+            )
+            .unwrap();
+            assert_eq!(got, want);
+        }
     }
 }
