@@ -153,7 +153,7 @@ impl Server {
             .unwrap()
             .port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-sim"))
             .args([
                 "--listen",
                 &addr.to_string(),
@@ -169,6 +169,8 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("kube-sim did not listen on {addr}");
     }
 }
