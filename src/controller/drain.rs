@@ -22,10 +22,13 @@ use super::metrics::{EvictionResult, Metrics};
 use super::store::ClusterState;
 use super::wall_now;
 use crate::model::{labels, Time};
+use crate::plan::scale_down::{dies_with_node, not_movable};
 
 /// Annotation holding when the drain of a node started (RFC 3339).
 pub const DRAIN_STARTED: &str = "gpu-node-autoscaler.io/drain-started";
-const MIRROR: &str = "kubernetes.io/config.mirror";
+/// Annotation saying the drain cordoned the node (so a rollback uncordons only what it cordoned,
+/// never a node an administrator had cordoned).
+pub const CORDONED_BY_DRAIN: &str = "gpu-node-autoscaler.io/cordoned-by-drain";
 
 pub struct DrainContext {
     pub client: Client,
@@ -67,6 +70,10 @@ pub enum DrainOutcome {
 
 fn mark(node: &mut Node, started: Time) -> bool {
     let spec = node.spec.get_or_insert_with(Default::default);
+    let ann = node
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
     let taints = spec.taints.get_or_insert_with(Vec::new);
     let mut changed = false;
     if !taints
@@ -83,12 +90,9 @@ fn mark(node: &mut Node, started: Time) -> bool {
     }
     if spec.unschedulable != Some(true) {
         spec.unschedulable = Some(true);
+        ann.insert(CORDONED_BY_DRAIN.into(), "true".into());
         changed = true;
     }
-    let ann = node
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default);
     if !ann.contains_key(DRAIN_STARTED) {
         ann.insert(DRAIN_STARTED.into(), started.to_rfc3339());
         changed = true;
@@ -98,34 +102,77 @@ fn mark(node: &mut Node, started: Time) -> bool {
 
 fn unmark(node: &mut Node) -> bool {
     let mut changed = false;
+    let cordoned_by_us = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CORDONED_BY_DRAIN));
     if let Some(spec) = node.spec.as_mut() {
         if let Some(taints) = spec.taints.as_mut() {
             let before = taints.len();
             taints.retain(|t| t.key != labels::TO_BE_DELETED_TAINT);
             changed |= taints.len() != before;
         }
-        if spec.unschedulable == Some(true) {
+        if cordoned_by_us && spec.unschedulable == Some(true) {
             spec.unschedulable = None;
             changed = true;
         }
     }
     if let Some(ann) = node.metadata.annotations.as_mut() {
         changed |= ann.remove(DRAIN_STARTED).is_some();
+        changed |= ann.remove(CORDONED_BY_DRAIN).is_some();
         changed |= ann.remove(labels::UNNEEDED_SINCE).is_some();
     }
     changed
 }
 
-/// Pods the drain must move: bound, not finished, not DaemonSet or mirror pods.
-fn movable(state: &Mutex<ClusterState>, node: &str) -> Vec<(String, String)> {
-    let s = state.lock().unwrap();
-    s.pods
+/// The pods the drain must still move, read from the API server (not the watch cache: a pod
+/// bound just before the cordon must not be lost with the node): bound there, not finished, not
+/// DaemonSet or mirror pods. `Err` names a pod that cannot be moved (bare, safe-to-evict
+/// "false", local storage, kube-system without a budget), or an API failure.
+async fn to_move(ctx: &DrainContext, node: &str) -> Result<Vec<(String, String)>, Unmovable> {
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(ctx.client.clone());
+    let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let list = api
+        .list(&lp)
+        .await
+        .map_err(|e| Unmovable::Api(e.to_string()))?;
+    let pdbs = ctx
+        .state
+        .lock()
+        .unwrap()
+        .pdbs
         .items
         .values()
-        .filter(|p| p.node_name.as_deref() == Some(node) && p.is_bound_active())
-        .filter(|p| !p.is_daemonset() && !p.annotations.contains_key(MIRROR))
-        .map(|p| (p.id.namespace.clone(), p.id.name.clone()))
-        .collect()
+        .cloned()
+        .collect();
+    let budgets = crate::model::Snapshot {
+        pdbs,
+        ..Default::default()
+    };
+    let mut conv = crate::convert::Converter::new();
+    let mut out = Vec::new();
+    for p in list.items {
+        let Ok(p) = serde_json::to_value(&p)
+            .map_err(|e| e.to_string())
+            .and_then(|v| conv.pod(v))
+        else {
+            continue;
+        };
+        if !p.is_bound_active() || p.deleting || dies_with_node(&p) {
+            continue;
+        }
+        if let Some(why) = not_movable(&p, &budgets) {
+            return Err(Unmovable::Pod(why));
+        }
+        out.push((p.id.namespace.clone(), p.id.name.clone()));
+    }
+    Ok(out)
+}
+
+enum Unmovable {
+    Pod(String),
+    Api(String),
 }
 
 /// Gives a node back after a failed or abandoned drain.
@@ -142,8 +189,28 @@ pub async fn roll_back(ctx: &DrainContext, node: &str, why: &str) -> Result<(), 
     Ok(())
 }
 
+async fn give_back(ctx: &DrainContext, node: &str, why: String) -> DrainOutcome {
+    match roll_back(ctx, node, &why).await {
+        Ok(()) => DrainOutcome::RolledBack(why),
+        Err(e) => DrainOutcome::Failed(format!("{why}; rolling back failed: {e}")),
+    }
+}
+
 pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
     let api: Api<Node> = Api::all(ctx.client.clone());
+    if !ctx.elector.is_leader() {
+        return DrainOutcome::Abandoned;
+    }
+    let (Some(provider), Some(instance_id)) = (job.provider.clone(), job.instance_id.clone())
+    else {
+        // Deleting the Node without terminating its instance would leave it running unseen.
+        let why = format!(
+            "no cloud instance known for the node (pool {:?} has no provider, or its providerID \
+             names no instance of ours)",
+            job.pool
+        );
+        return give_back(&ctx, &job.node, why).await;
+    };
     let started = wall_now();
     if let Err(e) = kube_io::modify_node(&api, &job.node, |n| mark(n, started)).await {
         return DrainOutcome::Failed(format!("cannot taint the node: {e}"));
@@ -160,24 +227,31 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
         if !ctx.elector.is_leader() {
             return DrainOutcome::Abandoned;
         }
-        let pods = movable(&ctx.state, &job.node);
-        if pods.is_empty() {
+        let pods = match to_move(&ctx, &job.node).await {
+            Ok(p) => Some(p),
+            Err(Unmovable::Pod(why)) => {
+                return give_back(&ctx, &job.node, format!("{why}, so it cannot be moved")).await
+            }
+            Err(Unmovable::Api(e)) => {
+                warn!(node = %job.node, "listing the node's pods: {e}");
+                None
+            }
+        };
+        if pods.as_ref().is_some_and(|p| p.is_empty()) {
             break;
         }
         if wall_now() >= job.deadline {
-            let why = format!(
-                "{} pod(s) could not be evicted before the deadline (PodDisruptionBudget or \
-                 eviction errors), e.g. {}/{}",
-                pods.len(),
-                pods[0].0,
-                pods[0].1
-            );
-            return match roll_back(&ctx, &job.node, &why).await {
-                Ok(()) => DrainOutcome::RolledBack(why),
-                Err(e) => DrainOutcome::Failed(format!("{why}; rolling back failed: {e}")),
+            let why = match pods.as_deref() {
+                Some([(ns, name), ..]) => format!(
+                    "{} pod(s) could not be evicted before the deadline (PodDisruptionBudget \
+                     or eviction errors), e.g. {ns}/{name}",
+                    pods.as_ref().map_or(0, Vec::len)
+                ),
+                _ => "the node's pods could not be listed before the deadline".to_string(),
             };
+            return give_back(&ctx, &job.node, why).await;
         }
-        for (ns, name) in &pods {
+        for (ns, name) in pods.iter().flatten() {
             ctx.evictions.until_ready().await;
             let result = match kube_io::evict(&ctx.client, ns, name).await {
                 Evicted::Done => "evicted",
@@ -206,15 +280,16 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
         );
         tokio::time::sleep(wait).await;
     }
-    if let (Some(provider), Some(id)) = (&job.provider, &job.instance_id) {
-        if let Err(e) = provider.terminate(id).await {
-            return DrainOutcome::Failed(format!("terminating instance {id}: {e}"));
-        }
+    if !ctx.elector.is_leader() {
+        return DrainOutcome::Abandoned;
+    }
+    if let Err(e) = provider.terminate(&instance_id).await {
+        return DrainOutcome::Failed(format!("terminating instance {instance_id}: {e}"));
     }
     if let Err(e) = kube_io::delete_node(&api, &job.node).await {
         return DrainOutcome::Failed(format!("deleting the Node: {e}"));
     }
-    info!(node = %job.node, instance = job.instance_id.as_deref().unwrap_or("-"), "node removed");
+    info!(node = %job.node, instance = %instance_id, "node removed");
     DrainOutcome::Removed
 }
 
@@ -241,5 +316,15 @@ mod tests {
         assert!(!unmark(&mut n));
         assert!(n.spec.as_ref().unwrap().taints.as_ref().unwrap().is_empty());
         assert_eq!(n.spec.as_ref().unwrap().unschedulable, None);
+    }
+
+    #[test]
+    fn a_node_an_administrator_cordoned_stays_cordoned_after_a_rollback() {
+        let mut n = Node::default();
+        n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+        assert!(mark(&mut n, Time::from_secs(10)));
+        assert!(unmark(&mut n));
+        assert_eq!(n.spec.as_ref().unwrap().unschedulable, Some(true));
+        assert!(n.spec.as_ref().unwrap().taints.as_ref().unwrap().is_empty());
     }
 }

@@ -3,7 +3,7 @@
 //! restarted controller finds them again.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 use std::time::Duration;
 
 use gpu_node_autoscaler_provider::{Instance, InstanceState, LaunchRequest, OfferingKey};
@@ -36,12 +36,17 @@ pub struct FleetView {
 
 /// Joins the provider's instances with the Nodes by providerID. `expects_gpus` tells whether an
 /// offering's instance type has GPUs (a node of it without advertised GPUs is still starting).
+///
+/// `waiting_since` says since when an instance has been without a working node: its launch,
+/// unless it had a Node that went away (then since it went), so that a long-running instance
+/// whose Node re-registers is not taken for a launch that never came up.
 pub fn fleet_view<'a>(
     instances: impl IntoIterator<Item = &'a Instance>,
     nodes: &HashMap<String, Node>,
     now: Time,
     max_provision: Duration,
     expects_gpus: impl Fn(&OfferingKey) -> bool,
+    waiting_since: impl Fn(&Instance) -> Time,
 ) -> FleetView {
     let by_provider_id: HashMap<&str, &Node> = nodes
         .values()
@@ -57,7 +62,7 @@ pub fn fleet_view<'a>(
             continue;
         }
         let launched = Time(i.launched_at_ms);
-        let late = launched + max_provision <= now;
+        let late = waiting_since(i).max(launched) + max_provision <= now;
         match by_provider_id.get(i.provider_id.as_str()) {
             Some(node) => {
                 view.instance_of_node
@@ -104,20 +109,25 @@ pub fn instance_id_of(provider_id: &str) -> Option<&str> {
     None
 }
 
-/// A launch id that is the same for the same scale-up of the same pods, so that a controller
-/// that crashed after launching and plans the same again launches nothing new (the provider
-/// finds the instances by this id). `attempt` changes it after a launch was given up.
-pub fn launch_id(su: &ScaleUp, attempt: u32) -> String {
-    let mut pods: Vec<&str> = su.pods.iter().map(String::as_str).collect();
+/// A launch id that is the same for the same scale-up of the same pods (by UID: a pod re-created
+/// under its old name is another pod), so that a controller that crashed after launching and
+/// plans the same again launches nothing new (the provider finds the instances by this id).
+/// `attempt` changes it after a launch was given up.
+pub fn launch_id(su: &ScaleUp, uids: &[&str], attempt: u32) -> String {
+    let mut pods: Vec<&str> = uids.to_vec();
     pods.sort_unstable();
+    // Bytes fed explicitly (not through `Hash`, whose encoding may change between Rust
+    // versions): the id must be found again after an upgrade.
     let mut h = Fnv::default();
-    su.pool.hash(&mut h);
-    su.offerings
+    let instance_type = su
+        .offerings
         .first()
-        .map(|o| o.instance_type.as_str())
-        .hash(&mut h);
-    pods.hash(&mut h);
-    attempt.hash(&mut h);
+        .map_or("", |o| o.instance_type.as_str());
+    for part in [su.pool.as_str(), instance_type].into_iter().chain(pods) {
+        h.write(part.as_bytes());
+        h.write(&[0]);
+    }
+    h.write(&attempt.to_le_bytes());
     format!("{}-{:012x}", su.pool, h.0 & 0xffff_ffff_ffff)
 }
 
@@ -159,9 +169,14 @@ pub fn node_template_tags(pool: &Pool) -> BTreeMap<String, String> {
 }
 
 /// The launch request for one planned scale-up.
-pub fn launch_request(su: &ScaleUp, pool: Option<&Pool>, attempt: u32) -> LaunchRequest {
+pub fn launch_request(
+    su: &ScaleUp,
+    uids: &[&str],
+    pool: Option<&Pool>,
+    attempt: u32,
+) -> LaunchRequest {
     LaunchRequest {
-        launch_id: launch_id(su, attempt),
+        launch_id: launch_id(su, uids, attempt),
         pool: su.pool.clone(),
         count: su.count,
         offerings: su.offerings.iter().map(|o| o.key()).collect(),
@@ -225,6 +240,7 @@ mod tests {
             Time::from_secs(60),
             Duration::from_secs(900),
             |_| true,
+            |i| Time(i.launched_at_ms),
         );
         assert_eq!(v.in_flight.len(), 1);
         assert_eq!(v.in_flight[0].count, 2);
@@ -248,6 +264,7 @@ mod tests {
             Time::from_secs(899),
             Duration::from_secs(900),
             |_| true,
+            |i| Time(i.launched_at_ms),
         );
         assert!(v.overdue.is_empty());
         let v = fleet_view(
@@ -256,6 +273,7 @@ mod tests {
             Time::from_secs(900),
             Duration::from_secs(900),
             |_| true,
+            |i| Time(i.launched_at_ms),
         );
         assert_eq!(v.overdue[0].node.as_deref(), Some("n1"));
         let v = fleet_view(
@@ -264,6 +282,7 @@ mod tests {
             Time::from_secs(900),
             Duration::from_secs(900),
             |_| false,
+            |i| Time(i.launched_at_ms),
         );
         assert!(
             v.overdue.is_empty(),
@@ -296,13 +315,44 @@ mod tests {
 
     #[test]
     fn launch_ids_depend_on_the_pods_not_their_order() {
-        let a = launch_id(&scale_up(&["ml/a", "ml/b"]), 0);
-        assert_eq!(a, launch_id(&scale_up(&["ml/b", "ml/a"]), 0));
-        assert_ne!(a, launch_id(&scale_up(&["ml/a"]), 0));
-        assert_ne!(a, launch_id(&scale_up(&["ml/a", "ml/b"]), 1));
+        let su = scale_up(&["ml/a", "ml/b"]);
+        let a = launch_id(&su, &["u1", "u2"], 0);
+        assert_eq!(a, launch_id(&su, &["u2", "u1"], 0));
+        assert_ne!(a, launch_id(&su, &["u1"], 0));
+        assert_ne!(
+            a,
+            launch_id(&su, &["u1", "u3"], 0),
+            "a re-created pod is another pod"
+        );
+        assert_ne!(a, launch_id(&su, &["u1", "u2"], 1));
         assert!(a.starts_with("a10g-"));
-        // Stable across builds: the id is found again after an upgrade.
-        assert_eq!(launch_id(&scale_up(&["x"]), 0).len(), "a10g-".len() + 12);
+        // Stable across builds and Rust versions: the id is found again after an upgrade.
+        assert_eq!(a, "a10g-8f121cf6e7f6");
+    }
+
+    #[test]
+    fn an_instance_whose_node_went_away_waits_from_then() {
+        let instances = [instance("i-1", "L1", 0, InstanceState::Running)];
+        let lost_at = Time::from_secs(10_000);
+        let v = fleet_view(
+            &instances,
+            &HashMap::new(),
+            Time::from_secs(10_060),
+            Duration::from_secs(900),
+            |_| true,
+            |_| lost_at,
+        );
+        assert!(v.overdue.is_empty(), "lost its Node a minute ago");
+        assert_eq!(v.in_flight[0].count, 1);
+        let v = fleet_view(
+            &instances,
+            &HashMap::new(),
+            Time::from_secs(10_900),
+            Duration::from_secs(900),
+            |_| true,
+            |_| lost_at,
+        );
+        assert_eq!(v.overdue.len(), 1);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! its holder has not renewed it within its duration. Updates carry the `resourceVersion` read,
 //! so of two replicas racing for an expired Lease exactly one wins (the other gets a 409).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,17 +15,15 @@ use tracing::{info, warn};
 
 use crate::model::Time;
 
-/// May `me` take or keep the Lease described by `spec` at `now`?
-pub fn may_hold(spec: &LeaseSpec, me: &str, now: Time) -> bool {
+/// May `me` take or keep the Lease described by `spec`, which has not changed for `unchanged`
+/// (by our own clock: comparing the holder's `renewTime` with our clock would trust two clocks)?
+pub fn may_hold(spec: &LeaseSpec, me: &str, unchanged: Duration) -> bool {
     let holder = spec.holder_identity.as_deref().unwrap_or("");
-    if holder.is_empty() || holder == me {
+    if holder.is_empty() || holder == me || spec.renew_time.is_none() {
         return true;
     }
-    let Some(renewed) = spec.renew_time.as_ref().map(micro_to_time) else {
-        return true;
-    };
     let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
-    renewed + duration <= now
+    unchanged >= duration
 }
 
 /// The spec `me` writes to take or renew the Lease.
@@ -61,6 +59,11 @@ pub struct Elector {
     identity: String,
     duration: Duration,
     leader: Arc<AtomicBool>,
+    /// Milliseconds since `epoch` of the last successful renewal.
+    renewed_ms: Arc<AtomicU64>,
+    epoch: tokio::time::Instant,
+    /// The Lease's resourceVersion as last read, and when it was first read so.
+    observed: Arc<std::sync::Mutex<Option<(String, tokio::time::Instant)>>>,
 }
 
 impl Elector {
@@ -77,11 +80,20 @@ impl Elector {
             identity: identity.to_string(),
             duration,
             leader: Arc::new(AtomicBool::new(false)),
+            renewed_ms: Arc::new(AtomicU64::new(0)),
+            epoch: tokio::time::Instant::now(),
+            observed: Arc::default(),
         }
     }
 
+    /// Holds the Lease now: the last renewal is younger than two thirds of its duration, so no
+    /// other replica can have taken it (whatever the state of a renewal in progress).
     pub fn is_leader(&self) -> bool {
-        self.leader.load(Ordering::SeqCst)
+        if !self.leader.load(Ordering::SeqCst) {
+            return false;
+        }
+        let renewed = Duration::from_millis(self.renewed_ms.load(Ordering::SeqCst));
+        self.epoch.elapsed() < renewed + self.duration * 2 / 3
     }
 
     pub fn identity(&self) -> &str {
@@ -113,7 +125,18 @@ impl Elector {
             }
             Some(mut lease) => {
                 let spec = lease.spec.clone().unwrap_or_default();
-                if !may_hold(&spec, &self.identity, now) {
+                let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+                let unchanged = {
+                    let mut o = self.observed.lock().unwrap();
+                    match o.as_ref() {
+                        Some((seen, at)) if *seen == rv => at.elapsed(),
+                        _ => {
+                            *o = Some((rv, tokio::time::Instant::now()));
+                            Duration::ZERO
+                        }
+                    }
+                };
+                if !may_hold(&spec, &self.identity, unchanged) {
                     return Ok(false);
                 }
                 lease.spec = Some(held_spec(&spec, &self.identity, self.duration, now));
@@ -133,16 +156,30 @@ impl Elector {
     /// Runs until `stop` fires: renews every `retry` and steps down when a renewal has not
     /// succeeded within two thirds of the Lease duration (before anyone else may take it).
     pub async fn run(self, retry: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut last_renewed: Option<tokio::time::Instant> = None;
-        let deadline = self.duration * 2 / 3;
         loop {
-            match self.try_hold().await {
+            let started = tokio::time::Instant::now();
+            // A renewal that hangs must not keep us acting: it is given up after `retry`.
+            let attempt = match tokio::time::timeout(
+                retry.max(Duration::from_secs(1)),
+                self.try_hold(),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(kube::Error::Service("renewing the Lease timed out".into())),
+            };
+            match attempt {
                 Ok(true) => {
-                    if !self.is_leader() {
+                    let was = self.is_leader();
+                    // Valid from when the renewal was sent, not from when it returned.
+                    self.renewed_ms.store(
+                        started.duration_since(self.epoch).as_millis() as u64,
+                        Ordering::SeqCst,
+                    );
+                    self.leader.store(true, Ordering::SeqCst);
+                    if !was {
                         info!(identity = %self.identity, lease = %self.name, "became the leader");
                     }
-                    last_renewed = Some(tokio::time::Instant::now());
-                    self.leader.store(true, Ordering::SeqCst);
                 }
                 Ok(false) => {
                     if self.is_leader() {
@@ -152,7 +189,7 @@ impl Elector {
                 }
                 Err(e) => {
                     warn!(error = %e, "cannot renew the Lease");
-                    if last_renewed.is_none_or(|t| t.elapsed() > deadline) && self.is_leader() {
+                    if self.leader.load(Ordering::SeqCst) && !self.is_leader() {
                         warn!("stepping down: the Lease was not renewed in time");
                         self.leader.store(false, Ordering::SeqCst);
                     }
@@ -207,27 +244,23 @@ mod tests {
     }
 
     #[test]
-    fn a_live_lease_of_another_is_respected_until_it_expires() {
+    fn a_live_lease_of_another_is_respected_until_unchanged_for_its_duration() {
         let s = spec(Some("b"), Some(100), 15);
-        assert!(!may_hold(&s, "a", Time::from_secs(100)));
-        assert!(!may_hold(&s, "a", Time::from_secs(114)));
-        assert!(may_hold(&s, "a", Time::from_secs(115)));
-        assert!(may_hold(&s, "b", Time::from_secs(101)));
+        assert!(!may_hold(&s, "a", Duration::ZERO));
+        assert!(!may_hold(&s, "a", Duration::from_secs(14)));
+        assert!(may_hold(&s, "a", Duration::from_secs(15)));
+        assert!(may_hold(&s, "b", Duration::ZERO));
     }
 
     #[test]
     fn an_empty_or_released_lease_may_be_taken() {
-        assert!(may_hold(&LeaseSpec::default(), "a", Time(0)));
+        assert!(may_hold(&LeaseSpec::default(), "a", Duration::ZERO));
         assert!(may_hold(
             &spec(Some(""), Some(100), 15),
             "a",
-            Time::from_secs(100)
+            Duration::ZERO
         ));
-        assert!(may_hold(
-            &spec(Some("b"), None, 15),
-            "a",
-            Time::from_secs(1)
-        ));
+        assert!(may_hold(&spec(Some("b"), None, 15), "a", Duration::ZERO));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
 use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, OfferingKey, ProviderError};
 use k8s_openapi::api::core::v1::{ConfigMap, Node as K8sNode, Pod as K8sPod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -246,6 +247,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         policy_name: (policy_ns, policy_name),
         policy: None,
         policy_seen: None,
+        policy_apply_failed: None,
         policy_valid: false,
         templates: None,
         catalog: Catalog::default(),
@@ -254,7 +256,12 @@ async fn run_async(args: RunArgs) -> Result<()> {
         pools: BTreeMap::new(),
         history: BTreeMap::new(),
         recent: HashMap::new(),
-        given_up: HashSet::new(),
+        given_up: HashMap::new(),
+        registered: HashSet::new(),
+        lost: HashMap::new(),
+        removed: HashMap::new(),
+        launch_backoff: HashMap::new(),
+        restored: false,
         drains: HashMap::new(),
         notified: HashMap::new(),
         reacted: HashSet::new(),
@@ -316,6 +323,8 @@ struct Controller {
     policy: Option<Arc<Policy>>,
     /// resourceVersion of the policy ConfigMap last looked at.
     policy_seen: Option<String>,
+    /// resourceVersion of a valid policy that could not be applied yet (reported once).
+    policy_apply_failed: Option<String>,
     policy_valid: bool,
     templates: Option<Arc<Templates>>,
     catalog: Catalog,
@@ -327,8 +336,18 @@ struct Controller {
     history: BTreeMap<String, PoolHistory>,
     /// Instances this process launched, until the cloud's listing shows them.
     recent: HashMap<String, (Instance, Time)>,
-    /// Launch ids given up (never registered in time): a re-plan uses a new id.
-    given_up: HashSet<String>,
+    /// Launch ids given up (never registered in time, or a gang's partial launch given back),
+    /// with when: a re-plan uses a new id.
+    given_up: HashMap<String, Time>,
+    /// Instances seen with a Node; and since when those without one any more lost it.
+    registered: HashSet<String>,
+    lost: HashMap<String, Time>,
+    /// Nodes this process removed, so a stale cache does not resume their drain.
+    removed: HashMap<String, Time>,
+    /// Per pool: no launch before this time after failures other than capacity, and how many.
+    launch_backoff: HashMap<String, (Time, u32)>,
+    /// History restored from the status ConfigMap (after a restart or a failover).
+    restored: bool,
     /// Running drains: node → (pool, task).
     drains: HashMap<String, (String, tokio::task::JoinHandle<DrainOutcome>)>,
     /// The last NotTriggerScaleUp reason sent per pod.
@@ -410,6 +429,7 @@ impl Controller {
             let now = wall_now();
             match outcome {
                 DrainOutcome::Removed => {
+                    self.removed.insert(node.clone(), now);
                     if let Some(p) = &pool {
                         self.metrics
                             .scale_downs
@@ -421,7 +441,11 @@ impl Controller {
                 DrainOutcome::RolledBack(why) | DrainOutcome::Failed(why) => {
                     warn!(node = %node, "scale-down failed: {why}");
                     if let Some(p) = pool {
-                        self.pools.entry(p).or_default().last_scale_down_failure = Some(now);
+                        self.pools
+                            .entry(p.clone())
+                            .or_default()
+                            .last_scale_down_failure = Some(now);
+                        self.history.entry(p).or_default().last_scale_down_failure = Some(now);
                     }
                 }
                 DrainOutcome::Abandoned => {}
@@ -429,17 +453,52 @@ impl Controller {
         }
     }
 
+    /// Restores cooldowns and back-offs from the status ConfigMap a previous leader wrote.
+    async fn restore_history(&mut self) {
+        let (ns, name) =
+            split_ref(&self.args.status_configmap, "status-configmap").unwrap_or_default();
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
+        let cm = match api.get_opt(&name).await {
+            Ok(cm) => cm,
+            Err(e) => {
+                warn!("reading the status ConfigMap: {e}");
+                return;
+            }
+        };
+        self.restored = true;
+        let Some(json) = cm
+            .and_then(|c| c.data)
+            .and_then(|d| d.get("status.json").cloned())
+        else {
+            return;
+        };
+        for (pool, h) in status::history_of(&json) {
+            let state = self.pools.entry(pool.clone()).or_default();
+            state.last_scale_up = state.last_scale_up.max(h.last_scale_up);
+            state.last_scale_down_failure =
+                state.last_scale_down_failure.max(h.last_scale_down_failure);
+            let mine = self.history.entry(pool).or_default();
+            mine.last_scale_up = mine.last_scale_up.max(h.last_scale_up);
+            mine.last_scale_down = mine.last_scale_down.max(h.last_scale_down);
+            mine.last_scale_down_failure =
+                mine.last_scale_down_failure.max(h.last_scale_down_failure);
+        }
+        info!("history restored from the status ConfigMap");
+    }
+
     /// Reads a changed policy ConfigMap; an invalid one leaves the last good policy in force.
+    /// A valid one that cannot be applied yet (the cloud's catalog unreachable) is tried again
+    /// on the next pass.
     async fn reload_policy(&mut self) {
         let src = self.state.lock().unwrap().policy_source().cloned();
         let rv = src.as_ref().map(|s| s.resource_version.clone());
         if rv == self.policy_seen && (self.policy.is_some() || rv.is_none()) {
             return;
         }
-        self.policy_seen = rv;
         let (ns, name) = self.policy_name.clone();
         let file = format!("configmap {ns}/{name} key {}", store::POLICY_KEY);
         let Some(src) = src else {
+            self.policy_seen = rv;
             warn!("the policy ConfigMap {ns}/{name} does not exist");
             self.set_policy_valid(false);
             return;
@@ -448,10 +507,32 @@ impl Controller {
         let result = match &src.text {
             None => Err(format!("{file}: the key is missing")),
             Some(text) => match parse_policy(text, &file) {
-                Ok(p) => self.apply_policy(p).await,
+                Ok(p) => match self.apply_policy(p).await {
+                    Ok(()) => Ok(()),
+                    Err(e) if self.policy_apply_failed.as_deref() == rv.as_deref() => {
+                        warn!("the new policy cannot be applied yet: {e}");
+                        return;
+                    }
+                    Err(e) => {
+                        warn!("the new policy cannot be applied yet, retrying: {e}");
+                        self.policy_apply_failed = rv.clone();
+                        self.events.send(Note {
+                            object: cm,
+                            warning: true,
+                            reason: "PolicyNotApplied",
+                            action: "Reload",
+                            message: format!(
+                                "valid, but not applied yet (retried every pass): {e}"
+                            ),
+                        });
+                        return;
+                    }
+                },
                 Err(e) => Err(e.to_string()),
             },
         };
+        self.policy_seen = rv;
+        self.policy_apply_failed = None;
         match result {
             Ok(()) => {
                 info!(resource_version = %src.resource_version, "policy in force");
@@ -516,38 +597,111 @@ impl Controller {
         Ok(())
     }
 
-    /// The cloud's instances of every pool, plus those launched here and not listed yet.
-    async fn instances(&mut self, now: Time) -> std::result::Result<Vec<Instance>, String> {
+    /// The cloud's instances of every pool (`recent` keeps those launched here until listed).
+    async fn list_instances(&mut self, now: Time) -> std::result::Result<Vec<Instance>, String> {
         let mut out: Vec<Instance> = Vec::new();
-        let mut seen = HashSet::new();
         for (pool, provider) in &self.providers {
             let listed = provider
                 .list(pool)
                 .await
                 .map_err(|e| format!("listing the instances of pool {pool}: {e}"))?;
-            for i in listed {
-                seen.insert(i.id.clone());
-                out.push(i);
+            out.extend(listed);
+        }
+        let seen: HashSet<&str> = out.iter().map(|i| i.id.as_str()).collect();
+        self.recent.retain(|id, (_, added)| {
+            !seen.contains(id.as_str()) && now.since(*added) < Duration::from_secs(300)
+        });
+        Ok(out)
+    }
+
+    /// Joins the cloud's instances (listed, and launched here but not listed yet) with the
+    /// Nodes, and takes the snapshot the planner reads.
+    fn observe(
+        &mut self,
+        listed: &[Instance],
+        policy: &Policy,
+        now: Time,
+    ) -> (Snapshot, FleetView) {
+        let state = self.state.clone();
+        let s = state.lock().unwrap();
+        let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+        let all: Vec<&Instance> = listed
+            .iter()
+            .chain(
+                self.recent
+                    .values()
+                    .map(|(i, _)| i)
+                    .filter(|i| !listed_ids.contains(i.id.as_str())),
+            )
+            .collect();
+        let with_node: HashSet<&str> = s
+            .nodes
+            .items
+            .values()
+            .filter_map(|n| n.provider_id.as_deref())
+            .chain(s.rejected_provider_ids.iter().map(String::as_str))
+            .collect();
+        let ids: HashSet<&str> = all.iter().map(|i| i.id.as_str()).collect();
+        self.registered.retain(|id| ids.contains(id.as_str()));
+        self.lost.retain(|id, _| ids.contains(id.as_str()));
+        for i in &all {
+            if with_node.contains(i.provider_id.as_str()) {
+                self.registered.insert(i.id.clone());
+                self.lost.remove(&i.id);
+            } else if self.registered.contains(&i.id) {
+                self.lost.entry(i.id.clone()).or_insert(now);
             }
         }
-        self.recent.retain(|id, (_, added)| {
-            !seen.contains(id) && now.since(*added) < Duration::from_secs(300)
-        });
-        out.extend(self.recent.values().map(|(i, _)| i.clone()));
-        Ok(out)
+        let catalog = &self.catalog;
+        let lost = &self.lost;
+        let view = fleet_view(
+            all,
+            &s.nodes.items,
+            now,
+            policy.max_node_provision_time,
+            |k: &OfferingKey| {
+                catalog
+                    .instance_type(&k.instance_type)
+                    .is_none_or(|t| t.gpu.is_some())
+            },
+            |i: &Instance| lost.get(&i.id).copied().unwrap_or(Time(i.launched_at_ms)),
+        );
+        let mut snapshot = s.snapshot(view.in_flight.clone());
+        if self.args.dry_run {
+            for n in &mut snapshot.nodes {
+                if let Some(since) = self.unneeded_dry.get(&n.name) {
+                    n.annotations
+                        .insert(labels::UNNEEDED_SINCE.into(), since.clone());
+                }
+            }
+        }
+        (snapshot, view)
     }
 
     async fn pass(&mut self) {
         self.reload_policy().await;
-        let Some(policy) = self.policy.clone() else {
-            return;
-        };
         if !self.elector.is_leader() {
             return;
         }
         let now = wall_now();
+        if !self.restored {
+            self.restore_history().await;
+        }
+        // Giving nodes back needs neither a policy nor the cloud.
+        self.roll_back_expired_drains(now).await;
+        let Some(policy) = self.policy.clone() else {
+            return;
+        };
         self.ice.retain(|_, until| *until > now);
-        let instances = match self.instances(now).await {
+        self.given_up
+            .retain(|_, at| now.since(*at) < Duration::from_secs(3600));
+        self.removed
+            .retain(|_, at| now.since(*at) < Duration::from_secs(600));
+        {
+            let s = self.state.lock().unwrap();
+            self.reacted.retain(|k| s.pods.items.contains_key(k));
+        }
+        let listed = match self.list_instances(now).await {
             Ok(i) => i,
             Err(e) => {
                 // Without the cloud's view, in-flight capacity is unknown: deciding now could
@@ -556,41 +710,9 @@ impl Controller {
                 return;
             }
         };
-        let catalog = &self.catalog;
-        let expects_gpus = |k: &OfferingKey| {
-            catalog
-                .instance_type(&k.instance_type)
-                .is_none_or(|t| t.gpu.is_some())
-        };
-        let (mut snapshot, view) = {
-            let s = self.state.lock().unwrap();
-            let view = fleet_view(
-                &instances,
-                &s.nodes.items,
-                now,
-                policy.max_node_provision_time,
-                expects_gpus,
-            );
-            let snapshot = Snapshot {
-                pods: s.pods.items.values().cloned().collect(),
-                nodes: s.nodes.items.values().cloned().collect(),
-                pdbs: s.pdbs.items.values().cloned().collect(),
-                in_flight: view.in_flight.clone(),
-                unavailable: BTreeMap::new(),
-                pools: BTreeMap::new(),
-            };
-            (snapshot, view)
-        };
+        let (mut snapshot, view) = self.observe(&listed, &policy, now);
         self.give_up_overdue(&view, &policy, now).await;
-        if self.args.dry_run {
-            for n in &mut snapshot.nodes {
-                if let Some(s) = self.unneeded_dry.get(&n.name) {
-                    n.annotations
-                        .insert(labels::UNNEEDED_SINCE.into(), s.clone());
-                }
-            }
-        }
-        self.resume_drains(&snapshot, &view, now).await;
+        self.resume_drains(&snapshot, &view, now);
         let Some(templates) = self.templates.clone() else {
             return;
         };
@@ -604,23 +726,14 @@ impl Controller {
             self.metrics
                 .plan_duration_seconds
                 .observe(t0.elapsed().as_secs_f64());
-            let short = self.scale_up(&plan, &policy, now).await;
+            let capacity_failed = self.scale_up(&plan, &policy, now).await;
             round += 1;
-            // An offering short of capacity is now avoided: plan the rest again at once.
-            if !short || round == 3 || self.args.dry_run {
+            // An offering just found short of capacity is now avoided: plan the rest again at
+            // once. Other failures wait for their back-off.
+            if !capacity_failed || round == 3 || self.args.dry_run {
                 break;
             }
-            snapshot.in_flight = fleet_view(
-                self.recent.values().map(|(i, _)| i),
-                &HashMap::new(),
-                now,
-                policy.max_node_provision_time,
-                |_| true,
-            )
-            .in_flight
-            .into_iter()
-            .chain(view.in_flight.iter().cloned())
-            .collect();
+            snapshot.in_flight = self.observe(&listed, &policy, now).1.in_flight;
         }
         self.report_unschedulable(&plan);
         let kept: BTreeMap<String, String> = plan
@@ -639,18 +752,37 @@ impl Controller {
         self.publish(&plan, &policy, &snapshot, &view, now).await;
     }
 
-    /// Launches the plan's scale-ups. Returns whether any fell short.
+    /// Launches the plan's scale-ups. Returns whether an offering was newly found short of
+    /// capacity (worth planning again at once).
     async fn scale_up(&mut self, plan: &Plan, policy: &Policy, now: Time) -> bool {
         let mut launched_counts = Vec::with_capacity(plan.scale_ups.len());
         let mut launched_ids: Vec<Vec<String>> = Vec::new();
+        let mut launch_ids: Vec<String> = Vec::new();
+        let mut capacity_failed = false;
         for su in &plan.scale_ups {
             let pool = policy.pool(&su.pool);
+            let uids: Vec<String> = {
+                let s = self.state.lock().unwrap();
+                su.pods
+                    .iter()
+                    .map(|k| {
+                        s.pods
+                            .items
+                            .get(k)
+                            .map(|p| p.uid.clone())
+                            .filter(|u| !u.is_empty())
+                            .unwrap_or_else(|| k.clone())
+                    })
+                    .collect()
+            };
+            let uids: Vec<&str> = uids.iter().map(String::as_str).collect();
             let mut attempt = 0;
-            let mut req = launch_request(su, pool, attempt);
-            while self.given_up.contains(&req.launch_id) {
+            let mut req = launch_request(su, &uids, pool, attempt);
+            while self.given_up.contains_key(&req.launch_id) {
                 attempt += 1;
-                req = launch_request(su, pool, attempt);
+                req = launch_request(su, &uids, pool, attempt);
             }
+            launch_ids.push(req.launch_id.clone());
             {
                 let s = self.state.lock().unwrap();
                 for p in &su.pods {
@@ -678,20 +810,30 @@ impl Controller {
                 launched_ids.push(Vec::new());
                 continue;
             }
-            let Some(provider) = self.providers.get(&su.pool).cloned() else {
+            let backing_off = self
+                .launch_backoff
+                .get(&su.pool)
+                .is_some_and(|(until, _)| *until > now);
+            let provider = self.providers.get(&su.pool).cloned();
+            let (Some(provider), false, true) = (provider, backing_off, self.elector.is_leader())
+            else {
                 launched_counts.push(0);
                 launched_ids.push(Vec::new());
                 continue;
             };
             info!(launch_id = %req.launch_id, "launching {what}");
             let result = provider.launch(&req).await;
+            let mut other_failure = false;
             let (n, ids) = match result {
                 Ok(res) => {
                     for (key, err) in &res.failures {
                         self.count_failure(&su.pool, err);
                         if matches!(err, ProviderError::InsufficientCapacity { .. }) {
+                            capacity_failed |= !self.ice.contains_key(key);
                             self.ice
                                 .insert(key.clone(), now + policy.insufficient_capacity_ttl);
+                        } else {
+                            other_failure = true;
                         }
                     }
                     let ids: Vec<String> = res.launched.iter().map(|i| i.id.clone()).collect();
@@ -703,9 +845,24 @@ impl Controller {
                 Err(e) => {
                     warn!(pool = %su.pool, "launch failed: {e}");
                     self.count_failure(&su.pool, &e);
+                    other_failure = true;
                     (0, Vec::new())
                 }
             };
+            if other_failure {
+                let failures = self.launch_backoff.get(&su.pool).map_or(0, |b| b.1) + 1;
+                let wait = backoff(
+                    Duration::from_secs(5),
+                    Duration::from_secs(300),
+                    failures - 1,
+                    jitter_unit(seed()),
+                );
+                warn!(pool = %su.pool, "launches for this pool wait {}s after {failures} failure(s)", wait.as_secs());
+                self.launch_backoff
+                    .insert(su.pool.clone(), (now + wait, failures));
+            } else if n == su.count {
+                self.launch_backoff.remove(&su.pool);
+            }
             if n > 0 {
                 self.metrics
                     .scale_ups
@@ -734,6 +891,11 @@ impl Controller {
         for (i, su) in plan.scale_ups.iter().enumerate() {
             let Some(g) = &su.gang else { continue };
             if short.contains(g) {
+                if self.args.dry_run {
+                    continue;
+                }
+                // Given back: the next attempt for these pods is a new launch.
+                self.given_up.insert(launch_ids[i].clone(), now);
                 if let Some(provider) = self.providers.get(&su.pool).cloned() {
                     for id in &launched_ids[i] {
                         self.recent.remove(id);
@@ -757,10 +919,7 @@ impl Controller {
                 self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(now);
             }
         }
-        plan.scale_ups
-            .iter()
-            .zip(&launched_counts)
-            .any(|(su, n)| *n < su.count)
+        capacity_failed
     }
 
     fn count_failure(&self, pool: &str, e: &ProviderError) {
@@ -826,7 +985,7 @@ impl Controller {
             );
             self.ice
                 .insert(i.offering.clone(), now + policy.insufficient_capacity_ttl);
-            self.given_up.insert(i.launch_id.clone());
+            self.given_up.insert(i.launch_id.clone(), now);
             self.metrics
                 .failed_launches
                 .get_or_create(&FailedLaunch {
@@ -859,32 +1018,62 @@ impl Controller {
         }
     }
 
-    /// Drains found from the taint (a previous leader's): finished within their deadline,
-    /// rolled back past it.
-    async fn resume_drains(&mut self, snapshot: &Snapshot, view: &FleetView, now: Time) {
+    /// Drains of a previous leader (found from the taint) past their deadline: given back.
+    async fn roll_back_expired_drains(&mut self, now: Time) {
         if self.args.dry_run {
             return;
         }
-        let max = self.args.max_graceful_termination;
+        let expired: Vec<(String, Option<String>)> = {
+            let s = self.state.lock().unwrap();
+            s.nodes
+                .items
+                .values()
+                .filter(|n| !self.drains.contains_key(&n.name) && !n.deleting)
+                .filter(|n| drain_deadline(n, self.args.max_graceful_termination, now) <= now)
+                .filter(|n| {
+                    n.taints
+                        .iter()
+                        .any(|t| t.key == labels::TO_BE_DELETED_TAINT)
+                })
+                .map(|n| (n.name.clone(), n.pool().map(str::to_string)))
+                .collect()
+        };
+        for (node, pool) in expired {
+            let why = "a drain interrupted by a restart ran past its deadline";
+            match drain::roll_back(&self.drain_ctx, &node, why).await {
+                Ok(()) => {
+                    if let Some(p) = pool {
+                        self.pools
+                            .entry(p.clone())
+                            .or_default()
+                            .last_scale_down_failure = Some(now);
+                        self.history.entry(p).or_default().last_scale_down_failure = Some(now);
+                    }
+                }
+                Err(e) => warn!(node = %node, "rolling back: {e}"),
+            }
+        }
+    }
+
+    /// Drains of a previous leader (found from the taint) within their deadline: finished.
+    fn resume_drains(&mut self, snapshot: &Snapshot, view: &FleetView, now: Time) {
+        if self.args.dry_run {
+            return;
+        }
         for n in &snapshot.nodes {
             let ours = n
                 .taints
                 .iter()
                 .any(|t| t.key == labels::TO_BE_DELETED_TAINT);
-            if !ours || n.deleting || self.drains.contains_key(&n.name) {
+            if !ours
+                || n.deleting
+                || self.drains.contains_key(&n.name)
+                || self.removed.contains_key(&n.name)
+            {
                 continue;
             }
-            let started = n
-                .annotations
-                .get(drain::DRAIN_STARTED)
-                .and_then(|s| Time::parse_rfc3339(s).ok())
-                .unwrap_or(now);
-            let deadline = started + max;
+            let deadline = drain_deadline(n, self.args.max_graceful_termination, now);
             if deadline <= now {
-                let why = "a drain interrupted by a restart ran past its deadline";
-                if let Err(e) = drain::roll_back(&self.drain_ctx, &n.name, why).await {
-                    warn!(node = %n.name, "rolling back: {e}");
-                }
                 continue;
             }
             info!(node = %n.name, "resuming an interrupted drain");
@@ -1061,6 +1250,16 @@ impl Controller {
             Err(e) => warn!("writing the status ConfigMap: {e}"),
         }
     }
+}
+
+/// When the drain of `n` must be given up: its start (annotation; `now` when missing) plus the
+/// drain time allowed.
+fn drain_deadline(n: &crate::model::Node, max: Duration, now: Time) -> Time {
+    n.annotations
+        .get(drain::DRAIN_STARTED)
+        .and_then(|s| Time::parse_rfc3339(s).ok())
+        .unwrap_or(now)
+        + max
 }
 
 fn load_catalog(

@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use gpu_node_autoscaler_provider::OfferingKey;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{InFlight, Node, Time};
 use crate::plan::Plan;
 use crate::policy::Policy;
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct PoolStatus {
     pub name: String,
     pub ready_nodes: u32,
@@ -28,11 +28,13 @@ pub struct PoolStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_scale_down: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_scale_down_failure: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cooldown_until: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct Status {
     pub time: String,
     pub leader: String,
@@ -49,6 +51,30 @@ pub struct Status {
 pub struct PoolHistory {
     pub last_scale_up: Option<Time>,
     pub last_scale_down: Option<Time>,
+    /// Starts the pool's scale-down back-off.
+    pub last_scale_down_failure: Option<Time>,
+}
+
+/// The history a previous leader wrote into `status.json`, so that cooldowns and back-offs
+/// survive a restart or a failover. Unknown or unreadable values are skipped.
+pub fn history_of(status_json: &str) -> BTreeMap<String, PoolHistory> {
+    let Ok(s) = serde_json::from_str::<Status>(status_json) else {
+        return BTreeMap::new();
+    };
+    let t = |v: &Option<String>| v.as_deref().and_then(|s| Time::parse_rfc3339(s).ok());
+    s.pools
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                PoolHistory {
+                    last_scale_up: t(&p.last_scale_up),
+                    last_scale_down: t(&p.last_scale_down),
+                    last_scale_down_failure: t(&p.last_scale_down_failure),
+                },
+            )
+        })
+        .collect()
 }
 
 pub struct StatusInput<'a> {
@@ -104,6 +130,7 @@ pub fn build(i: &StatusInput) -> Status {
         if let Some(h) = i.history.get(&p.name) {
             s.last_scale_up = h.last_scale_up.map(Time::to_rfc3339);
             s.last_scale_down = h.last_scale_down.map(Time::to_rfc3339);
+            s.last_scale_down_failure = h.last_scale_down_failure.map(Time::to_rfc3339);
             s.cooldown_until = h
                 .last_scale_up
                 .map(|t| t + p.scale_down.cooldown_after_scale_up)
@@ -220,6 +247,7 @@ mod tests {
             PoolHistory {
                 last_scale_up: Some(Time::from_secs(100)),
                 last_scale_down: None,
+                last_scale_down_failure: Some(Time::from_secs(150)),
             },
         );
         let mut unavailable = BTreeMap::new();
@@ -248,5 +276,9 @@ mod tests {
         );
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["pools"][0]["inFlightNodes"], 3);
+        // What a new leader reads back.
+        let back = history_of(&json.to_string());
+        assert_eq!(back["a"], history["a"]);
+        assert!(history_of("not json").is_empty());
     }
 }

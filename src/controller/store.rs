@@ -151,6 +151,9 @@ pub struct ClusterState {
     pub unschedulable_since: HashMap<String, Time>,
     /// Pods that became unschedulable since the loop last looked.
     pub new_unschedulable: u64,
+    /// providerIDs of Nodes that could not be converted: their instances are registered all
+    /// the same (never taken for launches that did not come up).
+    pub rejected_provider_ids: Vec<String>,
     converter: Converter,
 }
 
@@ -202,7 +205,7 @@ impl ClusterState {
                 let changed = self
                     .pods
                     .apply(event, |v| conv.pod(v))
-                    .map(|(k, p)| (k, p.map(|p| p.is_pending() && p.unschedulable)));
+                    .map(|(k, p)| (k, p.map(waits_for_gpu)));
                 match changed {
                     Some((key, Some(true))) => {
                         if let std::collections::hash_map::Entry::Vacant(e) =
@@ -239,7 +242,19 @@ impl ClusterState {
             }
             Kind::Node => {
                 let conv = &mut self.converter;
-                self.nodes.apply(event, |v| conv.node(v));
+                let mut rejected_pid = None;
+                self.nodes.apply(event, |v| {
+                    let pid = v
+                        .pointer("/spec/providerID")
+                        .and_then(Value::as_str)
+                        .map(str::to_string);
+                    conv.node(v).inspect_err(|_| rejected_pid = pid)
+                });
+                if let Some(pid) = rejected_pid {
+                    if !self.rejected_provider_ids.contains(&pid) {
+                        self.rejected_provider_ids.push(pid);
+                    }
+                }
             }
             Kind::Pdb => {
                 let conv = &mut self.converter;
@@ -251,10 +266,32 @@ impl ClusterState {
         }
     }
 
+    /// What the planner reads: every converted pod, node and budget, with `in_flight`.
+    /// Sorted by key, so that the same cluster always gives the same snapshot.
+    pub fn snapshot(&self, in_flight: Vec<crate::model::InFlight>) -> crate::model::Snapshot {
+        fn sorted<T: Clone>(m: &HashMap<String, T>) -> Vec<T> {
+            let mut v: Vec<(&String, &T)> = m.iter().collect();
+            v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            v.into_iter().map(|(_, t)| t.clone()).collect()
+        }
+        crate::model::Snapshot {
+            pods: sorted(&self.pods.items),
+            nodes: sorted(&self.nodes.items),
+            pdbs: sorted(&self.pdbs.items),
+            in_flight,
+            ..Default::default()
+        }
+    }
+
     /// The policy as last seen (`None` if the ConfigMap is absent).
     pub fn policy_source(&self) -> Option<&PolicySource> {
         self.policy.items.values().next()
     }
+}
+
+/// A pending GPU pod the scheduler found no node for: what opens a batching window.
+fn waits_for_gpu(p: &Pod) -> bool {
+    p.is_pending() && p.unschedulable && p.wants_gpu()
 }
 
 fn policy_source(v: &Value) -> PolicySource {
@@ -342,6 +379,60 @@ mod tests {
         );
         assert!(s.nodes.items.is_empty());
         assert!(s.nodes.rejected["n1"].contains("status.allocatable.cpu"));
+    }
+
+    #[test]
+    fn the_snapshot_holds_every_converted_object_in_key_order() {
+        let mut s = ClusterState::default();
+        for k in [Kind::Pod, Kind::Node, Kind::Pdb] {
+            s.apply(k, WatchEvent::Init, Time(0));
+        }
+        s.apply(Kind::Pod, WatchEvent::InitApply(pod("b", true)), Time(0));
+        s.apply(Kind::Pod, WatchEvent::InitApply(pod("a", false)), Time(0));
+        s.apply(Kind::Pod, WatchEvent::InitDone, Time(0));
+        s.apply(
+            Kind::Node,
+            WatchEvent::InitApply(json!({"metadata": {"name": "n1"},
+                "spec": {"providerID": "aws:///z/i-1"},
+                "status": {"allocatable": {"cpu": "4", "nvidia.com/gpu": "1"}}})),
+            Time(0),
+        );
+        s.apply(
+            Kind::Node,
+            WatchEvent::InitApply(json!({"metadata": {"name": "bad"},
+                "spec": {"providerID": "aws:///z/i-2"},
+                "status": {"allocatable": {"cpu": "lots"}}})),
+            Time(0),
+        );
+        s.apply(Kind::Node, WatchEvent::InitDone, Time(0));
+        s.apply(
+            Kind::Pdb,
+            WatchEvent::InitApply(json!({"metadata": {"name": "b", "namespace": "ml"},
+                "spec": {"selector": {"matchLabels": {"app": "x"}}},
+                "status": {"disruptionsAllowed": 1}})),
+            Time(0),
+        );
+        s.apply(Kind::Pdb, WatchEvent::InitDone, Time(0));
+        let snap = s.snapshot(Vec::new());
+        let names: Vec<&str> = snap.pods.iter().map(|p| p.id.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(snap.pods[1].unschedulable && snap.pods[1].wants_gpu());
+        assert_eq!(snap.nodes.len(), 1);
+        assert_eq!(snap.nodes[0].provider_id.as_deref(), Some("aws:///z/i-1"));
+        assert_eq!(snap.pdbs[0].disruptions_allowed, 1);
+        // The node that did not convert still counts as registered for its instance.
+        assert_eq!(s.rejected_provider_ids, ["aws:///z/i-2"]);
+    }
+
+    #[test]
+    fn only_gpu_pods_open_a_batching_window() {
+        let mut s = ClusterState::default();
+        let mut cpu = pod("cpu", true);
+        cpu["spec"]["containers"][0]["resources"]["requests"] = json!({"cpu": "1"});
+        s.apply(Kind::Pod, WatchEvent::Apply(cpu), Time(1));
+        assert_eq!(s.new_unschedulable, 0);
+        s.apply(Kind::Pod, WatchEvent::Apply(pod("gpu", true)), Time(1));
+        assert_eq!(s.new_unschedulable, 1);
     }
 
     #[test]

@@ -59,7 +59,7 @@ const SCALE_DOWN_DISABLED: [&str; 2] =
     [labels::SCALE_DOWN_DISABLED, labels::CA_SCALE_DOWN_DISABLED];
 
 /// Pods that go away with their node and need no eviction: DaemonSet and static (mirror) pods.
-fn dies_with_node(p: &Pod) -> bool {
+pub fn dies_with_node(p: &Pod) -> bool {
     p.is_daemonset() || p.annotations.contains_key("kubernetes.io/config.mirror")
 }
 

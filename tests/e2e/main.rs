@@ -97,10 +97,10 @@ fn an_mpi_job_gets_exactly_its_nodes_which_are_removed_after_it_ends() {
         "{:?}",
         env.events("ScaleDown")
     );
-    assert_eq!(
-        env.metric("r1", "gpu_node_autoscaler_scale_downs_total{pool=\"a10g\"}"),
-        Some(2.0)
-    );
+    env.wait_for("two scale-downs counted", MIN, || {
+        (env.metric("r1", "gpu_node_autoscaler_scale_downs_total{pool=\"a10g\"}") == Some(2.0))
+            .then_some(())
+    });
     let json = env.wait_for("the status to show the scale-down", MIN, || {
         let json = env.status_json();
         json["pools"][0]["lastScaleDown"]
@@ -114,7 +114,13 @@ fn an_mpi_job_gets_exactly_its_nodes_which_are_removed_after_it_ends() {
 
 #[test]
 fn spot_short_in_one_zone_goes_to_the_next_then_to_on_demand() {
-    let mut env = Env::start("spot", Options { proxy: true });
+    let mut env = Env::start(
+        "spot",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
     let zones = ["us-east-1a", "us-east-1b"];
     env.create(&env.policy_configmap(&env.policy(&zones, "")));
     let proxy = env.proxy.as_ref().unwrap();
@@ -180,7 +186,15 @@ fn lease_holder(env: &Env) -> Option<String> {
 
 #[test]
 fn only_the_leader_acts_and_a_killed_leader_is_replaced_without_duplicate_launches() {
-    let mut env = Env::start("leader", Options::default());
+    // Nodes take longer to boot than a failover, so the new leader must find the launch from
+    // the instances' tags.
+    let mut env = Env::start(
+        "leader",
+        Options {
+            boot_delay: Some(Duration::from_secs(12)),
+            ..Options::default()
+        },
+    );
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
     env.start_controller("r1", &[]);
     env.start_controller("r2", &[]);
@@ -212,6 +226,21 @@ fn only_the_leader_acts_and_a_killed_leader_is_replaced_without_duplicate_launch
     env.wait_for("the other replica to take the Lease", MIN, || {
         (lease_holder(&env).as_deref() == Some(other.as_str())).then_some(())
     });
+    env.wait_for("the new leader to make a decision", MIN, || {
+        env.status_json()["leader"]
+            .as_str()
+            .filter(|l| *l == other)
+            .map(|_| ())
+    });
+    assert!(
+        env.pool_nodes().is_empty(),
+        "the new leader decided before any node registered"
+    );
+    assert_eq!(
+        env.live_instances().len(),
+        3,
+        "no second launch for the same pods"
+    );
     env.wait_for("all pods to run", 3 * MIN, || {
         (0..3)
             .all(|i| env.pod_phase("default", &format!("train-{i}")) == "Running")
@@ -254,7 +283,15 @@ fn an_invalid_policy_update_keeps_the_last_good_policy_and_warns_on_the_configma
         warning.starts_with("gpu-node-autoscaler-policy: "),
         "{warning}"
     );
-    assert!(warning.contains("policy.yaml:"), "{warning}");
+    let at = warning
+        .split("policy.yaml:")
+        .nth(1)
+        .unwrap_or_default()
+        .split(':')
+        .take(2)
+        .map(|n| n.trim().parse::<u32>().is_ok())
+        .collect::<Vec<_>>();
+    assert_eq!(at, [true, true], "LINE:COL after the file: {warning}");
     assert!(warning.contains("maxNodes"), "{warning}");
     assert!(
         warning.contains("the last good policy stays in force"),
@@ -270,6 +307,11 @@ fn an_invalid_policy_update_keeps_the_last_good_policy_and_warns_on_the_configma
         (env.pod_phase("default", "after-bad-policy") == "Running").then_some(())
     });
     assert_eq!(env.live_instances().len(), 1);
+    // A valid change applies on a later pass.
+    env.apply(&env.policy_configmap(&good.replace("maxNodes: 6", "maxNodes: 5")));
+    env.wait_for("the valid policy to be in force", MIN, || {
+        (env.metric("r1", "gpu_node_autoscaler_policy_valid ") == Some(1.0)).then_some(())
+    });
 }
 
 #[test]
@@ -331,6 +373,14 @@ fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
     );
     assert_eq!(env.pod_phase("default", "web-gpu"), "Running");
     assert_eq!(env.live_instances().len(), 1, "the instance stays");
+    // The pool's scale-down back-off (10m) holds: no second drain after the unneeded time.
+    std::thread::sleep(Duration::from_secs(8));
+    let drains: Vec<String> = env
+        .events("ScaleDown")
+        .into_iter()
+        .filter(|e| e.contains("draining"))
+        .collect();
+    assert_eq!(drains.len(), 1, "{drains:?}");
     assert!(
         env.metric(
             "r1",
@@ -343,7 +393,13 @@ fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
 
 #[test]
 fn dry_run_reports_what_it_would_do_and_makes_no_ec2_call() {
-    let mut env = Env::start("dryrun", Options { proxy: true });
+    let mut env = Env::start(
+        "dryrun",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
     env.start_controller("r1", &["--dry-run"]);
     env.create(&gpu_pod("default", "dry", &no_labels(), None));
@@ -376,36 +432,52 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
     let mut env = Env::start("faults", Options::default());
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
     env.start_controller("r1", &[]);
-    env.create(&gpu_pod("default", "busy", &no_labels(), None));
-    env.wait_for("the busy pod to run", 2 * MIN, || {
-        (env.pod_phase("default", "busy") == "Running").then_some(())
+    env.create(&gpu_pod("default", "first", &no_labels(), None));
+    env.wait_for("the first pod to run", 2 * MIN, || {
+        (env.pod_phase("default", "first") == "Running").then_some(())
     });
     let node = env.pool_nodes()[0]["metadata"]["name"]
         .as_str()
         .unwrap()
         .to_string();
 
-    // Half the API requests fail and every watch is cut: the busy node must never be drained
-    // (an emptied or half-listed pod cache would make it look idle).
+    // Half the API requests fail and every watch is cut. Meanwhile the first pod goes and a
+    // second is bound to the node: a controller deciding from a cache that saw the deletion
+    // but not the new pod would find the node idle and drain it.
     env.set_kube_faults(r#"{"errorRate":0.5,"errorCode":500,"watchCloseAfterSeconds":2}"#);
     env.close_watches();
+    env.kubectl_retry(&["delete", "pod", "first", "--wait=false"]);
+    let mut second = gpu_pod("default", "second", &no_labels(), None);
+    second = second.replace("spec:\n", &format!("spec:\n  nodeName: {node}\n"));
+    env.create_retry(&second);
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while std::time::Instant::now() < until {
         assert_eq!(
             env.live_instances().len(),
             1,
-            "the busy node's instance was terminated"
+            "the node's instance was terminated"
         );
+        let out = env.kubectl(&["get", "node", &node, "-o", "jsonpath={.spec.taints}"]);
+        if out.status.success() {
+            let taints = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                !taints.contains("to-be-deleted"),
+                "drained from a stale cache: {taints}"
+            );
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
     env.set_kube_faults("{}");
-    let n = env.get_json(&["get", "node", &node]);
-    assert_ne!(n["spec"]["unschedulable"], true, "{n}");
-    assert_eq!(env.pod_phase("default", "busy"), "Running");
     assert!(
         env.log("r1").contains("watch failed; re-listing"),
         "the faults reached the controller"
     );
+    env.wait_for("the controller to be ready again", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    let n = env.get_json(&["get", "node", &node]);
+    assert_ne!(n["spec"]["unschedulable"], true, "{n}");
+    assert_eq!(env.pod_phase("default", "second"), "Running");
 
     // Recovered: a new pod gets a new node.
     env.create(&gpu_pod("default", "after-faults", &no_labels(), None));

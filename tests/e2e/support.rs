@@ -34,6 +34,8 @@ pub struct Env {
 pub struct Options {
     /// Put a fault-injecting proxy between the controller and moto.
     pub proxy: bool,
+    /// How long an instance takes to become a Node (default 2 s).
+    pub boot_delay: Option<Duration>,
 }
 
 fn free_port() -> u16 {
@@ -58,7 +60,7 @@ impl Env {
             .proxy
             .then(|| rt.block_on(FaultProxy::start(moto.addr)));
         let mut bridge = kube_sim::Ec2Config::new(&moto.url(), aws::REGION, CLUSTER);
-        bridge.boot_delay = Duration::from_secs(2);
+        bridge.boot_delay = opts.boot_delay.unwrap_or(Duration::from_secs(2));
         bridge.device_plugin_delay = Duration::from_secs(1);
         let kube = kube_sim::spawn_background(kube_sim::Config {
             ec2: Some(bridge),
@@ -150,6 +152,33 @@ status:
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Runs kubectl until it succeeds (the API server may be failing requests on purpose).
+    pub fn kubectl_retry(&self, args: &[&str]) -> String {
+        for _ in 0..60 {
+            let out = self.kubectl(args);
+            if out.status.success() {
+                return String::from_utf8_lossy(&out.stdout).into_owned();
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("kubectl {args:?} kept failing");
+    }
+
+    /// `kubectl create -f` of a YAML text, retried.
+    pub fn create_retry(&self, yaml: &str) {
+        let f = self.dir.join(format!("obj-{}.yaml", free_port()));
+        std::fs::write(&f, yaml).unwrap();
+        for _ in 0..60 {
+            let out = self.kubectl(&["create", "-f", f.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() || err.contains("AlreadyExists") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("kubectl create kept failing");
     }
 
     /// `kubectl create -f` of a YAML text.
