@@ -406,9 +406,13 @@ impl Bridge {
             })
             .map(|i| i.instance_type.clone())
             .collect();
-        if let Err(e) = self.learn_types(&due_types).await {
-            eprintln!("kube-sim: ec2 bridge: {e}");
-        }
+        let types_known = match self.learn_types(&due_types).await {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("kube-sim: ec2 bridge: {e}");
+                false
+            }
+        };
         let mut store = app.store();
         let mut next_due: Option<Instant> = None;
         let mut due = |at: Instant| next_due = Some(next_due.map_or(at, |d: Instant| d.min(at)));
@@ -422,6 +426,14 @@ impl Bridge {
                         continue;
                     }
                     let Some(info) = self.types.get(&inst.instance_type) else {
+                        let error = format!(
+                            "instance type {} is not known to DescribeInstanceTypes",
+                            inst.instance_type
+                        );
+                        if types_known && tracked.last_error.as_deref() != Some(&error) {
+                            eprintln!("kube-sim: ec2 bridge: instance {}: {error}", inst.id);
+                            tracked.last_error = Some(error);
+                        }
                         continue;
                     };
                     let with_gpus = self.config.device_plugin_delay.is_zero();

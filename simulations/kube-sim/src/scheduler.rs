@@ -184,14 +184,13 @@ fn affinity_matches(pod: &Value, node: &Value) -> bool {
 
 /// Why a node does not fit a pod (kube-scheduler's reason texts), or its score when it does.
 fn evaluate(pod: &Value, req: &Resources, node: &NodeInfo) -> Result<f64, Vec<String>> {
-    let tolerations: Vec<Value> = pod
+    let tolerations: &[Value] = pod
         .pointer("/spec/tolerations")
         .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+        .map_or(&[], Vec::as_slice);
     if node.obj.pointer("/spec/unschedulable") == Some(&Value::Bool(true))
         && !tolerates(
-            &tolerations,
+            tolerations,
             "node.kubernetes.io/unschedulable",
             "",
             "NoSchedule",
@@ -222,7 +221,7 @@ fn evaluate(pod: &Value, req: &Resources, node: &NodeInfo) -> Result<f64, Vec<St
     }
     for (key, value, effect) in &taints {
         if matches!(effect.as_str(), "NoSchedule" | "NoExecute")
-            && !tolerates(&tolerations, key, value, effect)
+            && !tolerates(tolerations, key, value, effect)
         {
             return Err(vec![format!(
                 "node(s) had untolerated taint {{{key}: {value}}}"

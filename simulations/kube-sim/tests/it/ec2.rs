@@ -301,7 +301,7 @@ fn instances_become_nodes_with_labels_taints_and_late_gpus_and_leave_with_them()
 }
 
 #[test]
-fn a_node_deleted_by_a_client_is_not_registered_again() {
+fn a_node_deleted_by_a_client_stays_deleted_and_ec2_errors_delete_nothing() {
     let moto = Moto::start();
     let rt = runtime();
     let client = rt.block_on(ec2(&moto.url()));
@@ -347,5 +347,10 @@ fn a_node_deleted_by_a_client_is_not_registered_again() {
     ));
     let second = eventually(30, "the second node", || node_names(a).pop());
     assert_ne!(second, name);
+    assert_eq!(node_names(a), [second.clone()]);
+
+    // EC2 going away is an error to log, not a reason to delete Nodes.
+    drop(moto);
+    std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(node_names(a), [second]);
 }
