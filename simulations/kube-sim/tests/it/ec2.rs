@@ -1,7 +1,7 @@
 //! The EC2 bridge against a real `moto_server`: instances become Nodes, GPUs appear after the
 //! device-plugin delay, terminated instances take their Nodes (and pods) with them.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,11 +29,7 @@ impl Moto {
     /// Starts moto on a free loopback port and waits until it answers. Panics — the test fails,
     /// it is not skipped — when moto is not installed.
     fn start() -> Moto {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::common::free_port();
         let log = std::env::temp_dir().join(format!("kube-sim-moto-{port}.log"));
         let installed = Command::new("python3")
             .args(["-c", "import moto.server"])

@@ -166,17 +166,9 @@ fn responses_are_delayed() {
     assert_eq!(get(a, "/admin/faults").1["delayMs"], 0.0);
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn the_binary_takes_fault_flags_and_rejects_bad_ones() {
-    let port = free_port();
+    let port = crate::common::free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-sim"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--fault-error-rate", "1", "--fault-error-code", "429"])

@@ -698,11 +698,7 @@ fn bookmarks_when_asked() {
 
 #[test]
 fn the_binary_serves_on_the_given_address() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::common::free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-sim"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .stderr(std::process::Stdio::null())

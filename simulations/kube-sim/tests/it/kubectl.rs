@@ -87,6 +87,15 @@ fn yaml(s: &str) -> Value {
     serde_yaml::from_str(s).expect("kubectl printed YAML")
 }
 
+/// `kubectl get WHAT -o jsonpath=PATH`.
+fn jsonpath(k: &Kubectl, what: &[&str], path: &str) -> String {
+    let mut args = vec!["get"];
+    args.extend_from_slice(what);
+    let path = format!("jsonpath={path}");
+    args.extend(["-o", &path]);
+    k.ok(&args)
+}
+
 fn names(list: &Value) -> Vec<String> {
     list["items"]
         .as_array()
@@ -220,13 +229,7 @@ fn label_annotate_cordon_uncordon_taint() {
 
     assert!(k.ok(&["cordon", "gpu-a"]).contains("cordoned"));
     assert_eq!(
-        k.ok(&[
-            "get",
-            "node",
-            "gpu-a",
-            "-o",
-            "jsonpath={.spec.unschedulable}"
-        ]),
+        jsonpath(&k, &["node", "gpu-a"], "{.spec.unschedulable}"),
         "true"
     );
     let selected = k.ok(&[
@@ -240,13 +243,7 @@ fn label_annotate_cordon_uncordon_taint() {
     assert_eq!(selected.trim(), "node/gpu-a");
     assert!(k.ok(&["uncordon", "gpu-a"]).contains("uncordoned"));
     assert_eq!(
-        k.ok(&[
-            "get",
-            "node",
-            "gpu-a",
-            "-o",
-            "jsonpath={.spec.unschedulable}"
-        ]),
+        jsonpath(&k, &["node", "gpu-a"], "{.spec.unschedulable}"),
         ""
     );
 
@@ -257,13 +254,7 @@ fn label_annotate_cordon_uncordon_taint() {
         "gpu-node-autoscaler.io/to-be-deleted=1:NoSchedule",
         "a=b:NoExecute",
     ]);
-    let taints = k.ok(&[
-        "get",
-        "node",
-        "gpu-a",
-        "-o",
-        "jsonpath={.spec.taints[*].key}",
-    ]);
+    let taints = jsonpath(&k, &["node", "gpu-a"], "{.spec.taints[*].key}");
     assert_eq!(taints, "gpu-node-autoscaler.io/to-be-deleted a");
     k.ok(&[
         "taint",
@@ -271,13 +262,7 @@ fn label_annotate_cordon_uncordon_taint() {
         "gpu-a",
         "gpu-node-autoscaler.io/to-be-deleted:NoSchedule-",
     ]);
-    let taints = k.ok(&[
-        "get",
-        "node",
-        "gpu-a",
-        "-o",
-        "jsonpath={.spec.taints[*].key}",
-    ]);
+    let taints = jsonpath(&k, &["node", "gpu-a"], "{.spec.taints[*].key}");
     assert_eq!(taints, "a");
     let err = k.fails(&["taint", "node", "gpu-a", "x=y:Sometimes"]);
     assert!(err.contains("effect"), "{err}");
@@ -304,15 +289,7 @@ fn drain_is_blocked_by_a_pdb_then_allowed() {
     set_running(&k, "ml", "trainer-0");
     set_running(&k, "ml", "trainer-1");
     assert_eq!(
-        k.ok(&[
-            "get",
-            "pod",
-            "-n",
-            "ml",
-            "trainer-0",
-            "-o",
-            "jsonpath={.status.phase}"
-        ]),
+        jsonpath(&k, &["pod", "-n", "ml", "trainer-0"], "{.status.phase}"),
         "Running"
     );
 
@@ -331,13 +308,7 @@ fn drain_is_blocked_by_a_pdb_then_allowed() {
     assert!(!out.status.success());
     assert!(stderr.contains("disruption budget"), "{stderr}");
     assert_eq!(
-        k.ok(&[
-            "get",
-            "node",
-            "gpu-a",
-            "-o",
-            "jsonpath={.spec.unschedulable}"
-        ]),
+        jsonpath(&k, &["node", "gpu-a"], "{.spec.unschedulable}"),
         "true"
     );
     k.ok(&["get", "pod", "-n", "ml", "trainer-0"]);
@@ -538,7 +509,7 @@ fn created_pods_are_scheduled_and_run_or_say_why_not() {
         "Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
     );
     assert_eq!(
-        k.ok(&["get", "pod", "too-big", "-o", "jsonpath={.status.phase}"]),
+        jsonpath(&k, &["pod", "too-big"], "{.status.phase}"),
         "Pending"
     );
 }
@@ -579,7 +550,7 @@ fn drain_evicts_and_nothing_moves() {
         "pod/b",
         "--timeout=60s",
     ]);
-    let on = k.ok(&["get", "pods", "-o", "jsonpath={.items[*].spec.nodeName}"]);
+    let on = jsonpath(&k, &["pods"], "{.items[*].spec.nodeName}");
     assert_eq!(on, "gpu-1 gpu-1", "gpu-2 is cordoned");
     k.ok(&["uncordon", "gpu-2"]);
 
@@ -601,20 +572,11 @@ fn drain_evicts_and_nothing_moves() {
     let pods = yaml(&k.ok(&["get", "pods", "-A", "-o", "yaml"]));
     assert!(names(&pods).is_empty(), "{pods:?}");
     assert_eq!(
-        k.ok(&[
-            "get",
-            "node",
-            "gpu-1",
-            "-o",
-            "jsonpath={.spec.unschedulable}"
-        ]),
+        jsonpath(&k, &["node", "gpu-1"], "{.spec.unschedulable}"),
         "true"
     );
     // A new pod now goes to the other node.
     k.create(&gpu_pod("c", 2, ""));
     k.ok(&["wait", "--for=condition=Ready", "pod/c", "--timeout=60s"]);
-    assert_eq!(
-        k.ok(&["get", "pod", "c", "-o", "jsonpath={.spec.nodeName}"]),
-        "gpu-2"
-    );
+    assert_eq!(jsonpath(&k, &["pod", "c"], "{.spec.nodeName}"), "gpu-2");
 }

@@ -35,6 +35,15 @@ pub fn start_with(config: kube_sim::Config) -> SocketAddr {
     addr
 }
 
+/// A loopback port nothing listens on (for servers started as child processes).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 fn connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).expect("connect to kube-sim");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
