@@ -114,6 +114,13 @@ impl ApiError {
     }
 }
 
+/// `<operation> failed: <code>: <message> (RequestId ...)`; never the request URL.
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text())
+    }
+}
+
 /// The error of one offering, from a code and message (of an API error or a failed scaling
 /// activity's `StatusCode` / `StatusMessage`).
 pub fn offering_error(offering: &OfferingKey, code: &str, message: &str) -> ProviderError {

@@ -414,8 +414,9 @@ fn num_of(v: &Value, key: &str) -> Option<f64> {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Api {
+/// The RPC API a call goes to (its endpoint and `Version`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
     Ess,
     Ecs,
     Vpc,
@@ -659,6 +660,18 @@ impl AlibabaProvider {
             }
             tokio::time::sleep(delay).await;
         }
+    }
+
+    /// One signed RPC call with this provider's endpoints, region and credentials, at the
+    /// `Describe*` rate, throttled answers retried: for tools beside the provider that read the
+    /// same account (kube-sim's ESS bridge).
+    pub async fn signed_call(
+        &self,
+        api: Api,
+        action: &'static str,
+        params: &[(String, String)],
+    ) -> Result<Value, ApiError> {
+        self.call(api, action, &self.limits.describe, params).await
     }
 
     /// A `Describe*` call at the describe rate, its error as a [`ProviderError`].

@@ -7,6 +7,7 @@
 //! an EC2 endpoint) make pods run and nodes come and go; faults can be injected.
 
 pub mod ec2;
+pub mod ess;
 pub mod faults;
 pub mod kubelet;
 pub mod patch;
@@ -29,6 +30,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 pub use ec2::Ec2Config;
+pub use ess::EssConfig;
 pub use faults::Faults;
 
 /// Server settings. The default runs the scheduler and the kubelets, no EC2 bridge, no faults.
@@ -48,6 +50,8 @@ pub struct Config {
     pub heartbeat: Duration,
     /// Run the bridge to an EC2 endpoint.
     pub ec2: Option<Ec2Config>,
+    /// Run the bridge to Alibaba Cloud ESS scaling groups.
+    pub ess: Option<EssConfig>,
     /// The fault settings at start (`/admin/faults` changes them later).
     pub faults: Faults,
     /// Seeds the random sequence that picks the requests that fail.
@@ -64,6 +68,7 @@ impl Default for Config {
             pod_start_delay: Duration::from_secs(1),
             heartbeat: Duration::from_secs(10),
             ec2: None,
+            ess: None,
             faults: Faults::default(),
             fault_seed: 1,
         }
@@ -116,6 +121,9 @@ pub async fn serve(listener: TcpListener, config: Config) -> std::io::Result<()>
     }
     if let Some(ec2) = config.ec2.clone() {
         tasks.push(tokio::spawn(ec2::run(app.clone(), ec2)));
+    }
+    if let Some(ess) = config.ess.clone() {
+        tasks.push(tokio::spawn(ess::run(app.clone(), ess)));
     }
     let _controllers = Controllers(tasks);
     loop {

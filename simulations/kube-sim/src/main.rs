@@ -48,6 +48,23 @@ struct Args {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     ec2_poll: Duration,
 
+    /// ESS scaling groups whose instances become Nodes (comma-separated; credentials from
+    /// ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET and the rest of the chain).
+    #[arg(long, value_delimiter = ',')]
+    ess_scaling_groups: Vec<String>,
+    /// Replaces the ESS and ECS endpoints (e.g. the Alibaba Cloud provider's local fake).
+    #[arg(long, requires = "ess_scaling_groups")]
+    ess_endpoint: Option<String>,
+    /// The Alibaba Cloud region.
+    #[arg(long, default_value = "cn-hangzhou")]
+    ess_region: String,
+    /// GROUP=POOL: the gpu-node-autoscaler.io/pool label of the group's Nodes (repeatable).
+    #[arg(long = "ess-pool", value_parser = kube_sim::ess::parse_pool_mapping)]
+    ess_pools: Vec<(String, String)>,
+    /// How often the ESS scaling groups are listed.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    ess_poll: Duration,
+
     /// Share (0 to 1) of API requests answered with --fault-error-code.
     #[arg(long, default_value_t = 0.0, value_parser = |s: &str| s.parse::<f64>().map_err(|e| e.to_string()).and_then(check_error_rate))]
     fault_error_rate: f64,
@@ -88,6 +105,25 @@ async fn main() {
         }),
         _ => None,
     };
+    let ess = if args.ess_scaling_groups.is_empty() {
+        None
+    } else {
+        let overrides = gpu_node_autoscaler_alibaba::ChainOverrides::default();
+        let credentials = gpu_node_autoscaler_alibaba::CredentialSource::from_env(&overrides)
+            .unwrap_or_else(|e| {
+                eprintln!("kube-sim: ess bridge: {e}");
+                std::process::exit(2);
+            });
+        let groups: Vec<&str> = args.ess_scaling_groups.iter().map(String::as_str).collect();
+        Some(kube_sim::EssConfig {
+            endpoint: args.ess_endpoint.clone(),
+            pools: args.ess_pools.iter().cloned().collect(),
+            boot_delay: args.boot_delay,
+            device_plugin_delay: args.device_plugin_delay,
+            poll: args.ess_poll,
+            ..kube_sim::EssConfig::new(&args.ess_region, &groups, credentials)
+        })
+    };
     let config = kube_sim::Config {
         watch_history: args.watch_history,
         scheduler: !args.no_scheduler,
@@ -95,6 +131,7 @@ async fn main() {
         pod_start_delay: args.pod_start_delay,
         heartbeat: args.heartbeat,
         ec2,
+        ess,
         faults: kube_sim::Faults {
             error_rate: args.fault_error_rate,
             error_code: args.fault_error_code,

@@ -1,0 +1,905 @@
+//! The cloud bridge to Alibaba Cloud ESS (a real account, or the Alibaba Cloud provider's local
+//! fake of the ESS and ECS endpoints): the instances of the configured scaling groups become
+//! Nodes as ACK registers them, and Nodes go away when their instances leave the groups.
+//!
+//! Every poll lists each group's scaling instances (`DescribeScalingInstances`, every page).
+//! An instance that is `Pending`, `Pending:Wait`, `InService`, `Protected` or `Standby` becomes a
+//! Node `boot_delay` after kube-sim first saw it, with the type, spot strategy, host name and tags
+//! ECS `DescribeInstances` gives (asked once per instance) and the shape ECS
+//! `DescribeInstanceTypes` gives (asked once per type); its GPUs appear `device_plugin_delay`
+//! after that. An instance that leaves the listing (or is `Removing`) takes its Node and the
+//! Node's pods with it. A failed poll changes nothing. Requests are signed by the provider crate's
+//! client (`AlibabaProvider::signed_call`), so the fake checks them like the provider's own.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_node_autoscaler_alibaba::{
+    gpu_model, provider_id, AlibabaConfig, AlibabaProvider, Api, CredentialSource,
+};
+use gpu_node_autoscaler_provider::GpuVendor;
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use crate::ec2::{delete_node_and_pods, nvidia_product, TAG_POOL};
+use crate::resources::NODES;
+use crate::server::App;
+use crate::store::{now_timestamp, Store};
+
+/// Where the bridge finds ESS and which scaling groups are the cluster's.
+#[derive(Debug, Clone)]
+pub struct EssConfig {
+    /// Replaces the ESS and ECS endpoints (e.g. the provider's local fake); `None`: Alibaba
+    /// Cloud's (`https://ess.aliyuncs.com`, `https://ecs.<region>.aliyuncs.com`).
+    pub endpoint: Option<String>,
+    pub region: String,
+    /// The scaling groups (`asg-...`) whose instances become Nodes.
+    pub scaling_groups: Vec<String>,
+    /// Scaling group → the `gpu-node-autoscaler.io/pool` label of its Nodes, for instances
+    /// without a `gpu-node-autoscaler.io/pool` tag.
+    pub pools: BTreeMap<String, String>,
+    pub credentials: CredentialSource,
+    /// How long after kube-sim first sees an instance its Node registers.
+    pub boot_delay: Duration,
+    /// How long after the Node registers its GPUs are advertised.
+    pub device_plugin_delay: Duration,
+    /// How often the scaling groups are listed.
+    pub poll: Duration,
+}
+
+impl EssConfig {
+    pub fn new(region: &str, scaling_groups: &[&str], credentials: CredentialSource) -> Self {
+        EssConfig {
+            endpoint: None,
+            region: region.to_string(),
+            scaling_groups: scaling_groups.iter().map(|g| g.to_string()).collect(),
+            pools: BTreeMap::new(),
+            credentials,
+            boot_delay: Duration::from_secs(3),
+            device_plugin_delay: Duration::from_secs(2),
+            poll: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `GROUP=POOL` of `--ess-pool`.
+pub fn parse_pool_mapping(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((g, p)) if !g.trim().is_empty() && !p.trim().is_empty() => {
+            Ok((g.trim().to_string(), p.trim().to_string()))
+        }
+        _ => Err(format!("expected SCALING_GROUP=POOL, got {s:?}")),
+    }
+}
+
+/// Lifecycle states of a scaling instance that has (or will have) a Node.
+pub fn has_node(lifecycle: &str) -> bool {
+    matches!(
+        lifecycle,
+        "Pending" | "Pending:Wait" | "InService" | "Protected" | "Standby"
+    )
+}
+
+/// One scaling instance, as `DescribeScalingInstances` lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalingInstance {
+    pub id: String,
+    pub group: String,
+    pub zone: String,
+    pub lifecycle: String,
+}
+
+/// What ECS `DescribeInstances` says of an instance (fixed for its life).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EcsInstance {
+    pub instance_type: String,
+    pub zone: String,
+    /// `SpotStrategy` is `SpotWithPriceLimit` or `SpotAsPriceGo`.
+    pub spot: bool,
+    pub host_name: String,
+    pub private_ip: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+/// What an instance type offers a Node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TypeShape {
+    pub vcpus: i64,
+    pub memory_mib: i64,
+    /// (`nvidia.com/gpu` or `amd.com/gpu`, count)
+    pub gpus: Option<(&'static str, i64)>,
+    /// The `nvidia.com/gpu.product` label of NVIDIA GPUs.
+    pub product: Option<String>,
+}
+
+/// The items of an ESS/ECS list, which wraps them as `{"Outer": {"Inner": [...]}}`.
+fn items<'a>(v: &'a Value, outer: &str, inner: &str) -> &'a [Value] {
+    v.get(outer)
+        .and_then(|o| o.get(inner))
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+fn text(v: &Value, key: &str) -> String {
+    v.get(key).and_then(Value::as_str).unwrap_or("").to_string()
+}
+
+/// A JSON number, or a number in a string (ECS gives both).
+fn number(v: &Value, key: &str) -> f64 {
+    match v.get(key) {
+        Some(Value::Number(n)) => n.as_f64().unwrap_or(0.0),
+        Some(Value::String(s)) => s.parse().unwrap_or(0.0),
+        _ => 0.0,
+    }
+}
+
+/// One page of `DescribeScalingInstances` of `group`.
+pub fn parse_scaling_instances(page: &Value, group: &str) -> Vec<ScalingInstance> {
+    items(page, "ScalingInstances", "ScalingInstance")
+        .iter()
+        .map(|i| ScalingInstance {
+            id: text(i, "InstanceId"),
+            group: group.to_string(),
+            zone: text(i, "ZoneId"),
+            lifecycle: text(i, "LifecycleState"),
+        })
+        .filter(|i| !i.id.is_empty())
+        .collect()
+}
+
+/// ECS `DescribeInstances`: instance id → what the Node needs.
+pub fn parse_ecs_instances(v: &Value) -> BTreeMap<String, EcsInstance> {
+    items(v, "Instances", "Instance")
+        .iter()
+        .map(|i| {
+            let private_ip = i
+                .pointer("/VpcAttributes/PrivateIpAddress/IpAddress/0")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let tags = items(i, "Tags", "Tag")
+                .iter()
+                .map(|t| (text(t, "TagKey"), text(t, "TagValue")))
+                .filter(|(k, _)| !k.is_empty())
+                .collect();
+            let spot = matches!(
+                text(i, "SpotStrategy").as_str(),
+                "SpotWithPriceLimit" | "SpotAsPriceGo"
+            );
+            let ecs = EcsInstance {
+                instance_type: text(i, "InstanceType"),
+                zone: text(i, "ZoneId"),
+                spot,
+                host_name: text(i, "HostName"),
+                private_ip,
+                tags,
+            };
+            (text(i, "InstanceId"), ecs)
+        })
+        .filter(|(id, _)| !id.is_empty())
+        .collect()
+}
+
+/// ECS `DescribeInstanceTypes`: type → shape. `GPUAmount` GPUs of the `GPUSpec` vendor;
+/// `GPUMemorySize` is per GPU, in GiB.
+pub fn parse_instance_types(v: &Value) -> BTreeMap<String, TypeShape> {
+    items(v, "InstanceTypes", "InstanceType")
+        .iter()
+        .map(|t| {
+            let count = number(t, "GPUAmount") as i64;
+            let (vendor, model) = gpu_model(&text(t, "GPUSpec"));
+            let gpu_memory_mib = (number(t, "GPUMemorySize") * 1024.0).round() as i64;
+            let (gpus, product) = match (count, vendor) {
+                (0, _) => (None, None),
+                (n, GpuVendor::Nvidia) => (
+                    Some(("nvidia.com/gpu", n)),
+                    Some(nvidia_product(&model, gpu_memory_mib)),
+                ),
+                (n, GpuVendor::Amd) => (Some(("amd.com/gpu", n)), None),
+            };
+            let shape = TypeShape {
+                vcpus: number(t, "CpuCoreCount") as i64,
+                memory_mib: (number(t, "MemorySize") * 1024.0).round() as i64,
+                gpus,
+                product,
+            };
+            (text(t, "InstanceTypeId"), shape)
+        })
+        .filter(|(name, _)| !name.is_empty())
+        .collect()
+}
+
+/// The Node of a scaling instance, as ACK registers it (GPUs left out until the device plugin
+/// starts, unless `with_gpus`). Named after the ECS host name, else the instance id.
+pub fn node_object(
+    inst: &ScalingInstance,
+    ecs: &EcsInstance,
+    shape: &TypeShape,
+    config: &EssConfig,
+    with_gpus: bool,
+) -> Value {
+    let name = if ecs.host_name.is_empty() {
+        inst.id.clone()
+    } else {
+        ecs.host_name.to_ascii_lowercase()
+    };
+    let zone = if inst.zone.is_empty() {
+        &ecs.zone
+    } else {
+        &inst.zone
+    };
+    let capacity_type = if ecs.spot { "spot" } else { "on-demand" };
+    let mut labels = Map::new();
+    for (k, v) in [
+        (
+            "node.kubernetes.io/instance-type",
+            ecs.instance_type.as_str(),
+        ),
+        ("topology.kubernetes.io/zone", zone.as_str()),
+        ("topology.kubernetes.io/region", config.region.as_str()),
+        ("kubernetes.io/hostname", name.as_str()),
+        ("kubernetes.io/arch", "amd64"),
+        ("kubernetes.io/os", "linux"),
+        ("karpenter.sh/capacity-type", capacity_type),
+        ("gpu-node-autoscaler.io/capacity-type", capacity_type),
+    ] {
+        labels.insert(k.to_string(), json!(v));
+    }
+    if let Some(pool) = ecs
+        .tags
+        .get(TAG_POOL)
+        .or_else(|| config.pools.get(&inst.group))
+    {
+        labels.insert(TAG_POOL.to_string(), json!(pool));
+    }
+    if let Some(p) = &shape.product {
+        labels.insert("nvidia.com/gpu.product".into(), json!(p));
+    }
+    let mut capacity = Map::new();
+    capacity.insert("cpu".into(), json!(shape.vcpus.to_string()));
+    capacity.insert("memory".into(), json!(format!("{}Mi", shape.memory_mib)));
+    capacity.insert("pods".into(), json!("110"));
+    if let (true, Some((resource, n))) = (with_gpus, shape.gpus) {
+        capacity.insert(resource.into(), json!(n.to_string()));
+    }
+    let mut addresses = Vec::new();
+    if !ecs.private_ip.is_empty() {
+        addresses.push(json!({"type": "InternalIP", "address": ecs.private_ip}));
+    }
+    addresses.push(json!({"type": "Hostname", "address": name}));
+    let now = now_timestamp();
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"providerID": provider_id(&config.region, &inst.id)},
+        "status": {
+            "capacity": capacity, "allocatable": capacity,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
+                "lastTransitionTime": now}],
+            "addresses": addresses,
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
+                "kubeletVersion": "v1.32.0-kube-sim", "kubeProxyVersion": "v1.32.0-kube-sim",
+                "containerRuntimeVersion": "containerd://1.7.0", "osImage": "kube-sim",
+                "kernelVersion": "", "machineID": inst.id, "systemUUID": inst.id, "bootID": inst.id},
+        },
+    })
+}
+
+/// Where an instance's Node is.
+#[derive(Debug)]
+enum Phase {
+    /// Seen; its Node is not registered yet.
+    Booting,
+    /// Its Node registered at `at`; `gpus_due` until the device plugin advertised the GPUs.
+    Registered {
+        name: String,
+        uid: String,
+        at: Instant,
+        gpus_due: bool,
+    },
+    /// A client deleted or replaced its Node: left alone from then on (a real kubelet would
+    /// register again; kube-sim does not simulate that).
+    Abandoned,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    first_seen: Instant,
+    phase: Phase,
+    /// The last problem logged for this instance, so that each is logged once.
+    logged: Option<String>,
+}
+
+impl Tracked {
+    fn log_once(&mut self, id: &str, problem: String) {
+        if self.logged.as_deref() != Some(problem.as_str()) {
+            eprintln!("kube-sim: ess bridge: instance {id}: {problem}");
+            self.logged = Some(problem);
+        }
+    }
+}
+
+struct Bridge {
+    config: EssConfig,
+    client: AlibabaProvider,
+    ecs: HashMap<String, EcsInstance>,
+    shapes: HashMap<String, TypeShape>,
+    tracked: HashMap<String, Tracked>,
+}
+
+fn params(pairs: &[(&str, String)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+impl Bridge {
+    fn new(config: EssConfig) -> Result<Bridge, String> {
+        let mut c = AlibabaConfig::new(config.region.clone());
+        c.ess_endpoint = config.endpoint.clone();
+        c.ecs_endpoint = config.endpoint.clone();
+        let client =
+            AlibabaProvider::new(c, config.credentials.clone()).map_err(|e| e.to_string())?;
+        Ok(Bridge {
+            config,
+            client,
+            ecs: HashMap::new(),
+            shapes: HashMap::new(),
+            tracked: HashMap::new(),
+        })
+    }
+
+    async fn call(
+        &self,
+        api: Api,
+        action: &'static str,
+        p: &[(&str, String)],
+    ) -> Result<Value, String> {
+        self.client
+            .signed_call(api, action, &params(p))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// The scaling instances of every group (every page), those that have Nodes.
+    async fn list(&self) -> Result<Vec<ScalingInstance>, String> {
+        const PAGE: u32 = 50;
+        let mut out = Vec::new();
+        for group in &self.config.scaling_groups {
+            for page in 1.. {
+                let v = self
+                    .call(
+                        Api::Ess,
+                        "DescribeScalingInstances",
+                        &[
+                            ("ScalingGroupId", group.clone()),
+                            ("PageNumber", page.to_string()),
+                            ("PageSize", PAGE.to_string()),
+                        ],
+                    )
+                    .await?;
+                let found = parse_scaling_instances(&v, group);
+                let n = found.len();
+                out.extend(found.into_iter().filter(|i| has_node(&i.lifecycle)));
+                if n == 0 || f64::from(page * PAGE) >= number(&v, "TotalCount") {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// ECS `DescribeInstances` of the instances not yet known (≤ 100 per call).
+    async fn learn_instances(&mut self, ids: &[String]) -> Result<(), String> {
+        for chunk in ids.chunks(100) {
+            let v = self
+                .call(
+                    Api::Ecs,
+                    "DescribeInstances",
+                    &[
+                        ("InstanceIds", json!(chunk).to_string()),
+                        ("PageSize", "100".to_string()),
+                    ],
+                )
+                .await?;
+            self.ecs.extend(parse_ecs_instances(&v));
+        }
+        Ok(())
+    }
+
+    /// ECS `DescribeInstanceTypes` of the types not yet known (≤ 10 per call).
+    async fn learn_types(&mut self, types: &[String]) -> Result<(), String> {
+        for chunk in types.chunks(10) {
+            let mut p: Vec<(String, String)> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("InstanceTypes.{}", i + 1), t.clone()))
+                .collect();
+            p.push(("MaxResults".into(), "100".into()));
+            let v = self
+                .client
+                .signed_call(Api::Ecs, "DescribeInstanceTypes", &p)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.shapes.extend(parse_instance_types(&v));
+        }
+        Ok(())
+    }
+
+    /// One reconciliation. Returns when something is due next.
+    async fn poll(&mut self, app: &App) -> Option<Instant> {
+        let instances = match self.list().await {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("kube-sim: ess bridge: {e}");
+                return None;
+            }
+        };
+        let now = Instant::now();
+        for i in &instances {
+            self.tracked.entry(i.id.clone()).or_insert(Tracked {
+                first_seen: now,
+                phase: Phase::Booting,
+                logged: None,
+            });
+        }
+        let boot = self.config.boot_delay;
+        let booted: Vec<&ScalingInstance> = instances
+            .iter()
+            .filter(|i| {
+                let t = &self.tracked[&i.id];
+                matches!(t.phase, Phase::Booting) && t.first_seen + boot <= now
+            })
+            .collect();
+        let unknown: Vec<String> = booted
+            .iter()
+            .filter(|i| !self.ecs.contains_key(&i.id))
+            .map(|i| i.id.clone())
+            .collect();
+        if let Err(e) = self.learn_instances(&unknown).await {
+            eprintln!("kube-sim: ess bridge: {e}");
+        }
+        let types: BTreeSet<String> = booted
+            .iter()
+            .filter_map(|i| self.ecs.get(&i.id))
+            .map(|e| e.instance_type.clone())
+            .filter(|t| !self.shapes.contains_key(t))
+            .collect();
+        let types: Vec<String> = types.into_iter().collect();
+        let types_answered = match self.learn_types(&types).await {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("kube-sim: ess bridge: {e}");
+                false
+            }
+        };
+        let mut store = app.store();
+        let mut next: Option<Instant> = None;
+        let mut due = |at: Instant| next = Some(next.map_or(at, |n: Instant| n.min(at)));
+        let plugin = self.config.device_plugin_delay;
+        for inst in &instances {
+            let t = self.tracked.get_mut(&inst.id).expect("tracked above");
+            match &t.phase {
+                Phase::Booting if t.first_seen + boot > now => due(t.first_seen + boot),
+                Phase::Booting => {
+                    let Some(ecs) = self.ecs.get(&inst.id) else {
+                        t.log_once(&inst.id, "not in ECS DescribeInstances (yet)".into());
+                        continue;
+                    };
+                    let Some(shape) = self.shapes.get(&ecs.instance_type) else {
+                        if types_answered {
+                            let problem = format!(
+                                "instance type {} is not known to DescribeInstanceTypes",
+                                ecs.instance_type
+                            );
+                            t.log_once(&inst.id, problem);
+                        }
+                        continue;
+                    };
+                    let with_gpus = plugin.is_zero();
+                    let node = node_object(inst, ecs, shape, &self.config, with_gpus);
+                    match store.create(NODES, "", node, false) {
+                        Ok(obj) => {
+                            let gpus_due = shape.gpus.is_some() && !with_gpus;
+                            if gpus_due {
+                                due(now + plugin);
+                            }
+                            let meta = |k: &str| obj["metadata"][k].as_str().unwrap_or("").into();
+                            t.phase = Phase::Registered {
+                                name: meta("name"),
+                                uid: meta("uid"),
+                                at: now,
+                                gpus_due,
+                            };
+                        }
+                        Err(e) => t.log_once(&inst.id, e.message),
+                    }
+                }
+                Phase::Registered {
+                    at, gpus_due: true, ..
+                } if *at + plugin > now => due(*at + plugin),
+                Phase::Registered {
+                    name,
+                    uid,
+                    gpus_due: true,
+                    ..
+                } => {
+                    let gpus = self
+                        .ecs
+                        .get(&inst.id)
+                        .and_then(|e| self.shapes.get(&e.instance_type))
+                        .and_then(|s| s.gpus);
+                    let (name, uid) = (name.clone(), uid.clone());
+                    t.phase = match advertise(&mut store, &name, &uid, gpus) {
+                        Some(true) => Phase::Registered {
+                            name,
+                            uid,
+                            at: now,
+                            gpus_due: false,
+                        },
+                        // Not written (a conflict): tried again at the next poll.
+                        Some(false) => continue,
+                        None => Phase::Abandoned,
+                    };
+                }
+                Phase::Registered { .. } | Phase::Abandoned => {}
+            }
+        }
+        let live: BTreeSet<&str> = instances.iter().map(|i| i.id.as_str()).collect();
+        let gone: Vec<String> = self
+            .tracked
+            .keys()
+            .filter(|id| !live.contains(id.as_str()))
+            .cloned()
+            .collect();
+        for id in gone {
+            self.ecs.remove(&id);
+            if let Some(Tracked {
+                phase: Phase::Registered { name, uid, .. },
+                ..
+            }) = self.tracked.remove(&id)
+            {
+                delete_node_and_pods(&mut store, &name, &uid);
+            }
+        }
+        next
+    }
+}
+
+/// Adds the GPUs to the Node's capacity and allocatable. `None` when the Node is gone or is
+/// another one now; `Some(false)` when the update was refused.
+fn advertise(
+    store: &mut Store,
+    name: &str,
+    uid: &str,
+    gpus: Option<(&'static str, i64)>,
+) -> Option<bool> {
+    let node = store.get(NODES, "", name).ok()?;
+    if node["metadata"]["uid"] != uid {
+        return None;
+    }
+    let mut next = node;
+    if let Some((resource, n)) = gpus {
+        for field in ["capacity", "allocatable"] {
+            next["status"][field][resource] = json!(n.to_string());
+        }
+    }
+    Some(store.update(NODES, "", name, next, true, false).is_ok())
+}
+
+/// Runs the bridge until the server goes away.
+pub async fn run(app: Arc<App>, config: EssConfig) {
+    let mut bridge = match Bridge::new(config) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("kube-sim: ess bridge: {e}");
+            return;
+        }
+    };
+    loop {
+        let started = Instant::now();
+        let due = bridge.poll(&app).await;
+        let next_poll = started + bridge.config.poll;
+        let wake = due
+            .map_or(next_poll, |d| d.min(next_poll))
+            .max(Instant::now() + Duration::from_millis(10));
+        tokio::time::sleep_until(wake).await;
+    }
+}
+
+#[cfg(test)]
+#[path = "../../../providers/alibaba/tests/support/mod.rs"]
+mod fake;
+
+#[cfg(test)]
+mod tests {
+    use super::fake::{Fake, FakeInstance, KEY_ID, REGION, SECRET, TOKEN};
+    use super::*;
+    use crate::resources::PODS;
+    use gpu_node_autoscaler_alibaba::Credentials;
+
+    fn credentials() -> CredentialSource {
+        let mut c = Credentials::new(KEY_ID, SECRET);
+        c.security_token = Some(TOKEN.to_string());
+        CredentialSource::Static(c)
+    }
+
+    fn config() -> EssConfig {
+        let mut c = EssConfig::new(REGION, &["asg-spot"], credentials());
+        c.pools.insert("asg-spot".into(), "a10".into());
+        c
+    }
+
+    fn a10() -> TypeShape {
+        parse_instance_types(&json!({"InstanceTypes": {"InstanceType": [
+            {"InstanceTypeId": "ecs.gn7i-c8g1.2xlarge", "CpuCoreCount": 8, "MemorySize": 30.0,
+             "GPUAmount": 1, "GPUSpec": "NVIDIA A10", "GPUMemorySize": 24.0},
+        ]}}))["ecs.gn7i-c8g1.2xlarge"]
+            .clone()
+    }
+
+    #[test]
+    fn listings_are_parsed() {
+        let page = json!({"TotalCount": 2, "ScalingInstances": {"ScalingInstance": [
+            {"InstanceId": "i-1", "ZoneId": "cn-hangzhou-i", "LifecycleState": "InService"},
+            {"InstanceId": "i-2", "ZoneId": "cn-hangzhou-j", "LifecycleState": "Removing"},
+        ]}});
+        let found = parse_scaling_instances(&page, "asg-spot");
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[1].zone, "cn-hangzhou-j");
+        assert_eq!(found[0].group, "asg-spot");
+        assert!(has_node(&found[0].lifecycle) && !has_node(&found[1].lifecycle));
+        assert!(has_node("Pending:Wait") && !has_node("Stopped"));
+
+        let ecs = parse_ecs_instances(&json!({"Instances": {"Instance": [
+            {"InstanceId": "i-1", "InstanceType": "ecs.gn7i-c8g1.2xlarge", "ZoneId": "cn-hangzhou-i",
+             "SpotStrategy": "SpotAsPriceGo", "HostName": "iZbp1Z",
+             "VpcAttributes": {"PrivateIpAddress": {"IpAddress": ["192.168.0.7"]}},
+             "Tags": {"Tag": [{"TagKey": TAG_POOL, "TagValue": "tagged"}]}},
+            {"InstanceId": "i-2", "InstanceType": "ecs.g7.large", "SpotStrategy": "NoSpot"},
+        ]}}));
+        assert!(ecs["i-1"].spot && !ecs["i-2"].spot);
+        assert_eq!(ecs["i-1"].private_ip, "192.168.0.7");
+        assert_eq!(ecs["i-1"].tags[TAG_POOL], "tagged");
+        assert_eq!(ecs["i-2"].host_name, "");
+
+        let types = parse_instance_types(&json!({"InstanceTypes": {"InstanceType": [
+            {"InstanceTypeId": "ecs.gn7i-c8g1.2xlarge", "CpuCoreCount": 8, "MemorySize": 30.0,
+             "GPUAmount": 1, "GPUSpec": "NVIDIA A10", "GPUMemorySize": 24.0},
+            {"InstanceTypeId": "ecs.gn8v.mi", "CpuCoreCount": "16", "MemorySize": "64",
+             "GPUAmount": "2", "GPUSpec": "AMD MI308X"},
+            {"InstanceTypeId": "ecs.g7.large", "CpuCoreCount": 2, "MemorySize": 8.0,
+             "GPUAmount": 0, "GPUSpec": ""},
+        ]}}));
+        assert_eq!(
+            types["ecs.gn7i-c8g1.2xlarge"].gpus,
+            Some(("nvidia.com/gpu", 1))
+        );
+        assert_eq!(
+            types["ecs.gn7i-c8g1.2xlarge"].product.as_deref(),
+            Some("NVIDIA-A10")
+        );
+        assert_eq!(types["ecs.gn7i-c8g1.2xlarge"].memory_mib, 30 * 1024);
+        assert_eq!(types["ecs.gn8v.mi"].gpus, Some(("amd.com/gpu", 2)));
+        assert_eq!(types["ecs.gn8v.mi"].vcpus, 16);
+        assert_eq!(types["ecs.g7.large"].gpus, None);
+        assert_eq!(types["ecs.g7.large"].product, None);
+    }
+
+    #[test]
+    fn node_of_a_scaling_instance() {
+        let inst = ScalingInstance {
+            id: "i-bp1abc".into(),
+            group: "asg-spot".into(),
+            zone: "cn-hangzhou-i".into(),
+            lifecycle: "InService".into(),
+        };
+        let mut ecs = EcsInstance {
+            instance_type: "ecs.gn7i-c8g1.2xlarge".into(),
+            spot: true,
+            ..EcsInstance::default()
+        };
+        let node = node_object(&inst, &ecs, &a10(), &config(), false);
+        assert_eq!(node["metadata"]["name"], "i-bp1abc");
+        assert_eq!(node["spec"]["providerID"], "cn-hangzhou.i-bp1abc");
+        let l = &node["metadata"]["labels"];
+        assert_eq!(
+            l["node.kubernetes.io/instance-type"],
+            "ecs.gn7i-c8g1.2xlarge"
+        );
+        assert_eq!(l["topology.kubernetes.io/zone"], "cn-hangzhou-i");
+        assert_eq!(l["topology.kubernetes.io/region"], "cn-hangzhou");
+        assert_eq!(l["kubernetes.io/hostname"], "i-bp1abc");
+        assert_eq!(l["karpenter.sh/capacity-type"], "spot");
+        assert_eq!(l["gpu-node-autoscaler.io/capacity-type"], "spot");
+        assert_eq!(l[TAG_POOL], "a10", "from the group's pool mapping");
+        assert_eq!(l["nvidia.com/gpu.product"], "NVIDIA-A10");
+        assert!(node["status"]["allocatable"]
+            .get("nvidia.com/gpu")
+            .is_none());
+        assert_eq!(node["status"]["capacity"]["cpu"], "8");
+
+        ecs.spot = false;
+        ecs.host_name = "iZbp1abcZ".into();
+        ecs.private_ip = "192.168.0.7".into();
+        ecs.tags.insert(TAG_POOL.into(), "tagged".into());
+        let mut other = config();
+        other.pools.clear();
+        let node = node_object(&inst, &ecs, &a10(), &other, true);
+        assert_eq!(node["metadata"]["name"], "izbp1abcz");
+        let l = &node["metadata"]["labels"];
+        assert_eq!(l["karpenter.sh/capacity-type"], "on-demand");
+        assert_eq!(l[TAG_POOL], "tagged", "the instance's tag first");
+        assert_eq!(node["status"]["allocatable"]["nvidia.com/gpu"], "1");
+        assert_eq!(node["status"]["addresses"][0]["address"], "192.168.0.7");
+        // Neither a tag nor a mapping: no pool label.
+        ecs.tags.clear();
+        let node = node_object(&inst, &ecs, &a10(), &other, true);
+        assert!(node["metadata"]["labels"].get(TAG_POOL).is_none());
+    }
+
+    #[test]
+    fn pool_mappings_parse() {
+        assert_eq!(
+            parse_pool_mapping("asg-1=a10"),
+            Ok(("asg-1".to_string(), "a10".to_string()))
+        );
+        for bad in ["asg-1", "=a10", "asg-1=", ""] {
+            assert!(parse_pool_mapping(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn instance(id: &str, zone: &str, spot: bool) -> FakeInstance {
+        FakeInstance {
+            id: id.into(),
+            zone: zone.into(),
+            activity: "asa-test".into(),
+            instance_type: "ecs.gn7i-c8g1.2xlarge".into(),
+            spot_strategy: if spot { "SpotAsPriceGo" } else { "NoSpot" }.into(),
+        }
+    }
+
+    fn node(app: &App, name: &str) -> Option<Value> {
+        app.store().get(NODES, "", name).ok()
+    }
+
+    /// Polls `f` until it returns Some; fails after a generous timeout.
+    async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(t) = f() {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scaling_instances_of_the_fake_become_nodes_and_go_with_their_instances() {
+        let fake = Fake::start(&[
+            ("asg-spot", &["cn-hangzhou-i", "cn-hangzhou-j"]),
+            ("asg-od", &["cn-hangzhou-i"]),
+            ("asg-other", &["cn-hangzhou-i"]),
+        ])
+        .await;
+        fake.with(|s| {
+            let g = s.groups.get_mut("asg-spot").unwrap();
+            g.instances.push(instance("i-spot1", "cn-hangzhou-j", true));
+            // Another group's instances: not the cluster's.
+            for n in 0..3 {
+                let other = s.groups.get_mut("asg-other").unwrap();
+                other
+                    .instances
+                    .push(instance(&format!("i-other{n}"), "cn-hangzhou-i", true));
+            }
+        });
+        let app = Arc::new(App::new(
+            Store::new(1000),
+            "127.0.0.1:0".parse().unwrap(),
+            Duration::from_secs(30),
+            crate::Faults::default(),
+            1,
+        ));
+        let mut config = EssConfig::new(REGION, &["asg-spot", "asg-od"], credentials());
+        config.endpoint = Some(fake.url.clone());
+        config.pools.insert("asg-spot".into(), "a10".into());
+        config.pools.insert("asg-od".into(), "a10".into());
+        config.boot_delay = Duration::from_millis(300);
+        config.device_plugin_delay = Duration::from_millis(300);
+        config.poll = Duration::from_millis(100);
+        let bridge = tokio::spawn(run(app.clone(), config));
+
+        // The spot instance: a Node, then its GPU.
+        let n = eventually("the spot instance's Node", || node(&app, "i-spot1")).await;
+        assert_eq!(n["spec"]["providerID"], "cn-hangzhou.i-spot1");
+        let l = &n["metadata"]["labels"];
+        assert_eq!(l["topology.kubernetes.io/zone"], "cn-hangzhou-j");
+        assert_eq!(l["karpenter.sh/capacity-type"], "spot");
+        assert_eq!(l[TAG_POOL], "a10");
+        assert_eq!(
+            l["node.kubernetes.io/instance-type"],
+            "ecs.gn7i-c8g1.2xlarge"
+        );
+        assert!(
+            n["status"]["allocatable"].get("nvidia.com/gpu").is_none(),
+            "GPUs only after the device-plugin delay: {n}"
+        );
+        eventually("the GPU to be advertised", || {
+            node(&app, "i-spot1").filter(|n| n["status"]["allocatable"]["nvidia.com/gpu"] == "1")
+        })
+        .await;
+
+        // A second group's on-demand instances, more than a page of them.
+        fake.with(|s| {
+            let g = s.groups.get_mut("asg-od").unwrap();
+            for n in 1..=55 {
+                g.instances
+                    .push(instance(&format!("i-od{n}"), "cn-hangzhou-i", false));
+            }
+        });
+        let od = eventually("the last on-demand instance's Node", || {
+            node(&app, "i-od55")
+        })
+        .await;
+        assert_eq!(
+            od["metadata"]["labels"]["karpenter.sh/capacity-type"],
+            "on-demand"
+        );
+        assert_eq!(app.store().count(NODES), 56, "only the configured groups");
+
+        // A pod bound to the spot node goes with it.
+        app.store()
+            .create(
+                PODS,
+                "default",
+                json!({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": "job", "namespace": "default"},
+                       "spec": {"nodeName": "i-spot1",
+                                "containers": [{"name": "main", "image": "cuda:12"}]}}),
+                false,
+            )
+            .unwrap();
+
+        // A failed poll (the group is unknown to ESS for a while) deletes nothing.
+        let saved = fake.with(|s| s.groups.remove("asg-spot").unwrap());
+        let calls = fake.with(|s| s.calls_of("DescribeScalingInstances").len());
+        eventually("three more failed polls", || {
+            let now = fake.with(|s| s.calls_of("DescribeScalingInstances").len());
+            (now >= calls + 3).then_some(())
+        })
+        .await;
+        assert!(node(&app, "i-spot1").is_some());
+        assert!(node(&app, "i-od1").is_some());
+
+        // The instance leaves its group (RemoveInstances): its Node and pod go.
+        fake.with(|s| {
+            let mut g = saved;
+            g.instances.retain(|i| i.id != "i-spot1");
+            s.groups.insert("asg-spot".into(), g);
+        });
+        eventually("the removed instance's Node to go", || {
+            node(&app, "i-spot1").is_none().then_some(())
+        })
+        .await;
+        assert!(app.store().get(PODS, "default", "job").is_err());
+        assert!(node(&app, "i-od1").is_some());
+
+        // Every request was signed and well-formed; ECS was asked once per instance and type.
+        let (violations, described, typed) = fake.with(|s| {
+            (
+                s.violations.clone(),
+                s.calls_of("DescribeInstances"),
+                s.calls_of("DescribeInstanceTypes"),
+            )
+        });
+        assert!(violations.is_empty(), "{violations:#?}");
+        assert_eq!(described.len(), 2, "{described:?}");
+        assert_eq!(typed.len(), 1, "{typed:?}");
+        assert_eq!(typed[0]["InstanceTypes.1"], "ecs.gn7i-c8g1.2xlarge");
+        bridge.abort();
+    }
+}
