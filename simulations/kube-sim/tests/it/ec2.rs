@@ -350,3 +350,43 @@ fn a_node_deleted_by_a_client_stays_deleted_and_ec2_errors_delete_nothing() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(node_names(a), [second]);
 }
+
+#[test]
+fn the_binary_takes_the_bridge_flags() {
+    let moto = Moto::start();
+    let rt = runtime();
+    let client = rt.block_on(ec2(&moto.url()));
+    let port = crate::common::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--ec2-endpoint", &moto.url(), "--ec2-region", REGION])
+        .args(["--cluster-name", "from-flags", "--boot-delay", "0"])
+        .args(["--device-plugin-delay", "0", "--ec2-poll", "100ms"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    rt.block_on(launch(
+        &client,
+        "p4d.24xlarge",
+        false,
+        &[("gpu-node-autoscaler.io/cluster", "from-flags")],
+    ));
+    let node = std::panic::catch_unwind(|| {
+        let name = eventually(30, "a node from the binary's bridge", || {
+            TcpStream::connect(a).ok()?;
+            node_names(a).pop()
+        });
+        get(a, &format!("/api/v1/nodes/{name}")).1
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let node = node.expect("the node registered");
+    let st = &node["status"]["allocatable"];
+    assert_eq!(st["nvidia.com/gpu"], "8");
+    assert_eq!(st["cpu"], "96");
+    assert_eq!(
+        node["metadata"]["labels"]["nvidia.com/gpu.product"],
+        "NVIDIA-A100-SXM4-40GB"
+    );
+}
