@@ -3,6 +3,7 @@
 //!
 //! Timings are generous polls, never assertions on how long something took.
 
+mod alibaba;
 mod support;
 
 use std::collections::BTreeMap;

@@ -28,6 +28,7 @@ pub struct Env {
     pub dir: PathBuf,
     pub proxy: Option<FaultProxy>,
     controllers: Vec<(String, Child, u16)>,
+    controller_env: Vec<(String, String)>,
 }
 
 #[derive(Default)]
@@ -36,6 +37,10 @@ pub struct Options {
     pub proxy: bool,
     /// How long an instance takes to become a Node (default 2 s).
     pub boot_delay: Option<Duration>,
+    /// Also run kube-sim's ESS bridge (Alibaba Cloud scaling groups, e.g. the provider's fake).
+    pub ess: Option<kube_sim::EssConfig>,
+    /// More environment for the controllers (e.g. Alibaba Cloud credentials).
+    pub controller_env: Vec<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -64,6 +69,7 @@ impl Env {
         bridge.device_plugin_delay = Duration::from_secs(1);
         let kube = kube_sim::spawn_background(kube_sim::Config {
             ec2: Some(bridge),
+            ess: opts.ess.clone(),
             ..kube_sim::Config::default()
         })
         .expect("kube-sim");
@@ -88,6 +94,7 @@ impl Env {
             dir,
             proxy,
             controllers: Vec::new(),
+            controller_env: opts.controller_env,
         };
         // A CPU node for what runs outside the GPU pools (an MPI launcher, a web pod).
         env.create(
@@ -230,6 +237,7 @@ status:
             .env("AWS_SECRET_ACCESS_KEY", "testing")
             .env("AWS_SESSION_TOKEN", "testing")
             .env("AWS_EC2_METADATA_DISABLED", "true")
+            .envs(self.controller_env.clone())
             .env("RUST_LOG", "info,kube=warn,aws=warn,hyper=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
