@@ -10,6 +10,8 @@ pub mod ec2;
 pub mod ess;
 pub mod faults;
 pub mod kubelet;
+pub mod memory;
+pub mod nodes;
 pub mod patch;
 pub mod resources;
 pub mod scheduler;
@@ -32,6 +34,7 @@ use tokio::net::TcpListener;
 pub use ec2::Ec2Config;
 pub use ess::EssConfig;
 pub use faults::Faults;
+pub use memory::MemoryBridgeConfig;
 
 /// Server settings. The default runs the scheduler and the kubelets, no EC2 bridge, no faults.
 #[derive(Debug, Clone)]
@@ -52,6 +55,8 @@ pub struct Config {
     pub ec2: Option<Ec2Config>,
     /// Run the bridge to Alibaba Cloud ESS scaling groups.
     pub ess: Option<EssConfig>,
+    /// Run the bridge to an in-memory provider (tests that need no cloud endpoint).
+    pub memory: Option<MemoryBridgeConfig>,
     /// The fault settings at start (`/admin/faults` changes them later).
     pub faults: Faults,
     /// Seeds the random sequence that picks the requests that fail.
@@ -69,6 +74,7 @@ impl Default for Config {
             heartbeat: Duration::from_secs(10),
             ec2: None,
             ess: None,
+            memory: None,
             faults: Faults::default(),
             fault_seed: 1,
         }
@@ -124,6 +130,9 @@ pub async fn serve(listener: TcpListener, config: Config) -> std::io::Result<()>
     }
     if let Some(ess) = config.ess.clone() {
         tasks.push(tokio::spawn(ess::run(app.clone(), ess)));
+    }
+    if let Some(memory) = config.memory.clone() {
+        tasks.push(tokio::spawn(memory::run(app.clone(), memory)));
     }
     let _controllers = Controllers(tasks);
     loop {

@@ -1,5 +1,6 @@
 //! kube-sim's integration tests, in one binary: the HTTP API, the real kubectl, kube-rs
-//! watchers, the simulated controllers, the EC2 bridge against moto_server, fault injection.
+//! watchers, the simulated controllers, the EC2 bridge against moto_server, the in-memory
+//! provider bridge, fault injection.
 
 mod common;
 mod controllers;
@@ -8,3 +9,4 @@ mod faults;
 mod http;
 mod kube_rs;
 mod kubectl;
+mod memory;
