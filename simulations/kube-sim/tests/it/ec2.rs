@@ -12,7 +12,7 @@ use aws_sdk_ec2::types::{
     TagSpecification,
 };
 use aws_sdk_ec2::Client;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// The moto version `scripts/test.sh` installs.
 const MOTO_VERSION: &str = "5.1.22";
@@ -156,16 +156,6 @@ fn node_names(a: SocketAddr) -> Vec<String> {
         .collect()
 }
 
-/// The next node event of `kind` from `w` (skipping others), within the watch's read timeout.
-fn next_node_event(w: &mut Watch, kind: &str) -> Value {
-    loop {
-        let ev = w.next().expect("the node watch is open");
-        if ev["type"] == kind {
-            return ev["object"].clone();
-        }
-    }
-}
-
 #[test]
 fn instances_become_nodes_with_labels_taints_and_late_gpus_and_leave_with_them() {
     let moto = Moto::start();
@@ -209,7 +199,7 @@ fn instances_become_nodes_with_labels_taints_and_late_gpus_and_leave_with_them()
         ],
     ));
 
-    let node = next_node_event(&mut nodes, "ADDED");
+    let node = nodes.next_of("ADDED");
     let name = node["metadata"]["name"].as_str().unwrap().to_string();
     let described = rt
         .block_on(client.describe_instances().instance_ids(&id).send())
@@ -263,7 +253,7 @@ fn instances_become_nodes_with_labels_taints_and_late_gpus_and_leave_with_them()
 
     // The device plugin advertises the GPU.
     let with_gpus = loop {
-        let n = next_node_event(&mut nodes, "MODIFIED");
+        let n = nodes.next_of("MODIFIED");
         if n["status"]["allocatable"].get("nvidia.com/gpu").is_some() {
             break n;
         }
@@ -284,7 +274,7 @@ fn instances_become_nodes_with_labels_taints_and_late_gpus_and_leave_with_them()
     // Terminating the instance removes the Node and the pods bound to it.
     rt.block_on(client.terminate_instances().instance_ids(&id).send())
         .expect("TerminateInstances");
-    let gone = next_node_event(&mut nodes, "DELETED");
+    let gone = nodes.next_of("DELETED");
     assert_eq!(gone["metadata"]["name"], name.as_str());
     eventually(30, "the pod to be deleted", || {
         (get(a, "/api/v1/namespaces/default/pods/train").0 == 404).then_some(())

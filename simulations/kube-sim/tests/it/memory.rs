@@ -9,7 +9,7 @@ use gpu_node_autoscaler_memory::MemoryProvider;
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, GpuInfo, GpuVendor, InstanceType, LaunchRequest, Offering, OfferingKey,
 };
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::common::{eventually, get, start_with, Watch};
 
@@ -64,15 +64,6 @@ fn launch(provider: &MemoryProvider, id: &str, capacity_type: CapacityType) -> S
     out.launched[0].id.clone()
 }
 
-fn next_of(w: &mut Watch, kind: &str) -> Value {
-    loop {
-        let ev = w.next().expect("the node watch is open");
-        if ev["type"] == kind {
-            return ev["object"].clone();
-        }
-    }
-}
-
 #[test]
 fn memory_provider_instances_become_nodes_and_leave_with_them() {
     let provider = Arc::new(MemoryProvider::new(catalog(), "mem", 3));
@@ -88,7 +79,7 @@ fn memory_provider_instances_become_nodes_and_leave_with_them() {
     let mut nodes = Watch::open(a, "/api/v1/nodes?watch=1");
     let id = launch(&provider, "launch-1", CapacityType::Spot);
 
-    let node = next_of(&mut nodes, "ADDED");
+    let node = nodes.next_of("ADDED");
     assert_eq!(node["metadata"]["name"], id.as_str());
     assert_eq!(
         node["spec"]["providerID"],
@@ -115,7 +106,7 @@ fn memory_provider_instances_become_nodes_and_leave_with_them() {
         .get("nvidia.com/gpu")
         .is_none());
     let with_gpus = loop {
-        let n = next_of(&mut nodes, "MODIFIED");
+        let n = nodes.next_of("MODIFIED");
         if n["status"]["allocatable"].get("nvidia.com/gpu").is_some() {
             break n;
         }
@@ -124,10 +115,7 @@ fn memory_provider_instances_become_nodes_and_leave_with_them() {
 
     // Terminated: the Node goes.
     provider.terminate_now(&id).expect("terminate");
-    assert_eq!(
-        next_of(&mut nodes, "DELETED")["metadata"]["name"],
-        id.as_str()
-    );
+    assert_eq!(nodes.next_of("DELETED")["metadata"]["name"], id.as_str());
 
     // A spot interruption shuts the instance down: its Node goes too.
     let spot = launch(&provider, "launch-2", CapacityType::Spot);
@@ -138,10 +126,7 @@ fn memory_provider_instances_become_nodes_and_leave_with_them() {
     });
     let interrupted = provider.interrupt_spot(1.0, None);
     assert_eq!(interrupted.len(), 1);
-    assert_eq!(
-        next_of(&mut nodes, "DELETED")["metadata"]["name"],
-        spot.as_str()
-    );
+    assert_eq!(nodes.next_of("DELETED")["metadata"]["name"], spot.as_str());
     let (_, list) = get(a, "/api/v1/nodes");
     assert_eq!(list["items"][0]["metadata"]["name"], od.as_str());
     assert_eq!(

@@ -204,6 +204,17 @@ impl Watch {
         }
     }
 
+    /// The object of the next event of type `kind` (others are skipped); panics when the stream
+    /// ends first.
+    pub fn next_of(&mut self, kind: &str) -> Value {
+        loop {
+            let ev = self.next().expect("the watch is open");
+            if ev["type"] == kind {
+                return ev["object"].clone();
+            }
+        }
+    }
+
     /// The next event, or None when the server ended the stream.
     pub fn next(&mut self) -> Option<Value> {
         loop {
