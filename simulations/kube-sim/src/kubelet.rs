@@ -78,7 +78,7 @@ impl Kubelet {
         let node = str_at(pod, "/spec/nodeName");
         match str_at(pod, "/status/phase") {
             "Pending" | "" if !node.is_empty() => {
-                if store.get(NODES, "", node).is_ok() {
+                if store.contains(NODES, "", node) {
                     self.arm(Instant::now() + self.pod_start_delay, Action::Start, pod);
                 } else {
                     self.waiting.entry(node.to_string()).or_default().insert((

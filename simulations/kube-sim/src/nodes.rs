@@ -65,8 +65,8 @@ pub struct InstanceView {
     pub tags: BTreeMap<String, String>,
     /// The Node's `spec.providerID`.
     pub provider_id: String,
-    /// The region: names the Node when it has no DNS name, and its region label when the zone
-    /// does not end in a letter after it (`us-east-1a`).
+    /// The region (the bridge's configured one): the Node's `topology.kubernetes.io/region`
+    /// label, and part of its name when it has no DNS name.
     pub region: String,
 }
 
@@ -112,18 +112,13 @@ fn node_object(inst: &InstanceView, info: &TypeInfo, with_gpus: bool) -> (Value,
         }
     }
     let capacity_type = if inst.spot { "spot" } else { "on-demand" };
-    let region_label = inst
-        .zone
-        .get(..inst.zone.len().saturating_sub(1))
-        .filter(|r| !r.is_empty())
-        .unwrap_or(&inst.region);
     for (k, v) in [
         (
             "node.kubernetes.io/instance-type",
             inst.instance_type.as_str(),
         ),
         ("topology.kubernetes.io/zone", inst.zone.as_str()),
-        ("topology.kubernetes.io/region", region_label),
+        ("topology.kubernetes.io/region", inst.region.as_str()),
         ("kubernetes.io/hostname", name.as_str()),
         ("kubernetes.io/arch", "amd64"),
         ("kubernetes.io/os", "linux"),

@@ -350,6 +350,11 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(def, name))
     }
 
+    /// Whether an object exists (without copying it).
+    pub fn contains(&self, res: usize, ns: &str, name: &str) -> bool {
+        self.objects[res].contains_key(&Self::key(&RESOURCES[res], ns, name))
+    }
+
     /// Creates an object in `ns` (ignored for cluster-scoped resources).
     pub fn create(
         &mut self,
