@@ -3,15 +3,16 @@
 //! Nodes as ACK registers them, and Nodes go away when their instances leave the groups.
 //!
 //! Every poll lists each group's scaling instances (`DescribeScalingInstances`, every page).
-//! An instance that is `Pending`, `Pending:Wait`, `InService`, `Protected` or `Standby` becomes a
-//! Node `boot_delay` after kube-sim first saw it, with the type, spot strategy, host name and tags
-//! ECS `DescribeInstances` gives (asked once per instance) and the shape ECS
-//! `DescribeInstanceTypes` gives (asked once per type); its GPUs appear `device_plugin_delay`
-//! after that. An instance that leaves the listing (or is `Removing`) takes its Node and the
-//! Node's pods with it. A failed poll changes nothing. Requests are signed by the provider crate's
-//! client (`AlibabaProvider::signed_call`), so the fake checks them like the provider's own.
+//! Instances `Pending`, `Pending:Wait`, `InService`, `Protected` or `Standby` are live; what ECS
+//! `DescribeInstances` says of each (type, spot strategy, host name, private IP, tags) is asked
+//! once per instance, and each type's shape once (`DescribeInstanceTypes`). The shared
+//! [`Registrar`] does the rest as for the other bridges: a Node `boot_delay` after kube-sim first
+//! saw the instance, its GPUs `device_plugin_delay` after that, the Node and its pods deleted when
+//! the instance leaves the listing (or is `Removing`). A failed listing changes nothing. Requests
+//! are signed by the provider crate's client (`AlibabaProvider::signed_call`), so the fake checks
+//! them like the provider's own.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,13 +20,13 @@ use gpu_node_autoscaler_alibaba::{
     gpu_model, provider_id, AlibabaConfig, AlibabaProvider, Api, CredentialSource,
 };
 use gpu_node_autoscaler_provider::GpuVendor;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::ec2::{delete_node_and_pods, nvidia_product, TAG_POOL};
-use crate::resources::NODES;
+use crate::nodes::{
+    nvidia_product, sleep_until_next_poll, InstanceView, Registrar, TypeInfo, TAG_POOL,
+};
 use crate::server::App;
-use crate::store::{now_timestamp, Store};
 
 /// Where the bridge finds ESS and which scaling groups are the cluster's.
 #[derive(Debug, Clone)]
@@ -102,17 +103,6 @@ pub struct EcsInstance {
     pub tags: BTreeMap<String, String>,
 }
 
-/// What an instance type offers a Node.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TypeShape {
-    pub vcpus: i64,
-    pub memory_mib: i64,
-    /// (`nvidia.com/gpu` or `amd.com/gpu`, count)
-    pub gpus: Option<(&'static str, i64)>,
-    /// The `nvidia.com/gpu.product` label of NVIDIA GPUs.
-    pub product: Option<String>,
-}
-
 /// The items of an ESS/ECS list, which wraps them as `{"Outer": {"Inner": [...]}}`.
 fn items<'a>(v: &'a Value, outer: &str, inner: &str) -> &'a [Value] {
     v.get(outer)
@@ -183,7 +173,7 @@ pub fn parse_ecs_instances(v: &Value) -> BTreeMap<String, EcsInstance> {
 
 /// ECS `DescribeInstanceTypes`: type → shape. `GPUAmount` GPUs of the `GPUSpec` vendor;
 /// `GPUMemorySize` is per GPU, in GiB.
-pub fn parse_instance_types(v: &Value) -> BTreeMap<String, TypeShape> {
+pub fn parse_instance_types(v: &Value) -> BTreeMap<String, TypeInfo> {
     items(v, "InstanceTypes", "InstanceType")
         .iter()
         .map(|t| {
@@ -198,7 +188,7 @@ pub fn parse_instance_types(v: &Value) -> BTreeMap<String, TypeShape> {
                 ),
                 (n, GpuVendor::Amd) => (Some(("amd.com/gpu", n)), None),
             };
-            let shape = TypeShape {
+            let shape = TypeInfo {
                 vcpus: number(t, "CpuCoreCount") as i64,
                 memory_mib: (number(t, "MemorySize") * 1024.0).round() as i64,
                 gpus,
@@ -210,123 +200,44 @@ pub fn parse_instance_types(v: &Value) -> BTreeMap<String, TypeShape> {
         .collect()
 }
 
-/// The Node of a scaling instance, as ACK registers it (GPUs left out until the device plugin
-/// starts, unless `with_gpus`). Named after the ECS host name, else the instance id.
-pub fn node_object(
+/// The instance as the Node registrar needs it: ACK's providerID `<region>.<instance-id>`, named
+/// after the ECS host name (lower-cased), else the instance id; the pool label from the instance's
+/// `gpu-node-autoscaler.io/pool` tag, else from its group's entry in `config.pools`.
+pub fn instance_view(
     inst: &ScalingInstance,
     ecs: &EcsInstance,
-    shape: &TypeShape,
     config: &EssConfig,
-    with_gpus: bool,
-) -> Value {
-    let name = if ecs.host_name.is_empty() {
-        inst.id.clone()
-    } else {
-        ecs.host_name.to_ascii_lowercase()
-    };
-    let zone = if inst.zone.is_empty() {
-        &ecs.zone
-    } else {
-        &inst.zone
-    };
-    let capacity_type = if ecs.spot { "spot" } else { "on-demand" };
-    let mut labels = Map::new();
-    for (k, v) in [
-        (
-            "node.kubernetes.io/instance-type",
-            ecs.instance_type.as_str(),
-        ),
-        ("topology.kubernetes.io/zone", zone.as_str()),
-        ("topology.kubernetes.io/region", config.region.as_str()),
-        ("kubernetes.io/hostname", name.as_str()),
-        ("kubernetes.io/arch", "amd64"),
-        ("kubernetes.io/os", "linux"),
-        ("karpenter.sh/capacity-type", capacity_type),
-        ("gpu-node-autoscaler.io/capacity-type", capacity_type),
-    ] {
-        labels.insert(k.to_string(), json!(v));
+) -> InstanceView {
+    let mut tags = ecs.tags.clone();
+    if let Some(pool) = config.pools.get(&inst.group) {
+        tags.entry(TAG_POOL.to_string())
+            .or_insert_with(|| pool.clone());
     }
-    if let Some(pool) = ecs
-        .tags
-        .get(TAG_POOL)
-        .or_else(|| config.pools.get(&inst.group))
-    {
-        labels.insert(TAG_POOL.to_string(), json!(pool));
-    }
-    if let Some(p) = &shape.product {
-        labels.insert("nvidia.com/gpu.product".into(), json!(p));
-    }
-    let mut capacity = Map::new();
-    capacity.insert("cpu".into(), json!(shape.vcpus.to_string()));
-    capacity.insert("memory".into(), json!(format!("{}Mi", shape.memory_mib)));
-    capacity.insert("pods".into(), json!("110"));
-    if let (true, Some((resource, n))) = (with_gpus, shape.gpus) {
-        capacity.insert(resource.into(), json!(n.to_string()));
-    }
-    let mut addresses = Vec::new();
-    if !ecs.private_ip.is_empty() {
-        addresses.push(json!({"type": "InternalIP", "address": ecs.private_ip}));
-    }
-    addresses.push(json!({"type": "Hostname", "address": name}));
-    let now = now_timestamp();
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"providerID": provider_id(&config.region, &inst.id)},
-        "status": {
-            "capacity": capacity, "allocatable": capacity,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
-                "lastTransitionTime": now}],
-            "addresses": addresses,
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                "kubeletVersion": "v1.32.0-kube-sim", "kubeProxyVersion": "v1.32.0-kube-sim",
-                "containerRuntimeVersion": "containerd://1.7.0", "osImage": "kube-sim",
-                "kernelVersion": "", "machineID": inst.id, "systemUUID": inst.id, "bootID": inst.id},
+    InstanceView {
+        id: inst.id.clone(),
+        instance_type: ecs.instance_type.clone(),
+        zone: if inst.zone.is_empty() {
+            ecs.zone.clone()
+        } else {
+            inst.zone.clone()
         },
-    })
-}
-
-/// Where an instance's Node is.
-#[derive(Debug)]
-enum Phase {
-    /// Seen; its Node is not registered yet.
-    Booting,
-    /// Its Node registered at `at`; `gpus_due` until the device plugin advertised the GPUs.
-    Registered {
-        name: String,
-        uid: String,
-        at: Instant,
-        gpus_due: bool,
-    },
-    /// A client deleted or replaced its Node: left alone from then on (a real kubelet would
-    /// register again; kube-sim does not simulate that).
-    Abandoned,
-}
-
-#[derive(Debug)]
-struct Tracked {
-    first_seen: Instant,
-    phase: Phase,
-    /// The last problem logged for this instance, so that each is logged once.
-    logged: Option<String>,
-}
-
-impl Tracked {
-    fn log_once(&mut self, id: &str, problem: String) {
-        if self.logged.as_deref() != Some(problem.as_str()) {
-            eprintln!("kube-sim: ess bridge: instance {id}: {problem}");
-            self.logged = Some(problem);
-        }
+        private_dns: ecs.host_name.to_ascii_lowercase(),
+        private_ip: ecs.private_ip.clone(),
+        spot: ecs.spot,
+        tags,
+        provider_id: provider_id(&config.region, &inst.id),
+        region: config.region.clone(),
     }
 }
 
 struct Bridge {
     config: EssConfig,
     client: AlibabaProvider,
+    /// ECS's answers, per instance id (asked once per instance).
     ecs: HashMap<String, EcsInstance>,
-    shapes: HashMap<String, TypeShape>,
-    tracked: HashMap<String, Tracked>,
+    /// ECS's instance types (asked once per type).
+    types: HashMap<String, TypeInfo>,
+    registrar: Registrar,
 }
 
 fn params(pairs: &[(&str, String)]) -> Vec<(String, String)> {
@@ -343,12 +254,13 @@ impl Bridge {
         c.ecs_endpoint = config.endpoint.clone();
         let client =
             AlibabaProvider::new(c, config.credentials.clone()).map_err(|e| e.to_string())?;
+        let registrar = Registrar::new("ess", config.boot_delay, config.device_plugin_delay);
         Ok(Bridge {
             config,
             client,
             ecs: HashMap::new(),
-            shapes: HashMap::new(),
-            tracked: HashMap::new(),
+            types: HashMap::new(),
+            registrar,
         })
     }
 
@@ -424,37 +336,22 @@ impl Bridge {
                 .signed_call(Api::Ecs, "DescribeInstanceTypes", &p)
                 .await
                 .map_err(|e| e.to_string())?;
-            self.shapes.extend(parse_instance_types(&v));
+            self.types.extend(parse_instance_types(&v));
         }
         Ok(())
     }
 
-    /// One reconciliation. Returns when something is due next.
+    /// One poll: the groups' instances, what ECS says of the new ones, then the registrar.
+    /// Returns when something is due next.
     async fn poll(&mut self, app: &App) -> Option<Instant> {
-        let instances = match self.list().await {
+        let listed = match self.list().await {
             Ok(i) => i,
             Err(e) => {
                 eprintln!("kube-sim: ess bridge: {e}");
                 return None;
             }
         };
-        let now = Instant::now();
-        for i in &instances {
-            self.tracked.entry(i.id.clone()).or_insert(Tracked {
-                first_seen: now,
-                phase: Phase::Booting,
-                logged: None,
-            });
-        }
-        let boot = self.config.boot_delay;
-        let booted: Vec<&ScalingInstance> = instances
-            .iter()
-            .filter(|i| {
-                let t = &self.tracked[&i.id];
-                matches!(t.phase, Phase::Booting) && t.first_seen + boot <= now
-            })
-            .collect();
-        let unknown: Vec<String> = booted
+        let unknown: Vec<String> = listed
             .iter()
             .filter(|i| !self.ecs.contains_key(&i.id))
             .map(|i| i.id.clone())
@@ -462,132 +359,29 @@ impl Bridge {
         if let Err(e) = self.learn_instances(&unknown).await {
             eprintln!("kube-sim: ess bridge: {e}");
         }
-        let types: BTreeSet<String> = booted
+        // An instance ECS does not know yet is seen at a later poll: it has no Node so far.
+        let views: Vec<InstanceView> = listed
             .iter()
-            .filter_map(|i| self.ecs.get(&i.id))
-            .map(|e| e.instance_type.clone())
-            .filter(|t| !self.shapes.contains_key(t))
+            .filter_map(|i| Some(instance_view(i, self.ecs.get(&i.id)?, &self.config)))
             .collect();
-        let types: Vec<String> = types.into_iter().collect();
-        let types_answered = match self.learn_types(&types).await {
+        let due_types: Vec<String> = self
+            .registrar
+            .track(&views)
+            .into_iter()
+            .filter(|t| !self.types.contains_key(t))
+            .collect();
+        let types_known = match self.learn_types(&due_types).await {
             Ok(()) => true,
             Err(e) => {
                 eprintln!("kube-sim: ess bridge: {e}");
                 false
             }
         };
-        let mut store = app.store();
-        let mut next: Option<Instant> = None;
-        let mut due = |at: Instant| next = Some(next.map_or(at, |n: Instant| n.min(at)));
-        let plugin = self.config.device_plugin_delay;
-        for inst in &instances {
-            let t = self.tracked.get_mut(&inst.id).expect("tracked above");
-            match &t.phase {
-                Phase::Booting if t.first_seen + boot > now => due(t.first_seen + boot),
-                Phase::Booting => {
-                    let Some(ecs) = self.ecs.get(&inst.id) else {
-                        t.log_once(&inst.id, "not in ECS DescribeInstances (yet)".into());
-                        continue;
-                    };
-                    let Some(shape) = self.shapes.get(&ecs.instance_type) else {
-                        if types_answered {
-                            let problem = format!(
-                                "instance type {} is not known to DescribeInstanceTypes",
-                                ecs.instance_type
-                            );
-                            t.log_once(&inst.id, problem);
-                        }
-                        continue;
-                    };
-                    let with_gpus = plugin.is_zero();
-                    let node = node_object(inst, ecs, shape, &self.config, with_gpus);
-                    match store.create(NODES, "", node, false) {
-                        Ok(obj) => {
-                            let gpus_due = shape.gpus.is_some() && !with_gpus;
-                            if gpus_due {
-                                due(now + plugin);
-                            }
-                            let meta = |k: &str| obj["metadata"][k].as_str().unwrap_or("").into();
-                            t.phase = Phase::Registered {
-                                name: meta("name"),
-                                uid: meta("uid"),
-                                at: now,
-                                gpus_due,
-                            };
-                        }
-                        Err(e) => t.log_once(&inst.id, e.message),
-                    }
-                }
-                Phase::Registered {
-                    at, gpus_due: true, ..
-                } if *at + plugin > now => due(*at + plugin),
-                Phase::Registered {
-                    name,
-                    uid,
-                    gpus_due: true,
-                    ..
-                } => {
-                    let gpus = self
-                        .ecs
-                        .get(&inst.id)
-                        .and_then(|e| self.shapes.get(&e.instance_type))
-                        .and_then(|s| s.gpus);
-                    let (name, uid) = (name.clone(), uid.clone());
-                    t.phase = match advertise(&mut store, &name, &uid, gpus) {
-                        Some(true) => Phase::Registered {
-                            name,
-                            uid,
-                            at: now,
-                            gpus_due: false,
-                        },
-                        // Not written (a conflict): tried again at the next poll.
-                        Some(false) => continue,
-                        None => Phase::Abandoned,
-                    };
-                }
-                Phase::Registered { .. } | Phase::Abandoned => {}
-            }
-        }
-        let live: BTreeSet<&str> = instances.iter().map(|i| i.id.as_str()).collect();
-        let gone: Vec<String> = self
-            .tracked
-            .keys()
-            .filter(|id| !live.contains(id.as_str()))
-            .cloned()
-            .collect();
-        for id in gone {
-            self.ecs.remove(&id);
-            if let Some(Tracked {
-                phase: Phase::Registered { name, uid, .. },
-                ..
-            }) = self.tracked.remove(&id)
-            {
-                delete_node_and_pods(&mut store, &name, &uid);
-            }
-        }
-        next
+        let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+        self.ecs.retain(|id, _| listed_ids.contains(id.as_str()));
+        self.registrar
+            .reconcile(&mut app.store(), &views, &self.types, types_known)
     }
-}
-
-/// Adds the GPUs to the Node's capacity and allocatable. `None` when the Node is gone or is
-/// another one now; `Some(false)` when the update was refused.
-fn advertise(
-    store: &mut Store,
-    name: &str,
-    uid: &str,
-    gpus: Option<(&'static str, i64)>,
-) -> Option<bool> {
-    let node = store.get(NODES, "", name).ok()?;
-    if node["metadata"]["uid"] != uid {
-        return None;
-    }
-    let mut next = node;
-    if let Some((resource, n)) = gpus {
-        for field in ["capacity", "allocatable"] {
-            next["status"][field][resource] = json!(n.to_string());
-        }
-    }
-    Some(store.update(NODES, "", name, next, true, false).is_ok())
 }
 
 /// Runs the bridge until the server goes away.
@@ -602,11 +396,7 @@ pub async fn run(app: Arc<App>, config: EssConfig) {
     loop {
         let started = Instant::now();
         let due = bridge.poll(&app).await;
-        let next_poll = started + bridge.config.poll;
-        let wake = due
-            .map_or(next_poll, |d| d.min(next_poll))
-            .max(Instant::now() + Duration::from_millis(10));
-        tokio::time::sleep_until(wake).await;
+        sleep_until_next_poll(started, bridge.config.poll, due).await;
     }
 }
 
@@ -618,7 +408,8 @@ mod fake;
 mod tests {
     use super::fake::{Fake, FakeInstance, KEY_ID, REGION, SECRET, TOKEN};
     use super::*;
-    use crate::resources::PODS;
+    use crate::resources::{NODES, PODS};
+    use crate::store::Store;
     use gpu_node_autoscaler_alibaba::Credentials;
 
     fn credentials() -> CredentialSource {
@@ -631,14 +422,6 @@ mod tests {
         let mut c = EssConfig::new(REGION, &["asg-spot"], credentials());
         c.pools.insert("asg-spot".into(), "a10".into());
         c
-    }
-
-    fn a10() -> TypeShape {
-        parse_instance_types(&json!({"InstanceTypes": {"InstanceType": [
-            {"InstanceTypeId": "ecs.gn7i-c8g1.2xlarge", "CpuCoreCount": 8, "MemorySize": 30.0,
-             "GPUAmount": 1, "GPUSpec": "NVIDIA A10", "GPUMemorySize": 24.0},
-        ]}}))["ecs.gn7i-c8g1.2xlarge"]
-            .clone()
     }
 
     #[test]
@@ -690,7 +473,7 @@ mod tests {
     }
 
     #[test]
-    fn node_of_a_scaling_instance() {
+    fn view_of_a_scaling_instance() {
         let inst = ScalingInstance {
             id: "i-bp1abc".into(),
             group: "asg-spot".into(),
@@ -699,46 +482,32 @@ mod tests {
         };
         let mut ecs = EcsInstance {
             instance_type: "ecs.gn7i-c8g1.2xlarge".into(),
+            zone: "cn-hangzhou-j".into(),
             spot: true,
             ..EcsInstance::default()
         };
-        let node = node_object(&inst, &ecs, &a10(), &config(), false);
-        assert_eq!(node["metadata"]["name"], "i-bp1abc");
-        assert_eq!(node["spec"]["providerID"], "cn-hangzhou.i-bp1abc");
-        let l = &node["metadata"]["labels"];
-        assert_eq!(
-            l["node.kubernetes.io/instance-type"],
-            "ecs.gn7i-c8g1.2xlarge"
-        );
-        assert_eq!(l["topology.kubernetes.io/zone"], "cn-hangzhou-i");
-        assert_eq!(l["topology.kubernetes.io/region"], "cn-hangzhou");
-        assert_eq!(l["kubernetes.io/hostname"], "i-bp1abc");
-        assert_eq!(l["karpenter.sh/capacity-type"], "spot");
-        assert_eq!(l["gpu-node-autoscaler.io/capacity-type"], "spot");
-        assert_eq!(l[TAG_POOL], "a10", "from the group's pool mapping");
-        assert_eq!(l["nvidia.com/gpu.product"], "NVIDIA-A10");
-        assert!(node["status"]["allocatable"]
-            .get("nvidia.com/gpu")
-            .is_none());
-        assert_eq!(node["status"]["capacity"]["cpu"], "8");
+        let v = instance_view(&inst, &ecs, &config());
+        assert_eq!(v.node_name(), "i-bp1abc");
+        assert_eq!(v.provider_id, "cn-hangzhou.i-bp1abc");
+        assert_eq!(v.zone, "cn-hangzhou-i", "the scaling listing's zone first");
+        assert_eq!(v.region, "cn-hangzhou");
+        assert_eq!(v.instance_type, "ecs.gn7i-c8g1.2xlarge");
+        assert!(v.spot);
+        assert_eq!(v.tags[TAG_POOL], "a10", "from the group's pool mapping");
 
-        ecs.spot = false;
         ecs.host_name = "iZbp1abcZ".into();
         ecs.private_ip = "192.168.0.7".into();
         ecs.tags.insert(TAG_POOL.into(), "tagged".into());
+        let v = instance_view(&inst, &ecs, &config());
+        assert_eq!(v.node_name(), "izbp1abcz");
+        assert_eq!(v.private_ip, "192.168.0.7");
+        assert_eq!(v.tags[TAG_POOL], "tagged", "the instance's tag first");
+        // Neither a tag nor a mapping: no pool.
+        ecs.tags.clear();
         let mut other = config();
         other.pools.clear();
-        let node = node_object(&inst, &ecs, &a10(), &other, true);
-        assert_eq!(node["metadata"]["name"], "izbp1abcz");
-        let l = &node["metadata"]["labels"];
-        assert_eq!(l["karpenter.sh/capacity-type"], "on-demand");
-        assert_eq!(l[TAG_POOL], "tagged", "the instance's tag first");
-        assert_eq!(node["status"]["allocatable"]["nvidia.com/gpu"], "1");
-        assert_eq!(node["status"]["addresses"][0]["address"], "192.168.0.7");
-        // Neither a tag nor a mapping: no pool label.
-        ecs.tags.clear();
-        let node = node_object(&inst, &ecs, &a10(), &other, true);
-        assert!(node["metadata"]["labels"].get(TAG_POOL).is_none());
+        let v = instance_view(&inst, &ecs, &other);
+        assert!(!v.tags.contains_key(TAG_POOL));
     }
 
     #[test]
@@ -818,6 +587,11 @@ mod tests {
         assert_eq!(n["spec"]["providerID"], "cn-hangzhou.i-spot1");
         let l = &n["metadata"]["labels"];
         assert_eq!(l["topology.kubernetes.io/zone"], "cn-hangzhou-j");
+        assert_eq!(l["topology.kubernetes.io/region"], "cn-hangzhou");
+        assert_eq!(l["gpu-node-autoscaler.io/capacity-type"], "spot");
+        assert_eq!(l["nvidia.com/gpu.product"], "NVIDIA-A10");
+        assert_eq!(n["status"]["capacity"]["cpu"], "8");
+        assert_eq!(n["status"]["capacity"]["memory"], "30720Mi");
         assert_eq!(l["karpenter.sh/capacity-type"], "spot");
         assert_eq!(l[TAG_POOL], "a10");
         assert_eq!(
