@@ -67,28 +67,17 @@ fn start(name: &str, fake: &Fake) -> Env {
     )
 }
 
-#[test]
-fn a_gpu_pod_gets_a_spot_instance_from_ess_which_is_removed_by_its_id_after_the_pod_goes() {
-    let fake = Fake::start_blocking(&[(SPOT, &["cn-hangzhou-i"]), (ON_DEMAND, &["cn-hangzhou-i"])]);
-    let mut env = start("alibaba", &fake);
-    env.create(&env.policy_configmap(&policy()));
-    env.start_controller("r1", &["--alibaba-endpoint-url", &fake.url]);
-    env.create(&gpu_pod("default", "train", &BTreeMap::new(), None));
-
-    // A scale-out of one on the spot group.
-    let id = env.wait_for("an instance in the spot group", 2 * MIN, || {
-        fake.with(|s| s.groups[SPOT].instances.first().map(|i| i.id.clone()))
+/// Waits for the first instance of `group` in the fake, its Node (ACK's providerID) and the pod
+/// `default/<pod>` running there; returns the instance id and the Node.
+fn instance_node_and_running_pod(
+    env: &Env,
+    fake: &Fake,
+    group: &str,
+    pod: &str,
+) -> (String, serde_json::Value) {
+    let id = env.wait_for(&format!("an instance in {group}"), 2 * MIN, || {
+        fake.with(|s| s.groups[group].instances.first().map(|i| i.id.clone()))
     });
-    let scale = fake.with(|s| s.calls_of("ScaleWithAdjustment"));
-    assert_eq!(scale.len(), 1, "{scale:#?}");
-    assert_eq!(scale[0]["ScalingGroupId"], SPOT);
-    assert_eq!(scale[0]["AdjustmentValue"], "1");
-    assert!(
-        scale[0]["ActivityMetadata"].contains("gpu-node-autoscaler.io/launch-id"),
-        "{scale:#?}"
-    );
-
-    // Its Node, as ACK registers it, and the pod running there.
     let provider_id = format!("{REGION}.{id}");
     let node = env.wait_for("the instance's Node", 2 * MIN, || {
         env.pool_nodes()
@@ -97,15 +86,45 @@ fn a_gpu_pod_gets_a_spot_instance_from_ess_which_is_removed_by_its_id_after_the_
     });
     let labels = &node["metadata"]["labels"];
     assert_eq!(labels["gpu-node-autoscaler.io/pool"], "a10");
-    assert_eq!(labels["karpenter.sh/capacity-type"], "spot");
     assert_eq!(labels["node.kubernetes.io/instance-type"], A10);
     assert_eq!(labels["topology.kubernetes.io/zone"], "cn-hangzhou-i");
-    let name = node["metadata"]["name"].as_str().unwrap().to_string();
+    assert_eq!(labels["topology.kubernetes.io/region"], REGION);
     env.wait_for("the pod to run", 2 * MIN, || {
-        (env.pod_phase("default", "train") == "Running").then_some(())
+        (env.pod_phase("default", pod) == "Running").then_some(())
     });
-    let pod = env.get_json(&["get", "pod", "-n", "default", "train"]);
-    assert_eq!(pod["spec"]["nodeName"], name.as_str());
+    let p = env.get_json(&["get", "pod", "-n", "default", pod]);
+    assert_eq!(p["spec"]["nodeName"], node["metadata"]["name"]);
+    (id, node)
+}
+
+fn assert_no_bad_requests(fake: &Fake) {
+    let violations = fake.with(|s| s.violations.clone());
+    assert!(violations.is_empty(), "bad requests: {violations:#?}");
+}
+
+#[test]
+fn a_gpu_pod_gets_a_spot_instance_from_ess_which_is_removed_by_its_id_after_the_pod_goes() {
+    let fake = Fake::start_blocking(&[(SPOT, &["cn-hangzhou-i"]), (ON_DEMAND, &["cn-hangzhou-i"])]);
+    let mut env = start("alibaba", &fake);
+    env.create(&env.policy_configmap(&policy()));
+    env.start_controller("r1", &["--alibaba-endpoint-url", &fake.url]);
+    env.create(&gpu_pod("default", "train", &BTreeMap::new(), None));
+
+    let (id, node) = instance_node_and_running_pod(&env, &fake, SPOT, "train");
+    // One scale-out of one, on the spot group.
+    let scale = fake.with(|s| s.calls_of("ScaleWithAdjustment"));
+    assert_eq!(scale.len(), 1, "{scale:#?}");
+    assert_eq!(scale[0]["ScalingGroupId"], SPOT);
+    assert_eq!(scale[0]["AdjustmentValue"], "1");
+    assert!(
+        scale[0]["ActivityMetadata"].contains("gpu-node-autoscaler.io/launch-id"),
+        "{scale:#?}"
+    );
+    assert_eq!(
+        node["metadata"]["labels"]["karpenter.sh/capacity-type"],
+        "spot"
+    );
+    let name = node["metadata"]["name"].as_str().unwrap().to_string();
 
     // The pod goes: after the cooldown and unneeded time the node is drained and its instance
     // removed by id, and the Node goes with it.
@@ -124,12 +143,11 @@ fn a_gpu_pod_gets_a_spot_instance_from_ess_which_is_removed_by_its_id_after_the_
         .iter()
         .any(|e| e.starts_with(&format!("{name}:"))));
 
-    let (removals, scale, left, violations) = fake.with(|s| {
+    let (removals, scale, left) = fake.with(|s| {
         (
             s.calls_of("RemoveInstances").len(),
             s.calls_of("ScaleWithAdjustment").len(),
             s.groups.values().map(|g| g.instances.len()).sum::<usize>(),
-            s.violations.clone(),
         )
     });
     assert_eq!(removals, 1);
@@ -138,5 +156,33 @@ fn a_gpu_pod_gets_a_spot_instance_from_ess_which_is_removed_by_its_id_after_the_
         "no other scale-out, and none on the on-demand group"
     );
     assert_eq!(left, 0);
-    assert!(violations.is_empty(), "bad requests: {violations:#?}");
+    assert_no_bad_requests(&fake);
+}
+
+#[test]
+fn without_spot_stock_the_pod_gets_an_instance_of_the_on_demand_group() {
+    let fake = Fake::start_blocking(&[(SPOT, &["cn-hangzhou-i"]), (ON_DEMAND, &["cn-hangzhou-i"])]);
+    fake.with(|s| s.groups.get_mut(SPOT).unwrap().no_stock = true);
+    let mut env = start("alibaba-od", &fake);
+    env.create(&env.policy_configmap(&policy()));
+    env.start_controller("r1", &["--alibaba-endpoint-url", &fake.url]);
+    env.create(&gpu_pod("default", "train", &BTreeMap::new(), None));
+
+    let (_, node) = instance_node_and_running_pod(&env, &fake, ON_DEMAND, "train");
+    assert_eq!(
+        node["metadata"]["labels"]["karpenter.sh/capacity-type"],
+        "on-demand"
+    );
+    // The spot group was asked first and had nothing; the on-demand group gave the one instance.
+    let scale: Vec<String> = fake.with(|s| {
+        s.calls_of("ScaleWithAdjustment")
+            .iter()
+            .map(|c| c["ScalingGroupId"].clone())
+            .collect()
+    });
+    assert_eq!(scale.first().map(String::as_str), Some(SPOT), "{scale:?}");
+    assert!(scale.iter().any(|g| g == ON_DEMAND), "{scale:?}");
+    assert!(fake.with(|s| s.groups[SPOT].instances.is_empty()));
+    assert_eq!(env.pool_nodes().len(), 1);
+    assert_no_bad_requests(&fake);
 }

@@ -59,7 +59,7 @@ struct Args {
     #[arg(long, default_value = "cn-hangzhou")]
     ess_region: String,
     /// GROUP=POOL: the gpu-node-autoscaler.io/pool label of the group's Nodes (repeatable).
-    #[arg(long = "ess-pool", value_parser = kube_sim::ess::parse_pool_mapping)]
+    #[arg(long = "ess-pool", value_name = "GROUP=POOL", value_parser = kube_sim::ess::parse_pool_mapping)]
     ess_pools: Vec<(String, String)>,
     /// How often the ESS scaling groups are listed.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
