@@ -500,7 +500,7 @@ impl Converter {
             .any(|v| v.empty_dir.is_some() || v.host_path.is_some());
         Ok(Pod {
             uid: m.uid.clone(),
-            labels: m.labels.clone(),
+            labels: Arc::new(m.labels.clone()),
             requests,
             share,
             constraints,
@@ -517,7 +517,7 @@ impl Converter {
                 .annotations
                 .get("ALIYUN_COM_GPU_MEM_IDX")
                 .and_then(|v| v.parse().ok()),
-            annotations: raw.metadata.annotations,
+            annotations: Arc::new(raw.metadata.annotations),
             problem,
             id,
         })

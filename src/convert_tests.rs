@@ -478,7 +478,7 @@ fn a_problem_does_not_stop_the_rest_of_the_pod() {
     v["spec"]["containers"] = json!([requesting(json!({"cpu": "abc"}))]);
     let p = convert(v);
     assert!(p.problem.is_some());
-    assert_eq!(p.labels, labels(&[("app", "x")]));
+    assert_eq!(*p.labels, labels(&[("app", "x")]));
     assert_eq!(p.constraints.node_selector, labels(&[("gpu", "t4")]));
     assert_eq!(p.priority, 10);
 }

@@ -25,8 +25,8 @@ impl PodBuilder {
             pod: Pod {
                 id: PodRef::new(namespace, name),
                 uid: format!("uid-{namespace}-{name}"),
-                labels: BTreeMap::new(),
-                annotations: BTreeMap::new(),
+                labels: Default::default(),
+                annotations: Default::default(),
                 requests: Resources {
                     cpu_milli: 100,
                     memory: 256 << 20,
@@ -152,12 +152,12 @@ impl PodBuilder {
     }
 
     pub fn label(mut self, k: &str, v: &str) -> Self {
-        self.pod.labels.insert(k.to_string(), v.to_string());
+        std::sync::Arc::make_mut(&mut self.pod.labels).insert(k.to_string(), v.to_string());
         self
     }
 
     pub fn annotation(mut self, k: &str, v: &str) -> Self {
-        self.pod.annotations.insert(k.to_string(), v.to_string());
+        std::sync::Arc::make_mut(&mut self.pod.annotations).insert(k.to_string(), v.to_string());
         self
     }
 

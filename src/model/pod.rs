@@ -103,8 +103,8 @@ pub struct GangRef {
 pub struct Pod {
     pub id: PodRef,
     pub uid: String,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
+    pub labels: Arc<BTreeMap<String, String>>,
+    pub annotations: Arc<BTreeMap<String, String>>,
     /// Effective requests: containers, init containers and overhead, with shared-GPU units
     /// taken out into `share`.
     pub requests: Resources,

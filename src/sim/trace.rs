@@ -260,8 +260,8 @@ pub fn load_trace(
             pod: Pod {
                 id: PodRef::new("trace", name.clone()),
                 uid: name.clone(),
-                labels: BTreeMap::new(),
-                annotations: BTreeMap::new(),
+                labels: Default::default(),
+                annotations: Default::default(),
                 requests,
                 share,
                 constraints: cons,
