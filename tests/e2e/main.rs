@@ -315,19 +315,9 @@ fn an_invalid_policy_update_keeps_the_last_good_policy_and_warns_on_the_configma
     });
 }
 
-#[test]
-fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
-    let mut env = Env::start("pdb", Options::default());
-    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
-    env.start_controller("r1", &["--max-graceful-termination", "8s"]);
-    env.create(&gpu_pod("default", "short-job", &no_labels(), Some("4s")));
-    let node = env.wait_for("the GPU node", 2 * MIN, || {
-        env.pool_nodes()
-            .first()
-            .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
-    });
-    // A service with one replica on the GPU node and one on the system node, both required by
-    // its PodDisruptionBudget.
+/// A service with one replica on the GPU `node` and one on the system node, both required by
+/// its PodDisruptionBudget, whose status still allows one disruption.
+fn web_with_a_budget(env: &Env, node: &str) {
     let web = |name: &str, on: &str| {
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{app: web}}\n\
@@ -339,7 +329,7 @@ fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
     env.create(&format!(
         "{}---\n{}---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\n\
          spec:\n  minAvailable: 2\n  selector:\n    matchLabels: {{app: web}}\n",
-        web("web-gpu", &node),
+        web("web-gpu", node),
         web("web-system", "system-0")
     ));
     // kube-sim runs no disruption controller: write the status one shows right after
@@ -354,6 +344,20 @@ fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
         "-p",
         r#"{"status":{"disruptionsAllowed":1,"currentHealthy":2,"desiredHealthy":1,"expectedPods":2}}"#,
     ]);
+}
+
+#[test]
+fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
+    let mut env = Env::start("pdb", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &["--max-graceful-termination", "8s"]);
+    env.create(&gpu_pod("default", "short-job", &no_labels(), Some("4s")));
+    let node = env.wait_for("the GPU node", 2 * MIN, || {
+        env.pool_nodes()
+            .first()
+            .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
+    });
+    web_with_a_budget(&env, &node);
     env.wait_for("the drain to start", 2 * MIN, || {
         env.events("ScaleDown")
             .into_iter()
@@ -486,4 +490,112 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
         (env.pod_phase("default", "after-faults") == "Running").then_some(())
     });
     assert_eq!(env.live_instances().len(), 2);
+}
+
+#[test]
+fn a_drain_interrupted_by_a_crash_is_finished_by_the_next_leader() {
+    let mut env = Env::start("resume", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    let flags = ["--max-graceful-termination", "5m"];
+    env.start_controller("r1", &flags);
+    env.create(&gpu_pod("default", "short-job", &no_labels(), Some("4s")));
+    let node = env.wait_for("the GPU node", 2 * MIN, || {
+        env.pool_nodes()
+            .first()
+            .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
+    });
+    web_with_a_budget(&env, &node);
+    env.wait_for("the drain to start", 2 * MIN, || {
+        env.events("ScaleDown")
+            .into_iter()
+            .find(|e| e.contains("draining"))
+    });
+    env.kill("r1");
+    // The budget goes while no controller runs; the next one finds the drain from the taint.
+    env.kubectl_ok(&["delete", "pdb", "web"]);
+    let n = env.get_json(&["get", "node", &node]);
+    assert!(
+        n["spec"]["taints"]
+            .to_string()
+            .contains("gpu-node-autoscaler.io/to-be-deleted"),
+        "{n}"
+    );
+    env.start_controller("r2", &flags);
+    env.wait_for("the node's instance to be terminated", 2 * MIN, || {
+        env.live_instances().is_empty().then_some(())
+    });
+    env.wait_for("the node to be deleted", MIN, || {
+        env.pool_nodes().is_empty().then_some(())
+    });
+    assert!(env.log("r2").contains("resuming an interrupted drain"));
+    assert!(env.pod_phase("default", "web-system") == "Running");
+}
+
+#[test]
+fn a_launch_that_never_becomes_a_node_is_given_up_and_planned_elsewhere() {
+    // Instances never register.
+    let mut env = Env::start(
+        "provision",
+        Options {
+            boot_delay: Some(Duration::from_secs(3600)),
+            ..Options::default()
+        },
+    );
+    let policy = env
+        .policy(&["us-east-1a", "us-east-1b"], "")
+        .replace("maxNodeProvisionTime: 2m", "maxNodeProvisionTime: 15s");
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    env.create(&gpu_pod("default", "stuck", &no_labels(), None));
+    let first = env.wait_for("a launch", 2 * MIN, || env.live_instances().pop());
+    let second = env.wait_for("a launch of another offering", 2 * MIN, || {
+        env.live_instances()
+            .into_iter()
+            .find(|(id, _)| *id != first.0)
+    });
+    assert!(
+        (second.1.zone.as_str(), second.1.spot) != (first.1.zone.as_str(), first.1.spot),
+        "the given-up offering is avoided: {} spot={} then {} spot={}",
+        first.1.zone,
+        first.1.spot,
+        second.1.zone,
+        second.1.spot
+    );
+    let gone = env
+        .instances()
+        .into_iter()
+        .find(|(id, _)| *id == first.0)
+        .map(|(_, v)| v.state)
+        .unwrap_or_default();
+    assert!(gone == "shutting-down" || gone == "terminated", "{gone}");
+    assert!(
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_failed_launches_total{pool=\"a10g\",reason=\"provision_timeout\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
+}
+
+#[test]
+fn sigterm_releases_the_lease_for_the_other_replica() {
+    let mut env = Env::start("sigterm", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    // A Lease this long is never taken over by expiry within the test: only a release hands
+    // it over.
+    let flags = ["--lease-duration", "120s"];
+    env.start_controller("r1", &flags);
+    env.wait_for("r1 to lead", MIN, || {
+        (lease_holder(&env).as_deref() == Some("r1")).then_some(())
+    });
+    env.start_controller("r2", &flags);
+    env.wait_for("r2 to follow", MIN, || {
+        (env.metric("r2", "gpu_node_autoscaler_leader ") == Some(0.0)).then_some(())
+    });
+    env.terminate("r1");
+    env.wait_for("r2 to lead", MIN, || {
+        (lease_holder(&env).as_deref() == Some("r2")).then_some(())
+    });
+    assert!(env.log("r1").contains("released the Lease"));
 }

@@ -224,13 +224,18 @@ status:
                 &format!("127.0.0.1:{port}"),
                 "--aws-endpoint-url",
                 &endpoint,
-                "--resync",
-                "2s",
-                "--lease-duration",
-                "4s",
-                "--lease-retry",
-                "1s",
             ])
+            // Test-short defaults, unless the test sets them.
+            .args(
+                [
+                    ("--resync", "2s"),
+                    ("--lease-duration", "4s"),
+                    ("--lease-retry", "1s"),
+                ]
+                .into_iter()
+                .filter(|(flag, _)| !extra.contains(flag))
+                .flat_map(|(flag, value)| [flag, value]),
+            )
             .args(extra)
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
             .env("AWS_ACCESS_KEY_ID", "testing")
@@ -257,6 +262,26 @@ status:
             let (_, mut c, _) = self.controllers.remove(i);
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM to a controller, and wait for it to exit.
+    pub fn terminate(&mut self, identity: &str) {
+        if let Some(i) = self.controllers.iter().position(|(n, _, _)| n == identity) {
+            let (_, mut c, _) = self.controllers.remove(i);
+            let ok = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill -TERM");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while c.try_wait().ok().flatten().is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{identity} did not exit on SIGTERM"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
     }
 
