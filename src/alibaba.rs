@@ -1,14 +1,12 @@
 //! The Alibaba Cloud provider's configuration from the scaling policy (behind the `alibaba`
 //! feature).
 
-use std::collections::BTreeMap;
-
 use gpu_node_autoscaler_alibaba::{
     AlibabaConfig, AlibabaPool, AlibabaProvider, ChainOverrides, CredentialSource,
 };
 use gpu_node_autoscaler_provider::{CapacityType, Catalog};
 
-use crate::plan::templates::pool_instance_types;
+use crate::plan::templates::pool_types_and_prices;
 use crate::policy::Policy;
 
 /// Pools with `provider: alibaba` become provider pools: their `alibaba` section (scaling groups,
@@ -35,31 +33,19 @@ pub fn config_from_policy(
             ));
             continue;
         };
-        let types: Vec<String> = match (&pool.instance_types, pool_instance_types(pool, catalog)) {
-            (Some(listed), _) => listed.clone(),
-            (None, Ok(found)) => found.into_iter().map(|t| t.name.clone()).collect(),
-            (None, Err(e)) => {
+        let (types, prices) = match pool_types_and_prices(pool, catalog) {
+            Ok(x) => x,
+            Err(e) => {
                 errors.push(e);
                 continue;
             }
         };
-        let mut prices = BTreeMap::new();
-        for t in &types {
-            let price = pool
-                .prices
-                .get(t)
-                .and_then(|p| p.on_demand)
-                .or_else(|| catalog.instance_type(t).and_then(|i| i.on_demand_price));
-            match price {
-                Some(p) => {
-                    prices.insert(t.clone(), p);
-                }
-                None => errors.push(format!(
-                    "pool {}: prices.{t}.onDemand: no on-demand price for {t} (the ECS API has \
-                     none: set it in the pool's prices or give a --catalog price file with it)",
-                    pool.name
-                )),
-            }
+        for t in types.iter().filter(|t| !prices.contains_key(*t)) {
+            errors.push(format!(
+                "pool {}: prices.{t}.onDemand: no on-demand price for {t} (the ECS API has \
+                 none: set it in the pool's prices or give a --catalog price file with it)",
+                pool.name
+            ));
         }
         // The policy checked that the groups fit the capacity types: with spot among them,
         // `scalingGroupId` is the spot group.

@@ -5,7 +5,7 @@ use gpu_node_autoscaler_aws::{
 };
 use gpu_node_autoscaler_provider::Catalog;
 
-use crate::plan::templates::pool_instance_types;
+use crate::plan::templates::pool_types_and_prices;
 use crate::policy::{LaunchTemplateBy, Policy};
 
 /// Pools with `provider: aws` become provider pools: their `aws` section, their instance types
@@ -28,25 +28,13 @@ pub fn config_from_policy(
             ));
             continue;
         };
-        let types: Vec<String> = match (&pool.instance_types, pool_instance_types(pool, catalog)) {
-            (Some(listed), _) => listed.clone(),
-            (None, Ok(found)) => found.into_iter().map(|t| t.name.clone()).collect(),
-            (None, Err(e)) => {
+        let (types, prices) = match pool_types_and_prices(pool, catalog) {
+            Ok(x) => x,
+            Err(e) => {
                 errors.push(e);
                 continue;
             }
         };
-        let mut prices = std::collections::BTreeMap::new();
-        for t in &types {
-            let price = pool
-                .prices
-                .get(t)
-                .and_then(|p| p.on_demand)
-                .or_else(|| catalog.instance_type(t).and_then(|i| i.on_demand_price));
-            if let Some(p) = price {
-                prices.insert(t.clone(), p);
-            }
-        }
         let id_or_name = match &aws.launch_template.by {
             LaunchTemplateBy::Name(n) | LaunchTemplateBy::Id(n) => n.clone(),
         };

@@ -441,16 +441,24 @@ impl Controller {
                 DrainOutcome::RolledBack(why) | DrainOutcome::Failed(why) => {
                     warn!(node = %node, "scale-down failed: {why}");
                     if let Some(p) = pool {
-                        self.pools
-                            .entry(p.clone())
-                            .or_default()
-                            .last_scale_down_failure = Some(now);
-                        self.history.entry(p).or_default().last_scale_down_failure = Some(now);
+                        self.scale_down_failed(p, now);
                     }
                 }
                 DrainOutcome::Abandoned => {}
             }
         }
+    }
+
+    /// Starts the pool's scale-down back-off (kept in the status, so it survives a failover).
+    fn scale_down_failed(&mut self, pool: String, now: Time) {
+        self.pools
+            .entry(pool.clone())
+            .or_default()
+            .last_scale_down_failure = Some(now);
+        self.history
+            .entry(pool)
+            .or_default()
+            .last_scale_down_failure = Some(now);
     }
 
     /// Restores cooldowns and back-offs from the status ConfigMap a previous leader wrote.
@@ -1043,11 +1051,7 @@ impl Controller {
             match drain::roll_back(&self.drain_ctx, &node, why).await {
                 Ok(()) => {
                     if let Some(p) = pool {
-                        self.pools
-                            .entry(p.clone())
-                            .or_default()
-                            .last_scale_down_failure = Some(now);
-                        self.history.entry(p).or_default().last_scale_down_failure = Some(now);
+                        self.scale_down_failed(p, now);
                     }
                 }
                 Err(e) => warn!(node = %node, "rolling back: {e}"),

@@ -86,6 +86,33 @@ pub fn template_of_node(node: &crate::model::Node, templates: &[Template]) -> Op
         .position(|t| t.pool_name == pool && t.instance_type == it)
 }
 
+/// A provider pool's instance type names (listed, or resolved from `catalog` by the pool's
+/// requirements) and the on-demand price of each that has one (the pool's `prices`, else the
+/// catalog's list price).
+pub fn pool_types_and_prices(
+    pool: &Pool,
+    catalog: &Catalog,
+) -> Result<(Vec<String>, BTreeMap<String, f64>), String> {
+    let types: Vec<String> = match &pool.instance_types {
+        Some(listed) => listed.clone(),
+        None => pool_instance_types(pool, catalog)?
+            .into_iter()
+            .map(|t| t.name.clone())
+            .collect(),
+    };
+    let prices = types
+        .iter()
+        .filter_map(|t| {
+            pool.prices
+                .get(t)
+                .and_then(|p| p.on_demand)
+                .or_else(|| catalog.instance_type(t).and_then(|i| i.on_demand_price))
+                .map(|p| (t.clone(), p))
+        })
+        .collect();
+    Ok((types, prices))
+}
+
 /// Most offerings one template may have (zones × capacity types).
 pub const MAX_OFFERINGS: usize = 64;
 

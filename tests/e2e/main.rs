@@ -346,23 +346,30 @@ fn web_with_a_budget(env: &Env, node: &str) {
     ]);
 }
 
-#[test]
-fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
-    let mut env = Env::start("pdb", Options::default());
-    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
-    env.start_controller("r1", &["--max-graceful-termination", "8s"]);
+/// A short GPU job gets a node; a budgeted service lands on it; after the job the node is
+/// drained and the eviction refused. Returns the node.
+fn drain_blocked_by_a_budget(env: &Env) -> String {
     env.create(&gpu_pod("default", "short-job", &no_labels(), Some("4s")));
     let node = env.wait_for("the GPU node", 2 * MIN, || {
         env.pool_nodes()
             .first()
             .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
     });
-    web_with_a_budget(&env, &node);
+    web_with_a_budget(env, &node);
     env.wait_for("the drain to start", 2 * MIN, || {
         env.events("ScaleDown")
             .into_iter()
             .find(|e| e.contains("draining"))
     });
+    node
+}
+
+#[test]
+fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
+    let mut env = Env::start("pdb", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &["--max-graceful-termination", "8s"]);
+    let node = drain_blocked_by_a_budget(&env);
     let failed = env.wait_for("the drain to be given up", MIN, || {
         env.events("ScaleDownFailed").pop()
     });
@@ -498,18 +505,7 @@ fn a_drain_interrupted_by_a_crash_is_finished_by_the_next_leader() {
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
     let flags = ["--max-graceful-termination", "5m"];
     env.start_controller("r1", &flags);
-    env.create(&gpu_pod("default", "short-job", &no_labels(), Some("4s")));
-    let node = env.wait_for("the GPU node", 2 * MIN, || {
-        env.pool_nodes()
-            .first()
-            .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
-    });
-    web_with_a_budget(&env, &node);
-    env.wait_for("the drain to start", 2 * MIN, || {
-        env.events("ScaleDown")
-            .into_iter()
-            .find(|e| e.contains("draining"))
-    });
+    let node = drain_blocked_by_a_budget(&env);
     env.kill("r1");
     // The budget goes while no controller runs; the next one finds the drain from the taint.
     env.kubectl_ok(&["delete", "pdb", "web"]);
