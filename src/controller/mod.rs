@@ -1228,6 +1228,12 @@ impl Controller {
             policy,
             nodes: &nodes,
             in_flight: &view.in_flight,
+            gpus_of: &|t| {
+                self.catalog
+                    .instance_type(t)
+                    .and_then(|t| t.gpu.as_ref())
+                    .map_or(0, |g| i64::from(g.count))
+            },
             plan,
             history: &self.history,
             unavailable: &self.ice,

@@ -20,8 +20,11 @@ pub struct PoolStatus {
     pub ready_gpus: i64,
     /// Launched and not yet a node with GPUs.
     pub in_flight_nodes: u32,
+    /// The GPUs those will bring (by their instance types).
+    pub in_flight_gpus: i64,
     /// Ready + in flight + what this pass decided to launch, minus what it drains.
     pub target_nodes: u32,
+    pub target_gpus: i64,
     pub draining_nodes: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_scale_up: Option<String>,
@@ -85,6 +88,8 @@ pub struct StatusInput<'a> {
     pub policy: &'a Policy,
     pub nodes: &'a [&'a Node],
     pub in_flight: &'a [InFlight],
+    /// GPUs of one instance of a type (0 when unknown).
+    pub gpus_of: &'a dyn Fn(&str) -> i64,
     pub plan: &'a Plan,
     pub history: &'a BTreeMap<String, PoolHistory>,
     pub unavailable: &'a BTreeMap<OfferingKey, Time>,
@@ -97,36 +102,49 @@ pub fn build(i: &StatusInput) -> Status {
             name: p.name.clone(),
             ..Default::default()
         };
-        for n in i.nodes.iter().filter(|n| n.pool() == Some(p.name.as_str())) {
-            if n.is_being_deleted() {
-                s.draining_nodes += 1;
-            } else if n.ready && n.advertised_gpus() > 0 {
-                s.ready_nodes += 1;
-                s.ready_gpus += n.advertised_gpus();
-            } else {
-                s.in_flight_nodes += 1;
-            }
-        }
-        s.in_flight_nodes += i
-            .in_flight
-            .iter()
-            .filter(|f| f.pool == p.name)
-            .map(|f| f.count)
-            .sum::<u32>();
-        let up: u32 = i
-            .plan
-            .scale_ups
-            .iter()
-            .filter(|u| u.pool == p.name)
-            .map(|u| u.count)
-            .sum();
-        let down = i
+        let mut down_gpus = 0;
+        let down_nodes: Vec<&str> = i
             .plan
             .scale_downs
             .iter()
             .filter(|d| d.pool == p.name)
-            .count() as u32;
+            .map(|d| d.node.as_str())
+            .collect();
+        for n in i.nodes.iter().filter(|n| n.pool() == Some(p.name.as_str())) {
+            let gpus = match n.advertised_gpus() {
+                0 => n.instance_type().map_or(0, |t| (i.gpus_of)(t)),
+                g => g,
+            };
+            if down_nodes.contains(&n.name.as_str()) {
+                down_gpus += gpus;
+            }
+            if n.is_being_deleted() {
+                s.draining_nodes += 1;
+            } else if n.ready && n.advertised_gpus() > 0 {
+                s.ready_nodes += 1;
+                s.ready_gpus += gpus;
+            } else {
+                s.in_flight_nodes += 1;
+                s.in_flight_gpus += gpus;
+            }
+        }
+        for f in i.in_flight.iter().filter(|f| f.pool == p.name) {
+            s.in_flight_nodes += f.count;
+            s.in_flight_gpus += i64::from(f.count) * (i.gpus_of)(&f.offering.instance_type);
+        }
+        let ups = i.plan.scale_ups.iter().filter(|u| u.pool == p.name);
+        let up: u32 = ups.clone().map(|u| u.count).sum();
+        let up_gpus: i64 = ups
+            .map(|u| {
+                i64::from(u.count)
+                    * u.offerings
+                        .first()
+                        .map_or(0, |o| (i.gpus_of)(&o.instance_type))
+            })
+            .sum();
+        let down = down_nodes.len() as u32;
         s.target_nodes = (s.ready_nodes + s.in_flight_nodes + up).saturating_sub(down);
+        s.target_gpus = (s.ready_gpus + s.in_flight_gpus + up_gpus - down_gpus).max(0);
         if let Some(h) = i.history.get(&p.name) {
             s.last_scale_up = h.last_scale_up.map(Time::to_rfc3339);
             s.last_scale_down = h.last_scale_down.map(Time::to_rfc3339);
@@ -175,12 +193,14 @@ pub fn to_text(s: &Status) -> String {
     let _ = writeln!(out, "Pending GPU pods: {}\n", s.pending_gpu_pods);
     let _ = writeln!(
         out,
-        "{:<20} {:>6} {:>6} {:>9} {:>7} {:>9}  {:<20} {:<20} COOLDOWN UNTIL",
+        "{:<20} {:>6} {:>6} {:>9} {:>7} {:>7} {:>8} {:>9}  {:<20} {:<20} COOLDOWN UNTIL",
         "POOL",
         "READY",
         "GPUS",
         "IN-FLIGHT",
+        "(GPUS)",
         "TARGET",
+        "(GPUS)",
         "DRAINING",
         "LAST SCALE-UP",
         "LAST SCALE-DOWN"
@@ -188,12 +208,14 @@ pub fn to_text(s: &Status) -> String {
     for p in &s.pools {
         let _ = writeln!(
             out,
-            "{:<20} {:>6} {:>6} {:>9} {:>7} {:>9}  {:<20} {:<20} {}",
+            "{:<20} {:>6} {:>6} {:>9} {:>7} {:>7} {:>8} {:>9}  {:<20} {:<20} {}",
             p.name,
             p.ready_nodes,
             p.ready_gpus,
             p.in_flight_nodes,
+            p.in_flight_gpus,
             p.target_nodes,
+            p.target_gpus,
             p.draining_nodes,
             p.last_scale_up.as_deref().unwrap_or("-"),
             p.last_scale_down.as_deref().unwrap_or("-"),
@@ -260,6 +282,7 @@ mod tests {
             policy: &policy,
             nodes: &nodes,
             in_flight: &flights,
+            gpus_of: &|t| i64::from(t == "g5.xlarge"),
             plan: &Plan::default(),
             history: &history,
             unavailable: &unavailable,
@@ -267,6 +290,8 @@ mod tests {
         let p = &s.pools[0];
         assert_eq!((p.ready_nodes, p.ready_gpus, p.in_flight_nodes), (1, 1, 3));
         assert_eq!(p.target_nodes, 4);
+        // The booting node has no instance-type label in this fixture: its GPUs are unknown.
+        assert_eq!((p.in_flight_gpus, p.target_gpus), (2, 3));
         assert_eq!(p.cooldown_until.as_deref(), Some("1970-01-01T00:11:40Z"));
         assert_eq!(s.unavailable_offerings.len(), 1);
         let text = to_text(&s);

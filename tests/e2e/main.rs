@@ -65,6 +65,9 @@ fn an_mpi_job_gets_exactly_its_nodes_which_are_removed_after_it_ends() {
             "true:NoSchedule"
         );
     }
+    env.wait_for("the status to count the gang's GPUs", MIN, || {
+        (env.status_json()["pools"][0]["targetGpus"] == 2).then_some(())
+    });
     env.wait_for("the workers to run", 2 * MIN, || {
         (env.pod_phase("default", "bert-worker-0") == "Running"
             && env.pod_phase("default", "bert-worker-1") == "Running")
