@@ -440,6 +440,46 @@ fn dry_run_reports_what_it_would_do_and_makes_no_ec2_call() {
     assert_eq!(env.pod_phase("default", "dry"), "Pending");
     let status = env.status_json();
     assert_eq!(status["dryRun"], true);
+
+    // An idle GPU node of the pool: it would be drained, and is left alone.
+    env.kubectl_ok(&["delete", "pod", "dry"]);
+    env.create(
+        r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: idle-gpu-0
+  labels:
+    gpu-node-autoscaler.io/pool: a10g
+    node.kubernetes.io/instance-type: g5.xlarge
+    topology.kubernetes.io/zone: us-east-1a
+    karpenter.sh/capacity-type: on-demand
+spec:
+  providerID: aws:///us-east-1a/i-0123456789abcdef0
+status:
+  allocatable: {cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}
+  capacity: {cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}
+  conditions:
+  - {type: Ready, status: "True"}
+"#,
+    );
+    let ev = env.wait_for("a ScaleDown Event", MIN, || env.events("ScaleDown").pop());
+    assert!(
+        ev.starts_with("idle-gpu-0: would drain and remove idle-gpu-0 (pool a10g"),
+        "{ev}"
+    );
+    let n = env.get_json(&["get", "node", "idle-gpu-0"]);
+    assert_ne!(n["spec"]["unschedulable"], true, "{n}");
+    assert!(n["spec"]["taints"].is_null(), "{n}");
+    assert!(
+        n["metadata"]["annotations"]["gpu-node-autoscaler.io/unneeded-since"].is_null(),
+        "dry-run writes no annotation: {n}"
+    );
+    let calls: usize = ["DescribeInstances", "CreateFleet", "TerminateInstances"]
+        .iter()
+        .map(|a| proxy.calls_of(a))
+        .sum();
+    assert_eq!(calls, 0, "dry-run called EC2");
 }
 
 #[test]
