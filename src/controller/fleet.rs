@@ -97,18 +97,6 @@ pub fn fleet_view<'a>(
     view
 }
 
-/// The instance id in a providerID: `aws:///us-east-1a/i-0abc` → `i-0abc`,
-/// `cn-hangzhou.i-bp1…` (ACK) → `i-bp1…`.
-pub fn instance_id_of(provider_id: &str) -> Option<&str> {
-    if let Some(rest) = provider_id.strip_prefix("aws://") {
-        return rest.rsplit('/').next().filter(|s| !s.is_empty());
-    }
-    if let Some((_, id)) = provider_id.split_once('.') {
-        return Some(id).filter(|s| !s.is_empty());
-    }
-    None
-}
-
 /// A launch id that is the same for the same scale-up of the same pods (by UID: a pod re-created
 /// under its old name is another pod), so that a controller that crashed after launching and
 /// plans the same again launches nothing new (the provider finds the instances by this id).
@@ -288,13 +276,6 @@ mod tests {
             v.overdue.is_empty(),
             "a CPU-only type is never waiting for GPUs"
         );
-    }
-
-    #[test]
-    fn provider_ids_name_their_instance() {
-        assert_eq!(instance_id_of("aws:///us-east-1a/i-0abc"), Some("i-0abc"));
-        assert_eq!(instance_id_of("cn-hangzhou.i-bp1xyz"), Some("i-bp1xyz"));
-        assert_eq!(instance_id_of("gce://p/z/n"), None);
     }
 
     fn scale_up(pods: &[&str]) -> ScaleUp {

@@ -164,7 +164,7 @@ pub fn run(args: RunArgs) -> Result<()> {
 async fn run_async(args: RunArgs) -> Result<()> {
     let (policy_ns, policy_name) = split_ref(&args.policy_configmap, "policy-configmap")?;
     let (lease_ns, lease_name) = split_ref(&args.lease, "lease")?;
-    split_ref(&args.status_configmap, "status-configmap")?;
+    let status_name = split_ref(&args.status_configmap, "status-configmap")?;
     let identity = match &args.identity {
         Some(i) if !i.is_empty() => i.clone(),
         _ => hostname(),
@@ -245,6 +245,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         events,
         drain_ctx,
         policy_name: (policy_ns, policy_name),
+        status_name,
         policy: None,
         policy_seen: None,
         policy_apply_failed: None,
@@ -253,7 +254,6 @@ async fn run_async(args: RunArgs) -> Result<()> {
         catalog: Catalog::default(),
         providers: BTreeMap::new(),
         ice: BTreeMap::new(),
-        pools: BTreeMap::new(),
         history: BTreeMap::new(),
         recent: HashMap::new(),
         given_up: HashMap::new(),
@@ -320,6 +320,8 @@ struct Controller {
     events: EventSink,
     drain_ctx: Arc<DrainContext>,
     policy_name: (String, String),
+    /// The status ConfigMap (namespace, name).
+    status_name: (String, String),
     policy: Option<Arc<Policy>>,
     /// resourceVersion of the policy ConfigMap last looked at.
     policy_seen: Option<String>,
@@ -332,7 +334,6 @@ struct Controller {
     providers: BTreeMap<String, Arc<dyn CloudProvider>>,
     /// Offerings that failed for lack of capacity, unavailable until then.
     ice: BTreeMap<OfferingKey, Time>,
-    pools: BTreeMap<String, PoolState>,
     history: BTreeMap<String, PoolHistory>,
     /// Instances this process launched, until the cloud's listing shows them.
     recent: HashMap<String, (Instance, Time)>,
@@ -451,26 +452,22 @@ impl Controller {
 
     /// Starts the pool's scale-down back-off (kept in the status, so it survives a failover).
     fn scale_down_failed(&mut self, pool: String, now: Time) {
-        self.pools
-            .entry(pool.clone())
-            .or_default()
-            .last_scale_down_failure = Some(now);
         self.history
             .entry(pool)
             .or_default()
             .last_scale_down_failure = Some(now);
     }
 
-    /// Restores cooldowns and back-offs from the status ConfigMap a previous leader wrote.
-    async fn restore_history(&mut self) {
-        let (ns, name) =
-            split_ref(&self.args.status_configmap, "status-configmap").unwrap_or_default();
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
-        let cm = match api.get_opt(&name).await {
+    /// Restores cooldowns, back-offs and given-up launches from the status ConfigMap the last
+    /// leader wrote. False when it could not be read.
+    async fn restore_history(&mut self) -> bool {
+        let (ns, name) = &self.status_name;
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+        let cm = match api.get_opt(name).await {
             Ok(cm) => cm,
             Err(e) => {
                 warn!("reading the status ConfigMap: {e}");
-                return;
+                return false;
             }
         };
         self.restored = true;
@@ -478,13 +475,12 @@ impl Controller {
             .and_then(|c| c.data)
             .and_then(|d| d.get("status.json").cloned())
         else {
-            return;
+            return true;
         };
+        for (id, at) in status::given_up_of(&json) {
+            self.given_up.entry(id).or_insert(at);
+        }
         for (pool, h) in status::history_of(&json) {
-            let state = self.pools.entry(pool.clone()).or_default();
-            state.last_scale_up = state.last_scale_up.max(h.last_scale_up);
-            state.last_scale_down_failure =
-                state.last_scale_down_failure.max(h.last_scale_down_failure);
             let mine = self.history.entry(pool).or_default();
             mine.last_scale_up = mine.last_scale_up.max(h.last_scale_up);
             mine.last_scale_down = mine.last_scale_down.max(h.last_scale_down);
@@ -492,6 +488,7 @@ impl Controller {
                 mine.last_scale_down_failure.max(h.last_scale_down_failure);
         }
         info!("history restored from the status ConfigMap");
+        true
     }
 
     /// Reads a changed policy ConfigMap; an invalid one leaves the last good policy in force.
@@ -623,13 +620,8 @@ impl Controller {
     }
 
     /// Joins the cloud's instances (listed, and launched here but not listed yet) with the
-    /// Nodes, and takes the snapshot the planner reads.
-    fn observe(
-        &mut self,
-        listed: &[Instance],
-        policy: &Policy,
-        now: Time,
-    ) -> (Snapshot, FleetView) {
+    /// Nodes: what is in flight, what is overdue, which instance each Node is.
+    fn fleet(&mut self, listed: &[Instance], policy: &Policy, now: Time) -> FleetView {
         let state = self.state.clone();
         let s = state.lock().unwrap();
         let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
@@ -647,7 +639,7 @@ impl Controller {
             .items
             .values()
             .filter_map(|n| n.provider_id.as_deref())
-            .chain(s.rejected_provider_ids.iter().map(String::as_str))
+            .chain(s.rejected_provider_ids.values().map(String::as_str))
             .collect();
         let ids: HashSet<&str> = all.iter().map(|i| i.id.as_str()).collect();
         self.registered.retain(|id| ids.contains(id.as_str()));
@@ -662,7 +654,7 @@ impl Controller {
         }
         let catalog = &self.catalog;
         let lost = &self.lost;
-        let view = fleet_view(
+        fleet_view(
             all,
             &s.nodes.items,
             now,
@@ -673,8 +665,12 @@ impl Controller {
                     .is_none_or(|t| t.gpu.is_some())
             },
             |i: &Instance| lost.get(&i.id).copied().unwrap_or(Time(i.launched_at_ms)),
-        );
-        let mut snapshot = s.snapshot(view.in_flight.clone());
+        )
+    }
+
+    /// The snapshot the planner reads (in dry-run with the "unneeded since" kept in memory).
+    fn snapshot(&self, view: &FleetView) -> Snapshot {
+        let mut snapshot = self.state.lock().unwrap().snapshot(view.in_flight.clone());
         if self.args.dry_run {
             for n in &mut snapshot.nodes {
                 if let Some(since) = self.unneeded_dry.get(&n.name) {
@@ -683,17 +679,20 @@ impl Controller {
                 }
             }
         }
-        (snapshot, view)
+        snapshot
     }
 
     async fn pass(&mut self) {
         self.reload_policy().await;
         if !self.elector.is_leader() {
+            // Another replica may lead meanwhile: its history is read again on taking over.
+            self.restored = false;
             return;
         }
         let now = wall_now();
-        if !self.restored {
-            self.restore_history().await;
+        if !self.restored && !self.restore_history().await {
+            // Deciding without the last leader's cooldowns and back-offs could scale too early.
+            return;
         }
         // Giving nodes back needs neither a policy nor the cloud.
         self.roll_back_expired_drains(now).await;
@@ -718,7 +717,8 @@ impl Controller {
                 return;
             }
         };
-        let (mut snapshot, view) = self.observe(&listed, &policy, now);
+        let mut view = self.fleet(&listed, &policy, now);
+        let mut snapshot = self.snapshot(&view);
         self.give_up_overdue(&view, &policy, now).await;
         self.resume_drains(&snapshot, &view, now);
         let Some(templates) = self.templates.clone() else {
@@ -728,7 +728,17 @@ impl Controller {
         let mut round = 0;
         loop {
             snapshot.unavailable = self.ice.clone();
-            snapshot.pools = self.pools.clone();
+            snapshot.pools = self
+                .history
+                .iter()
+                .map(|(pool, h)| {
+                    let state = PoolState {
+                        last_scale_up: h.last_scale_up,
+                        last_scale_down_failure: h.last_scale_down_failure,
+                    };
+                    (pool.clone(), state)
+                })
+                .collect();
             let t0 = std::time::Instant::now();
             plan = plan::plan_with(&snapshot, &templates, &policy, now);
             self.metrics
@@ -741,7 +751,8 @@ impl Controller {
             if !capacity_failed || round == 3 || self.args.dry_run {
                 break;
             }
-            snapshot.in_flight = self.observe(&listed, &policy, now).1.in_flight;
+            view = self.fleet(&listed, &policy, now);
+            snapshot.in_flight = view.in_flight.clone();
         }
         self.report_unschedulable(&plan);
         let kept: BTreeMap<String, String> = plan
@@ -878,12 +889,12 @@ impl Controller {
                         pool: su.pool.clone(),
                     })
                     .inc_by(u64::from(n));
-                self.history
-                    .entry(su.pool.clone())
-                    .or_default()
-                    .last_scale_up = Some(now);
+                // A gang's launch counts once it is whole (below).
                 if su.gang.is_none() {
-                    self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(now);
+                    self.history
+                        .entry(su.pool.clone())
+                        .or_default()
+                        .last_scale_up = Some(now);
                 }
                 let note = if n < su.count {
                     format!("launched {n} of {what}; the rest is planned again")
@@ -903,7 +914,9 @@ impl Controller {
                     continue;
                 }
                 // Given back: the next attempt for these pods is a new launch.
-                self.given_up.insert(launch_ids[i].clone(), now);
+                if !launched_ids[i].is_empty() {
+                    self.given_up.insert(launch_ids[i].clone(), now);
+                }
                 if let Some(provider) = self.providers.get(&su.pool).cloned() {
                     for id in &launched_ids[i] {
                         self.recent.remove(id);
@@ -924,7 +937,10 @@ impl Controller {
                     );
                 }
             } else if launched_counts[i] > 0 {
-                self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(now);
+                self.history
+                    .entry(su.pool.clone())
+                    .or_default()
+                    .last_scale_up = Some(now);
             }
         }
         capacity_failed
@@ -1001,9 +1017,6 @@ impl Controller {
                     reason: "provision_timeout".into(),
                 })
                 .inc();
-            if self.args.dry_run {
-                continue;
-            }
             self.recent.remove(&i.id);
             if let Some(p) = self.providers.get(&i.pool) {
                 if let Err(e) = p.terminate(&i.id).await {
@@ -1036,7 +1049,11 @@ impl Controller {
             s.nodes
                 .items
                 .values()
-                .filter(|n| !self.drains.contains_key(&n.name) && !n.deleting)
+                .filter(|n| {
+                    !self.drains.contains_key(&n.name)
+                        && !self.removed.contains_key(&n.name)
+                        && !n.deleting
+                })
                 .filter(|n| drain_deadline(n, self.args.max_graceful_termination, now) <= now)
                 .filter(|n| {
                     n.taints
@@ -1093,12 +1110,11 @@ impl Controller {
         reason: String,
     ) {
         let pool = n.pool().unwrap_or("").to_string();
-        let instance_id = n.provider_id.as_ref().and_then(|p| {
-            view.instance_of_node
-                .get(p)
-                .cloned()
-                .or_else(|| fleet::instance_id_of(p).map(str::to_string))
-        });
+        // Only an instance the pools' listing names: never one parsed out of a providerID.
+        let instance_id = n
+            .provider_id
+            .as_ref()
+            .and_then(|p| view.instance_of_node.get(p).cloned());
         let job = DrainJob {
             node: n.name.clone(),
             provider: self.providers.get(&pool).cloned(),
@@ -1237,6 +1253,7 @@ impl Controller {
             plan,
             history: &self.history,
             unavailable: &self.ice,
+            given_up: &self.given_up,
         });
         let mut timeless = st.clone();
         timeless.time.clear();
@@ -1253,9 +1270,8 @@ impl Controller {
                 serde_json::to_string_pretty(&st).unwrap_or_default(),
             ),
         ]);
-        let (ns, name) =
-            split_ref(&self.args.status_configmap, "status-configmap").unwrap_or_default();
-        match kube_io::write_status(&self.client, &ns, &name, data).await {
+        let (ns, name) = &self.status_name;
+        match kube_io::write_status(&self.client, ns, name, data).await {
             Ok(()) => self.last_status = Some((key, now)),
             Err(e) => warn!("writing the status ConfigMap: {e}"),
         }

@@ -47,6 +47,10 @@ pub struct Status {
     pub pools: Vec<PoolStatus>,
     /// Offering (`type/zone/capacity`) → unavailable until.
     pub unavailable_offerings: BTreeMap<String, String>,
+    /// Launch ids given up (never became nodes, or a gang's partial launch given back) → when:
+    /// a new leader plans those pods under a new launch id.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub given_up_launches: BTreeMap<String, String>,
 }
 
 /// What the controller remembers per pool for the status.
@@ -56,6 +60,17 @@ pub struct PoolHistory {
     pub last_scale_down: Option<Time>,
     /// Starts the pool's scale-down back-off.
     pub last_scale_down_failure: Option<Time>,
+}
+
+/// The launch ids a previous leader gave up, from `status.json`.
+pub fn given_up_of(status_json: &str) -> Vec<(String, Time)> {
+    let Ok(s) = serde_json::from_str::<Status>(status_json) else {
+        return Vec::new();
+    };
+    s.given_up_launches
+        .iter()
+        .filter_map(|(id, at)| Time::parse_rfc3339(at).ok().map(|t| (id.clone(), t)))
+        .collect()
 }
 
 /// The history a previous leader wrote into `status.json`, so that cooldowns and back-offs
@@ -93,6 +108,7 @@ pub struct StatusInput<'a> {
     pub plan: &'a Plan,
     pub history: &'a BTreeMap<String, PoolHistory>,
     pub unavailable: &'a BTreeMap<OfferingKey, Time>,
+    pub given_up: &'a std::collections::HashMap<String, Time>,
 }
 
 pub fn build(i: &StatusInput) -> Status {
@@ -171,6 +187,11 @@ pub fn build(i: &StatusInput) -> Status {
             .iter()
             .filter(|(_, until)| **until > i.now)
             .map(|(k, until)| (k.to_string(), until.to_rfc3339()))
+            .collect(),
+        given_up_launches: i
+            .given_up
+            .iter()
+            .map(|(id, at)| (id.clone(), at.to_rfc3339()))
             .collect(),
     }
 }
@@ -286,6 +307,7 @@ mod tests {
             plan: &Plan::default(),
             history: &history,
             unavailable: &unavailable,
+            given_up: &[("a-123".to_string(), Time::from_secs(160))].into(),
         });
         let p = &s.pools[0];
         assert_eq!((p.ready_nodes, p.ready_gpus, p.in_flight_nodes), (1, 1, 3));
@@ -304,6 +326,10 @@ mod tests {
         // What a new leader reads back.
         let back = history_of(&json.to_string());
         assert_eq!(back["a"], history["a"]);
+        assert_eq!(
+            given_up_of(&json.to_string()),
+            [("a-123".to_string(), Time::from_secs(160))]
+        );
         assert!(history_of("not json").is_empty());
     }
 }

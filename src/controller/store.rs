@@ -151,9 +151,9 @@ pub struct ClusterState {
     pub unschedulable_since: HashMap<String, Time>,
     /// Pods that became unschedulable since the loop last looked.
     pub new_unschedulable: u64,
-    /// providerIDs of Nodes that could not be converted: their instances are registered all
-    /// the same (never taken for launches that did not come up).
-    pub rejected_provider_ids: Vec<String>,
+    /// providerIDs of Nodes that could not be converted, by Node: their instances are
+    /// registered all the same (never taken for launches that did not come up).
+    pub rejected_provider_ids: HashMap<String, String>,
     converter: Converter,
 }
 
@@ -221,12 +221,10 @@ impl ClusterState {
                     None if relist_done => {
                         let mut fresh = 0;
                         let pods = &self.pods.items;
-                        self.unschedulable_since.retain(|k, _| {
-                            pods.get(k)
-                                .is_some_and(|p| p.is_pending() && p.unschedulable)
-                        });
+                        self.unschedulable_since
+                            .retain(|k, _| pods.get(k).is_some_and(waits_for_gpu));
                         for (k, p) in pods {
-                            if p.is_pending() && p.unschedulable {
+                            if waits_for_gpu(p) {
                                 self.unschedulable_since
                                     .entry(k.clone())
                                     .or_insert_with(|| {
@@ -242,18 +240,34 @@ impl ClusterState {
             }
             Kind::Node => {
                 let conv = &mut self.converter;
-                let mut rejected_pid = None;
-                self.nodes.apply(event, |v| {
+                // (Node key, its providerID when it could not be converted).
+                let mut outcome: Option<(String, Option<String>)> = None;
+                let relist_done = matches!(event, WatchEvent::InitDone);
+                let changed = self.nodes.apply(event, |v| {
+                    let key = object_key(&v);
                     let pid = v
                         .pointer("/spec/providerID")
                         .and_then(Value::as_str)
                         .map(str::to_string);
-                    conv.node(v).inspect_err(|_| rejected_pid = pid)
-                });
-                if let Some(pid) = rejected_pid {
-                    if !self.rejected_provider_ids.contains(&pid) {
-                        self.rejected_provider_ids.push(pid);
+                    let node = conv.node(v);
+                    if let Some(k) = key {
+                        outcome = Some((k, if node.is_err() { pid } else { None }));
                     }
+                    node
+                });
+                match (outcome, changed) {
+                    (Some((key, Some(pid))), _) => {
+                        self.rejected_provider_ids.insert(key, pid);
+                    }
+                    (Some((key, None)), _) | (None, Some((key, _))) => {
+                        self.rejected_provider_ids.remove(&key);
+                    }
+                    (None, None) => {}
+                }
+                if relist_done {
+                    let rejected = &self.nodes.rejected;
+                    self.rejected_provider_ids
+                        .retain(|k, _| rejected.contains_key(k));
                 }
             }
             Kind::Pdb => {
@@ -421,7 +435,16 @@ mod tests {
         assert_eq!(snap.nodes[0].provider_id.as_deref(), Some("aws:///z/i-1"));
         assert_eq!(snap.pdbs[0].disruptions_allowed, 1);
         // The node that did not convert still counts as registered for its instance.
-        assert_eq!(s.rejected_provider_ids, ["aws:///z/i-2"]);
+        assert_eq!(s.rejected_provider_ids["bad"], "aws:///z/i-2");
+        // Fixed, it is a Node like the others.
+        s.apply(
+            Kind::Node,
+            WatchEvent::Apply(json!({"metadata": {"name": "bad"},
+                "spec": {"providerID": "aws:///z/i-2"},
+                "status": {"allocatable": {"cpu": "4"}}})),
+            Time(1),
+        );
+        assert!(s.rejected_provider_ids.is_empty());
     }
 
     #[test]
