@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use gpu_node_autoscaler_provider::{Instance, InstanceState, LaunchRequest, OfferingKey};
 
+use crate::model::snapshot::group_in_flight;
 use crate::model::{InFlight, Node, Time};
 use crate::plan::ScaleUp;
 use crate::policy::Pool;
@@ -52,7 +53,7 @@ pub fn fleet_view<'a>(
         .values()
         .filter_map(|n| n.provider_id.as_deref().map(|p| (p, n)))
         .collect();
-    let mut flights: BTreeMap<(String, OfferingKey), InFlight> = BTreeMap::new();
+    let mut waiting: Vec<&Instance> = Vec::new();
     let mut view = FleetView::default();
     for i in instances {
         if matches!(
@@ -78,22 +79,17 @@ pub fn fleet_view<'a>(
                 instance: i.clone(),
                 node: None,
             }),
-            None => {
-                let f = flights
-                    .entry((i.launch_id.clone(), i.offering.clone()))
-                    .or_insert_with(|| InFlight {
-                        launch_id: i.launch_id.clone(),
-                        pool: i.pool.clone(),
-                        offering: i.offering.clone(),
-                        count: 0,
-                        launched_at: launched,
-                    });
-                f.count += 1;
-                f.launched_at = f.launched_at.min(launched);
-            }
+            None => waiting.push(i),
         }
     }
-    view.in_flight = flights.into_values().collect();
+    view.in_flight = group_in_flight(waiting.iter().map(|i| {
+        (
+            i.launch_id.as_str(),
+            i.pool.as_str(),
+            &i.offering,
+            Time(i.launched_at_ms),
+        )
+    }));
     view
 }
 

@@ -36,6 +36,29 @@ pub struct InFlight {
     pub launched_at: Time,
 }
 
+/// Groups launched instances without a Node into in-flight launches, one per launch id and
+/// offering, each launched at its earliest instance's time. Items: (launch id, pool, offering,
+/// launch time).
+pub fn group_in_flight<'a>(
+    instances: impl IntoIterator<Item = (&'a str, &'a str, &'a OfferingKey, Time)>,
+) -> Vec<InFlight> {
+    let mut flights: BTreeMap<(&str, &OfferingKey), InFlight> = BTreeMap::new();
+    for (launch_id, pool, offering, launched_at) in instances {
+        let f = flights
+            .entry((launch_id, offering))
+            .or_insert_with(|| InFlight {
+                launch_id: launch_id.to_string(),
+                pool: pool.to_string(),
+                offering: offering.clone(),
+                count: 0,
+                launched_at,
+            });
+        f.count += 1;
+        f.launched_at = f.launched_at.min(launched_at);
+    }
+    flights.into_values().collect()
+}
+
 /// What the autoscaler remembers about a pool between decisions.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PoolState {

@@ -12,7 +12,8 @@ use crate::fixtures::Rng;
 use crate::model::constraints::{Effect, Taint};
 use crate::model::labels;
 use crate::model::resources::{place_share, Resources, SharedGpu};
-use crate::model::{InFlight, Node, Pod, PodPhase, Snapshot, Time};
+use crate::model::snapshot::group_in_flight;
+use crate::model::{Node, Pod, PodPhase, Snapshot, Time};
 use crate::plan::bound::BoundModel;
 use crate::plan::templates::{build_templates, Template};
 use crate::policy::Policy;
@@ -272,20 +273,19 @@ impl World {
         for &n in &self.live_nodes {
             s.nodes.push(self.nodes[n].node.clone());
         }
-        let mut flights: BTreeMap<(String, OfferingKey), InFlight> = BTreeMap::new();
-        for i in self.booting.iter().filter_map(|id| self.instances.get(id)) {
-            let f = flights
-                .entry((i.launch_id.clone(), i.offering.clone()))
-                .or_insert_with(|| InFlight {
-                    launch_id: i.launch_id.clone(),
-                    pool: i.pool.clone(),
-                    offering: i.offering.clone(),
-                    count: 0,
-                    launched_at: Time(i.launched),
-                });
-            f.count += 1;
-        }
-        s.in_flight = flights.into_values().collect();
+        s.in_flight = group_in_flight(
+            self.booting
+                .iter()
+                .filter_map(|id| self.instances.get(id))
+                .map(|i| {
+                    (
+                        i.launch_id.as_str(),
+                        i.pool.as_str(),
+                        &i.offering,
+                        Time(i.launched),
+                    )
+                }),
+        );
         s
     }
 
