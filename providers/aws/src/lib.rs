@@ -700,7 +700,7 @@ impl AwsProvider {
             .collect();
         let ltc = ltc.build();
         let target = target.build();
-        let token = plan::client_token(&request.launch_id, capacity_type, count);
+        let token = plan::client_token(&request.launch_id, capacity_type, count, offerings);
         let resp = self
             .call("CreateFleet", &self.limits.create_fleet, || {
                 let mut b = self

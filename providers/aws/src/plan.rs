@@ -16,12 +16,21 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The `ClientToken` of one `CreateFleet` call: derived from the launch id, the capacity type and
-/// how many instances the call asks for, so that a retried identical call is idempotent at EC2
-/// while a follow-up call for the remainder (a different request) gets a token of its own (EC2
+/// The `ClientToken` of one `CreateFleet` call: derived from the launch id, the capacity type,
+/// how many instances the call asks for and the offerings it may use, so that a retried identical
+/// call is idempotent at EC2 while any different request gets a token of its own — a follow-up for
+/// the remainder, or the same launch again once an offering was dropped for lack of capacity (EC2
 /// rejects a reused token with different parameters). At most 64 ASCII characters.
-pub fn client_token(launch_id: &str, capacity_type: CapacityType, count: u32) -> String {
-    let full = format!("{launch_id}/{capacity_type}/{count}");
+pub fn client_token(
+    launch_id: &str,
+    capacity_type: CapacityType,
+    count: u32,
+    offerings: &[OfferingKey],
+) -> String {
+    let mut full = format!("{launch_id}/{capacity_type}/{count}");
+    for o in offerings {
+        full.push_str(&format!("/{o}"));
+    }
     let readable: String = launch_id
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
@@ -88,12 +97,18 @@ mod tests {
     #[test]
     fn client_tokens_are_short_stable_and_distinct() {
         let long = "x".repeat(200);
-        let t = client_token(&long, CapacityType::Spot, 3);
+        let a = [
+            o("g5.xlarge", "a", CapacityType::Spot),
+            o("g5.xlarge", "b", CapacityType::Spot),
+        ];
+        let t = client_token(&long, CapacityType::Spot, 3, &a);
         assert!(t.len() <= MAX_CLIENT_TOKEN, "{t}");
-        assert_eq!(t, client_token(&long, CapacityType::Spot, 3));
-        assert_ne!(t, client_token(&long, CapacityType::OnDemand, 3));
-        assert_ne!(t, client_token(&long, CapacityType::Spot, 2));
-        let t = client_token("scale-up 42/ü", CapacityType::OnDemand, 10);
+        assert_eq!(t, client_token(&long, CapacityType::Spot, 3, &a));
+        assert_ne!(t, client_token(&long, CapacityType::OnDemand, 3, &a));
+        assert_ne!(t, client_token(&long, CapacityType::Spot, 2, &a));
+        // The same launch without an offering found short of capacity is another request.
+        assert_ne!(t, client_token(&long, CapacityType::Spot, 3, &a[1..]));
+        let t = client_token("scale-up 42/ü", CapacityType::OnDemand, 10, &[]);
         assert!(t.is_ascii() && t.starts_with("gna-scale-up42-od10-"), "{t}");
     }
 
