@@ -7,6 +7,11 @@ mod aws;
 mod cli;
 mod deploy;
 mod docs;
+/// `moto_server` (EC2): the AWS provider's test support, shared.
+#[cfg(feature = "aws")]
+#[path = "../../providers/aws/tests/support/mod.rs"]
+#[allow(dead_code)]
+mod moto;
 mod sim;
 
 use std::path::PathBuf;

@@ -2,11 +2,11 @@
 //! device-plugin delay, terminated instances take their Nodes (and pods) with them.
 
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::common::{eventually, get, post, start_with, Watch};
-use aws_config::{BehaviorVersion, Region};
+use crate::moto::{ec2, Moto, REGION};
 use aws_sdk_ec2::types::{
     InstanceMarketOptionsRequest, InstanceType, MarketType, Placement, ResourceType, Tag,
     TagSpecification,
@@ -14,94 +14,13 @@ use aws_sdk_ec2::types::{
 use aws_sdk_ec2::Client;
 use serde_json::json;
 
-/// The moto version `scripts/test.sh` installs.
-const MOTO_VERSION: &str = "5.1.22";
-const REGION: &str = "us-east-1";
 const CLUSTER: &str = "kube-sim-test";
-
-/// A running `moto_server`, killed when dropped.
-struct Moto {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Moto {
-    /// Starts moto on a free loopback port and waits until it answers. Panics — the test fails,
-    /// it is not skipped — when moto is not installed.
-    fn start() -> Moto {
-        let port = crate::common::free_port();
-        let log = std::env::temp_dir().join(format!("kube-sim-moto-{port}.log"));
-        let installed = Command::new("python3")
-            .args(["-c", "import moto.server"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        let (program, pre): (&str, &[&str]) = if installed {
-            ("python3", &["-m", "moto.server"])
-        } else {
-            ("moto_server", &[])
-        };
-        let child = Command::new(program)
-            .args(pre)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start moto_server ({e}): install it with \
-                     `python3 -m pip install 'moto[server]=={MOTO_VERSION}'` (scripts/test.sh does)"
-                )
-            });
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let mut moto = Moto { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(Some(status)) = moto.child.try_wait() {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                panic!("moto_server exited ({status}) before answering:\n{text}");
-            }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return moto;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "moto_server did not answer within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
-}
-
-async fn ec2(url: &str) -> Client {
-    let sdk = aws_config::defaults(BehaviorVersion::latest())
-        .region(Region::new(REGION))
-        .endpoint_url(url)
-        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .load()
-        .await;
-    Client::new(&sdk)
 }
 
 /// Launches one instance with `tags` in us-east-1b; returns its id.

@@ -10,3 +10,8 @@ mod http;
 mod kube_rs;
 mod kubectl;
 mod memory;
+
+/// `moto_server` (EC2) for the bridge's tests: the AWS provider's test support, shared.
+#[path = "../../../../providers/aws/tests/support/mod.rs"]
+#[allow(dead_code)]
+mod moto;
