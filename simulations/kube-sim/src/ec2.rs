@@ -19,6 +19,7 @@ pub use crate::nodes::{
     delete_node_and_pods, nvidia_product, TAG_CLUSTER, TAG_LAUNCH_ID, TAG_POOL, TAG_TEMPLATE_LABEL,
     TAG_TEMPLATE_TAINT,
 };
+pub use crate::nodes::{CloudBridge, NodeApi, NodeStyle};
 use crate::nodes::{InstanceView, Registrar, TypeInfo};
 use crate::server::App;
 
@@ -76,7 +77,10 @@ fn view(i: &Instance, region: &str) -> Option<InstanceView> {
     })
 }
 
-struct Bridge {
+/// The bridge: lists the cluster's instances, learns their types, registers their Nodes.
+/// kube-sim runs one against its own store; the end-to-end tests run one against a real API
+/// server (with [`NodeStyle::Kubelet`]).
+pub struct Bridge {
     config: Ec2Config,
     client: Client,
     types: HashMap<String, TypeInfo>,
@@ -184,9 +188,30 @@ impl Bridge {
         Ok(())
     }
 
-    /// One poll: lists the instances, learns their types, reconciles the Nodes. Returns when
-    /// something is due next.
+    pub async fn new(config: Ec2Config, style: NodeStyle) -> Bridge {
+        Bridge {
+            client: client(&config).await,
+            registrar: Registrar::new("ec2", config.boot_delay, config.device_plugin_delay)
+                .with_style(style),
+            config,
+            types: HashMap::new(),
+        }
+    }
+
+    /// One poll against kube-sim's store.
     async fn poll(&mut self, app: &App) -> Option<Instant> {
+        let (instances, types_known) = self.observe().await?;
+        self.reconcile(&mut *app.store(), &instances, types_known)
+    }
+}
+
+impl CloudBridge for Bridge {
+    fn poll_interval(&self) -> Duration {
+        self.config.poll
+    }
+
+    /// Lists the instances and learns the types of those due to register.
+    async fn observe(&mut self) -> Option<(Vec<InstanceView>, bool)> {
         let instances = match self.describe().await {
             Ok(i) => i,
             Err(e) => {
@@ -202,19 +227,23 @@ impl Bridge {
                 false
             }
         };
+        Some((instances, types_known))
+    }
+
+    fn reconcile(
+        &mut self,
+        api: &mut dyn NodeApi,
+        instances: &[InstanceView],
+        types_known: bool,
+    ) -> Option<Instant> {
         self.registrar
-            .reconcile(&mut app.store(), &instances, &self.types, types_known)
+            .reconcile(api, instances, &self.types, types_known)
     }
 }
 
 /// Runs the bridge until the server goes away.
 pub async fn run(app: Arc<App>, config: Ec2Config) {
-    let mut bridge = Bridge {
-        client: client(&config).await,
-        registrar: Registrar::new("ec2", config.boot_delay, config.device_plugin_delay),
-        config,
-        types: HashMap::new(),
-    };
+    let mut bridge = Bridge::new(config, NodeStyle::KubeSim).await;
     loop {
         let started = Instant::now();
         let due = bridge.poll(&app).await;

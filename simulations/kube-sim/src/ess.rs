@@ -24,7 +24,8 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::nodes::{
-    nvidia_product, sleep_until_next_poll, InstanceView, Registrar, TypeInfo, TAG_POOL,
+    nvidia_product, sleep_until_next_poll, CloudBridge, InstanceView, NodeApi, NodeStyle,
+    Registrar, TypeInfo, TAG_POOL,
 };
 use crate::server::App;
 
@@ -230,7 +231,8 @@ pub fn instance_view(
     }
 }
 
-struct Bridge {
+/// The bridge: lists the scaling groups' instances, asks ECS about them, registers their Nodes.
+pub struct Bridge {
     config: EssConfig,
     client: AlibabaProvider,
     /// ECS's answers, per instance id (asked once per instance).
@@ -248,13 +250,14 @@ fn params(pairs: &[(&str, String)]) -> Vec<(String, String)> {
 }
 
 impl Bridge {
-    fn new(config: EssConfig) -> Result<Bridge, String> {
+    pub fn new(config: EssConfig, style: NodeStyle) -> Result<Bridge, String> {
         let mut c = AlibabaConfig::new(config.region.clone());
         c.ess_endpoint = config.endpoint.clone();
         c.ecs_endpoint = config.endpoint.clone();
         let client =
             AlibabaProvider::new(c, config.credentials.clone()).map_err(|e| e.to_string())?;
-        let registrar = Registrar::new("ess", config.boot_delay, config.device_plugin_delay);
+        let registrar =
+            Registrar::new("ess", config.boot_delay, config.device_plugin_delay).with_style(style);
         Ok(Bridge {
             config,
             client,
@@ -341,9 +344,20 @@ impl Bridge {
         Ok(())
     }
 
-    /// One poll: the groups' instances, what ECS says of the new ones, then the registrar.
-    /// Returns when something is due next.
+    /// One poll against kube-sim's store.
     async fn poll(&mut self, app: &App) -> Option<Instant> {
+        let (views, types_known) = self.observe().await?;
+        self.reconcile(&mut *app.store(), &views, types_known)
+    }
+}
+
+impl CloudBridge for Bridge {
+    fn poll_interval(&self) -> Duration {
+        self.config.poll
+    }
+
+    /// The groups' instances and what ECS says of the new ones.
+    async fn observe(&mut self) -> Option<(Vec<InstanceView>, bool)> {
         let listed = match self.list().await {
             Ok(i) => i,
             Err(e) => {
@@ -379,14 +393,23 @@ impl Bridge {
         };
         let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
         self.ecs.retain(|id, _| listed_ids.contains(id.as_str()));
+        Some((views, types_known))
+    }
+
+    fn reconcile(
+        &mut self,
+        api: &mut dyn NodeApi,
+        instances: &[InstanceView],
+        types_known: bool,
+    ) -> Option<Instant> {
         self.registrar
-            .reconcile(&mut app.store(), &views, &self.types, types_known)
+            .reconcile(api, instances, &self.types, types_known)
     }
 }
 
 /// Runs the bridge until the server goes away.
 pub async fn run(app: Arc<App>, config: EssConfig) {
-    let mut bridge = match Bridge::new(config) {
+    let mut bridge = match Bridge::new(config, NodeStyle::KubeSim) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("kube-sim: ess bridge: {e}");

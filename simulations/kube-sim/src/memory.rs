@@ -104,7 +104,7 @@ pub async fn run(app: Arc<App>, config: MemoryBridgeConfig) {
         let started = Instant::now();
         let instances = live_instances(&config);
         registrar.track(&instances);
-        let due = registrar.reconcile(&mut app.store(), &instances, &types, true);
+        let due = registrar.reconcile(&mut *app.store(), &instances, &types, true);
         crate::nodes::sleep_until_next_poll(started, config.poll, due).await;
     }
 }

@@ -88,14 +88,36 @@ impl InstanceView {
     }
 }
 
+/// How a registered Node looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeStyle {
+    /// kube-sim's own: the node-template tags become labels and taints, the pool, launch-id and
+    /// capacity-type labels are set (kube-sim's kubelets run its pods).
+    #[default]
+    KubeSim,
+    /// As a real instance's kubelet registers it (with the cloud's node labels): instance type,
+    /// zone, region, hostname, arch, os and the GPU product, nothing of the pool (no pool label,
+    /// no taints, no capacity type), and kwok's annotation so that kwok plays its kubelet.
+    Kubelet,
+}
+
+/// The annotation by which kwok manages a Node (`--manage-nodes-with-annotation-selector`).
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
 /// The Node for `inst` (GPUs left out until the device plugin starts, unless `with_gpus`).
 /// Malformed node-template taint tags are reported in the error list and left out.
-fn node_object(inst: &InstanceView, info: &TypeInfo, with_gpus: bool) -> (Value, Vec<String>) {
+fn node_object(
+    inst: &InstanceView,
+    info: &TypeInfo,
+    with_gpus: bool,
+    style: NodeStyle,
+) -> (Value, Vec<String>) {
     let name = inst.node_name();
     let mut problems = Vec::new();
     let mut labels = Map::new();
     let mut taints = Vec::new();
-    for (k, v) in &inst.tags {
+    let template_tags = inst.tags.iter().filter(|_| style == NodeStyle::KubeSim);
+    for (k, v) in template_tags {
         if let Some(key) = k.strip_prefix(TAG_TEMPLATE_LABEL) {
             labels.insert(key.to_string(), json!(v));
         } else if let Some(key) = k.strip_prefix(TAG_TEMPLATE_TAINT) {
@@ -111,7 +133,6 @@ fn node_object(inst: &InstanceView, info: &TypeInfo, with_gpus: bool) -> (Value,
             }
         }
     }
-    let capacity_type = if inst.spot { "spot" } else { "on-demand" };
     for (k, v) in [
         (
             "node.kubernetes.io/instance-type",
@@ -122,14 +143,20 @@ fn node_object(inst: &InstanceView, info: &TypeInfo, with_gpus: bool) -> (Value,
         ("kubernetes.io/hostname", name.as_str()),
         ("kubernetes.io/arch", "amd64"),
         ("kubernetes.io/os", "linux"),
-        ("karpenter.sh/capacity-type", capacity_type),
-        ("gpu-node-autoscaler.io/capacity-type", capacity_type),
     ] {
         labels.insert(k.to_string(), json!(v));
     }
-    for tag in [TAG_POOL, TAG_LAUNCH_ID] {
-        if let Some(v) = inst.tags.get(tag) {
-            labels.insert(tag.to_string(), json!(v));
+    if style == NodeStyle::KubeSim {
+        let capacity_type = if inst.spot { "spot" } else { "on-demand" };
+        labels.insert("karpenter.sh/capacity-type".into(), json!(capacity_type));
+        labels.insert(
+            "gpu-node-autoscaler.io/capacity-type".into(),
+            json!(capacity_type),
+        );
+        for tag in [TAG_POOL, TAG_LAUNCH_ID] {
+            if let Some(v) = inst.tags.get(tag) {
+                labels.insert(tag.to_string(), json!(v));
+            }
         }
     }
     if let Some(p) = &info.product {
@@ -155,9 +182,13 @@ fn node_object(inst: &InstanceView, info: &TypeInfo, with_gpus: bool) -> (Value,
     if !taints.is_empty() {
         spec["taints"] = json!(taints);
     }
+    let mut metadata = json!({"name": name, "labels": labels});
+    if style == NodeStyle::Kubelet {
+        metadata["annotations"] = json!({ KWOK_NODE_ANNOTATION: "fake" });
+    }
     let node = json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": metadata,
         "spec": spec,
         "status": {
             "capacity": capacity, "allocatable": capacity,
@@ -166,12 +197,72 @@ fn node_object(inst: &InstanceView, info: &TypeInfo, with_gpus: bool) -> (Value,
                 "lastTransitionTime": now}],
             "addresses": addresses,
             "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                "kubeletVersion": "v1.32.0-kube-sim", "kubeProxyVersion": "v1.32.0-kube-sim",
-                "containerRuntimeVersion": "containerd://1.7.0", "osImage": "kube-sim",
+                "kubeletVersion": kubelet_version(style), "kubeProxyVersion": kubelet_version(style),
+                "containerRuntimeVersion": "containerd://1.7.0", "osImage": kubelet_version(style),
                 "kernelVersion": "", "machineID": inst.id, "systemUUID": inst.id, "bootID": inst.id},
         },
     });
     (node, problems)
+}
+
+fn kubelet_version(style: NodeStyle) -> &'static str {
+    match style {
+        NodeStyle::KubeSim => "v1.32.0-kube-sim",
+        NodeStyle::Kubelet => "v1.37.2-kwok",
+    }
+}
+
+/// Where the registrar's Nodes live: kube-sim's store, or a real API server.
+pub trait NodeApi {
+    /// Creates the Node; returns its name and uid.
+    fn create_node(&mut self, node: Value) -> Result<(String, String), String>;
+    /// The Node `name`, if it exists.
+    fn get_node(&mut self, name: &str) -> Result<Option<Value>, String>;
+    /// Writes `node`'s status to the Node `name` (its status subresource).
+    fn update_node_status(&mut self, name: &str, node: Value) -> Result<(), String>;
+    /// Deletes the Node `name` if it still has `uid`, and what a real cluster's controllers
+    /// would remove with it.
+    fn delete_node(&mut self, name: &str, uid: &str);
+}
+
+impl NodeApi for Store {
+    fn create_node(&mut self, node: Value) -> Result<(String, String), String> {
+        let obj = self.create(NODES, "", node, false).map_err(|e| e.message)?;
+        let s = |f: &str| obj["metadata"][f].as_str().unwrap_or("").to_string();
+        Ok((s("name"), s("uid")))
+    }
+
+    fn get_node(&mut self, name: &str) -> Result<Option<Value>, String> {
+        Ok(self.get(NODES, "", name).ok())
+    }
+
+    fn update_node_status(&mut self, name: &str, node: Value) -> Result<(), String> {
+        self.update(NODES, "", name, node, true, false)
+            .map(|_| ())
+            .map_err(|e| e.message)
+    }
+
+    /// kube-sim runs no pod garbage collector: the Node's pods go with it.
+    fn delete_node(&mut self, name: &str, uid: &str) {
+        delete_node_and_pods(self, name, uid);
+    }
+}
+
+/// A cloud's bridge, polled in two halves: the cloud's instances (async), then their Nodes
+/// through a [`NodeApi`] (kube-sim's store, or a real API server).
+pub trait CloudBridge {
+    /// How often it polls.
+    fn poll_interval(&self) -> Duration;
+    /// Lists the instances (and learns what registering them needs). None when the cloud could
+    /// not be listed; `.1`: whether every instance type due to register is known.
+    fn observe(&mut self) -> impl std::future::Future<Output = Option<(Vec<InstanceView>, bool)>>;
+    /// Registers, advertises the GPUs of and removes Nodes. Returns when something is due next.
+    fn reconcile(
+        &mut self,
+        api: &mut dyn NodeApi,
+        instances: &[InstanceView],
+        types_known: bool,
+    ) -> Option<Instant>;
 }
 
 /// A Node the bridge registered for an instance.
@@ -230,6 +321,7 @@ pub struct Registrar {
     who: &'static str,
     boot_delay: Duration,
     device_plugin_delay: Duration,
+    style: NodeStyle,
     tracked: HashMap<String, Tracked>,
 }
 
@@ -239,8 +331,15 @@ impl Registrar {
             who,
             boot_delay,
             device_plugin_delay,
+            style: NodeStyle::KubeSim,
             tracked: HashMap::new(),
         }
+    }
+
+    /// Registers Nodes in `style` instead of kube-sim's.
+    pub fn with_style(mut self, style: NodeStyle) -> Self {
+        self.style = style;
+        self
     }
 
     /// Notes when each instance was first seen; returns the instance types of the instances due
@@ -270,7 +369,7 @@ impl Registrar {
     /// next.
     pub fn reconcile(
         &mut self,
-        store: &mut Store,
+        store: &mut dyn NodeApi,
         instances: &[InstanceView],
         types: &HashMap<String, TypeInfo>,
         types_known: bool,
@@ -305,11 +404,11 @@ impl Registrar {
                         continue;
                     };
                     let with_gpus = self.device_plugin_delay.is_zero();
-                    let (node, problems) = node_object(inst, info, with_gpus);
-                    let result = store.create(NODES, "", node, false);
+                    let (node, problems) = node_object(inst, info, with_gpus, self.style);
+                    let result = store.create_node(node);
                     let error = match &result {
                         Ok(_) => problems.join("; "),
-                        Err(e) => e.message.clone(),
+                        Err(e) => e.clone(),
                     };
                     if !error.is_empty() && tracked.last_error.as_deref() != Some(&error) {
                         eprintln!(
@@ -318,10 +417,10 @@ impl Registrar {
                         );
                         tracked.last_error = Some(error);
                     }
-                    if let Ok(obj) = result {
+                    if let Ok((name, uid)) = result {
                         tracked.node = Some(Registered {
-                            name: obj["metadata"]["name"].as_str().unwrap_or("").to_string(),
-                            uid: obj["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+                            name,
+                            uid,
                             at: now,
                             gpus_advertised: with_gpus || info.gpus.is_none(),
                             gone: false,
@@ -338,22 +437,21 @@ impl Registrar {
                         continue;
                     }
                     let gpus = types.get(&inst.instance_type).and_then(|i| i.gpus);
-                    match store.get(NODES, "", &reg.name) {
-                        Ok(node) if node["metadata"]["uid"] == reg.uid.as_str() => {
+                    match store.get_node(&reg.name) {
+                        Ok(Some(node)) if node["metadata"]["uid"] == reg.uid.as_str() => {
                             let mut next = node.clone();
                             if let Some((resource, n)) = gpus {
                                 for field in ["capacity", "allocatable"] {
                                     next["status"][field][resource] = json!(n.to_string());
                                 }
                             }
-                            if store
-                                .update(NODES, "", &reg.name, next, true, false)
-                                .is_ok()
-                            {
+                            if store.update_node_status(&reg.name, next).is_ok() {
                                 reg.gpus_advertised = true;
                             }
                         }
-                        _ => reg.gone = true,
+                        Ok(_) => reg.gone = true,
+                        // Try again at the next poll.
+                        Err(_) => due(now),
                     }
                 }
                 Some(_) => {}
@@ -373,7 +471,7 @@ impl Registrar {
                 ..
             }) = self.tracked.remove(&id).and_then(|t| t.node)
             {
-                delete_node_and_pods(store, &name, &uid);
+                store.delete_node(&name, &uid);
             }
         }
         next_due
@@ -424,7 +522,7 @@ mod tests {
                 "present",
             ),
         ]);
-        let (node, problems) = node_object(&i, &info, false);
+        let (node, problems) = node_object(&i, &info, false, NodeStyle::KubeSim);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(node["metadata"]["name"], "ip-10-0-1-7.ec2.internal");
         assert_eq!(node["spec"]["providerID"], "aws:///us-east-1b/i-0abc");
@@ -442,7 +540,7 @@ mod tests {
             .get("nvidia.com/gpu")
             .is_none());
         assert_eq!(node["status"]["capacity"]["memory"], "16384Mi");
-        let (node, _) = node_object(&i, &info, true);
+        let (node, _) = node_object(&i, &info, true, NodeStyle::KubeSim);
         assert_eq!(node["status"]["allocatable"]["nvidia.com/gpu"], "1");
     }
 }
