@@ -126,11 +126,28 @@ fn unmark(node: &mut Node) -> bool {
     changed
 }
 
-/// The pods the drain must still move, read from the API server (not the watch cache: a pod
-/// bound just before the cordon must not be lost with the node): bound there, not finished, not
-/// DaemonSet or mirror pods. `Err` names a pod that cannot be moved (bare, safe-to-evict
-/// "false", local storage, kube-system without a budget), or an API failure.
-async fn to_move(ctx: &DrainContext, node: &str) -> Result<Vec<(String, String)>, Unmovable> {
+/// The pods still on a node being drained.
+#[derive(Debug, Default)]
+struct Remaining {
+    /// To evict: bound there, not finished, not DaemonSet or mirror pods, not being deleted.
+    evict: Vec<(String, String)>,
+    /// Evicted (or deleted) and still terminating: their grace period
+    /// (`terminationGracePeriodSeconds`: a training job checkpointing) is waited out before the
+    /// instance goes.
+    terminating: Vec<(String, String)>,
+}
+
+impl Remaining {
+    fn is_empty(&self) -> bool {
+        self.evict.is_empty() && self.terminating.is_empty()
+    }
+}
+
+/// The pods the drain must still move or wait for, read from the API server (not the watch
+/// cache: a pod bound just before the cordon must not be lost with the node). `Err` names a pod
+/// that cannot be moved (bare, safe-to-evict "false", local storage, kube-system without a
+/// budget, or one that cannot be read), or an API failure.
+async fn to_move(ctx: &DrainContext, node: &str) -> Result<Remaining, Unmovable> {
     let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(ctx.client.clone());
     let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
     let list = api
@@ -151,21 +168,30 @@ async fn to_move(ctx: &DrainContext, node: &str) -> Result<Vec<(String, String)>
         ..Default::default()
     };
     let mut conv = crate::convert::Converter::new();
-    let mut out = Vec::new();
+    let mut out = Remaining::default();
     for p in list.items {
-        let Ok(p) = serde_json::to_value(&p)
+        let name = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or(""),
+            p.metadata.name.as_deref().unwrap_or("")
+        );
+        // A pod we cannot read is one we cannot tell is safe to move: the node stays.
+        let p = serde_json::to_value(&p)
             .map_err(|e| e.to_string())
             .and_then(|v| conv.pod(v))
-        else {
+            .map_err(|e| Unmovable::Pod(format!("pod {name} cannot be read ({e})")))?;
+        if !p.is_bound_active() || dies_with_node(&p) {
             continue;
-        };
-        if !p.is_bound_active() || p.deleting || dies_with_node(&p) {
+        }
+        let id = (p.id.namespace.clone(), p.id.name.clone());
+        if p.deleting {
+            out.terminating.push(id);
             continue;
         }
         if let Some(why) = not_movable(&p, &budgets) {
             return Err(Unmovable::Pod(why));
         }
-        out.push((p.id.namespace.clone(), p.id.name.clone()));
+        out.evict.push(id);
     }
     Ok(out)
 }
@@ -237,21 +263,35 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
                 None
             }
         };
-        if pods.as_ref().is_some_and(|p| p.is_empty()) {
+        if pods.as_ref().is_some_and(Remaining::is_empty) {
             break;
         }
         if wall_now() >= job.deadline {
-            let why = match pods.as_deref() {
-                Some([(ns, name), ..]) => format!(
+            let why = match &pods {
+                Some(Remaining { evict, .. }) if !evict.is_empty() => format!(
                     "{} pod(s) could not be evicted before the deadline (PodDisruptionBudget \
-                     or eviction errors), e.g. {ns}/{name}",
-                    pods.as_ref().map_or(0, Vec::len)
+                     or eviction errors), e.g. {}/{}",
+                    evict.len(),
+                    evict[0].0,
+                    evict[0].1
+                ),
+                Some(Remaining { terminating, .. }) if !terminating.is_empty() => format!(
+                    "{} pod(s) were still terminating at the deadline, e.g. {}/{}",
+                    terminating.len(),
+                    terminating[0].0,
+                    terminating[0].1
                 ),
                 _ => "the node's pods could not be listed before the deadline".to_string(),
             };
             return give_back(&ctx, &job.node, why).await;
         }
-        for (ns, name) in pods.iter().flatten() {
+        let evict = pods.as_ref().map(|p| p.evict.as_slice()).unwrap_or(&[]);
+        if evict.is_empty() {
+            // Only terminating pods left: wait for them, not for the eviction back-off.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        for (ns, name) in evict {
             ctx.evictions.until_ready().await;
             let result = match kube_io::evict(&ctx.client, ns, name).await {
                 Evicted::Done => "evicted",

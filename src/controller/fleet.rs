@@ -9,7 +9,7 @@ use std::time::Duration;
 use gpu_node_autoscaler_provider::{Instance, InstanceState, LaunchRequest, OfferingKey};
 
 use crate::model::snapshot::group_in_flight;
-use crate::model::{InFlight, Node, Time};
+use crate::model::{labels, InFlight, Node, Taint, Time};
 use crate::plan::ScaleUp;
 use crate::policy::Pool;
 
@@ -33,6 +33,9 @@ pub struct FleetView {
     pub overdue: Vec<Overdue>,
     /// providerID → instance id, for terminating drained nodes.
     pub instance_of_node: BTreeMap<String, String>,
+    /// Nodes of ours that advertised GPUs once and advertise none now (an outage: reported,
+    /// never given up as a launch that did not come up).
+    pub gpus_lost: Vec<String>,
 }
 
 /// Joins the provider's instances with the Nodes by providerID. `expects_gpus` tells whether an
@@ -68,11 +71,15 @@ pub fn fleet_view<'a>(
             Some(node) => {
                 view.instance_of_node
                     .insert(i.provider_id.clone(), i.id.clone());
-                if late && node.advertised_gpus() == 0 && expects_gpus(&i.offering) {
-                    view.overdue.push(Overdue {
-                        instance: i.clone(),
-                        node: Some(node.name.clone()),
-                    });
+                if node.advertised_gpus() == 0 && expects_gpus(&i.offering) {
+                    if node.annotations.contains_key(labels::GPUS_ADVERTISED) {
+                        view.gpus_lost.push(node.name.clone());
+                    } else if late {
+                        view.overdue.push(Overdue {
+                            instance: i.clone(),
+                            node: Some(node.name.clone()),
+                        });
+                    }
                 }
             }
             None if late => view.overdue.push(Overdue {
@@ -91,6 +98,111 @@ pub fn fleet_view<'a>(
         )
     }));
     view
+}
+
+/// What registration gives a Node of ours that it lacks: pool membership comes from the cloud
+/// instance we launched (its tags, joined by providerID), not from anything the node's kubelet
+/// registers with; the pool label, the capacity type, the launch id, the pool's labels and taints
+/// follow from it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Registration {
+    pub node: String,
+    pub pool: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+}
+
+impl Registration {
+    /// Gives `node` (the planner's view) what registration adds.
+    pub fn apply(&self, node: &mut Node) {
+        for (k, v) in &self.labels {
+            node.labels.insert(k.clone(), v.clone());
+        }
+        for (k, v) in &self.annotations {
+            node.annotations.insert(k.clone(), v.clone());
+        }
+        for t in &self.taints {
+            if !node
+                .taints
+                .iter()
+                .any(|x| x.key == t.key && x.effect == t.effect)
+            {
+                node.taints.push(t.clone());
+            }
+        }
+    }
+}
+
+/// The registrations due: every live instance of ours whose Node lacks a label or taint of its
+/// pool. A label an operator set to another value is overwritten only for the pool label, the
+/// capacity type and the launch id (which must be true); the pool's own labels are added where
+/// missing.
+pub fn registrations<'a>(
+    instances: impl IntoIterator<Item = &'a Instance>,
+    nodes: &HashMap<String, Node>,
+    pools: &[Pool],
+) -> BTreeMap<String, Registration> {
+    let by_provider_id: HashMap<&str, &Node> = nodes
+        .values()
+        .filter_map(|n| n.provider_id.as_deref().map(|p| (p, n)))
+        .collect();
+    let mut out = BTreeMap::new();
+    for i in instances {
+        if matches!(
+            i.state,
+            InstanceState::Terminated | InstanceState::ShuttingDown
+        ) {
+            continue;
+        }
+        let (Some(node), Some(pool)) = (
+            by_provider_id.get(i.provider_id.as_str()),
+            pools.iter().find(|p| p.name == i.pool),
+        ) else {
+            continue;
+        };
+        let capacity_type = i.offering.capacity_type.as_str();
+        let mut reg = Registration {
+            node: node.name.clone(),
+            pool: pool.name.clone(),
+            ..Registration::default()
+        };
+        let mut owned = vec![
+            (labels::POOL, pool.name.as_str()),
+            (labels::CAPACITY_TYPE, capacity_type),
+            (labels::KARPENTER_CAPACITY_TYPE, capacity_type),
+        ];
+        if !i.launch_id.is_empty() {
+            owned.push((labels::LAUNCH_ID, i.launch_id.as_str()));
+        }
+        for (k, v) in owned {
+            if node.labels.get(k).map(String::as_str) != Some(v) {
+                reg.labels.insert(k.to_string(), v.to_string());
+            }
+        }
+        for (k, v) in &pool.labels {
+            if !node.labels.contains_key(k) {
+                reg.labels.insert(k.clone(), v.clone());
+            }
+        }
+        for t in &pool.taints {
+            if !node
+                .taints
+                .iter()
+                .any(|x| x.key == t.key && x.effect == t.effect)
+            {
+                reg.taints.push(t.clone());
+            }
+        }
+        if node.advertised_gpus() > 0 && !node.annotations.contains_key(labels::GPUS_ADVERTISED) {
+            reg.annotations
+                .insert(labels::GPUS_ADVERTISED.to_string(), "true".to_string());
+        }
+        if !reg.labels.is_empty() || !reg.taints.is_empty() || !reg.annotations.is_empty() {
+            out.insert(reg.node.clone(), reg);
+        }
+    }
+    out
 }
 
 /// A launch id that is the same for the same scale-up of the same pods (by UID: a pod re-created
@@ -274,6 +386,27 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_node_whose_gpus_drop_after_it_advertised_them_is_an_outage_not_overdue() {
+        let mut n = NodeBuilder::new("n1")
+            .annotation(labels::GPUS_ADVERTISED, "true")
+            .build();
+        n.provider_id = Some("aws:///us-east-1a/i-1".into());
+        assert_eq!(n.advertised_gpus(), 0, "the device plugin restarts");
+        let nodes: HashMap<String, Node> = [("n1".to_string(), n)].into();
+        let instances = [instance("i-1", "L1", 0, InstanceState::Running)];
+        let v = fleet_view(
+            &instances,
+            &nodes,
+            Time::from_secs(7200),
+            Duration::from_secs(900),
+            |_| true,
+            |i| Time(i.launched_at_ms),
+        );
+        assert!(v.overdue.is_empty(), "never given up: {v:?}");
+        assert_eq!(v.gpus_lost, ["n1"]);
+    }
+
     fn scale_up(pods: &[&str]) -> ScaleUp {
         ScaleUp {
             pool: "a10g".into(),
@@ -347,5 +480,101 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec!["ml/job".to_string()]
         );
+    }
+}
+
+#[cfg(test)]
+mod registration_tests {
+    use super::*;
+    use crate::fixtures::NodeBuilder;
+    use crate::model::Effect;
+    use gpu_node_autoscaler_provider::CapacityType;
+
+    fn policy() -> crate::policy::Policy {
+        crate::policy::parse_policy(
+            "region: us-east-1\nzones: [us-east-1a]\npools:\n- name: a10g\n  instanceTypes: [g5.xlarge]\n  \
+             maxNodes: 4\n  labels: {team: ml}\n  taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n",
+            "policy.yaml",
+        )
+        .unwrap()
+    }
+
+    fn instance(id: &str, state: InstanceState) -> Instance {
+        Instance {
+            id: id.into(),
+            provider_id: format!("aws:///us-east-1a/{id}"),
+            pool: "a10g".into(),
+            launch_id: "l-1".into(),
+            offering: OfferingKey {
+                instance_type: "g5.xlarge".into(),
+                zone: "us-east-1a".into(),
+                capacity_type: CapacityType::Spot,
+            },
+            state,
+            launched_at_ms: 0,
+        }
+    }
+
+    fn node(name: &str, instance: &str) -> Node {
+        let mut n = NodeBuilder::new(name).build();
+        n.labels.remove(labels::POOL);
+        n.provider_id = Some(format!("aws:///us-east-1a/{instance}"));
+        n
+    }
+
+    #[test]
+    fn a_node_registered_without_pool_labels_gets_its_pool_from_the_instance() {
+        let policy = policy();
+        let nodes: HashMap<String, Node> = [
+            ("n1".to_string(), node("n1", "i-1")),
+            ("other".to_string(), node("other", "i-not-ours")),
+        ]
+        .into();
+        let regs = registrations(
+            &[instance("i-1", InstanceState::Running)],
+            &nodes,
+            &policy.pools,
+        );
+        assert_eq!(regs.len(), 1, "only the node of our instance: {regs:?}");
+        let r = &regs["n1"];
+        assert_eq!(r.pool, "a10g");
+        assert_eq!(r.labels[labels::POOL], "a10g");
+        assert_eq!(r.labels[labels::CAPACITY_TYPE], "spot");
+        assert_eq!(r.labels[labels::LAUNCH_ID], "l-1");
+        assert_eq!(r.labels["team"], "ml");
+        assert_eq!(r.taints.len(), 1);
+        assert_eq!(r.taints[0].effect, Effect::NoSchedule);
+
+        // Once applied, nothing is left to do.
+        let mut n1 = nodes["n1"].clone();
+        r.apply(&mut n1);
+        assert_eq!(n1.pool(), Some("a10g"));
+        let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
+        assert!(registrations(
+            &[instance("i-1", InstanceState::Running)],
+            &nodes,
+            &policy.pools
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn an_operator_label_is_kept_and_a_terminating_instance_is_left_alone() {
+        let policy = policy();
+        let mut n1 = node("n1", "i-1");
+        n1.labels.insert("team".into(), "research".into());
+        let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
+        let regs = registrations(
+            &[instance("i-1", InstanceState::Running)],
+            &nodes,
+            &policy.pools,
+        );
+        assert!(!regs["n1"].labels.contains_key("team"), "{regs:?}");
+        assert!(registrations(
+            &[instance("i-1", InstanceState::ShuttingDown)],
+            &nodes,
+            &policy.pools
+        )
+        .is_empty());
     }
 }

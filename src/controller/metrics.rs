@@ -49,6 +49,7 @@ pub struct Metrics {
     pub scale_downs: Family<PoolLabel, Counter>,
     pub failed_launches: Family<FailedLaunch, Counter>,
     pub evictions: Family<EvictionResult, Counter>,
+    pub nodes_gpus_lost: Gauge,
     pub plan_duration_seconds: Histogram,
     pub reaction_seconds: Histogram,
     registry: Registry,
@@ -68,6 +69,7 @@ impl Metrics {
             scale_downs: Family::default(),
             failed_launches: Family::default(),
             evictions: Family::default(),
+            nodes_gpus_lost: Gauge::default(),
             plan_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             reaction_seconds: Histogram::new(exponential_buckets(0.25, 2.0, 12)),
             registry: Registry::default(),
@@ -93,6 +95,11 @@ impl Metrics {
             m.oldest_pending_gpu_pod_seconds.clone(),
         );
         registry.register("nodes", "Nodes per pool and capacity type", m.nodes.clone());
+        registry.register(
+            "nodes_gpus_lost",
+            "Nodes of ours that advertised GPUs once and advertise none now",
+            m.nodes_gpus_lost.clone(),
+        );
         registry.register(
             "gpus",
             "GPUs advertised per pool and capacity type",

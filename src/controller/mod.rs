@@ -14,7 +14,7 @@ pub mod metrics;
 pub mod status;
 pub mod store;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +38,7 @@ use crate::policy::{parse_policy, Policy};
 use crate::sim::Batch;
 
 use drain::{DrainContext, DrainJob, DrainOutcome};
-use fleet::{fleet_view, launch_request, short_gangs, FleetView};
+use fleet::{fleet_view, launch_request, registrations, short_gangs, FleetView, Registration};
 use kube_io::{configmap_ref, node_ref, pod_ref, EventSink, Note};
 use leader::Elector;
 use metrics::{FailedLaunch, Health, Metrics, PoolCapacity, PoolLabel};
@@ -268,6 +268,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         unneeded_dry: BTreeMap::new(),
         last_status: None,
         kept: BTreeMap::new(),
+        gpus_lost: BTreeSet::new(),
     };
 
     let mut stop = stop_rx;
@@ -360,6 +361,8 @@ struct Controller {
     last_status: Option<(String, Time)>,
     /// Why each idle-looking node is kept, as last logged.
     kept: BTreeMap<String, String>,
+    /// Nodes whose GPUs went missing, as last reported.
+    gpus_lost: BTreeSet<String>,
 }
 
 impl Controller {
@@ -718,8 +721,19 @@ impl Controller {
             }
         };
         let mut view = self.fleet(&listed, &policy, now);
+        let regs = {
+            let s = self.state.lock().unwrap();
+            registrations(&listed, &s.nodes.items, &policy.pools)
+        };
+        self.register(&regs).await;
         let mut snapshot = self.snapshot(&view);
+        for n in &mut snapshot.nodes {
+            if let Some(r) = regs.get(&n.name) {
+                r.apply(n);
+            }
+        }
         self.give_up_overdue(&view, &policy, now).await;
+        self.report_gpus_lost(&view);
         self.resume_drains(&snapshot, &view, now);
         let Some(templates) = self.templates.clone() else {
             return;
@@ -995,8 +1009,36 @@ impl Controller {
     }
 
     /// Instances that never became working nodes: terminated, their offering avoided.
+    /// Nodes whose GPUs went missing after they advertised them: reported (Event, log, metric),
+    /// never terminated for it (a device plugin restarting, a GPU operator upgrade).
+    fn report_gpus_lost(&mut self, view: &FleetView) {
+        let now_lost: BTreeSet<String> = view.gpus_lost.iter().cloned().collect();
+        for n in now_lost.difference(&self.gpus_lost) {
+            warn!(node = %n, "the node advertises no GPUs any more; it is kept");
+            self.events.send(Note {
+                object: node_ref(n),
+                warning: true,
+                reason: "GPUsUnavailable",
+                action: "Observe",
+                message: format!(
+                    "{n} advertised GPUs and advertises none now (device plugin restarting, or \
+                     GPUs lost); the node is kept, not given up as a failed launch"
+                ),
+            });
+        }
+        for n in self.gpus_lost.difference(&now_lost) {
+            info!(node = %n, "the node advertises its GPUs again");
+        }
+        self.metrics.nodes_gpus_lost.set(now_lost.len() as i64);
+        self.gpus_lost = now_lost;
+    }
+
     async fn give_up_overdue(&mut self, view: &FleetView, policy: &Policy, now: Time) {
         for o in &view.overdue {
+            // Every cloud mutation is the leader's.
+            if !self.elector.is_leader() {
+                return;
+            }
             let i = &o.instance;
             let why = match &o.node {
                 Some(n) => format!("node {n} never advertised its GPUs"),
@@ -1155,6 +1197,64 @@ impl Controller {
             let Some(node) = node else { continue };
             let deadline = now + self.args.max_graceful_termination;
             self.spawn_drain(&node, view, deadline, d.reason.clone());
+        }
+    }
+
+    /// Gives the Nodes of our instances their pool's labels and taints (a real node registers
+    /// with what its kubelet flags say, which need not name the pool). The planner sees them at
+    /// once; the Node gets them with a patch (not in dry-run).
+    async fn register(&mut self, regs: &BTreeMap<String, Registration>) {
+        if self.args.dry_run || regs.is_empty() {
+            return;
+        }
+        let api: Api<K8sNode> = Api::all(self.client.clone());
+        for r in regs.values() {
+            if !self.elector.is_leader() {
+                return;
+            }
+            let result = kube_io::modify_node(&api, &r.node, |n| {
+                let mut changed = false;
+                let annotations = n.metadata.annotations.get_or_insert_with(Default::default);
+                for (k, v) in &r.annotations {
+                    if annotations.get(k) != Some(v) {
+                        annotations.insert(k.clone(), v.clone());
+                        changed = true;
+                    }
+                }
+                let labels = n.metadata.labels.get_or_insert_with(Default::default);
+                for (k, v) in &r.labels {
+                    if labels.get(k) != Some(v) {
+                        labels.insert(k.clone(), v.clone());
+                        changed = true;
+                    }
+                }
+                let taints = n
+                    .spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new);
+                for t in &r.taints {
+                    let effect = t.effect.as_str();
+                    if !taints.iter().any(|x| x.key == t.key && x.effect == effect) {
+                        taints.push(k8s_openapi::api::core::v1::Taint {
+                            key: t.key.clone(),
+                            value: (!t.value.is_empty()).then(|| t.value.clone()),
+                            effect: effect.to_string(),
+                            time_added: None,
+                        });
+                        changed = true;
+                    }
+                }
+                changed
+            })
+            .await;
+            match result {
+                Ok(()) if !r.labels.is_empty() || !r.taints.is_empty() => {
+                    info!(node = %r.node, pool = %r.pool, "registered the node in its pool")
+                }
+                Ok(()) => {}
+                Err(e) => warn!(node = %r.node, pool = %r.pool, "registering the node: {e}"),
+            }
         }
     }
 

@@ -39,6 +39,9 @@ pub mod labels {
     pub const SCALE_DOWN_DISABLED: &str = "gpu-node-autoscaler.io/scale-down-disabled";
     pub const CA_SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
     pub const UNNEEDED_SINCE: &str = "gpu-node-autoscaler.io/unneeded-since";
+    /// On a Node of ours once it has advertised GPUs: from then on, GPUs missing from it are an
+    /// outage (a device plugin restarting, a GPU lost), never a launch that did not come up.
+    pub const GPUS_ADVERTISED: &str = "gpu-node-autoscaler.io/gpus-advertised";
 
     /// Pod-group labels/annotations that make pods one gang, in lookup order.
     pub const GANG_KEYS: [&str; 5] = [
