@@ -14,7 +14,7 @@ use gpu_node_autoscaler_provider::CloudProvider;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::Api;
 use kube::Client;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::kube_io::{self, node_ref, EventSink, Evicted, Note};
 use super::leader::Elector;
@@ -302,6 +302,24 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
                 Evicted::Failed(msg) => {
                     warn!(pod = %format!("{ns}/{name}"), "eviction failed: {msg}");
                     "failed"
+                }
+                Evicted::Forbidden(msg) => {
+                    error!(
+                        pod = %format!("{ns}/{name}"),
+                        "eviction forbidden: the controller's RBAC lacks `create` on \
+                         `pods/eviction` (deploy/base/rbac.yaml grants it): {msg}"
+                    );
+                    ctx.metrics
+                        .evictions
+                        .get_or_create(&EvictionResult {
+                            result: "forbidden".into(),
+                        })
+                        .inc();
+                    let why = format!(
+                        "evicting {ns}/{name} is forbidden to the controller ({msg}); grant it \
+                         `create` on `pods/eviction` as deploy/base/rbac.yaml does"
+                    );
+                    return give_back(&ctx, &job.node, why).await;
                 }
             };
             ctx.metrics

@@ -120,6 +120,8 @@ pub enum Evicted {
     Done,
     /// Refused by a PodDisruptionBudget (429): try again later.
     Blocked(String),
+    /// The controller's RBAC does not allow it (403): retrying cannot help.
+    Forbidden(String),
     Failed(String),
 }
 
@@ -129,6 +131,7 @@ pub async fn evict(client: &Client, namespace: &str, name: &str) -> Evicted {
         Ok(_) => Evicted::Done,
         Err(kube::Error::Api(s)) if s.code == 404 => Evicted::Done,
         Err(kube::Error::Api(s)) if s.code == 429 => Evicted::Blocked(s.message),
+        Err(kube::Error::Api(s)) if s.code == 403 => Evicted::Forbidden(s.message),
         Err(e) => Evicted::Failed(e.to_string()),
     }
 }

@@ -1,15 +1,19 @@
-//! End-to-end tests: kube-sim (scheduler, kubelets, EC2 bridge), `moto_server` and the real
-//! `gpu-node-autoscaler run` binary, driven with the real `kubectl`.
+//! End-to-end tests on the real Kubernetes control plane (etcd, kube-apiserver with RBAC,
+//! kube-controller-manager, kube-scheduler, kwok as the kubelets; see `cluster.rs`), `moto_server`
+//! and the real `gpu-node-autoscaler run` binary running as its ServiceAccount with the RBAC of
+//! `deploy/`, driven with the real `kubectl`.
 //!
 //! Timings are generous polls, never assertions on how long something took.
 
 mod alibaba;
+mod cluster;
+mod kube_proxy;
 mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use support::{gpu_pod, Env, Options};
+use support::{gpu_pod, Env, Options, RUN_DURATION};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -27,7 +31,7 @@ fn mpi_job(run_for: &str) -> String {
     let launcher = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bert-launcher\n  namespace: default\n  labels:\n    \
          training.kubeflow.org/job-name: bert\n    training.kubeflow.org/replica-type: launcher\n  \
-         annotations:\n    kube-sim.gpu-node-autoscaler.io/run-duration: {run_for}\nspec:\n  containers:\n  \
+         annotations:\n    {RUN_DURATION}: {run_for}\nspec:\n  containers:\n  \
          - name: launcher\n    image: mpi:1\n    resources:\n      requests: {{cpu: 500m, memory: 1Gi}}\n"
     );
     format!(
@@ -243,7 +247,9 @@ fn only_the_leader_acts_and_a_killed_leader_is_replaced_without_duplicate_launch
     assert_eq!(
         env.live_instances().len(),
         3,
-        "no second launch for the same pods"
+        "no second launch for the same pods\n{}\n{}",
+        env.kubectl_ok(&["get", "nodes,pods", "-A", "-o", "wide", "--show-labels"]),
+        env.log(&other)
     );
     env.wait_for("all pods to run", 3 * MIN, || {
         (0..3)
@@ -318,46 +324,81 @@ fn an_invalid_policy_update_keeps_the_last_good_policy_and_warns_on_the_configma
     });
 }
 
-/// A service with one replica on the GPU `node` and one on the system node, both required by
-/// its PodDisruptionBudget, whose status still allows one disruption.
+/// A service with one replica on the GPU `node` and one on the system node (two ReplicaSets,
+/// each preferring its node: free to move elsewhere), under two PodDisruptionBudgets that each still allow one
+/// disruption. The planner sees room in both; the Eviction API refuses to evict a pod that more
+/// than one budget selects, so the drain is blocked by the API server.
 fn web_with_a_budget(env: &Env, node: &str) {
+    web_with_budgets(env, node, 2);
+}
+
+/// The web service of [`web_with_a_budget`] under its first `budgets` budgets (1 or 2).
+fn web_with_budgets(env: &Env, node: &str, budgets: usize) {
     let web = |name: &str, on: &str| {
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{app: web}}\n\
-             \x20 ownerReferences:\n  - {{apiVersion: apps/v1, kind: ReplicaSet, name: web-7d4b9, uid: 6f1c2a9e-web, controller: true}}\n\
-             spec:\n  nodeName: {on}\n  tolerations:\n  - {{key: nvidia.com/gpu, operator: Exists}}\n  \
-             containers:\n  - name: web\n    image: nginx\n    resources:\n      requests: {{cpu: 100m, memory: 128Mi}}\n"
+            "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: {name}\n  namespace: default\n\
+             spec:\n  replicas: 1\n  selector:\n    matchLabels: {{app: web, instance: {name}}}\n  template:\n    \
+             metadata:\n      labels: {{app: web, tier: frontend, instance: {name}}}\n    spec:\n      \
+             affinity:\n        nodeAffinity:\n          preferredDuringSchedulingIgnoredDuringExecution:\n          \
+             - weight: 100\n            preference:\n              matchExpressions:\n              \
+             - {{key: kubernetes.io/hostname, operator: In, values: [{on}]}}\n      \
+             terminationGracePeriodSeconds: 1\n      \
+             tolerations:\n      - {{key: nvidia.com/gpu, operator: Exists}}\n      containers:\n      - name: web\n        \
+             image: nginx\n        resources:\n          requests: {{cpu: 100m, memory: 128Mi}}\n"
         )
     };
+    let budget = |name: &str, key: &str, value: &str| {
+        format!(
+            "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: {name}\n  namespace: default\n\
+             spec:\n  minAvailable: 1\n  selector:\n    matchLabels: {{{key}: {value}}}\n"
+        )
+    };
+    let all = [
+        budget("web", "app", "web"),
+        budget("web-tier", "tier", "frontend"),
+    ];
     env.create(&format!(
-        "{}---\n{}---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\n\
-         spec:\n  minAvailable: 2\n  selector:\n    matchLabels: {{app: web}}\n",
+        "{}---\n{}---\n{}",
         web("web-gpu", node),
-        web("web-system", "system-0")
+        web("web-system", "system-0"),
+        all[..budgets].join("---\n"),
     ));
-    // kube-sim runs no disruption controller: write the status one shows right after
-    // minAvailable was raised from 1 to 2 (still allowing one disruption), so that the plan
-    // drains the node while the eviction API refuses.
-    env.kubectl_ok(&[
-        "patch",
-        "pdb",
-        "web",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"disruptionsAllowed":1,"currentHealthy":2,"desiredHealthy":1,"expectedPods":2}}"#,
-    ]);
+    // The disruption controller computes the budgets' status from the two running replicas.
+    env.wait_for("the budgets to allow one disruption", 2 * MIN, || {
+        ["web", "web-tier"][..budgets]
+            .iter()
+            .all(|b| {
+                let v = env.get_json(&["get", "pdb", "-n", "default", b]);
+                v["status"]["disruptionsAllowed"] == 1 && v["status"]["currentHealthy"] == 2
+            })
+            .then_some(())
+    });
+}
+
+/// The web replica's pod on `node`.
+fn web_pod_on(env: &Env, node: &str) -> Option<String> {
+    let v = env.get_json(&["get", "pods", "-n", "default", "-l", "instance=web-gpu"]);
+    v["items"]
+        .as_array()?
+        .iter()
+        .find(|p| p["spec"]["nodeName"] == node && p["metadata"]["deletionTimestamp"].is_null())
+        .and_then(|p| p["metadata"]["name"].as_str().map(str::to_string))
+}
+
+/// A short GPU job gets a node of the pool (registered there by the controller): its name.
+fn short_job_node(env: &Env) -> String {
+    env.create(&gpu_pod("default", "short-job", &no_labels(), Some("4s")));
+    env.wait_for("the GPU node in its pool", 2 * MIN, || {
+        env.pool_nodes()
+            .first()
+            .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
+    })
 }
 
 /// A short GPU job gets a node; a budgeted service lands on it; after the job the node is
 /// drained and the eviction refused. Returns the node.
 fn drain_blocked_by_a_budget(env: &Env) -> String {
-    env.create(&gpu_pod("default", "short-job", &no_labels(), Some("4s")));
-    let node = env.wait_for("the GPU node", 2 * MIN, || {
-        env.pool_nodes()
-            .first()
-            .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
-    });
+    let node = short_job_node(env);
     web_with_a_budget(env, &node);
     env.wait_for("the drain to start", 2 * MIN, || {
         env.events("ScaleDown")
@@ -386,7 +427,8 @@ fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
             .all(|t| t["key"] != "gpu-node-autoscaler.io/to-be-deleted"),
         "{taints:?}"
     );
-    assert_eq!(env.pod_phase("default", "web-gpu"), "Running");
+    let web = web_pod_on(&env, &node).expect("the web replica stays on the node");
+    assert_eq!(env.pod_phase("default", &web), "Running");
     assert_eq!(env.live_instances().len(), 1, "the instance stays");
     // The pool's scale-down back-off (10m) holds: no second drain after the unneeded time.
     std::thread::sleep(Duration::from_secs(8));
@@ -399,10 +441,11 @@ fn a_drain_blocked_by_a_pdb_is_given_up_and_the_node_uncordoned() {
     assert!(
         env.metric(
             "r1",
-            "gpu_node_autoscaler_evictions_total{result=\"blocked\"}"
+            "gpu_node_autoscaler_evictions_total{result=\"failed\"}"
         )
         .unwrap_or(0.0)
-            >= 1.0
+            >= 1.0,
+        "the API server refused the eviction"
     );
 }
 
@@ -484,27 +527,36 @@ status:
 
 #[test]
 fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
-    let mut env = Env::start("faults", Options::default());
+    let mut env = Env::start(
+        "faults",
+        Options {
+            kube_proxy: true,
+            ..Options::default()
+        },
+    );
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
     env.start_controller("r1", &[]);
     env.create(&gpu_pod("default", "first", &no_labels(), None));
     env.wait_for("the first pod to run", 2 * MIN, || {
         (env.pod_phase("default", "first") == "Running").then_some(())
     });
-    let node = env.pool_nodes()[0]["metadata"]["name"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let node = env.wait_for("the node in its pool", MIN, || {
+        env.pool_nodes()
+            .first()
+            .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
+    });
 
     // Half the API requests fail and every watch is cut. Meanwhile the first pod goes and a
     // second is bound to the node: a controller deciding from a cache that saw the deletion
     // but not the new pod would find the node idle and drain it.
-    env.set_kube_faults(r#"{"errorRate":0.5,"errorCode":500,"watchCloseAfterSeconds":2}"#);
-    env.close_watches();
-    env.kubectl_retry(&["delete", "pod", "first", "--wait=false"]);
+    let proxy = env.kube_proxy.as_ref().unwrap();
+    proxy.fail_every(2, 500);
+    proxy.cut_watches_after(Some(Duration::from_secs(2)));
+    proxy.cut_watches();
+    env.kubectl_ok(&["delete", "pod", "first", "--wait=false"]);
     let mut second = gpu_pod("default", "second", &no_labels(), None);
     second = second.replace("spec:\n", &format!("spec:\n  nodeName: {node}\n"));
-    env.create_retry(&second);
+    env.create(&second);
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while std::time::Instant::now() < until {
         assert_eq!(
@@ -522,7 +574,9 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    env.set_kube_faults("{}");
+    let proxy = env.kube_proxy.as_ref().unwrap();
+    proxy.fail_every(0, 500);
+    proxy.cut_watches_after(None);
     assert!(
         env.log("r1").contains("watch failed; re-listing"),
         "the faults reached the controller"
@@ -550,8 +604,8 @@ fn a_drain_interrupted_by_a_crash_is_finished_by_the_next_leader() {
     env.start_controller("r1", &flags);
     let node = drain_blocked_by_a_budget(&env);
     env.kill("r1");
-    // The budget goes while no controller runs; the next one finds the drain from the taint.
-    env.kubectl_ok(&["delete", "pdb", "web"]);
+    // One budget goes while no controller runs; the next one finds the drain from the taint.
+    env.kubectl_ok(&["delete", "pdb", "web-tier"]);
     let n = env.get_json(&["get", "node", &node]);
     assert!(
         n["spec"]["taints"]
@@ -567,7 +621,8 @@ fn a_drain_interrupted_by_a_crash_is_finished_by_the_next_leader() {
         env.pool_nodes().is_empty().then_some(())
     });
     assert!(env.log("r2").contains("resuming an interrupted drain"));
-    assert!(env.pod_phase("default", "web-system") == "Running");
+    let system = env.get_json(&["get", "pods", "-n", "default", "-l", "instance=web-system"]);
+    assert_eq!(system["items"][0]["status"]["phase"], "Running", "{system}");
 }
 
 #[test]
@@ -637,4 +692,154 @@ fn sigterm_releases_the_lease_for_the_other_replica() {
         (lease_holder(&env).as_deref() == Some("r2")).then_some(())
     });
     assert!(env.log("r1").contains("released the Lease"));
+}
+
+#[test]
+fn a_forbidden_eviction_is_reported_and_the_node_given_back() {
+    // The controller's ClusterRole as deploy/ renders it, less `create` on pods/eviction.
+    let mut env = Env::start(
+        "forbidden",
+        Options {
+            cluster: cluster::ClusterOptions {
+                drop_rule: Some(("pods/eviction", "create")),
+            },
+            ..Options::default()
+        },
+    );
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &["--max-graceful-termination", "5m"]);
+    let node = short_job_node(&env);
+    web_with_budgets(&env, &node, 1);
+    let failed = env.wait_for("the drain to be given up", 2 * MIN, || {
+        env.events("ScaleDownFailed").pop()
+    });
+    assert!(failed.starts_with(&format!("{node}: ")), "{failed}");
+    assert!(
+        failed.contains("forbidden") && failed.contains("pods/eviction"),
+        "{failed}"
+    );
+    assert!(
+        env.log("r1").contains("eviction forbidden"),
+        "logged as an error"
+    );
+    assert_eq!(
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_evictions_total{result=\"forbidden\"}"
+        ),
+        Some(1.0)
+    );
+    let n = env.get_json(&["get", "node", &node]);
+    assert_ne!(n["spec"]["unschedulable"], true, "uncordoned: {n}");
+    assert_eq!(env.live_instances().len(), 1, "the instance stays");
+}
+
+#[test]
+fn a_drain_waits_for_a_pods_grace_period_before_the_instance_goes() {
+    let mut env = Env::start("grace", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &["--max-graceful-termination", "5m"]);
+    let node = short_job_node(&env);
+    // A checkpointing trainer: 30 s to save its state once told to stop. It prefers the GPU
+    // node and may move to the system node.
+    env.create(&format!(
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: ckpt\n  namespace: default\n\
+         spec:\n  replicas: 1\n  selector:\n    matchLabels: {{app: ckpt}}\n  template:\n    \
+         metadata:\n      labels: {{app: ckpt}}\n    spec:\n      affinity:\n        nodeAffinity:\n          \
+         preferredDuringSchedulingIgnoredDuringExecution:\n          - weight: 100\n            \
+         preference:\n              matchExpressions:\n              \
+         - {{key: kubernetes.io/hostname, operator: In, values: [{node}]}}\n      \
+         terminationGracePeriodSeconds: 30\n      tolerations:\n      - {{key: nvidia.com/gpu, operator: Exists}}\n      \
+         containers:\n      - name: saver\n        image: busybox\n        resources:\n          \
+         requests: {{cpu: 100m, memory: 128Mi}}\n"
+    ));
+    let pods_on_node = |env: &Env| -> Vec<serde_json::Value> {
+        let v = env.get_json(&["get", "pods", "-n", "default", "-l", "app=ckpt"]);
+        v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["spec"]["nodeName"] == node.as_str())
+            .cloned()
+            .collect()
+    };
+    let evicted = env.wait_for("the trainer on the node to be evicted", 3 * MIN, || {
+        pods_on_node(&env)
+            .into_iter()
+            .find(|p| p["metadata"]["deletionTimestamp"].is_string())
+    });
+    let name = evicted["metadata"]["name"].as_str().unwrap().to_string();
+    // While it saves its state, its node's instance stays.
+    let mut terminating_polls = 0;
+    while pods_on_node(&env)
+        .iter()
+        .any(|p| p["metadata"]["name"] == name.as_str())
+    {
+        assert_eq!(
+            env.live_instances().len(),
+            1,
+            "the instance went while {name} was still terminating"
+        );
+        terminating_polls += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(terminating_polls > 1, "{name} was seen terminating");
+    env.wait_for("the instance to be terminated", 2 * MIN, || {
+        env.live_instances().is_empty().then_some(())
+    });
+}
+
+#[test]
+fn a_node_whose_device_plugin_restarts_is_kept() {
+    let mut env = Env::start("plugin", Options::default());
+    // Without GPUs past this, a node would count as a launch that never came up.
+    let policy = env
+        .policy(&["us-east-1a"], "")
+        .replace("maxNodeProvisionTime: 2m", "maxNodeProvisionTime: 15s");
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    env.create(&gpu_pod("default", "train", &no_labels(), None));
+    env.wait_for("the trainer to run", 2 * MIN, || {
+        (env.pod_phase("default", "train") == "Running").then_some(())
+    });
+    let node = env.wait_for("the node to be known to have had GPUs", MIN, || {
+        env.pool_nodes().into_iter().find_map(|n| {
+            n["metadata"]["annotations"]["gpu-node-autoscaler.io/gpus-advertised"]
+                .is_string()
+                .then(|| n["metadata"]["name"].as_str().unwrap().to_string())
+        })
+    });
+    let set_gpus = |n: &str| {
+        env.kubectl_ok(&[
+            "patch",
+            "node",
+            &node,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                r#"{{"status":{{"capacity":{{"nvidia.com/gpu":"{n}"}},"allocatable":{{"nvidia.com/gpu":"{n}"}}}}}}"#
+            ),
+        ]);
+    };
+    // The device plugin restarts: no GPUs for longer than maxNodeProvisionTime.
+    set_gpus("0");
+    let lost = env.wait_for("a GPUsUnavailable Event", MIN, || {
+        env.events("GPUsUnavailable").pop()
+    });
+    assert!(lost.starts_with(&format!("{node}: ")), "{lost}");
+    assert_eq!(
+        env.metric("r1", "gpu_node_autoscaler_nodes_gpus_lost "),
+        Some(1.0)
+    );
+    std::thread::sleep(Duration::from_secs(25));
+    assert_eq!(env.live_instances().len(), 1, "the instance was given up");
+    assert!(!env.log("r1").contains("giving up a launch"));
+    assert_eq!(env.pod_phase("default", "train"), "Running");
+    // Back: reported as such.
+    set_gpus("1");
+    env.wait_for("the node to count its GPUs again", MIN, || {
+        (env.metric("r1", "gpu_node_autoscaler_nodes_gpus_lost ") == Some(0.0)).then_some(())
+    });
+    assert_eq!(env.live_instances().len(), 1);
 }

@@ -1,11 +1,18 @@
-//! The end-to-end harness: a `moto_server` (EC2), kube-sim with its scheduler, kubelets and EC2
-//! bridge, the real `gpu-node-autoscaler run` binary, and the real `kubectl`.
+//! The end-to-end harness: a `moto_server` (EC2), the real Kubernetes control plane (see
+//! [`crate::cluster`]) with kwok as the kubelets, the EC2 bridge registering the instances as
+//! Nodes the way their kubelets would, the real `gpu-node-autoscaler run` binary running as its
+//! ServiceAccount with the RBAC of `deploy/`, and the real `kubectl`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::cluster::{Cluster, ClusterOptions, KubeNodes};
+use crate::kube_proxy::KubeFaultProxy;
+use kube_sim::nodes::{CloudBridge, NodeStyle};
 
 use serde_json::Value;
 
@@ -24,9 +31,13 @@ pub struct Env {
     pub moto: Moto,
     pub ec2: aws_sdk_ec2::Client,
     pub net: Network,
-    pub kube: SocketAddr,
+    pub cluster: Cluster,
+    bridges: Vec<BridgeThread>,
     pub dir: PathBuf,
     pub proxy: Option<FaultProxy>,
+    /// Between the controllers and the API server, when asked for.
+    pub kube_proxy: Option<KubeFaultProxy>,
+    controller_kubeconfig: PathBuf,
     controllers: Vec<(String, Child, u16)>,
     controller_env: Vec<(String, String)>,
 }
@@ -37,18 +48,70 @@ pub struct Options {
     pub proxy: bool,
     /// How long an instance takes to become a Node (default 2 s).
     pub boot_delay: Option<Duration>,
-    /// Also run kube-sim's ESS bridge (Alibaba Cloud scaling groups, e.g. the provider's fake).
+    /// Also run the ESS bridge (Alibaba Cloud scaling groups, e.g. the provider's fake).
     pub ess: Option<kube_sim::EssConfig>,
+    /// The control plane's set-up (e.g. an RBAC rule taken out).
+    pub cluster: ClusterOptions,
+    /// Put a fault-injecting relay between the controllers and the API server.
+    pub kube_proxy: bool,
     /// More environment for the controllers (e.g. Alibaba Cloud credentials).
     pub controller_env: Vec<(String, String)>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+use crate::cluster::free_port;
+
+/// The pod annotation after which kwok completes a running pod (tests/e2e/kwok-stages.yaml).
+pub const RUN_DURATION: &str = "gpu-node-autoscaler.io/e2e-run-duration";
+
+/// A cloud bridge polling in a thread of its own until dropped.
+struct BridgeThread {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for BridgeThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Runs a cloud bridge (made by `make` in the thread's runtime) against the real API server:
+/// every instance of the cluster becomes a kwok Node as its kubelet would register it (no pool
+/// label, no pool taints).
+fn spawn_bridge<B: CloudBridge>(
+    make: impl FnOnce(&tokio::runtime::Runtime) -> B + Send + 'static,
+    admin: PathBuf,
+) -> BridgeThread {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let handle = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut bridge = make(&rt);
+        let mut nodes = KubeNodes::new(&admin);
+        while !stopped.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let due = rt
+                .block_on(bridge.observe())
+                .and_then(|(instances, known)| bridge.reconcile(&mut nodes, &instances, known));
+            let next = due
+                .map(|d| d.into_std())
+                .unwrap_or(started + bridge.poll_interval())
+                .min(started + bridge.poll_interval());
+            while Instant::now() < next && !stopped.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    });
+    BridgeThread {
+        stop,
+        handle: Some(handle),
+    }
 }
 
 impl Env {
@@ -64,33 +127,39 @@ impl Env {
         let proxy = opts
             .proxy
             .then(|| rt.block_on(FaultProxy::start(moto.addr)));
-        let mut bridge = kube_sim::Ec2Config::new(&moto.url(), aws::REGION, CLUSTER);
-        bridge.boot_delay = opts.boot_delay.unwrap_or(Duration::from_secs(2));
-        bridge.device_plugin_delay = Duration::from_secs(1);
-        let kube = kube_sim::spawn_background(kube_sim::Config {
-            ec2: Some(bridge),
-            ess: opts.ess.clone(),
-            ..kube_sim::Config::default()
-        })
-        .expect("kube-sim");
         let dir = std::env::temp_dir().join(format!("gna-e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("kubeconfig"),
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster: {{server: \"http://{kube}\"}}\n\
-                 contexts:\n- name: sim\n  context: {{cluster: sim, user: u}}\ncurrent-context: sim\n\
-                 users:\n- name: u\n  user: {{}}\n"
-            ),
-        )
-        .unwrap();
+        let cluster = Cluster::start(&dir, &opts.cluster);
+        let mut bridge = kube_sim::Ec2Config::new(&moto.url(), aws::REGION, CLUSTER);
+        bridge.boot_delay = opts.boot_delay.unwrap_or(Duration::from_secs(2));
+        bridge.device_plugin_delay = Duration::from_secs(1);
+        let mut bridges = vec![spawn_bridge(
+            move |rt| rt.block_on(kube_sim::ec2::Bridge::new(bridge, NodeStyle::Kubelet)),
+            cluster.admin.clone(),
+        )];
+        if let Some(ess) = opts.ess.clone() {
+            bridges.push(spawn_bridge(
+                move |_| kube_sim::ess::Bridge::new(ess, NodeStyle::Kubelet).expect("ESS bridge"),
+                cluster.admin.clone(),
+            ));
+        }
+        let kube_proxy = opts
+            .kube_proxy
+            .then(|| KubeFaultProxy::start(&rt, cluster.addr(), &cluster.ca));
+        let controller_kubeconfig = match &kube_proxy {
+            Some(p) => cluster.controller_kubeconfig_via(&p.url()),
+            None => cluster.controller.clone(),
+        };
         let env = Env {
+            kube_proxy,
+            controller_kubeconfig,
             rt,
             moto,
             ec2,
             net,
-            kube,
+            cluster,
+            bridges,
             dir,
             proxy,
             controllers: Vec::new(),
@@ -104,6 +173,7 @@ kind: Node
 metadata:
   name: system-0
   labels: {kubernetes.io/hostname: system-0, node-role: system}
+  annotations: {kwok.x-k8s.io/node: fake}
 status:
   capacity: {cpu: "8", memory: 32Gi, pods: "110"}
   allocatable: {cpu: "8", memory: 32Gi, pods: "110"}
@@ -143,11 +213,11 @@ status:
     pub fn kubectl(&self, args: &[&str]) -> Output {
         Command::new("kubectl")
             .env("KUBECONFIG", "/dev/null")
-            .arg(format!("--server=http://{}", self.kube))
+            .arg(format!("--kubeconfig={}", self.cluster.admin.display()))
             .arg(format!("--cache-dir={}", self.dir.join("cache").display()))
             .args(args)
             .output()
-            .expect("kubectl (on the machine image)")
+            .expect("kubectl (scripts/test.sh installs it)")
     }
 
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
@@ -159,33 +229,6 @@ status:
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// Runs kubectl until it succeeds (the API server may be failing requests on purpose).
-    pub fn kubectl_retry(&self, args: &[&str]) -> String {
-        for _ in 0..60 {
-            let out = self.kubectl(args);
-            if out.status.success() {
-                return String::from_utf8_lossy(&out.stdout).into_owned();
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        panic!("kubectl {args:?} kept failing");
-    }
-
-    /// `kubectl create -f` of a YAML text, retried.
-    pub fn create_retry(&self, yaml: &str) {
-        let f = self.dir.join(format!("obj-{}.yaml", free_port()));
-        std::fs::write(&f, yaml).unwrap();
-        for _ in 0..60 {
-            let out = self.kubectl(&["create", "-f", f.to_str().unwrap()]);
-            let err = String::from_utf8_lossy(&out.stderr);
-            if out.status.success() || err.contains("AlreadyExists") {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        panic!("kubectl create kept failing");
     }
 
     /// `kubectl create -f` of a YAML text.
@@ -237,7 +280,8 @@ status:
                 .flat_map(|(flag, value)| [flag, value]),
             )
             .args(extra)
-            .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            // The controller's ServiceAccount token: only what deploy/ grants.
+            .env("KUBECONFIG", &self.controller_kubeconfig)
             .env("AWS_ACCESS_KEY_ID", "testing")
             .env("AWS_SECRET_ACCESS_KEY", "testing")
             .env("AWS_SESSION_TOKEN", "testing")
@@ -322,7 +366,13 @@ status:
                     .iter()
                     .map(|(n, _, _)| format!("--- {n}\n{}", tail(&self.log(n), 60)))
                     .collect();
-                panic!("timed out waiting for {what}\n{logs}");
+                let world = self
+                    .kubectl(&["get", "nodes,pods,pdb", "-A", "-o", "wide"])
+                    .stdout;
+                panic!(
+                    "timed out waiting for {what}\n{logs}\n--- cluster\n{}",
+                    String::from_utf8_lossy(&world)
+                );
             }
             std::thread::sleep(Duration::from_millis(250));
         }
@@ -361,10 +411,11 @@ status:
             .collect()
     }
 
-    /// Events (core/v1) with this reason, as "object: message" lines.
+    /// Events with this reason, as "object: message" lines.
     pub fn events(&self, reason: &str) -> Vec<String> {
         let mut out = Vec::new();
-        for api in ["events", "events.v1.events.k8s.io"] {
+        // One store behind both APIs on a real API server: read it once.
+        for api in ["events.v1.events.k8s.io"] {
             let v = self.get_json(&["get", api, "-A"]);
             for e in v["items"].as_array().into_iter().flatten() {
                 if e["reason"] == reason {
@@ -405,32 +456,6 @@ status:
         ]);
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     }
-
-    pub fn set_kube_faults(&self, json: &str) {
-        let out = Command::new("curl")
-            .args([
-                "-sf",
-                "-X",
-                "PUT",
-                "-H",
-                "content-type: application/json",
-                "--data",
-                json,
-            ])
-            .arg(format!("http://{}/admin/faults", self.kube))
-            .output()
-            .expect("curl");
-        assert!(out.status.success(), "PUT /admin/faults failed");
-    }
-
-    pub fn close_watches(&self) {
-        let out = Command::new("curl")
-            .args(["-sf", "-X", "POST"])
-            .arg(format!("http://{}/admin/watches/close", self.kube))
-            .output()
-            .expect("curl");
-        assert!(out.status.success(), "POST /admin/watches/close failed");
-    }
 }
 
 impl Drop for Env {
@@ -439,6 +464,7 @@ impl Drop for Env {
             let _ = c.kill();
             let _ = c.wait();
         }
+        self.bridges.clear();
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -479,7 +505,7 @@ pub fn gpu_pod(
         .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
         .collect();
     let ann = run_for
-        .map(|d| format!("  annotations:\n    kube-sim.gpu-node-autoscaler.io/run-duration: {d}\n"))
+        .map(|d| format!("  annotations:\n    {RUN_DURATION}: {d}\n"))
         .unwrap_or_default();
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    app: gpu\n{labels}{ann}\
