@@ -136,6 +136,9 @@ fn run(cli: Cli) -> Result<()> {
             alibaba_endpoint_url,
         } => {
             let policy = load_policy(&file)?;
+            for w in policy.warnings() {
+                eprintln!("warning: {}: {w}", file.display());
+            }
             let explicit = catalog.is_some();
             let catalog = load_catalog(catalog.as_deref(), &policy)?;
             let mut checked = policy.clone();

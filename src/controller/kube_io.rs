@@ -136,6 +136,14 @@ pub async fn evict(client: &Client, namespace: &str, name: &str) -> Evicted {
     }
 }
 
+/// The cluster's identity: the UID of its `kube-system` Namespace (stable for the cluster's life,
+/// distinct between clusters, unlike a name an operator chooses).
+pub async fn cluster_identity(client: &Client) -> Result<String, kube::Error> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = api.get("kube-system").await?;
+    Ok(ns.metadata.uid.unwrap_or_default())
+}
+
 pub async fn delete_node(api: &Api<Node>, name: &str) -> Result<(), kube::Error> {
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),

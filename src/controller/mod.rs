@@ -176,6 +176,11 @@ async fn run_async(args: RunArgs) -> Result<()> {
     // client's own would hold a refused eviction for minutes.
     config.default_retry = false;
     let client = Client::try_from(config).context("building the Kubernetes client")?;
+    let cluster_id = kube_io::cluster_identity(&client).await.context(
+        "reading the UID of the kube-system Namespace (the cluster's identity, tagged on every \
+         instance and required to terminate one; deploy/base/rbac.yaml grants `get` on it)",
+    )?;
+    info!(cluster_id = %cluster_id, "cluster identity");
     let listener = metrics::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -237,6 +242,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
     });
     let mut ctl = Controller {
         args: args.clone(),
+        cluster_id,
         client,
         state,
         metrics,
@@ -313,6 +319,8 @@ fn hostname() -> String {
 
 struct Controller {
     args: RunArgs,
+    /// The kube-system Namespace UID: tagged on every launch, required for every termination.
+    cluster_id: String,
     client: Client,
     state: Arc<Mutex<ClusterState>>,
     metrics: Arc<Metrics>,
@@ -575,12 +583,15 @@ impl Controller {
 
     /// Builds providers, catalog and templates for a new policy; nothing changes on error.
     async fn apply_policy(&mut self, policy: Policy) -> std::result::Result<(), String> {
+        for w in policy.warnings() {
+            warn!("policy: {w}");
+        }
         let file_catalog = load_catalog(self.args.catalog.as_deref(), &policy)?;
         let (providers, catalog) = if self.args.dry_run {
             // No cloud call at all: the price file's catalog, every offering assumed available.
             (BTreeMap::new(), file_catalog)
         } else {
-            build_providers(&policy, &file_catalog, &self.args).await?
+            build_providers(&policy, &file_catalog, &self.args, &self.cluster_id).await?
         };
         // Every pool's counters exist from the start, so that the first failure shows as an
         // increase (a series appearing at 1 does not).
@@ -1412,6 +1423,7 @@ async fn build_providers(
     policy: &Policy,
     file_catalog: &Catalog,
     args: &RunArgs,
+    cluster_id: &str,
 ) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog), String> {
     let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
     let mut catalog = Catalog::default();
@@ -1419,7 +1431,15 @@ async fn build_providers(
         policy.pools.iter().map(|p| p.provider.as_str()).collect();
     for cloud in clouds {
         let provider: Arc<dyn CloudProvider> = match cloud {
-            "aws" => build_aws(policy, file_catalog, args.aws_endpoint_url.clone()).await?,
+            "aws" => {
+                build_aws(
+                    policy,
+                    file_catalog,
+                    args.aws_endpoint_url.clone(),
+                    cluster_id,
+                )
+                .await?
+            }
             #[cfg(feature = "alibaba")]
             "alibaba" => {
                 let region = policy
@@ -1471,6 +1491,7 @@ async fn build_aws(
     policy: &Policy,
     catalog: &Catalog,
     endpoint: Option<String>,
+    cluster_id: &str,
 ) -> std::result::Result<Arc<dyn CloudProvider>, String> {
     let region = policy
         .region
@@ -1478,8 +1499,9 @@ async fn build_aws(
         .or_else(|| std::env::var("AWS_REGION").ok())
         .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
         .ok_or("no region: set `region` in the policy or AWS_REGION")?;
-    let config = crate::aws::config_from_policy(policy, catalog, &region, endpoint)
+    let mut config = crate::aws::config_from_policy(policy, catalog, &region, endpoint)
         .map_err(|e| e.join("\n"))?;
+    config.cluster_id = Some(cluster_id.to_string());
     let provider = gpu_node_autoscaler_aws::AwsProvider::new(config)
         .await
         .map_err(|e| e.to_string())?;

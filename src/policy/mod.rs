@@ -186,6 +186,20 @@ impl Policy {
     pub fn pool(&self, name: &str) -> Option<&Pool> {
         self.pools.iter().find(|p| p.name == name)
     }
+
+    /// What is valid but likely a mistake, one message each.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.cluster_name == "default" {
+            out.push(
+                "clusterName is left at its default \"default\": instances are tagged and listed \
+                 by it, so give every cluster its own (terminations also require the cluster's \
+                 identity tag, so another cluster's instances are never terminated)"
+                    .to_string(),
+            );
+        }
+        out
+    }
 }
 
 /// One validation error with its position.

@@ -1563,3 +1563,15 @@ fn a_scaling_group_belongs_to_one_pool() {
          already used by pool a"
     );
 }
+
+#[test]
+fn a_cluster_name_left_at_its_default_is_warned_about() {
+    let pool =
+        "pools:\n- name: a\n  instanceTypes: [g5.xlarge]\n  maxNodes: 1\n  zones: [us-east-1a]\n";
+    let unnamed = parse_ok(pool);
+    assert_eq!(unnamed.cluster_name, "default");
+    assert_eq!(unnamed.warnings().len(), 1);
+    assert!(unnamed.warnings()[0].contains("clusterName"));
+    let named = parse_ok(&format!("clusterName: ml-prod\n{pool}"));
+    assert!(named.warnings().is_empty());
+}

@@ -297,6 +297,18 @@ impl Cluster {
         c
     }
 
+    /// The cluster's identity: the kube-system Namespace UID.
+    pub fn identity(&self) -> String {
+        self.kubectl(&[
+            "get",
+            "namespace",
+            "kube-system",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+        .expect("the kube-system Namespace")
+    }
+
     /// The API server's address.
     pub fn addr(&self) -> std::net::SocketAddr {
         self.server.trim_start_matches("https://").parse().unwrap()

@@ -843,3 +843,101 @@ fn a_node_whose_device_plugin_restarts_is_kept() {
     });
     assert_eq!(env.live_instances().len(), 1);
 }
+
+#[test]
+fn two_clusters_with_one_name_leave_each_others_instances_alone() {
+    let mut env = Env::start("owners", Options::default());
+    // Another cluster of the same clusterName in the same account: its launch, as it tags it
+    // (its own kube-system UID as the identity). Its node joins that cluster, never this one.
+    let theirs = env.rt.block_on(async {
+        let r = env
+            .ec2
+            .run_instances()
+            .launch_template(
+                aws_sdk_ec2::types::LaunchTemplateSpecification::builder()
+                    .launch_template_name(&env.net.launch_template)
+                    .build(),
+            )
+            .instance_type(aws_sdk_ec2::types::InstanceType::G5Xlarge)
+            .subnet_id(&env.net.subnets["us-east-1a"])
+            .min_count(1)
+            .max_count(1)
+            .tag_specifications(
+                aws_sdk_ec2::types::TagSpecification::builder()
+                    .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+                    .set_tags(Some(
+                        [
+                            ("gpu-node-autoscaler.io/cluster", support::CLUSTER),
+                            ("gpu-node-autoscaler.io/pool", "a10g"),
+                            ("gpu-node-autoscaler.io/launch-id", "a10g-0123456789ab"),
+                            ("gpu-node-autoscaler.io/managed-by", "gpu-node-autoscaler"),
+                            (
+                                "gpu-node-autoscaler.io/cluster-id",
+                                "6b1f0c2e-0000-4000-8000-other-cluster",
+                            ),
+                        ]
+                        .into_iter()
+                        .map(|(k, v)| aws_sdk_ec2::types::Tag::builder().key(k).value(v).build())
+                        .collect(),
+                    ))
+                    .build(),
+            )
+            .send()
+            .await
+            .expect("RunInstances");
+        r.instances()[0].instance_id().unwrap().to_string()
+    });
+    // Without a node here past this, an instance of ours would be given up and terminated.
+    let policy = env
+        .policy(&["us-east-1a"], "")
+        .replace("maxNodeProvisionTime: 2m", "maxNodeProvisionTime: 10s");
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    env.create(&gpu_pod("default", "ours", &no_labels(), Some("5s")));
+    // Our pod gets its own node: the other cluster's instance is not capacity of ours.
+    env.wait_for("our pod to run", 2 * MIN, || {
+        (env.pod_phase("default", "ours") == "Running").then_some(())
+    });
+    let mine: Vec<String> = env
+        .live_instances()
+        .into_iter()
+        .map(|(id, _)| id)
+        .filter(|id| *id != theirs)
+        .collect();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    // Ours goes after the pod; theirs stays, long past maxNodeProvisionTime.
+    env.wait_for("our instance to be terminated", 3 * MIN, || {
+        (!env.live_instances().iter().any(|(id, _)| *id == mine[0])).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(15));
+    let live: Vec<String> = env.live_instances().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(
+        live,
+        std::slice::from_ref(&theirs),
+        "the other cluster's instance stays"
+    );
+    assert!(
+        !env.log("r1").contains(theirs.as_str()),
+        "the controller never acted on {theirs}:\n{}",
+        env.log("r1")
+    );
+    let launched: String = env.kubectl_ok(&[
+        "get",
+        "namespace",
+        "kube-system",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let tags = &env
+        .instances()
+        .into_iter()
+        .find(|(id, _)| *id == mine[0])
+        .unwrap()
+        .1
+        .tags;
+    assert_eq!(
+        tags.get("gpu-node-autoscaler.io/cluster-id"),
+        Some(&launched),
+        "our launches carry our identity"
+    );
+}

@@ -132,6 +132,8 @@ impl Env {
         std::fs::create_dir_all(&dir).unwrap();
         let cluster = Cluster::start(&dir, &opts.cluster);
         let mut bridge = kube_sim::Ec2Config::new(&moto.url(), aws::REGION, CLUSTER);
+        // Another cluster's instances (same name, another identity) never join this one.
+        bridge.cluster_id = Some(cluster.identity());
         bridge.boot_delay = opts.boot_delay.unwrap_or(Duration::from_secs(2));
         bridge.device_plugin_delay = Duration::from_secs(1);
         let mut bridges = vec![spawn_bridge(

@@ -566,6 +566,7 @@ fn rbac_is_least_privilege() {
         ("policy", "poddisruptionbudgets", "get list watch", ""),
         ("core", "events", "create patch", ""),
         ("events.k8s.io", "events", "create patch", ""),
+        ("core", "namespaces", "get", "kube-system"),
     ]);
     let namespaced = expand(&[
         (

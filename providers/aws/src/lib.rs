@@ -50,6 +50,9 @@ pub const TAG_POOL: &str = "gpu-node-autoscaler.io/pool";
 pub const TAG_LAUNCH_ID: &str = "gpu-node-autoscaler.io/launch-id";
 /// Tag marking what this autoscaler manages; its value is [`MANAGED_BY`].
 pub const TAG_MANAGED_BY: &str = "gpu-node-autoscaler.io/managed-by";
+/// The identity of the Kubernetes cluster that launched the instance (its `kube-system`
+/// Namespace UID): unlike `clusterName`, two clusters cannot share it.
+pub const TAG_CLUSTER_ID: &str = "gpu-node-autoscaler.io/cluster-id";
 pub const MANAGED_BY: &str = "gpu-node-autoscaler";
 
 /// A launch template: `id_or_name` starting with `lt-` is an id, anything else a name.
@@ -134,6 +137,10 @@ pub struct AwsConfig {
     pub endpoint_url: Option<String>,
     /// Tagged on every instance; with the pool, what `list` filters on.
     pub cluster: String,
+    /// The cluster's identity (`TAG_CLUSTER_ID`), when known: tagged on every launch; `list`
+    /// leaves out instances tagged with another, and `terminate` refuses any instance not
+    /// tagged with it.
+    pub cluster_id: Option<String>,
     pub pools: Vec<AwsPool>,
     pub rate_limits: RateLimits,
     pub retry: RetryPolicy,
@@ -145,6 +152,7 @@ impl AwsConfig {
             region: region.into(),
             endpoint_url: None,
             cluster: cluster.into(),
+            cluster_id: None,
             pools: Vec::new(),
             rate_limits: RateLimits::default(),
             retry: RetryPolicy::default(),
@@ -683,6 +691,9 @@ impl AwsProvider {
         tags.insert(TAG_POOL, &pool.name);
         tags.insert(TAG_LAUNCH_ID, &request.launch_id);
         tags.insert(TAG_MANAGED_BY, MANAGED_BY);
+        if let Some(id) = &self.config.cluster_id {
+            tags.insert(TAG_CLUSTER_ID, id);
+        }
         let tag_list: Vec<Tag> = tags
             .iter()
             .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
@@ -1156,6 +1167,7 @@ impl CloudProvider for AwsProvider {
                 message: format!("{instance_id:?} is not an EC2 instance id"),
             });
         }
+        self.check_owned(id).await?;
         let r = self
             .call("TerminateInstances", &self.limits.terminate, || {
                 self.client.terminate_instances().instance_ids(id).send()
@@ -1181,9 +1193,74 @@ impl CloudProvider for AwsProvider {
                 &["pending", "running", "stopping", "shutting-down"],
             )
             .await?;
-        let mut out: Vec<Instance> = found.iter().filter_map(|i| self.to_instance(i)).collect();
+        let mut out: Vec<Instance> = found
+            .iter()
+            .filter(|i| self.may_be_ours(i))
+            .filter_map(|i| self.to_instance(i))
+            .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
+    }
+}
+
+fn tag_of<'a>(i: &'a aws_sdk_ec2::types::Instance, key: &str) -> Option<&'a str> {
+    i.tags()
+        .iter()
+        .find(|t| t.key() == Some(key))
+        .and_then(|t| t.value())
+}
+
+impl AwsProvider {
+    /// Not another cluster's: our cluster name, and no cluster identity but ours.
+    fn may_be_ours(&self, i: &aws_sdk_ec2::types::Instance) -> bool {
+        tag_of(i, TAG_CLUSTER) == Some(self.config.cluster.as_str())
+            && match (&self.config.cluster_id, tag_of(i, TAG_CLUSTER_ID)) {
+                (Some(ours), Some(theirs)) => ours == theirs,
+                _ => true,
+            }
+    }
+
+    /// Refuses to terminate an instance EC2 shows without our cluster's tags (name and, when
+    /// known, identity). One not visible yet (just launched, EC2 is eventually consistent) is
+    /// one of ours: instance ids come from our own launches and listings.
+    async fn check_owned(&self, id: &str) -> Result<(), ProviderError> {
+        let resp = self
+            .call("DescribeInstances", &self.limits.describe_instances, || {
+                self.client.describe_instances().instance_ids(id).send()
+            })
+            .await;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e)
+                if e.code
+                    .as_deref()
+                    .is_some_and(|c| errors::GONE_CODES.contains(&c)) =>
+            {
+                return Ok(());
+            }
+            Err(e) => return Err(e.into_provider_error()),
+        };
+        for i in resp.reservations().iter().flat_map(|r| r.instances()) {
+            let owned = tag_of(i, TAG_CLUSTER) == Some(self.config.cluster.as_str())
+                && self
+                    .config
+                    .cluster_id
+                    .as_deref()
+                    .is_none_or(|ours| tag_of(i, TAG_CLUSTER_ID) == Some(ours));
+            if !owned {
+                return Err(ProviderError::InvalidRequest {
+                    message: format!(
+                        "instance {id} is not this cluster's (tags {TAG_CLUSTER}={:?}, \
+                         {TAG_CLUSTER_ID}={:?}; this cluster: {:?}, {:?}): not terminated",
+                        tag_of(i, TAG_CLUSTER),
+                        tag_of(i, TAG_CLUSTER_ID),
+                        self.config.cluster,
+                        self.config.cluster_id
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -6,7 +6,9 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use gpu_node_autoscaler_aws::{AwsProvider, TAG_CLUSTER, TAG_LAUNCH_ID, TAG_MANAGED_BY, TAG_POOL};
+use gpu_node_autoscaler_aws::{
+    AwsProvider, TAG_CLUSTER, TAG_CLUSTER_ID, TAG_LAUNCH_ID, TAG_MANAGED_BY, TAG_POOL,
+};
 use gpu_node_autoscaler_provider::{
     CapacityType, CloudProvider, GpuInfo, GpuVendor, InstanceState, LaunchRequest, OfferingKey,
     ProviderError,
@@ -472,4 +474,40 @@ async fn validate_reports_what_the_account_lacks_before_any_launch() {
             "{w:?} not in {problems:#?}"
         );
     }
+}
+
+#[tokio::test]
+async fn another_cluster_of_the_same_name_is_neither_listed_nor_terminated() {
+    let (moto, net, _) = setup().await;
+    let with_identity = |id: &str| {
+        let mut c = config(&moto.url(), &net, CLUSTER);
+        c.cluster_id = Some(id.to_string());
+        c
+    };
+    let ours = AwsProvider::new(with_identity("uid-ours")).await.unwrap();
+    let theirs = AwsProvider::new(with_identity("uid-theirs")).await.unwrap();
+    let r = theirs
+        .launch(&request(
+            "launch-theirs",
+            1,
+            &[offering("g5.xlarge", "us-east-1a", OnDemand)],
+        ))
+        .await
+        .unwrap();
+    let id = r.launched[0].id.clone();
+    let tags = describe(&ec2(&moto.url()).await, &id).await.tags;
+    assert_eq!(tags[TAG_CLUSTER_ID], "uid-theirs");
+    assert!(ours.list(POOL).await.unwrap().is_empty(), "not ours");
+    let refused = ours.terminate(&id).await;
+    assert!(
+        matches!(&refused, Err(ProviderError::InvalidRequest { message }) if message.contains("not this cluster's")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        describe(&ec2(&moto.url()).await, &id).await.state,
+        "running"
+    );
+    // Its own cluster lists and terminates it.
+    assert_eq!(theirs.list(POOL).await.unwrap().len(), 1);
+    theirs.terminate(&id).await.unwrap();
 }

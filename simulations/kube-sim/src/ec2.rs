@@ -15,6 +15,9 @@ use aws_sdk_ec2::types::{Filter, Instance, InstanceLifecycleType, InstanceType};
 use aws_sdk_ec2::Client;
 use tokio::time::Instant;
 
+/// The cluster identity tag (the launching cluster's kube-system Namespace UID).
+pub const TAG_CLUSTER_ID: &str = "gpu-node-autoscaler.io/cluster-id";
+
 pub use crate::nodes::{
     delete_node_and_pods, nvidia_product, TAG_CLUSTER, TAG_LAUNCH_ID, TAG_POOL, TAG_TEMPLATE_LABEL,
     TAG_TEMPLATE_TAINT,
@@ -31,6 +34,9 @@ pub struct Ec2Config {
     pub region: String,
     /// The value of the `gpu-node-autoscaler.io/cluster` tag.
     pub cluster_name: String,
+    /// The cluster's identity (`gpu-node-autoscaler.io/cluster-id` tag), when known: an instance
+    /// tagged with another belongs to another cluster (same name) and never joins this one.
+    pub cluster_id: Option<String>,
     /// How long after kube-sim first sees an instance its Node registers.
     pub boot_delay: Duration,
     /// How long after the Node registers its GPUs are advertised.
@@ -45,6 +51,7 @@ impl Ec2Config {
             endpoint: endpoint.to_string(),
             region: region.to_string(),
             cluster_name: cluster_name.to_string(),
+            cluster_id: None,
             boot_delay: Duration::from_secs(3),
             device_plugin_delay: Duration::from_secs(2),
             poll: Duration::from_secs(1),
@@ -127,7 +134,13 @@ impl Bridge {
                 out.extend(
                     r.instances()
                         .iter()
-                        .filter_map(|i| view(i, &self.config.region)),
+                        .filter_map(|i| view(i, &self.config.region))
+                        .filter(
+                            |v| match (&self.config.cluster_id, v.tags.get(TAG_CLUSTER_ID)) {
+                                (Some(ours), Some(theirs)) => ours == theirs,
+                                _ => true,
+                            },
+                        ),
                 );
             }
         }
