@@ -444,6 +444,11 @@ fn watch(
     let bookmarks = query
         .get("allowWatchBookmarks")
         .is_some_and(|b| b == "true" || b == "1");
+    // A streaming list (client-go's WatchListClient, on in kubectl 1.35+): the current objects
+    // as ADDED events, then a BOOKMARK marked `k8s.io/initial-events-end`.
+    let initial_events_end = query
+        .get("sendInitialEvents")
+        .is_some_and(|b| b == "true" || b == "1");
     // A fault setting may end the watch earlier than the client asked.
     let close_after = app.faults().faults.watch_close_after;
     let timeout = match (timeout, close_after) {
@@ -469,6 +474,16 @@ fn watch(
             tokio::spawn(async move {
                 for (kind, obj) in &initial {
                     if tx.send(event_line(kind.as_str(), obj)).await.is_err() {
+                        return;
+                    }
+                }
+                if initial_events_end {
+                    let rv = app2.store().resource_version();
+                    let b = json!({"type": "BOOKMARK", "object": {
+                        "kind": kind, "apiVersion": api_version,
+                        "metadata": {"resourceVersion": rv.to_string(),
+                            "annotations": {"k8s.io/initial-events-end": "true"}}}});
+                    if tx.send(line(&b)).await.is_err() {
                         return;
                     }
                 }
