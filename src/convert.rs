@@ -114,6 +114,7 @@ struct ContainerResources {
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct Volume {
+    name: String,
     empty_dir: Option<Value>,
     host_path: Option<Value>,
 }
@@ -493,11 +494,15 @@ impl Converter {
                 && c.status == "False"
                 && c.reason.as_deref() == Some("Unschedulable")
         });
-        let local_storage = raw
-            .spec
-            .volumes
-            .iter()
-            .any(|v| v.empty_dir.is_some() || v.host_path.is_some());
+        // Local volumes lost with the node, less those the pod says it may lose.
+        let may_lose: Vec<&str> = m
+            .annotations
+            .get(labels::CA_SAFE_TO_EVICT_LOCAL_VOLUMES)
+            .map(|v| v.split(',').map(str::trim).collect())
+            .unwrap_or_default();
+        let local_storage = raw.spec.volumes.iter().any(|v| {
+            (v.empty_dir.is_some() || v.host_path.is_some()) && !may_lose.contains(&v.name.as_str())
+        });
         Ok(Pod {
             uid: m.uid.clone(),
             labels: Arc::new(m.labels.clone()),

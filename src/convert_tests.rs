@@ -814,6 +814,16 @@ fn local_storage_from_empty_dir_or_host_path() {
         let p = convert(pod_with(json!({"spec": {"volumes": volumes.clone()}})));
         assert_eq!(p.local_storage, want, "{volumes}");
     }
+    // The Cluster Autoscaler's safe-to-evict-local-volumes: named local volumes may be lost.
+    let volumes =
+        json!([{"name": "scratch", "emptyDir": {}}, {"name": "logs", "hostPath": {"path": "/l"}}]);
+    for (may_lose, want) in [("scratch", true), ("scratch, logs", false), ("", true)] {
+        let p = convert(pod_with(json!({
+            "metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": may_lose}},
+            "spec": {"volumes": volumes.clone()},
+        })));
+        assert_eq!(p.local_storage, want, "{may_lose:?}");
+    }
 }
 
 #[test]

@@ -37,6 +37,11 @@ pub mod labels {
     pub const SAFE_TO_EVICT: &str = "gpu-node-autoscaler.io/safe-to-evict";
     pub const CA_SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
     pub const SCALE_DOWN_DISABLED: &str = "gpu-node-autoscaler.io/scale-down-disabled";
+    /// Karpenter's: on a pod, its node is not disrupted; on a node, the node is not.
+    pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+    /// The Cluster Autoscaler's: the local volumes (comma-separated names) a pod may lose.
+    pub const CA_SAFE_TO_EVICT_LOCAL_VOLUMES: &str =
+        "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes";
     pub const CA_SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
     pub const UNNEEDED_SINCE: &str = "gpu-node-autoscaler.io/unneeded-since";
     /// On a Node of ours once it has advertised GPUs: from then on, GPUs missing from it are an

@@ -55,8 +55,11 @@ fn annotation_false(map: &BTreeMap<String, String>, keys: &[&str]) -> bool {
 }
 
 const SAFE_TO_EVICT: [&str; 2] = [labels::SAFE_TO_EVICT, labels::CA_SAFE_TO_EVICT];
-const SCALE_DOWN_DISABLED: [&str; 2] =
-    [labels::SCALE_DOWN_DISABLED, labels::CA_SCALE_DOWN_DISABLED];
+const SCALE_DOWN_DISABLED: [&str; 3] = [
+    labels::SCALE_DOWN_DISABLED,
+    labels::CA_SCALE_DOWN_DISABLED,
+    labels::KARPENTER_DO_NOT_DISRUPT,
+];
 
 /// Pods that go away with their node and need no eviction: DaemonSet and static (mirror) pods.
 pub fn dies_with_node(p: &Pod) -> bool {
@@ -65,6 +68,12 @@ pub fn dies_with_node(p: &Pod) -> bool {
 
 /// Why a pod cannot be evicted and re-created elsewhere, if it cannot.
 pub fn not_movable(p: &Pod, snapshot: &Snapshot) -> Option<String> {
+    if annotation_true(&p.annotations, &[labels::KARPENTER_DO_NOT_DISRUPT]) {
+        return Some(format!(
+            "pod {} is annotated karpenter.sh/do-not-disrupt: \"true\"",
+            p.id
+        ));
+    }
     if annotation_false(&p.annotations, &SAFE_TO_EVICT) {
         return Some(format!(
             "pod {} is annotated safe-to-evict: \"false\"",

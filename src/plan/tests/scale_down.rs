@@ -198,6 +198,10 @@ fn only_movable_pods_are_evicted() {
         ),
         (on("scratch", "n", 1).local_storage(), false),
         (
+            on("kept-by-karpenter", "n", 1).annotation(labels::KARPENTER_DO_NOT_DISRUPT, "true"),
+            false,
+        ),
+        (
             on("scratch-ok", "n", 1)
                 .local_storage()
                 .annotation(labels::CA_SAFE_TO_EVICT, "true"),
