@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Builds the two real peer autoscalers the comparisons run against, pinned, from the Go module
+# proxy: the Cluster Autoscaler with only its kwok cloud provider (`cluster-autoscaler`) and
+# Karpenter's kwok provider (`karpenter-kwok`; its own name, `kwok`, is the kwok binary's), plus
+# Karpenter's CRDs (NodePool, NodeClaim, KWOKNodeClass, ...). Output: a cache directory outside the
+# repository, keyed by the versions, with bin/ and crds/; the last line printed is that bin/ (its
+# path is also what `--print-bin` prints, without building).
+#
+#   scripts/anchors.sh [--print-bin] [cluster-autoscaler] [karpenter]   (no name: both)
+#
+# Idempotent: each binary is built once; a build of both is marked by a stamp file and never
+# redone. Needs Go >= the version Karpenter's go.mod names (GOTOOLCHAIN=local: no other toolchain is
+# fetched) and the Go module proxy.
+set -euo pipefail
+
+# Cluster Autoscaler: released as tags `cluster-autoscaler-X.Y.Z` of github.com/kubernetes/autoscaler,
+# which are not semver tags of the module (that lives in the cluster-autoscaler/ folder), so the proxy
+# serves the tagged commit only as a pseudo-version: v0.0.0-<commit time, UTC>-<12 hex of the commit>.
+CA_VERSION=1.36.1
+CA_PSEUDO=v0.0.0-20260722070747-35e8a280425c # tag cluster-autoscaler-1.36.1 = 35e8a280425c76a4
+# (On 2026-11-23 the module proxy refused this version with 403 "This module version is not
+# available", as it did every other 1.36/1.37 commit tried: the Cluster Autoscaler part then stops
+# with that error; `scripts/anchors.sh karpenter` builds Karpenter alone.)
+# Karpenter: v1.14.1 is the newest release whose go.mod asks no more than Go 1.26.8 (v1.14.3 asks
+# 1.26.10, v1.15.0 1.26.9).
+KARPENTER_VERSION=v1.14.1
+
+CACHE_ROOT="${GNA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-autoscaler}"
+DIR="$CACHE_ROOT/anchors/ca-$CA_VERSION-karpenter-$KARPENTER_VERSION"
+BIN="$DIR/bin"
+CRDS="$DIR/crds"
+
+WANT_CA=0
+WANT_KARPENTER=0
+for arg in "$@"; do
+  case "$arg" in
+    --print-bin) echo "$BIN"; exit 0 ;;
+    cluster-autoscaler | ca) WANT_CA=1 ;;
+    karpenter) WANT_KARPENTER=1 ;;
+    *) echo "usage: $0 [--print-bin] [cluster-autoscaler] [karpenter]" >&2; exit 2 ;;
+  esac
+done
+if [ "$WANT_CA$WANT_KARPENTER" = 00 ]; then
+  WANT_CA=1
+  WANT_KARPENTER=1
+fi
+
+if [ -f "$DIR/.complete" ]; then
+  echo "anchors: cached in $BIN" >&2
+  echo "$BIN"
+  exit 0
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "error: building the peer autoscalers needs Go (https://go.dev/dl/); 'go' is not on PATH" >&2
+  exit 1
+fi
+
+PROXY="$(go env GOPROXY | cut -d, -f1)"
+# Asks the proxy for one module version's .info; a clear error when it cannot be had.
+check_proxy() { # module version what
+  case "$PROXY" in
+    http*) ;;
+    *) return 0 ;;
+  esac
+  local out
+  if ! out="$(curl -sS --max-time 30 -w '\n%{http_code}' "$PROXY/$1/@v/$2.info" 2>&1)" || [ "${out##*$'\n'}" != 200 ]; then
+    echo "error: the Go module proxy $PROXY cannot be reached or does not serve $1 $2 ($3);" >&2
+    echo "       tried: curl $PROXY/$1/@v/$2.info -> $(echo "$out" | tr '\n' ' ')" >&2
+    return 1
+  fi
+}
+
+mkdir -p "$BIN" "$CRDS"
+export CGO_ENABLED=0
+export GOFLAGS="-buildvcs=false -mod=mod"
+export GOTOOLCHAIN=local
+# Bound parallelism: a 2-core machine also runs the Rust build.
+export GOMAXPROCS="${GOMAXPROCS:-2}"
+
+step() { echo "anchors: $*" >&2; }
+# Runs a go command with its chatter in $DIR/build.log, shown only when it fails.
+quiet() {
+  if ! "$@" >>"$DIR/build.log" 2>&1; then
+    echo "error: peer autoscaler build step failed: $*" >&2
+    tail -n 40 "$DIR/build.log" >&2
+    exit 1
+  fi
+}
+elapsed() { echo "$(($(date +%s) - $1)) s"; }
+# The module version recorded in a built binary (-trimpath leaves the -X values out of its build info).
+built_version() { # binary module
+  go version -m "$1" | awk -v m="$2" '($1 == "mod" || $1 == "dep") && $2 == m {print $2, $3; exit}'
+}
+
+# --- Karpenter's kwok provider: a package of sigs.k8s.io/karpenter, which has no replace lines; a
+# wrapper module only so that the binary can be named karpenter-kwok.
+if [ "$WANT_KARPENTER" = 1 ]; then
+  MOD="$(go env GOMODCACHE)/sigs.k8s.io/karpenter@$KARPENTER_VERSION"
+  if [ ! -x "$BIN/karpenter-kwok" ] || [ ! -f "$CRDS/.complete" ]; then
+    check_proxy sigs.k8s.io/karpenter "$KARPENTER_VERSION" "Karpenter" || exit 1
+    W="$DIR/src/karpenter"
+    rm -rf "$W" && mkdir -p "$W" && cd "$W"
+    step "Karpenter $KARPENTER_VERSION (downloading modules)"
+    quiet go mod init gna-karpenter-build
+    # The package with the version: a bare package path would ask for the newest release instead.
+    quiet go get "sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION"
+    if [ ! -x "$BIN/karpenter-kwok" ]; then
+      step "karpenter-kwok $KARPENTER_VERSION (building; a few minutes on 2 cores)"
+      t0=$(date +%s)
+      quiet go build -trimpath -ldflags "-s -w -X sigs.k8s.io/karpenter/pkg/operator.Version=$KARPENTER_VERSION" \
+        -o "$BIN/karpenter-kwok.tmp" sigs.k8s.io/karpenter/kwok
+      mv "$BIN/karpenter-kwok.tmp" "$BIN/karpenter-kwok"
+      step "karpenter-kwok built in $(elapsed "$t0")"
+    fi
+    # The CRDs, from the module (read-only in the module cache): kwok/charts/crds has NodePool,
+    # NodeClaim and the rest; its KWOKNodeClass is a symlink to kwok/apis/crds, which the module zip
+    # drops, so that one is copied from kwok/apis/crds.
+    for f in "$MOD"/kwok/charts/crds/*.yaml "$MOD"/kwok/apis/crds/*.yaml; do
+      [ -f "$f" ] && cp -f "$f" "$CRDS/" && chmod 644 "$CRDS/$(basename "$f")"
+    done
+    for kind in karpenter.sh_nodepools karpenter.sh_nodeclaims karpenter.kwok.sh_kwoknodeclasses; do
+      if [ ! -s "$CRDS/$kind.yaml" ]; then
+        echo "error: $kind.yaml is not in sigs.k8s.io/karpenter@$KARPENTER_VERSION (kwok/charts/crds, kwok/apis/crds)" >&2
+        exit 1
+      fi
+    done
+    touch "$CRDS/.complete"
+  fi
+  # No --version flag (it logs the -X version at LOG_LEVEL=debug once it has a kubeconfig).
+  step "karpenter-kwok: $(built_version "$BIN/karpenter-kwok" sigs.k8s.io/karpenter)"
+  step "karpenter CRDs: $(cd "$CRDS" && ls ./*.yaml | xargs -n1 basename | tr '\n' ' ')"
+fi
+
+# --- Cluster Autoscaler, kwok provider only (-tags kwok): its go.mod replaces
+# k8s.io/autoscaler/cluster-autoscaler/apis with ./apis (which a dependency cannot use) and pins the
+# Kubernetes staging modules (and a few others) with replace lines, which only apply inside it. The
+# wrapper requires cluster-autoscaler and cluster-autoscaler/apis at the same pseudo-version and
+# copies every replace line that names a published version (the list read from the downloaded go.mod).
+if [ "$WANT_CA" = 1 ]; then
+  if [ ! -x "$BIN/cluster-autoscaler" ]; then
+    for m in k8s.io/autoscaler/cluster-autoscaler k8s.io/autoscaler/cluster-autoscaler/apis; do
+      check_proxy "$m" "$CA_PSEUDO" "Cluster Autoscaler $CA_VERSION" || exit 1
+    done
+    step "Cluster Autoscaler $CA_VERSION (downloading modules)"
+    W="$DIR/src/cluster-autoscaler"
+    rm -rf "$W" && mkdir -p "$W" && cd "$W"
+    curl -fsS --max-time 60 -o ca.mod "$PROXY/k8s.io/autoscaler/cluster-autoscaler/@v/$CA_PSEUDO.mod"
+    GO_LINE="$(grep -E '^go [0-9]' ca.mod)"
+    cat >go.mod <<EOF
+module gna-cluster-autoscaler-build
+
+$GO_LINE
+
+require (
+	k8s.io/autoscaler/cluster-autoscaler $CA_PSEUDO
+	k8s.io/autoscaler/cluster-autoscaler/apis $CA_PSEUDO
+)
+EOF
+    # `replace A => B vX` (one-line or in a block); `=> ./local` ones are left out.
+    sed -E 's/^replace[[:space:]]+//' ca.mod |
+      awk '$2 == "=>" && $3 !~ /^\./ && NF == 4 {print $1 "=" $3 "@" $4}' |
+      while read -r r; do
+        quiet go mod edit -replace="$r"
+      done
+    # What the kwok build tag needs beyond this is resolved by go build (-mod=mod).
+    quiet go get "k8s.io/autoscaler/cluster-autoscaler@$CA_PSEUDO" "k8s.io/autoscaler/cluster-autoscaler/apis@$CA_PSEUDO"
+    step "cluster-autoscaler $CA_VERSION (building, kwok provider only; several minutes on 2 cores)"
+    t0=$(date +%s)
+    quiet go build -trimpath -tags kwok \
+      -ldflags "-s -w -X k8s.io/autoscaler/cluster-autoscaler/version.ClusterAutoscalerVersion=$CA_VERSION" \
+      -o "$BIN/cluster-autoscaler.tmp" k8s.io/autoscaler/cluster-autoscaler
+    mv "$BIN/cluster-autoscaler.tmp" "$BIN/cluster-autoscaler"
+    step "cluster-autoscaler built in $(elapsed "$t0")"
+  fi
+  # No --version flag (it logs the -X version, "Cluster Autoscaler X.Y.Z", at --v=1 on start).
+  step "cluster-autoscaler: $(built_version "$BIN/cluster-autoscaler" k8s.io/autoscaler/cluster-autoscaler)"
+fi
+
+rm -rf "$DIR/src"
+if [ -x "$BIN/cluster-autoscaler" ] && [ -x "$BIN/karpenter-kwok" ] && [ -f "$CRDS/.complete" ]; then
+  touch "$DIR/.complete"
+fi
+echo "$BIN"
