@@ -736,7 +736,13 @@ impl Controller {
             let s = self.state.lock().unwrap();
             registrations(&listed, &s.nodes.items, &policy.pools)
         };
-        self.register(&regs).await;
+        if self.register(&regs).await {
+            // Decide on what the API server shows once the registrations are in: a pass that
+            // planned on nodes registered in the same pass was seen (rarely, on a loaded machine)
+            // to leave them out and launch again for pods they would take. The next pass comes
+            // with the Node updates.
+            return;
+        }
         let mut snapshot = self.snapshot(&view);
         for n in &mut snapshot.nodes {
             if let Some(r) = regs.get(&n.name) {
@@ -1214,14 +1220,16 @@ impl Controller {
     /// Gives the Nodes of our instances their pool's labels and taints (a real node registers
     /// with what its kubelet flags say, which need not name the pool). The planner sees them at
     /// once; the Node gets them with a patch (not in dry-run).
-    async fn register(&mut self, regs: &BTreeMap<String, Registration>) {
+    /// Returns whether a Node was changed.
+    async fn register(&mut self, regs: &BTreeMap<String, Registration>) -> bool {
         if self.args.dry_run || regs.is_empty() {
-            return;
+            return false;
         }
+        let mut changed = false;
         let api: Api<K8sNode> = Api::all(self.client.clone());
         for r in regs.values() {
             if !self.elector.is_leader() {
-                return;
+                return changed;
             }
             let result = kube_io::modify_node(&api, &r.node, |n| {
                 let mut changed = false;
@@ -1261,12 +1269,14 @@ impl Controller {
             .await;
             match result {
                 Ok(()) if !r.labels.is_empty() || !r.taints.is_empty() => {
+                    changed = true;
                     info!(node = %r.node, pool = %r.pool, "registered the node in its pool")
                 }
                 Ok(()) => {}
                 Err(e) => warn!(node = %r.node, pool = %r.pool, "registering the node: {e}"),
             }
         }
+        changed
     }
 
     /// Keeps "unneeded since" on the nodes (annotation; in memory in dry-run).

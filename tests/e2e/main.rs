@@ -358,11 +358,23 @@ fn web_with_budgets(env: &Env, node: &str, budgets: usize) {
         budget("web-tier", "tier", "frontend"),
     ];
     env.create(&format!(
-        "{}---\n{}---\n{}",
+        "{}---\n{}",
         web("web-gpu", node),
         web("web-system", "system-0"),
-        all[..budgets].join("---\n"),
     ));
+    // The budgets once both replicas run: the disruption controller re-syncs only one of several
+    // budgets when a pod they share changes, so a budget made earlier could stay stale.
+    env.wait_for("both web replicas to run", 2 * MIN, || {
+        let v = env.get_json(&["get", "pods", "-n", "default", "-l", "app=web"]);
+        let running = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count();
+        (running == 2).then_some(())
+    });
+    env.create(&all[..budgets].join("---\n"));
     // The disruption controller computes the budgets' status from the two running replicas.
     env.wait_for("the budgets to allow one disruption", 2 * MIN, || {
         ["web", "web-tier"][..budgets]

@@ -459,7 +459,6 @@ pub struct AlibabaProvider {
     credentials: CredentialProvider,
     config: AlibabaConfig,
     limits: Limiters,
-    counter: AtomicU64,
     /// One per scaling group: ESS runs one scaling activity per group at a time, so scale-outs
     /// and removals of a group are queued here rather than refused by ESS.
     group_locks: BTreeMap<String, tokio::sync::Mutex<()>>,
@@ -518,7 +517,6 @@ impl AlibabaProvider {
             credentials: credentials.into(),
             config,
             limits,
-            counter: AtomicU64::new(0),
             group_locks,
         })
     }
@@ -540,7 +538,10 @@ impl AlibabaProvider {
     }
 
     fn next_seed(&self) -> u64 {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        // One sequence for the whole process: two providers (a policy reload builds a new one
+        // while the old one still works) never draw the same nonce in the same millisecond.
+        static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+        let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
         splitmix((now_ms() as u64) ^ n.rotate_left(32) ^ u64::from(std::process::id()))
     }
 
