@@ -407,10 +407,12 @@ fn the_deployment_keeps_its_security_and_scheduling_settings() {
             check_container(t, c);
         }
 
-        // Scheduling: critical, spread across nodes, never on a GPU node, tolerating nothing.
+        // Scheduling: critical, spread across nodes, never on a GPU node, tolerating only the
+        // system nodes' CriticalAddonsOnly taint (no GPU pool's taint).
         assert_eq!(pod["priorityClassName"], "system-cluster-critical", "{t}");
-        assert!(
-            pod["tolerations"].as_array().is_none_or(Vec::is_empty),
+        assert_eq!(
+            pod["tolerations"],
+            json!([{"key": "CriticalAddonsOnly", "operator": "Exists"}]),
             "{t}"
         );
         let spread = pod["topologySpreadConstraints"].as_array().expect("spread");
