@@ -51,42 +51,13 @@ if [ -f "$DIR/.complete" ]; then
   exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-  echo "error: building the peer autoscalers needs Go (https://go.dev/dl/); 'go' is not on PATH" >&2
-  exit 1
-fi
-
+LABEL="peer autoscalers"
+# shellcheck source=go-build.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/go-build.sh"
+require_go
 PROXY="$(go env GOPROXY | cut -d, -f1)"
-# Asks the proxy for one module version's .info; a clear error when it cannot be had.
-check_proxy() { # module version what
-  case "$PROXY" in
-    http*) ;;
-    *) return 0 ;;
-  esac
-  local out
-  if ! out="$(curl -sS --max-time 30 -w '\n%{http_code}' "$PROXY/$1/@v/$2.info" 2>&1)" || [ "${out##*$'\n'}" != 200 ]; then
-    echo "error: the Go module proxy $PROXY cannot be reached or does not serve $1 $2 ($3);" >&2
-    echo "       tried: curl $PROXY/$1/@v/$2.info -> $(echo "$out" | tr '\n' ' ')" >&2
-    return 1
-  fi
-}
-
 mkdir -p "$BIN" "$CRDS"
-export CGO_ENABLED=0
-export GOFLAGS="-buildvcs=false -mod=mod"
-export GOTOOLCHAIN=local
-# Bound parallelism: a 2-core machine also runs the Rust build.
-export GOMAXPROCS="${GOMAXPROCS:-2}"
 
-step() { echo "anchors: $*" >&2; }
-# Runs a go command with its chatter in $DIR/build.log, shown only when it fails.
-quiet() {
-  if ! "$@" >>"$DIR/build.log" 2>&1; then
-    echo "error: peer autoscaler build step failed: $*" >&2
-    tail -n 40 "$DIR/build.log" >&2
-    exit 1
-  fi
-}
 elapsed() { echo "$(($(date +%s) - $1)) s"; }
 # The module version recorded in a built binary (-trimpath leaves the -X values out of its build info).
 built_version() { # binary module
@@ -98,7 +69,7 @@ built_version() { # binary module
 if [ "$WANT_KARPENTER" = 1 ]; then
   MOD="$(go env GOMODCACHE)/sigs.k8s.io/karpenter@$KARPENTER_VERSION"
   if [ ! -x "$BIN/karpenter-kwok" ] || [ ! -f "$CRDS/.complete" ]; then
-    check_proxy sigs.k8s.io/karpenter "$KARPENTER_VERSION" "Karpenter" || exit 1
+    check_proxy sigs.k8s.io/karpenter "$KARPENTER_VERSION" || exit 1
     W="$DIR/src/karpenter"
     rm -rf "$W" && mkdir -p "$W" && cd "$W"
     step "Karpenter $KARPENTER_VERSION (downloading modules)"
@@ -140,7 +111,7 @@ fi
 if [ "$WANT_CA" = 1 ]; then
   if [ ! -x "$BIN/cluster-autoscaler" ]; then
     for m in k8s.io/autoscaler/cluster-autoscaler k8s.io/autoscaler/cluster-autoscaler/apis; do
-      check_proxy "$m" "$CA_PSEUDO" "Cluster Autoscaler $CA_VERSION" || exit 1
+      check_proxy "$m" "$CA_PSEUDO" || exit 1
     done
     step "Cluster Autoscaler $CA_VERSION (downloading modules)"
     W="$DIR/src/cluster-autoscaler"

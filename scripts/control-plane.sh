@@ -27,37 +27,13 @@ if [ -f "$DIR/.complete" ]; then
   exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-  echo "error: building the control plane needs Go (https://go.dev/dl/); 'go' is not on PATH" >&2
-  exit 1
-fi
-
+LABEL="control plane"
+# shellcheck source=go-build.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/go-build.sh"
+require_go
+check_proxy k8s.io/kubernetes "$KUBERNETES_VERSION" || exit 1
 PROXY="$(go env GOPROXY | cut -d, -f1)"
-case "$PROXY" in
-  http*)
-    if ! curl -fsS --max-time 30 -o /dev/null "$PROXY/k8s.io/kubernetes/@v/$KUBERNETES_VERSION.info"; then
-      echo "error: the Go module proxy $PROXY cannot be reached (or does not serve k8s.io/kubernetes $KUBERNETES_VERSION);" >&2
-      echo "       the control plane for the end-to-end tests cannot be built. Tried: curl $PROXY/k8s.io/kubernetes/@v/$KUBERNETES_VERSION.info" >&2
-      exit 1
-    fi
-    ;;
-esac
-
 mkdir -p "$BIN"
-export CGO_ENABLED=0
-export GOFLAGS="-buildvcs=false -mod=mod"
-# Bound parallelism: a 2-core machine also runs the Rust build.
-export GOMAXPROCS="${GOMAXPROCS:-2}"
-
-step() { echo "control plane: $*" >&2; }
-# Runs a go command with its chatter in $DIR/build.log, shown only when it fails.
-quiet() {
-  if ! "$@" >>"$DIR/build.log" 2>&1; then
-    echo "error: control plane build step failed: $*" >&2
-    tail -n 40 "$DIR/build.log" >&2
-    exit 1
-  fi
-}
 
 # --- etcd: from a wrapper module (the server module's own replace lines only apply inside it).
 if [ ! -x "$BIN/etcd" ]; then
