@@ -5,6 +5,7 @@
 
 #[cfg(feature = "alibaba")]
 pub mod alibaba;
+pub mod autoscaler;
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod catalog;

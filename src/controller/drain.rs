@@ -24,11 +24,7 @@ use super::wall_now;
 use crate::model::{labels, Time};
 use crate::plan::scale_down::{dies_with_node, not_movable};
 
-/// Annotation holding when the drain of a node started (RFC 3339).
-pub const DRAIN_STARTED: &str = "gpu-node-autoscaler.io/drain-started";
-/// Annotation saying the drain cordoned the node (so a rollback uncordons only what it cordoned,
-/// never a node an administrator had cordoned).
-pub const CORDONED_BY_DRAIN: &str = "gpu-node-autoscaler.io/cordoned-by-drain";
+pub use crate::model::labels::{CORDONED_BY_DRAIN, DRAIN_STARTED};
 
 pub struct DrainContext {
     pub client: Client,
@@ -57,16 +53,7 @@ pub struct DrainJob {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum DrainOutcome {
-    Removed,
-    /// Given back (taint removed, uncordoned), with why.
-    RolledBack(String),
-    /// Leadership was lost: the next leader finds the drain from the taint.
-    Abandoned,
-    /// The node was emptied but could not be removed; it stays tainted and is tried again.
-    Failed(String),
-}
+pub use crate::autoscaler::DrainOutcome;
 
 fn mark(node: &mut Node, started: Time) -> bool {
     let spec = node.spec.get_or_insert_with(Default::default);

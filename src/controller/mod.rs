@@ -7,14 +7,12 @@
 //! drains, Events, the status ConfigMap and metrics. Only the Lease holder acts.
 
 pub mod drain;
-pub mod fleet;
 pub mod kube_io;
 pub mod leader;
 pub mod metrics;
-pub mod status;
 pub mod store;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,8 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
-use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, OfferingKey, ProviderError};
+use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, ProviderError};
 use k8s_openapi::api::core::v1::{ConfigMap, Node as K8sNode, Pod as K8sPod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
@@ -31,35 +28,25 @@ use kube::runtime::watcher;
 use kube::Client;
 use tracing::{error, info, warn};
 
-use crate::model::snapshot::PoolState;
+use crate::autoscaler::fleet::Registration;
+use crate::autoscaler::{
+    status, Action, Autoscaler, Count, DrainOutcome, Feedback, Level, Observation, Subject,
+};
 use crate::model::{labels, Snapshot, Time};
-use crate::plan::{self, Plan, Templates};
 use crate::policy::{parse_policy, Policy};
-use crate::sim::Batch;
 
-use drain::{DrainContext, DrainJob, DrainOutcome};
-use fleet::{fleet_view, launch_request, registrations, short_gangs, FleetView, Registration};
-use kube_io::{configmap_ref, node_ref, pod_ref, EventSink, Note};
+pub use crate::autoscaler::LAUNCH_FAILURE_REASONS;
+
+use drain::{DrainContext, DrainJob};
+use kube_io::{configmap_ref, node_ref, pod_ref, EventSink, Note as KubeNote};
 use leader::Elector;
 use metrics::{FailedLaunch, Health, Metrics, PoolCapacity, PoolLabel};
-use status::{PoolHistory, StatusInput};
 use store::{ClusterState, Kind};
 
 /// Now, from the wall clock (the only place the controller reads it besides timers).
 pub fn wall_now() -> Time {
     Time(chrono::Utc::now().timestamp_millis())
 }
-
-/// The `reason` label values of `failed_launches_total`.
-pub const LAUNCH_FAILURE_REASONS: [&str; 7] = [
-    "insufficient_capacity",
-    "quota_exceeded",
-    "throttled",
-    "invalid_request",
-    "not_found",
-    "other",
-    "provision_timeout",
-];
 
 static SEED: AtomicU64 = AtomicU64::new(0);
 
@@ -252,29 +239,18 @@ async fn run_async(args: RunArgs) -> Result<()> {
         drain_ctx,
         policy_name: (policy_ns, policy_name),
         status_name,
-        policy: None,
         policy_seen: None,
         policy_apply_failed: None,
         policy_valid: false,
-        templates: None,
-        catalog: Catalog::default(),
         providers: BTreeMap::new(),
-        ice: BTreeMap::new(),
-        history: BTreeMap::new(),
-        recent: HashMap::new(),
-        given_up: HashMap::new(),
-        registered: HashSet::new(),
-        lost: HashMap::new(),
-        removed: HashMap::new(),
-        launch_backoff: HashMap::new(),
-        restored: false,
+        core: Autoscaler::new(crate::autoscaler::Config {
+            dry_run: args.dry_run,
+            max_graceful_termination: args.max_graceful_termination,
+            identity: identity.clone(),
+            seed: seed(),
+        }),
         drains: HashMap::new(),
-        notified: HashMap::new(),
         reacted: HashSet::new(),
-        unneeded_dry: BTreeMap::new(),
-        last_status: None,
-        kept: BTreeMap::new(),
-        gpus_lost: BTreeSet::new(),
     };
 
     let mut stop = stop_rx;
@@ -331,53 +307,23 @@ struct Controller {
     policy_name: (String, String),
     /// The status ConfigMap (namespace, name).
     status_name: (String, String),
-    policy: Option<Arc<Policy>>,
     /// resourceVersion of the policy ConfigMap last looked at.
     policy_seen: Option<String>,
     /// resourceVersion of a valid policy that could not be applied yet (reported once).
     policy_apply_failed: Option<String>,
     policy_valid: bool,
-    templates: Option<Arc<Templates>>,
-    catalog: Catalog,
     /// Provider per pool name.
     providers: BTreeMap<String, Arc<dyn CloudProvider>>,
-    /// Offerings that failed for lack of capacity, unavailable until then.
-    ice: BTreeMap<OfferingKey, Time>,
-    history: BTreeMap<String, PoolHistory>,
-    /// Instances this process launched, until the cloud's listing shows them.
-    recent: HashMap<String, (Instance, Time)>,
-    /// Launch ids given up (never registered in time, or a gang's partial launch given back),
-    /// with when: a re-plan uses a new id.
-    given_up: HashMap<String, Time>,
-    /// Instances seen with a Node; and since when those without one any more lost it.
-    registered: HashSet<String>,
-    lost: HashMap<String, Time>,
-    /// Nodes this process removed, so a stale cache does not resume their drain.
-    removed: HashMap<String, Time>,
-    /// Per pool: no launch before this time after failures other than capacity, and how many.
-    launch_backoff: HashMap<String, (Time, u32)>,
-    /// History restored from the status ConfigMap (after a restart or a failover).
-    restored: bool,
-    /// Running drains: node → (pool, task).
-    drains: HashMap<String, (String, tokio::task::JoinHandle<DrainOutcome>)>,
-    /// The last NotTriggerScaleUp reason sent per pod.
-    notified: HashMap<String, String>,
+    /// Every decision, and the state decisions depend on.
+    core: Autoscaler,
+    /// Running drains and rollbacks: node → task.
+    drains: HashMap<String, tokio::task::JoinHandle<DrainOutcome>>,
     /// Pods whose reaction time was recorded.
     reacted: HashSet<String>,
-    /// "Unneeded since" per node, kept in memory in dry-run (no annotation is written).
-    unneeded_dry: BTreeMap<String, String>,
-    last_status: Option<(String, Time)>,
-    /// Why each idle-looking node is kept, as last logged.
-    kept: BTreeMap<String, String>,
-    /// Nodes whose GPUs went missing, as last reported.
-    gpus_lost: BTreeSet<String>,
 }
 
 impl Controller {
     async fn run_loop(&mut self, stop: &mut tokio::sync::watch::Receiver<bool>) {
-        let start = tokio::time::Instant::now();
-        let ms = |i: tokio::time::Instant| i.duration_since(start).as_millis() as i64;
-        let mut batch = Batch::default();
         let mut seen_unschedulable = 0u64;
         let mut next_resync = tokio::time::Instant::now();
         let tick = Duration::from_millis(200);
@@ -394,25 +340,18 @@ impl Controller {
             };
             self.health.ready.store(synced, Ordering::Relaxed);
             self.metrics.leader.set(i64::from(self.elector.is_leader()));
-            let now_i = tokio::time::Instant::now();
+            let now = wall_now();
             if new_unschedulable != seen_unschedulable {
                 seen_unschedulable = new_unschedulable;
-                batch.add(ms(now_i));
+                self.core.unschedulable_seen(now);
             }
-            let (idle, max) = self
-                .policy
-                .as_ref()
-                .map(|p| (p.batching.idle, p.batching.max))
-                .unwrap_or((Duration::from_secs(1), Duration::from_secs(10)));
-            let batch_due = batch
-                .deadline(idle.as_millis() as i64, max.as_millis() as i64)
-                .is_some_and(|d| d <= ms(now_i));
+            let batch_due = self.core.batch_deadline().is_some_and(|d| d <= now);
+            let now_i = tokio::time::Instant::now();
             if synced && (batch_due || now_i >= next_resync) {
-                batch.clear();
                 next_resync = now_i + self.args.resync;
                 self.pass().await;
             }
-            self.reap_drains();
+            self.reap_drains().await;
             tokio::select! {
                 _ = tokio::time::sleep(tick) => {}
                 _ = stop.changed() => {}
@@ -420,57 +359,30 @@ impl Controller {
         }
     }
 
-    /// Collects finished drains.
-    fn reap_drains(&mut self) {
+    /// Collects finished drains and tells the core how they ended.
+    async fn reap_drains(&mut self) {
         let done: Vec<String> = self
             .drains
             .iter()
-            .filter(|(_, (_, h))| h.is_finished())
+            .filter(|(_, h)| h.is_finished())
             .map(|(n, _)| n.clone())
             .collect();
         for node in done {
-            let Some((pool, h)) = self.drains.remove(&node) else {
+            let Some(h) = self.drains.remove(&node) else {
                 continue;
             };
-            let pool = Some(pool).filter(|p| !p.is_empty());
             let outcome = futures::FutureExt::now_or_never(h)
                 .and_then(|r| r.ok())
                 .unwrap_or(DrainOutcome::Failed(
                     "the drain task ended abnormally".into(),
                 ));
-            let now = wall_now();
-            match outcome {
-                DrainOutcome::Removed => {
-                    self.removed.insert(node.clone(), now);
-                    if let Some(p) = &pool {
-                        self.metrics
-                            .scale_downs
-                            .get_or_create(&PoolLabel { pool: p.clone() })
-                            .inc();
-                        self.history.entry(p.clone()).or_default().last_scale_down = Some(now);
-                    }
-                }
-                DrainOutcome::RolledBack(why) | DrainOutcome::Failed(why) => {
-                    warn!(node = %node, "scale-down failed: {why}");
-                    if let Some(p) = pool {
-                        self.scale_down_failed(p, now);
-                    }
-                }
-                DrainOutcome::Abandoned => {}
-            }
+            let actions = self.core.drain_finished(&node, outcome, wall_now());
+            // Counts and logs only.
+            let _ = self.execute(actions).await;
         }
     }
 
-    /// Starts the pool's scale-down back-off (kept in the status, so it survives a failover).
-    fn scale_down_failed(&mut self, pool: String, now: Time) {
-        self.history
-            .entry(pool)
-            .or_default()
-            .last_scale_down_failure = Some(now);
-    }
-
-    /// Restores cooldowns, back-offs and given-up launches from the status ConfigMap the last
-    /// leader wrote. False when it could not be read.
+    /// Reads the status the last leader wrote. False when it could not be read.
     async fn restore_history(&mut self) -> bool {
         let (ns, name) = &self.status_name;
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
@@ -481,23 +393,10 @@ impl Controller {
                 return false;
             }
         };
-        self.restored = true;
-        let Some(json) = cm
+        let json = cm
             .and_then(|c| c.data)
-            .and_then(|d| d.get("status.json").cloned())
-        else {
-            return true;
-        };
-        for (id, at) in status::given_up_of(&json) {
-            self.given_up.entry(id).or_insert(at);
-        }
-        for (pool, h) in status::history_of(&json) {
-            let mine = self.history.entry(pool).or_default();
-            mine.last_scale_up = mine.last_scale_up.max(h.last_scale_up);
-            mine.last_scale_down = mine.last_scale_down.max(h.last_scale_down);
-            mine.last_scale_down_failure =
-                mine.last_scale_down_failure.max(h.last_scale_down_failure);
-        }
+            .and_then(|d| d.get("status.json").cloned());
+        self.core.restore(json.as_deref());
         info!("history restored from the status ConfigMap");
         true
     }
@@ -508,7 +407,7 @@ impl Controller {
     async fn reload_policy(&mut self) {
         let src = self.state.lock().unwrap().policy_source().cloned();
         let rv = src.as_ref().map(|s| s.resource_version.clone());
-        if rv == self.policy_seen && (self.policy.is_some() || rv.is_none()) {
+        if rv == self.policy_seen && (self.core.policy().is_some() || rv.is_none()) {
             return;
         }
         let (ns, name) = self.policy_name.clone();
@@ -532,7 +431,7 @@ impl Controller {
                     Err(e) => {
                         warn!("the new policy cannot be applied yet, retrying: {e}");
                         self.policy_apply_failed = rv.clone();
-                        self.events.send(Note {
+                        self.events.send(KubeNote {
                             object: cm,
                             warning: true,
                             reason: "PolicyNotApplied",
@@ -557,7 +456,7 @@ impl Controller {
             Err(msg) => {
                 error!("policy rejected, the last good one stays in force:\n{msg}");
                 self.set_policy_valid(false);
-                self.events.send(Note {
+                self.events.send(KubeNote {
                     object: cm,
                     warning: true,
                     reason: "PolicyInvalid",
@@ -565,7 +464,7 @@ impl Controller {
                     message: format!(
                         "{}; {}",
                         msg,
-                        if self.policy.is_some() {
+                        if self.core.policy().is_some() {
                             "the last good policy stays in force"
                         } else {
                             "no policy in force: nothing is scaled"
@@ -581,7 +480,7 @@ impl Controller {
         self.metrics.policy_valid.set(i64::from(ok));
     }
 
-    /// Builds providers, catalog and templates for a new policy; nothing changes on error.
+    /// Builds providers and the catalog for a new policy; nothing changes on error.
     async fn apply_policy(&mut self, policy: Policy) -> std::result::Result<(), String> {
         for w in policy.warnings() {
             warn!("policy: {w}");
@@ -608,16 +507,13 @@ impl Controller {
                 });
             }
         }
-        let templates = Templates::new(&policy, &catalog);
-        self.templates = Some(Arc::new(templates));
-        self.catalog = catalog;
         self.providers = providers;
-        self.policy = Some(Arc::new(policy));
+        self.core.set_policy(Arc::new(policy), catalog);
         Ok(())
     }
 
-    /// The cloud's instances of every pool (`recent` keeps those launched here until listed).
-    async fn list_instances(&mut self, now: Time) -> std::result::Result<Vec<Instance>, String> {
+    /// The cloud's instances of every pool.
+    async fn list_instances(&self) -> std::result::Result<Vec<Instance>, String> {
         let mut out: Vec<Instance> = Vec::new();
         for (pool, provider) in &self.providers {
             let listed = provider
@@ -626,218 +522,205 @@ impl Controller {
                 .map_err(|e| format!("listing the instances of pool {pool}: {e}"))?;
             out.extend(listed);
         }
-        let seen: HashSet<&str> = out.iter().map(|i| i.id.as_str()).collect();
-        self.recent.retain(|id, (_, added)| {
-            !seen.contains(id.as_str()) && now.since(*added) < Duration::from_secs(300)
-        });
         Ok(out)
-    }
-
-    /// Joins the cloud's instances (listed, and launched here but not listed yet) with the
-    /// Nodes: what is in flight, what is overdue, which instance each Node is.
-    fn fleet(&mut self, listed: &[Instance], policy: &Policy, now: Time) -> FleetView {
-        let state = self.state.clone();
-        let s = state.lock().unwrap();
-        let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
-        let all: Vec<&Instance> = listed
-            .iter()
-            .chain(
-                self.recent
-                    .values()
-                    .map(|(i, _)| i)
-                    .filter(|i| !listed_ids.contains(i.id.as_str())),
-            )
-            .collect();
-        let with_node: HashSet<&str> = s
-            .nodes
-            .items
-            .values()
-            .filter_map(|n| n.provider_id.as_deref())
-            .chain(s.rejected_provider_ids.values().map(String::as_str))
-            .collect();
-        let ids: HashSet<&str> = all.iter().map(|i| i.id.as_str()).collect();
-        self.registered.retain(|id| ids.contains(id.as_str()));
-        self.lost.retain(|id, _| ids.contains(id.as_str()));
-        for i in &all {
-            if with_node.contains(i.provider_id.as_str()) {
-                self.registered.insert(i.id.clone());
-                self.lost.remove(&i.id);
-            } else if self.registered.contains(&i.id) {
-                self.lost.entry(i.id.clone()).or_insert(now);
-            }
-        }
-        let catalog = &self.catalog;
-        let lost = &self.lost;
-        fleet_view(
-            all,
-            &s.nodes.items,
-            now,
-            policy.max_node_provision_time,
-            |k: &OfferingKey| {
-                catalog
-                    .instance_type(&k.instance_type)
-                    .is_none_or(|t| t.gpu.is_some())
-            },
-            |i: &Instance| lost.get(&i.id).copied().unwrap_or(Time(i.launched_at_ms)),
-        )
-    }
-
-    /// The snapshot the planner reads (in dry-run with the "unneeded since" kept in memory).
-    fn snapshot(&self, view: &FleetView) -> Snapshot {
-        let mut snapshot = self.state.lock().unwrap().snapshot(view.in_flight.clone());
-        if self.args.dry_run {
-            for n in &mut snapshot.nodes {
-                if let Some(since) = self.unneeded_dry.get(&n.name) {
-                    n.annotations
-                        .insert(labels::UNNEEDED_SINCE.into(), since.clone());
-                }
-            }
-        }
-        snapshot
     }
 
     async fn pass(&mut self) {
         self.reload_policy().await;
         if !self.elector.is_leader() {
             // Another replica may lead meanwhile: its history is read again on taking over.
-            self.restored = false;
+            self.core.leadership_lost(&[]);
             return;
         }
-        let now = wall_now();
-        if !self.restored && !self.restore_history().await {
+        if self.core.needs_restore() && !self.restore_history().await {
             // Deciding without the last leader's cooldowns and back-offs could scale too early.
             return;
         }
-        // Giving nodes back needs neither a policy nor the cloud.
-        self.roll_back_expired_drains(now).await;
-        let Some(policy) = self.policy.clone() else {
-            return;
+        let instances = if self.core.policy().is_some() {
+            match self.list_instances().await {
+                Ok(i) => Some(i),
+                Err(e) => {
+                    // Without the cloud's view, in-flight capacity is unknown: deciding now
+                    // could launch twice. Try again on the next pass.
+                    warn!("{e}; only expired drains are given back in this pass");
+                    None
+                }
+            }
+        } else {
+            None
         };
-        self.ice.retain(|_, until| *until > now);
-        self.given_up
-            .retain(|_, at| now.since(*at) < Duration::from_secs(3600));
-        self.removed
-            .retain(|_, at| now.since(*at) < Duration::from_secs(600));
-        {
+        let now = wall_now();
+        let (snapshot, other_provider_ids) = {
             let s = self.state.lock().unwrap();
             self.reacted.retain(|k| s.pods.items.contains_key(k));
-        }
-        let listed = match self.list_instances(now).await {
-            Ok(i) => i,
-            Err(e) => {
-                // Without the cloud's view, in-flight capacity is unknown: deciding now could
-                // launch twice. Try again on the next pass.
-                warn!("{e}; skipping this pass");
-                return;
-            }
+            (
+                s.snapshot(Vec::new()),
+                s.rejected_provider_ids.values().cloned().collect(),
+            )
         };
-        let mut view = self.fleet(&listed, &policy, now);
-        let regs = {
-            let s = self.state.lock().unwrap();
-            registrations(&listed, &s.nodes.items, &policy.pools)
+        self.publish_gauges(&snapshot, now);
+        let obs = Observation {
+            now,
+            snapshot,
+            instances,
+            other_provider_ids,
+            policy_valid: self.policy_valid,
         };
-        if self.register(&regs).await {
-            // Decide on what the API server shows once the registrations are in: a pass that
-            // planned on nodes registered in the same pass was seen (rarely, on a loaded machine)
-            // to leave them out and launch again for pods they would take. The next pass comes
-            // with the Node updates.
-            return;
-        }
-        let mut snapshot = self.snapshot(&view);
-        for n in &mut snapshot.nodes {
-            if let Some(r) = regs.get(&n.name) {
-                r.apply(n);
-            }
-        }
-        self.give_up_overdue(&view, &policy, now).await;
-        self.report_gpus_lost(&view);
-        self.resume_drains(&snapshot, &view, now);
-        let Some(templates) = self.templates.clone() else {
-            return;
-        };
-        let mut plan;
-        let mut round = 0;
-        loop {
-            snapshot.unavailable = self.ice.clone();
-            snapshot.pools = self
-                .history
-                .iter()
-                .map(|(pool, h)| {
-                    let state = PoolState {
-                        last_scale_up: h.last_scale_up,
-                        last_scale_down_failure: h.last_scale_down_failure,
-                    };
-                    (pool.clone(), state)
-                })
-                .collect();
-            let t0 = std::time::Instant::now();
-            plan = plan::plan_with(&snapshot, &templates, &policy, now);
-            self.metrics
-                .plan_duration_seconds
-                .observe(t0.elapsed().as_secs_f64());
-            let capacity_failed = self.scale_up(&plan, &policy, now).await;
-            round += 1;
-            // An offering just found short of capacity is now avoided: plan the rest again at
-            // once. Other failures wait for their back-off.
-            if !capacity_failed || round == 3 || self.args.dry_run {
+        let t0 = std::time::Instant::now();
+        let mut actions = self.core.pass(obs);
+        let mut deciding = t0.elapsed();
+        while !actions.is_empty() {
+            let Some(feedback) = self.execute(actions).await else {
                 break;
-            }
-            view = self.fleet(&listed, &policy, now);
-            snapshot.in_flight = view.in_flight.clone();
+            };
+            let t = std::time::Instant::now();
+            actions = self.core.resume(feedback);
+            deciding += t.elapsed();
         }
-        self.report_unschedulable(&plan);
-        let kept: BTreeMap<String, String> = plan
-            .kept
-            .iter()
-            .map(|k| (k.node.clone(), k.reason.clone()))
-            .collect();
-        for (node, reason) in &kept {
-            if self.kept.get(node) != Some(reason) {
-                info!(node = %node, "idle-looking node kept: {reason}");
-            }
-        }
-        self.kept = kept;
-        self.scale_down(&plan, &policy, &view, now).await;
-        self.keep_unneeded(&plan, &snapshot).await;
-        self.publish(&plan, &policy, &snapshot, &view, now).await;
+        self.metrics
+            .plan_duration_seconds
+            .observe(deciding.as_secs_f64());
     }
 
-    /// Launches the plan's scale-ups. Returns whether an offering was newly found short of
-    /// capacity (worth planning again at once).
-    async fn scale_up(&mut self, plan: &Plan, policy: &Policy, now: Time) -> bool {
-        let mut launched_counts = Vec::with_capacity(plan.scale_ups.len());
-        let mut launched_ids: Vec<Vec<String>> = Vec::new();
-        let mut launch_ids: Vec<String> = Vec::new();
-        let mut capacity_failed = false;
-        for su in &plan.scale_ups {
-            let pool = policy.pool(&su.pool);
-            let uids: Vec<String> = {
-                let s = self.state.lock().unwrap();
-                su.pods
-                    .iter()
-                    .map(|k| {
-                        s.pods
-                            .items
-                            .get(k)
-                            .map(|p| p.uid.clone())
-                            .filter(|u| !u.is_empty())
-                            .unwrap_or_else(|| k.clone())
-                    })
-                    .collect()
-            };
-            let uids: Vec<&str> = uids.iter().map(String::as_str).collect();
-            let mut attempt = 0;
-            let mut req = launch_request(su, &uids, pool, attempt);
-            while self.given_up.contains_key(&req.launch_id) {
-                attempt += 1;
-                req = launch_request(su, &uids, pool, attempt);
+    /// Carries out one step's actions in order. `None` when leadership was lost on the way
+    /// (the rest is not done: the next leader decides again).
+    async fn execute(&mut self, actions: Vec<Action>) -> Option<Vec<Feedback>> {
+        let mut feedback = Vec::new();
+        let mut actions = actions.into_iter();
+        while let Some(action) = actions.next() {
+            // Every change to the cluster or the cloud is the leader's.
+            if action_mutates(&action) && !self.elector.is_leader() {
+                let mut not_done = vec![action];
+                not_done.extend(actions);
+                self.core.leadership_lost(&not_done);
+                return None;
             }
-            launch_ids.push(req.launch_id.clone());
-            {
+            match action {
+                Action::Register(r) => {
+                    let ok = self.register(&r).await;
+                    feedback.push(Feedback::Registered {
+                        node: r.node,
+                        changed: ok,
+                    });
+                }
+                Action::Launch { request, .. } => {
+                    let result = match self.providers.get(&request.pool) {
+                        Some(p) => p.launch(&request).await,
+                        None => Err(ProviderError::InvalidRequest {
+                            message: format!("no provider for pool {}", request.pool),
+                        }),
+                    };
+                    feedback.push(Feedback::Launched {
+                        launch_id: request.launch_id,
+                        result,
+                    });
+                }
+                Action::Terminate {
+                    pool,
+                    instance_id,
+                    why,
+                } => {
+                    info!(instance = %instance_id, pool = %pool, "terminating: {why}");
+                    if let Some(p) = self.providers.get(&pool) {
+                        if let Err(e) = p.terminate(&instance_id).await {
+                            warn!(instance = %instance_id, "terminating: {e}");
+                        }
+                    }
+                }
+                Action::DeleteNode { node } => {
+                    let api: Api<K8sNode> = Api::all(self.client.clone());
+                    if let Err(e) = kube_io::delete_node(&api, &node).await {
+                        warn!(node = %node, "deleting: {e}");
+                    }
+                }
+                Action::Drain(order) => {
+                    let job = DrainJob {
+                        provider: self.providers.get(&order.pool).cloned(),
+                        node: order.node.clone(),
+                        pool: order.pool,
+                        instance_id: order.instance_id,
+                        deadline: order.deadline,
+                        reason: order.reason,
+                    };
+                    let ctx = self.drain_ctx.clone();
+                    self.drains
+                        .insert(order.node, tokio::spawn(drain::drain(ctx, job)));
+                }
+                Action::RollBack { node, why, .. } => {
+                    let ctx = self.drain_ctx.clone();
+                    let n = node.clone();
+                    let task = tokio::spawn(async move {
+                        match drain::roll_back(&ctx, &n, &why).await {
+                            Ok(()) => DrainOutcome::RolledBack(why),
+                            Err(e) => {
+                                warn!(node = %n, "rolling back: {e}");
+                                DrainOutcome::Abandoned
+                            }
+                        }
+                    });
+                    self.drains.insert(node, task);
+                }
+                Action::Annotate { node, key, value } => {
+                    let api: Api<K8sNode> = Api::all(self.client.clone());
+                    if let Err(e) = kube_io::annotate_node(&api, &node, key, value.as_deref()).await
+                    {
+                        warn!(node = %node, "annotating: {e}");
+                    }
+                }
+                Action::Event(note) => self.events.send(KubeNote {
+                    object: match &note.subject {
+                        Subject::Pod {
+                            namespace,
+                            name,
+                            uid,
+                        } => pod_ref(namespace, name, uid),
+                        Subject::Node(n) => node_ref(n),
+                    },
+                    warning: note.warning,
+                    reason: note.reason,
+                    action: note.action,
+                    message: note.message,
+                }),
+                Action::Log { level, message } => match level {
+                    Level::Info => info!("{message}"),
+                    Level::Warn => warn!("{message}"),
+                },
+                Action::Count(c) => self.count(c),
+                Action::Status(st) => self.write_status(&st).await,
+            }
+        }
+        Some(feedback)
+    }
+
+    fn count(&mut self, c: Count) {
+        match c {
+            Count::ScaleUps { pool, nodes } => {
+                self.metrics
+                    .scale_ups
+                    .get_or_create(&PoolLabel { pool })
+                    .inc_by(u64::from(nodes));
+            }
+            Count::ScaleDown { pool } => {
+                self.metrics
+                    .scale_downs
+                    .get_or_create(&PoolLabel { pool })
+                    .inc();
+            }
+            Count::FailedLaunch { pool, reason } => {
+                self.metrics
+                    .failed_launches
+                    .get_or_create(&FailedLaunch {
+                        pool,
+                        reason: reason.to_string(),
+                    })
+                    .inc();
+            }
+            Count::Planned { pods } => {
+                let now = wall_now();
                 let s = self.state.lock().unwrap();
-                for p in &su.pods {
-                    if let Some(since) = s.unschedulable_since.get(p) {
-                        if self.reacted.insert(p.clone()) {
+                for p in pods {
+                    if let Some(since) = s.unschedulable_since.get(&p) {
+                        if self.reacted.insert(p) {
                             self.metrics
                                 .reaction_seconds
                                 .observe(now.since(*since).as_secs_f64());
@@ -845,487 +728,74 @@ impl Controller {
                     }
                 }
             }
-            let first = su.offerings.first();
-            let what = format!(
-                "{} × {} in {} ({}), pool {}",
-                su.count,
-                first.map_or("-", |o| o.instance_type.as_str()),
-                first.map_or("-", |o| o.zone.as_str()),
-                first.map_or("-", |o| o.capacity_type.as_str()),
-                su.pool
-            );
-            if self.args.dry_run {
-                self.notify_pods(su, "TriggeredScaleUp", format!("would launch {what}"));
-                launched_counts.push(su.count);
-                launched_ids.push(Vec::new());
-                continue;
-            }
-            let backing_off = self
-                .launch_backoff
-                .get(&su.pool)
-                .is_some_and(|(until, _)| *until > now);
-            let provider = self.providers.get(&su.pool).cloned();
-            let (Some(provider), false, true) = (provider, backing_off, self.elector.is_leader())
-            else {
-                launched_counts.push(0);
-                launched_ids.push(Vec::new());
-                continue;
-            };
-            info!(launch_id = %req.launch_id, "launching {what}");
-            let result = provider.launch(&req).await;
-            let mut other_failure = false;
-            let (n, ids) = match result {
-                Ok(res) => {
-                    for (key, err) in &res.failures {
-                        self.count_failure(&su.pool, err);
-                        if matches!(err, ProviderError::InsufficientCapacity { .. }) {
-                            capacity_failed |= !self.ice.contains_key(key);
-                            self.ice
-                                .insert(key.clone(), now + policy.insufficient_capacity_ttl);
-                        } else {
-                            other_failure = true;
-                        }
-                    }
-                    let ids: Vec<String> = res.launched.iter().map(|i| i.id.clone()).collect();
-                    for i in res.launched {
-                        self.recent.insert(i.id.clone(), (i, now));
-                    }
-                    (ids.len() as u32, ids)
-                }
-                Err(e) => {
-                    warn!(pool = %su.pool, "launch failed: {e}");
-                    self.count_failure(&su.pool, &e);
-                    other_failure = true;
-                    (0, Vec::new())
-                }
-            };
-            if other_failure {
-                let failures = self.launch_backoff.get(&su.pool).map_or(0, |b| b.1) + 1;
-                let wait = backoff(
-                    Duration::from_secs(5),
-                    Duration::from_secs(300),
-                    failures - 1,
-                    jitter_unit(seed()),
-                );
-                warn!(pool = %su.pool, "launches for this pool wait {}s after {failures} failure(s)", wait.as_secs());
-                self.launch_backoff
-                    .insert(su.pool.clone(), (now + wait, failures));
-            } else if n == su.count {
-                self.launch_backoff.remove(&su.pool);
-            }
-            if n > 0 {
-                self.metrics
-                    .scale_ups
-                    .get_or_create(&PoolLabel {
-                        pool: su.pool.clone(),
-                    })
-                    .inc_by(u64::from(n));
-                // A gang's launch counts once it is whole (below).
-                if su.gang.is_none() {
-                    self.history
-                        .entry(su.pool.clone())
-                        .or_default()
-                        .last_scale_up = Some(now);
-                }
-                let note = if n < su.count {
-                    format!("launched {n} of {what}; the rest is planned again")
-                } else {
-                    format!("launched {what}")
-                };
-                self.notify_pods(su, "TriggeredScaleUp", note);
-            }
-            launched_counts.push(n);
-            launched_ids.push(ids);
-        }
-        let short = short_gangs(&plan.scale_ups, &launched_counts);
-        for (i, su) in plan.scale_ups.iter().enumerate() {
-            let Some(g) = &su.gang else { continue };
-            if short.contains(g) {
-                if self.args.dry_run {
-                    continue;
-                }
-                // Given back: the next attempt for these pods is a new launch.
-                if !launched_ids[i].is_empty() {
-                    self.given_up.insert(launch_ids[i].clone(), now);
-                }
-                if let Some(provider) = self.providers.get(&su.pool).cloned() {
-                    for id in &launched_ids[i] {
-                        self.recent.remove(id);
-                        if let Err(e) = provider.terminate(id).await {
-                            warn!(instance = %id, "giving back a partial gang launch: {e}");
-                        }
-                    }
-                }
-                if !launched_ids[i].is_empty() {
-                    self.notify_pods(
-                        su,
-                        "NotTriggerScaleUp",
-                        format!(
-                            "gang {g} could not be launched whole; its {} instance(s) were \
-                             given back and it is planned again",
-                            launched_ids[i].len()
-                        ),
-                    );
-                }
-            } else if launched_counts[i] > 0 {
-                self.history
-                    .entry(su.pool.clone())
-                    .or_default()
-                    .last_scale_up = Some(now);
-            }
-        }
-        capacity_failed
-    }
-
-    fn count_failure(&self, pool: &str, e: &ProviderError) {
-        self.metrics
-            .failed_launches
-            .get_or_create(&FailedLaunch {
-                pool: pool.to_string(),
-                reason: e.metric_label().to_string(),
-            })
-            .inc();
-    }
-
-    fn notify_pods(&self, su: &plan::ScaleUp, reason: &'static str, message: String) {
-        let s = self.state.lock().unwrap();
-        for key in &su.pods {
-            let Some(p) = s.pods.items.get(key) else {
-                continue;
-            };
-            self.events.send(Note {
-                object: pod_ref(&p.id.namespace, &p.id.name, &p.uid),
-                warning: false,
-                reason,
-                action: "ScaleUp",
-                message: message.clone(),
-            });
-        }
-    }
-
-    /// `NotTriggerScaleUp` once per pod and reason.
-    fn report_unschedulable(&mut self, plan: &Plan) {
-        let s = self.state.lock().unwrap();
-        self.notified.retain(|k, _| s.pods.items.contains_key(k));
-        for u in &plan.unschedulable {
-            if self.notified.get(&u.pod) == Some(&u.reason) {
-                continue;
-            }
-            let Some(p) = s.pods.items.get(&u.pod) else {
-                continue;
-            };
-            self.notified.insert(u.pod.clone(), u.reason.clone());
-            self.events.send(Note {
-                object: pod_ref(&p.id.namespace, &p.id.name, &p.uid),
-                warning: false,
-                reason: "NotTriggerScaleUp",
-                action: "ScaleUp",
-                message: u.reason.clone(),
-            });
-        }
-    }
-
-    /// Instances that never became working nodes: terminated, their offering avoided.
-    /// Nodes whose GPUs went missing after they advertised them: reported (Event, log, metric),
-    /// never terminated for it (a device plugin restarting, a GPU operator upgrade).
-    fn report_gpus_lost(&mut self, view: &FleetView) {
-        let now_lost: BTreeSet<String> = view.gpus_lost.iter().cloned().collect();
-        for n in now_lost.difference(&self.gpus_lost) {
-            warn!(node = %n, "the node advertises no GPUs any more; it is kept");
-            self.events.send(Note {
-                object: node_ref(n),
-                warning: true,
-                reason: "GPUsUnavailable",
-                action: "Observe",
-                message: format!(
-                    "{n} advertised GPUs and advertises none now (device plugin restarting, or \
-                     GPUs lost); the node is kept, not given up as a failed launch"
-                ),
-            });
-        }
-        for n in self.gpus_lost.difference(&now_lost) {
-            info!(node = %n, "the node advertises its GPUs again");
-        }
-        self.metrics.nodes_gpus_lost.set(now_lost.len() as i64);
-        self.gpus_lost = now_lost;
-    }
-
-    async fn give_up_overdue(&mut self, view: &FleetView, policy: &Policy, now: Time) {
-        for o in &view.overdue {
-            // Every cloud mutation is the leader's.
-            if !self.elector.is_leader() {
-                return;
-            }
-            let i = &o.instance;
-            let why = match &o.node {
-                Some(n) => format!("node {n} never advertised its GPUs"),
-                None => "no Node registered".to_string(),
-            };
-            warn!(
-                instance = %i.id, offering = %i.offering,
-                "giving up a launch after {}: {why}",
-                crate::policy::duration::format_duration(policy.max_node_provision_time)
-            );
-            self.ice
-                .insert(i.offering.clone(), now + policy.insufficient_capacity_ttl);
-            self.given_up.insert(i.launch_id.clone(), now);
-            self.metrics
-                .failed_launches
-                .get_or_create(&FailedLaunch {
-                    pool: i.pool.clone(),
-                    reason: "provision_timeout".into(),
-                })
-                .inc();
-            self.recent.remove(&i.id);
-            if let Some(p) = self.providers.get(&i.pool) {
-                if let Err(e) = p.terminate(&i.id).await {
-                    warn!(instance = %i.id, "terminating: {e}");
-                }
-            }
-            if let Some(n) = &o.node {
-                let api: Api<K8sNode> = Api::all(self.client.clone());
-                if let Err(e) = kube_io::delete_node(&api, n).await {
-                    warn!(node = %n, "deleting: {e}");
-                }
-                self.events.send(Note {
-                    object: node_ref(n),
-                    warning: true,
-                    reason: "ScaleDown",
-                    action: "GiveUp",
-                    message: format!("instance {} removed: {why}", i.id),
-                });
+            Count::NodesGpusLost(n) => {
+                self.metrics.nodes_gpus_lost.set(n as i64);
             }
         }
     }
 
-    /// Drains of a previous leader (found from the taint) past their deadline: given back.
-    async fn roll_back_expired_drains(&mut self, now: Time) {
-        if self.args.dry_run {
-            return;
-        }
-        let expired: Vec<(String, Option<String>)> = {
-            let s = self.state.lock().unwrap();
-            s.nodes
-                .items
-                .values()
-                .filter(|n| {
-                    !self.drains.contains_key(&n.name)
-                        && !self.removed.contains_key(&n.name)
-                        && !n.deleting
-                })
-                .filter(|n| drain_deadline(n, self.args.max_graceful_termination, now) <= now)
-                .filter(|n| {
-                    n.taints
-                        .iter()
-                        .any(|t| t.key == labels::TO_BE_DELETED_TAINT)
-                })
-                .map(|n| (n.name.clone(), n.pool().map(str::to_string)))
-                .collect()
-        };
-        for (node, pool) in expired {
-            let why = "a drain interrupted by a restart ran past its deadline";
-            match drain::roll_back(&self.drain_ctx, &node, why).await {
-                Ok(()) => {
-                    if let Some(p) = pool {
-                        self.scale_down_failed(p, now);
-                    }
-                }
-                Err(e) => warn!(node = %node, "rolling back: {e}"),
-            }
-        }
-    }
-
-    /// Drains of a previous leader (found from the taint) within their deadline: finished.
-    fn resume_drains(&mut self, snapshot: &Snapshot, view: &FleetView, now: Time) {
-        if self.args.dry_run {
-            return;
-        }
-        for n in &snapshot.nodes {
-            let ours = n
-                .taints
-                .iter()
-                .any(|t| t.key == labels::TO_BE_DELETED_TAINT);
-            if !ours
-                || n.deleting
-                || self.drains.contains_key(&n.name)
-                || self.removed.contains_key(&n.name)
-            {
-                continue;
-            }
-            let deadline = drain_deadline(n, self.args.max_graceful_termination, now);
-            if deadline <= now {
-                continue;
-            }
-            info!(node = %n.name, "resuming an interrupted drain");
-            self.spawn_drain(n, view, deadline, "resumed after a restart".into());
-        }
-    }
-
-    fn spawn_drain(
-        &mut self,
-        n: &crate::model::Node,
-        view: &FleetView,
-        deadline: Time,
-        reason: String,
-    ) {
-        let pool = n.pool().unwrap_or("").to_string();
-        // Only an instance the pools' listing names: never one parsed out of a providerID.
-        let instance_id = n
-            .provider_id
-            .as_ref()
-            .and_then(|p| view.instance_of_node.get(p).cloned());
-        let job = DrainJob {
-            node: n.name.clone(),
-            provider: self.providers.get(&pool).cloned(),
-            pool,
-            instance_id,
-            deadline,
-            reason,
-        };
-        let ctx = self.drain_ctx.clone();
-        let pool = job.pool.clone();
-        self.drains
-            .insert(n.name.clone(), (pool, tokio::spawn(drain::drain(ctx, job))));
-    }
-
-    async fn scale_down(&mut self, plan: &Plan, policy: &Policy, view: &FleetView, now: Time) {
-        let limit = policy.max_concurrent_drains as usize;
-        for d in &plan.scale_downs {
-            if self.drains.contains_key(&d.node) {
-                continue;
-            }
-            if self.args.dry_run {
-                self.events.send(Note {
-                    object: node_ref(&d.node),
-                    warning: false,
-                    reason: "ScaleDown",
-                    action: "Drain",
-                    message: format!(
-                        "would drain and remove {} (pool {}, saves ${:.3}/hour): {}",
-                        d.node, d.pool, d.saves_per_hour, d.reason
-                    ),
-                });
-                continue;
-            }
-            if self.drains.len() >= limit {
-                break;
-            }
-            let node = self.state.lock().unwrap().nodes.items.get(&d.node).cloned();
-            let Some(node) = node else { continue };
-            let deadline = now + self.args.max_graceful_termination;
-            self.spawn_drain(&node, view, deadline, d.reason.clone());
-        }
-    }
-
-    /// Gives the Nodes of our instances their pool's labels and taints (a real node registers
-    /// with what its kubelet flags say, which need not name the pool). The planner sees them at
-    /// once; the Node gets them with a patch (not in dry-run).
-    /// Returns whether a Node was changed.
-    async fn register(&mut self, regs: &BTreeMap<String, Registration>) -> bool {
-        if self.args.dry_run || regs.is_empty() {
-            return false;
-        }
-        let mut changed = false;
+    /// Gives a Node of ours its pool's labels and taints (a real node registers with what its
+    /// kubelet flags say, which need not name the pool). True when the Node was written.
+    async fn register(&mut self, r: &Registration) -> bool {
         let api: Api<K8sNode> = Api::all(self.client.clone());
-        for r in regs.values() {
-            if !self.elector.is_leader() {
-                return changed;
-            }
-            let result = kube_io::modify_node(&api, &r.node, |n| {
-                let mut changed = false;
-                let annotations = n.metadata.annotations.get_or_insert_with(Default::default);
-                for (k, v) in &r.annotations {
-                    if annotations.get(k) != Some(v) {
-                        annotations.insert(k.clone(), v.clone());
-                        changed = true;
-                    }
-                }
-                let labels = n.metadata.labels.get_or_insert_with(Default::default);
-                for (k, v) in &r.labels {
-                    if labels.get(k) != Some(v) {
-                        labels.insert(k.clone(), v.clone());
-                        changed = true;
-                    }
-                }
-                let taints = n
-                    .spec
-                    .get_or_insert_with(Default::default)
-                    .taints
-                    .get_or_insert_with(Vec::new);
-                for t in &r.taints {
-                    let effect = t.effect.as_str();
-                    if !taints.iter().any(|x| x.key == t.key && x.effect == effect) {
-                        taints.push(k8s_openapi::api::core::v1::Taint {
-                            key: t.key.clone(),
-                            value: (!t.value.is_empty()).then(|| t.value.clone()),
-                            effect: effect.to_string(),
-                            time_added: None,
-                        });
-                        changed = true;
-                    }
-                }
-                changed
-            })
-            .await;
-            match result {
-                Ok(()) if !r.labels.is_empty() || !r.taints.is_empty() => {
+        let result = kube_io::modify_node(&api, &r.node, |n| {
+            let mut changed = false;
+            let annotations = n.metadata.annotations.get_or_insert_with(Default::default);
+            for (k, v) in &r.annotations {
+                if annotations.get(k) != Some(v) {
+                    annotations.insert(k.clone(), v.clone());
                     changed = true;
-                    info!(node = %r.node, pool = %r.pool, "registered the node in its pool")
                 }
-                Ok(()) => {}
-                Err(e) => warn!(node = %r.node, pool = %r.pool, "registering the node: {e}"),
+            }
+            let labels = n.metadata.labels.get_or_insert_with(Default::default);
+            for (k, v) in &r.labels {
+                if labels.get(k) != Some(v) {
+                    labels.insert(k.clone(), v.clone());
+                    changed = true;
+                }
+            }
+            let taints = n
+                .spec
+                .get_or_insert_with(Default::default)
+                .taints
+                .get_or_insert_with(Vec::new);
+            for t in &r.taints {
+                let effect = t.effect.as_str();
+                if !taints.iter().any(|x| x.key == t.key && x.effect == effect) {
+                    taints.push(k8s_openapi::api::core::v1::Taint {
+                        key: t.key.clone(),
+                        value: (!t.value.is_empty()).then(|| t.value.clone()),
+                        effect: effect.to_string(),
+                        time_added: None,
+                    });
+                    changed = true;
+                }
+            }
+            changed
+        })
+        .await;
+        match result {
+            Ok(()) => {
+                if !r.labels.is_empty() || !r.taints.is_empty() {
+                    info!(node = %r.node, pool = %r.pool, "registered the node in its pool");
+                }
+                true
+            }
+            Err(e) => {
+                warn!(node = %r.node, pool = %r.pool, "registering the node: {e}");
+                false
             }
         }
-        changed
     }
 
-    /// Keeps "unneeded since" on the nodes (annotation; in memory in dry-run).
-    async fn keep_unneeded(&mut self, plan: &Plan, snapshot: &Snapshot) {
-        let now_unneeded: BTreeMap<&str, &str> = plan
-            .unneeded
-            .iter()
-            .map(|u| (u.node.as_str(), u.since.as_str()))
-            .collect();
-        if self.args.dry_run {
-            self.unneeded_dry = now_unneeded
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            return;
-        }
-        let api: Api<K8sNode> = Api::all(self.client.clone());
-        for n in &snapshot.nodes {
-            let has = n
-                .annotations
-                .get(labels::UNNEEDED_SINCE)
-                .map(String::as_str);
-            let want = now_unneeded.get(n.name.as_str()).copied();
-            if has == want || self.drains.contains_key(&n.name) {
-                continue;
-            }
-            if let Err(e) =
-                kube_io::annotate_node(&api, &n.name, labels::UNNEEDED_SINCE, want).await
-            {
-                warn!(node = %n.name, "annotating: {e}");
-            }
-        }
-    }
-
-    async fn publish(
-        &mut self,
-        plan: &Plan,
-        policy: &Policy,
-        snapshot: &Snapshot,
-        view: &FleetView,
-        now: Time,
-    ) {
-        // Metrics.
-        let pending: Vec<&crate::model::Pod> = snapshot
+    /// Gauges read off the cluster as it is.
+    fn publish_gauges(&self, snapshot: &Snapshot, now: Time) {
+        let pending = snapshot
             .pods
             .iter()
             .filter(|p| p.is_pending() && p.wants_gpu())
-            .collect();
-        self.metrics.pending_gpu_pods.set(pending.len() as i64);
+            .count();
+        self.metrics.pending_gpu_pods.set(pending as i64);
         let oldest = {
             let s = self.state.lock().unwrap();
             s.unschedulable_since
@@ -1355,58 +825,29 @@ impl Controller {
                 .get_or_create(&key)
                 .inc_by(n.advertised_gpus());
         }
-        // The status ConfigMap, at most every 10 s unless it changed.
-        let nodes: Vec<&crate::model::Node> = snapshot.nodes.iter().collect();
-        let st = status::build(&StatusInput {
-            now,
-            leader: self.elector.identity(),
-            dry_run: self.args.dry_run,
-            policy_valid: self.policy_valid,
-            policy,
-            nodes: &nodes,
-            in_flight: &view.in_flight,
-            gpus_of: &|t| {
-                self.catalog
-                    .instance_type(t)
-                    .and_then(|t| t.gpu.as_ref())
-                    .map_or(0, |g| i64::from(g.count))
-            },
-            plan,
-            history: &self.history,
-            unavailable: &self.ice,
-            given_up: &self.given_up,
-        });
-        let mut timeless = st.clone();
-        timeless.time.clear();
-        let key = serde_json::to_string(&timeless).unwrap_or_default();
-        if let Some((last, at)) = &self.last_status {
-            if *last == key && now.since(*at) < Duration::from_secs(10) {
-                return;
-            }
-        }
+    }
+
+    async fn write_status(&self, st: &status::Status) {
         let data = BTreeMap::from([
-            ("status".to_string(), status::to_text(&st)),
+            ("status".to_string(), status::to_text(st)),
             (
                 "status.json".to_string(),
-                serde_json::to_string_pretty(&st).unwrap_or_default(),
+                serde_json::to_string_pretty(st).unwrap_or_default(),
             ),
         ]);
         let (ns, name) = &self.status_name;
-        match kube_io::write_status(&self.client, ns, name, data).await {
-            Ok(()) => self.last_status = Some((key, now)),
-            Err(e) => warn!("writing the status ConfigMap: {e}"),
+        if let Err(e) = kube_io::write_status(&self.client, ns, name, data).await {
+            warn!("writing the status ConfigMap: {e}");
         }
     }
 }
 
-/// When the drain of `n` must be given up: its start (annotation; `now` when missing) plus the
-/// drain time allowed.
-fn drain_deadline(n: &crate::model::Node, max: Duration, now: Time) -> Time {
-    n.annotations
-        .get(drain::DRAIN_STARTED)
-        .and_then(|s| Time::parse_rfc3339(s).ok())
-        .unwrap_or(now)
-        + max
+/// Whether an action changes the cluster or the cloud (only the leader's may).
+fn action_mutates(a: &Action) -> bool {
+    !matches!(
+        a,
+        Action::Event(_) | Action::Log { .. } | Action::Count(_) | Action::Status(_)
+    )
 }
 
 fn load_catalog(

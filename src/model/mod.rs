@@ -44,6 +44,11 @@ pub mod labels {
         "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes";
     pub const CA_SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
     pub const UNNEEDED_SINCE: &str = "gpu-node-autoscaler.io/unneeded-since";
+    /// When the drain of a node started (RFC 3339).
+    pub const DRAIN_STARTED: &str = "gpu-node-autoscaler.io/drain-started";
+    /// The drain cordoned the node (a rollback uncordons only what it cordoned, never a node an
+    /// administrator had cordoned).
+    pub const CORDONED_BY_DRAIN: &str = "gpu-node-autoscaler.io/cordoned-by-drain";
     /// On a Node of ours once it has advertised GPUs: from then on, GPUs missing from it are an
     /// outage (a device plugin restarting, a GPU lost), never a launch that did not come up.
     pub const GPUS_ADVERTISED: &str = "gpu-node-autoscaler.io/gpus-advertised";

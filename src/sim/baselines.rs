@@ -17,6 +17,7 @@
 //! awareness; an offering that fails is avoided for 3 m; empty nodes are consolidated after 30 s.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use gpu_node_autoscaler_provider::{Catalog, LaunchRequest, OfferingKey};
 
@@ -27,7 +28,8 @@ use crate::plan::{self, Template};
 use crate::policy::Policy;
 
 use super::engine::{Strategy, World};
-use super::{earliest, Batch, Ms, SimInput, MINUTE, SECOND};
+use super::{earliest, Ms, SimInput, MINUTE, SECOND};
+use crate::autoscaler::Batch;
 
 /// Free room of a node (or of a node on its way).
 #[derive(Clone)]
@@ -434,7 +436,7 @@ impl Strategy for KarpenterLike {
     }
 
     fn pods_unschedulable(&mut self, now: Ms) {
-        self.batch.add(now);
+        self.batch.add(Time(now));
     }
 
     fn cluster_changed(&mut self, now: Ms) {
@@ -443,7 +445,12 @@ impl Strategy for KarpenterLike {
     }
 
     fn next_run(&self) -> Option<Ms> {
-        earliest(self.batch.deadline(SECOND, 10 * SECOND), self.next)
+        earliest(
+            self.batch
+                .deadline(Duration::from_secs(1), Duration::from_secs(10))
+                .map(|t| t.0),
+            self.next,
+        )
     }
 
     fn run(&mut self, world: &mut World) {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use gpu_node_autoscaler_memory::{CapacityWindow, MemoryProvider};
 use gpu_node_autoscaler_provider::{
-    InstanceType, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
+    Instance, InstanceState, InstanceType, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
 };
 
 use crate::fixtures::Rng;
@@ -387,6 +387,73 @@ impl World {
             self.remove_node(node);
         } else {
             self.instance_gone(id);
+        }
+    }
+
+    /// The cloud's listing: every live instance (booting, or with a node).
+    pub fn instances(&self) -> Vec<Instance> {
+        self.instances
+            .iter()
+            .filter(|(_, i)| !i.gone)
+            .map(|(id, i)| Instance {
+                id: id.clone(),
+                provider_id: format!("memory:///{}/{id}", i.offering.zone),
+                pool: i.pool.clone(),
+                launch_id: i.launch_id.clone(),
+                offering: i.offering.clone(),
+                state: InstanceState::Running,
+                launched_at_ms: i.launched,
+            })
+            .collect()
+    }
+
+    /// Gives a node labels, annotations and taints (a registration).
+    pub fn register_node(
+        &mut self,
+        node: &str,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+        taints: &[Taint],
+    ) {
+        let Some(&i) = self.node_by_name.get(node) else {
+            return;
+        };
+        let n = &mut self.nodes[i].node;
+        for (k, v) in labels {
+            n.labels.insert(k.clone(), v.clone());
+        }
+        for (k, v) in annotations {
+            n.annotations.insert(k.clone(), v.clone());
+        }
+        for t in taints {
+            if !n
+                .taints
+                .iter()
+                .any(|x| x.key == t.key && x.effect == t.effect)
+            {
+                n.taints.push(t.clone());
+                self.dirty = true;
+            }
+        }
+    }
+
+    /// Removes a node (its instance is terminated separately).
+    pub fn delete_node(&mut self, node: &str) {
+        if let Some(&ni) = self.node_by_name.get(node) {
+            if !self.nodes[ni].removed {
+                self.remove_node(ni);
+            }
+        }
+    }
+
+    /// Gives a node back after a drain: untainted and schedulable again.
+    pub fn give_back(&mut self, node: &str) {
+        if let Some(&ni) = self.node_by_name.get(node) {
+            let n = &mut self.nodes[ni].node;
+            n.taints.retain(|t| t.key != labels::TO_BE_DELETED_TAINT);
+            n.unschedulable = false;
+            self.grown.insert(ni);
+            self.dirty = true;
         }
     }
 

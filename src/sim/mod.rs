@@ -35,29 +35,6 @@ pub fn earliest(a: Option<Ms>, b: Option<Ms>) -> Option<Ms> {
     }
 }
 
-/// A batching window: it opens at the first unschedulable pod and closes `idle` after the last
-/// one, or `max` after it opened, whichever comes first.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Batch {
-    first: Option<Ms>,
-    last: Option<Ms>,
-}
-
-impl Batch {
-    pub fn add(&mut self, now: Ms) {
-        self.first.get_or_insert(now);
-        self.last = Some(now);
-    }
-
-    pub fn deadline(&self, idle: Ms, max: Ms) -> Option<Ms> {
-        Some((self.last? + idle).min(self.first? + max))
-    }
-
-    pub fn clear(&mut self) {
-        *self = Batch::default();
-    }
-}
-
 /// One pod of the workload.
 #[derive(Clone, Debug)]
 pub struct WorkloadPod {

@@ -1,94 +1,91 @@
-//! Our strategy in the simulator: the same decision loop `run` uses — batching window, planner,
-//! launch through the fallback list, insufficient-capacity cache, drains — on the virtual clock.
+//! Our strategy in the simulator: the decision core [`Autoscaler`] that `run` executes, executed
+//! here against the virtual cluster and the in-memory cloud on the virtual clock. This file
+//! holds no rule of its own: it turns the world into observations, carries out the core's
+//! actions and decides only when to look again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
 
-use gpu_node_autoscaler_provider::{LaunchRequest, OfferingKey, ProviderError};
-
-use crate::model::snapshot::PoolState;
-use crate::model::{labels, Time};
-use crate::plan;
-use crate::policy::Policy;
+use crate::autoscaler::{
+    Action, Autoscaler, Config, DrainOutcome, Feedback, Observation, CAPACITY_ROUNDS,
+};
+use crate::model::Time;
 
 use super::engine::{Strategy, World};
-use super::{earliest, Batch, Ms, SimInput, MINUTE, SECOND};
+use super::{earliest, Ms, SimInput, MINUTE, SECOND};
 
-/// How often a controller with nothing to do looks again (periodic resync).
+/// How often the controller looks again while something is under way (its `--resync`).
 const RESYNC: Ms = 10 * SECOND;
+/// An idle cluster is looked at this often (a resync that finds nothing to do changes nothing,
+/// so the ones in between are skipped).
+const IDLE_LOOK: Ms = 10 * MINUTE;
 
 pub struct Ours {
-    policy: Policy,
-    templates: plan::Templates,
-    /// Offerings that failed for lack of capacity, unavailable until then.
-    ice: BTreeMap<OfferingKey, Time>,
-    pools: BTreeMap<String, PoolState>,
-    batch: Batch,
+    core: Autoscaler,
     next: Option<Ms>,
-    launches: u64,
 }
 
 impl Ours {
     pub fn new(input: &SimInput) -> Ours {
-        // The planner learns availability by failing, as against a real cloud.
+        // The core learns availability by failing, as against a real cloud.
         let mut catalog = input.catalog.clone();
         for o in &mut catalog.offerings {
             o.available = true;
         }
-        Ours {
-            policy: input.policy.clone(),
-            templates: plan::Templates::new(&input.policy, &catalog),
-            ice: BTreeMap::new(),
-            pools: BTreeMap::new(),
-            batch: Batch::default(),
-            next: None,
-            launches: 0,
-        }
+        let mut core = Autoscaler::new(Config {
+            dry_run: false,
+            max_graceful_termination: Duration::from_secs(600),
+            identity: "simulator".into(),
+            seed: input.seed,
+        });
+        core.set_policy(Arc::new(input.policy.clone()), catalog);
+        // A fresh cluster: no earlier leader's history.
+        core.restore(None);
+        Ours { core, next: None }
     }
 
-    /// When the plan could change without any new event: an unneeded node's delay or a pool's
-    /// cooldown running out, an insufficient-capacity entry expiring while pods wait.
-    fn next_interesting(&self, p: &plan::Plan, world: &World, now: Ms) -> Option<Ms> {
-        let mut t: Option<Ms> = None;
-        let mut consider = |x: Ms| {
-            if x > now {
-                t = Some(t.map_or(x, |y: Ms| y.min(x)));
-            }
-        };
-        let mut pool_of: BTreeMap<&str, &str> = BTreeMap::new();
-        let mut newest: BTreeMap<&str, Time> = BTreeMap::new();
-        for n in world.live_nodes() {
-            pool_of.insert(n.node.name.as_str(), n.pool.as_str());
-            let e = newest.entry(n.pool.as_str()).or_insert(n.node.created);
-            *e = (*e).max(n.node.created);
-        }
-        for u in &p.unneeded {
-            let (Some(pool), Ok(since)) = (
-                pool_of
-                    .get(u.node.as_str())
-                    .and_then(|pn| self.policy.pool(pn)),
-                Time::parse_rfc3339(&u.since),
-            ) else {
-                continue;
-            };
-            consider((since + pool.scale_down.unneeded_time).0);
-            // The cooldown, derived from the newest node of the pool.
-            if let Some(t) = newest.get(pool.name.as_str()) {
-                consider((*t + pool.scale_down.cooldown_after_scale_up).0);
-            }
-            if let Some(f) = self
-                .pools
-                .get(&pool.name)
-                .and_then(|s| s.last_scale_down_failure)
-            {
-                consider((f + pool.scale_down.backoff_after_failure).0);
-            }
-        }
-        if !p.unschedulable.is_empty() {
-            for until in self.ice.values() {
-                consider(until.0);
+    /// Carries out one step's actions on the world; the outcomes of those that have one.
+    fn execute(&mut self, world: &mut World, actions: Vec<Action>) -> Vec<Feedback> {
+        let now = Time(world.now);
+        let mut feedback = Vec::new();
+        for a in actions {
+            match a {
+                Action::Register(r) => {
+                    world.register_node(&r.node, &r.labels, &r.annotations, &r.taints);
+                    feedback.push(Feedback::Registered {
+                        node: r.node,
+                        changed: true,
+                    });
+                }
+                Action::Launch { request, .. } => {
+                    let result = world.launch(&request);
+                    feedback.push(Feedback::Launched {
+                        launch_id: request.launch_id,
+                        result,
+                    });
+                }
+                Action::Terminate { instance_id, .. } => world.terminate_instance(&instance_id),
+                Action::DeleteNode { node } => world.delete_node(&node),
+                Action::Drain(order) => {
+                    // The simulated drain is immediate: evicted pods go back to pending.
+                    world.drain_and_remove(&order.node);
+                    let _ = self
+                        .core
+                        .drain_finished(&order.node, DrainOutcome::Removed, now);
+                }
+                Action::RollBack { node, why, .. } => {
+                    world.give_back(&node);
+                    let _ = self
+                        .core
+                        .drain_finished(&node, DrainOutcome::RolledBack(why), now);
+                }
+                Action::Annotate { node, key, value } => {
+                    world.annotate(&node, key, value.as_deref())
+                }
+                Action::Event(_) | Action::Log { .. } | Action::Count(_) | Action::Status(_) => {}
             }
         }
-        t
+        feedback
     }
 }
 
@@ -98,7 +95,7 @@ impl Strategy for Ours {
     }
 
     fn pods_unschedulable(&mut self, now: Ms) {
-        self.batch.add(now);
+        self.core.unschedulable_seen(Time(now));
     }
 
     fn cluster_changed(&mut self, now: Ms) {
@@ -108,110 +105,44 @@ impl Strategy for Ours {
     }
 
     fn next_run(&self) -> Option<Ms> {
-        earliest(
-            self.batch.deadline(
-                self.policy.batching.idle.as_millis() as Ms,
-                self.policy.batching.max.as_millis() as Ms,
-            ),
-            self.next,
-        )
+        earliest(self.core.batch_deadline().map(|t| t.0), self.next)
     }
 
     fn run(&mut self, world: &mut World) {
         let now = world.now;
-        self.batch.clear();
-        self.ice.retain(|_, until| until.0 > now);
-        let mut snapshot = world.snapshot();
-        snapshot.unavailable = self.ice.clone();
-        snapshot.pools = self.pools.clone();
-        let p = plan::plan_with(&snapshot, &self.templates, &self.policy, Time(now));
-        let ttl = self.policy.insufficient_capacity_ttl;
-        let mut follow_up = false;
-        // A gang's scale-ups (one per instance type) stand or fall together.
-        let mut gang_launched: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        let mut gang_short: BTreeSet<&str> = BTreeSet::new();
-        for su in &p.scale_ups {
-            self.launches += 1;
-            let req = LaunchRequest {
-                launch_id: format!("{}-{}", su.pool, self.launches),
-                pool: su.pool.clone(),
-                count: su.count,
-                offerings: su.offerings.iter().map(|o| o.key()).collect(),
-                tags: BTreeMap::new(),
-            };
-            let launched = match world.launch(&req) {
-                Ok(res) => {
-                    for (key, err) in &res.failures {
-                        if matches!(err, ProviderError::InsufficientCapacity { .. }) {
-                            self.ice.insert(key.clone(), Time(now) + ttl);
-                        }
-                    }
-                    if su.gang.is_none() && !res.launched.is_empty() {
-                        self.pools.entry(su.pool.clone()).or_default().last_scale_up =
-                            Some(Time(now));
-                    }
-                    res.launched.into_iter().map(|i| i.id).collect()
-                }
-                Err(_) => Vec::new(),
-            };
-            if (launched.len() as u32) < su.count {
-                follow_up = true;
-                if let Some(g) = &su.gang {
-                    gang_short.insert(g.as_str());
-                }
-            }
-            if let Some(g) = &su.gang {
-                gang_launched
-                    .entry(g.as_str())
-                    .or_default()
-                    .extend(launched);
-            }
+        let obs = Observation {
+            now: Time(now),
+            snapshot: world.snapshot(),
+            instances: Some(world.instances()),
+            other_provider_ids: Vec::new(),
+            policy_valid: true,
+        };
+        let mut actions = self.core.pass(obs);
+        let mut steps = 0;
+        let mut short = false;
+        while !actions.is_empty() {
+            steps += 1;
+            assert!(
+                steps <= 2 * CAPACITY_ROUNDS as usize + 2,
+                "a pass of the decision core did not end"
+            );
+            let feedback = self.execute(world, actions);
+            short |= feedback.iter().any(|f| match f {
+                Feedback::Launched { result: Ok(r), .. } => !r.failures.is_empty(),
+                Feedback::Launched { result: Err(_), .. } => true,
+                Feedback::Registered { .. } => false,
+            });
+            actions = self.core.resume(feedback);
         }
-        for (g, ids) in gang_launched {
-            if gang_short.contains(g) {
-                // All or nothing: give back a gang's partial launch and plan it again.
-                for id in ids {
-                    world.terminate_instance(&id);
-                }
-            } else if !ids.is_empty() {
-                for su in p.scale_ups.iter().filter(|s| s.gang.as_deref() == Some(g)) {
-                    self.pools.entry(su.pool.clone()).or_default().last_scale_up = Some(Time(now));
-                }
-            }
-        }
-        for d in &p.scale_downs {
-            world.drain_and_remove(&d.node);
-        }
-        // Keep "unneeded since" on the nodes.
-        let unneeded: BTreeSet<&str> = p.unneeded.iter().map(|u| u.node.as_str()).collect();
-        for u in &p.unneeded {
-            world.annotate(&u.node, labels::UNNEEDED_SINCE, Some(&u.since));
-        }
-        let stale: Vec<String> = world
-            .live_nodes()
-            .filter(|n| n.node.annotations.contains_key(labels::UNNEEDED_SINCE))
-            .filter(|n| !unneeded.contains(n.node.name.as_str()))
-            .map(|n| n.node.name.clone())
-            .collect();
-        for n in stale {
-            world.annotate(&n, labels::UNNEEDED_SINCE, None);
-        }
-        // Launches that never became nodes in time are given up and their offering avoided.
-        let max = self.policy.max_node_provision_time.as_millis() as Ms;
-        for (id, offering, launched) in world.unregistered() {
-            if now - launched > max {
-                world.terminate_instance(&id);
-                self.ice.insert(offering, Time(now) + ttl);
-            }
-        }
-        let waiting = p.unschedulable.iter().any(|u| !u.permanent);
-        let pending = waiting || !p.scale_ups.is_empty() || follow_up;
-        let mut next = self.next_interesting(&p, world, now);
-        if pending || !world.unregistered().is_empty() {
+        // When to look again: while pods wait, launches are short or instances boot, at the
+        // resync period; otherwise when a timer of the core runs out, or after a long idle.
+        let pending = self.core.last_plan().is_none_or(|p| {
+            !p.scale_ups.is_empty() || p.unschedulable.iter().any(|u| !u.permanent)
+        });
+        let mut next = self.core.next_change(Time(now)).map(|t| t.0);
+        if pending || short || !world.unregistered().is_empty() {
             next = Some(next.map_or(now + RESYNC, |t| t.min(now + RESYNC)));
         }
-        // Resyncs that cannot change the decision are skipped; an idle cluster is looked at
-        // every 10 minutes.
-        self.next = Some(next.unwrap_or(now + 10 * MINUTE));
+        self.next = Some(next.unwrap_or(now + IDLE_LOOK));
     }
 }

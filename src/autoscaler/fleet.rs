@@ -46,14 +46,14 @@ pub struct FleetView {
 /// whose Node re-registers is not taken for a launch that never came up.
 pub fn fleet_view<'a>(
     instances: impl IntoIterator<Item = &'a Instance>,
-    nodes: &HashMap<String, Node>,
+    nodes: impl IntoIterator<Item = &'a Node>,
     now: Time,
     max_provision: Duration,
     expects_gpus: impl Fn(&OfferingKey) -> bool,
     waiting_since: impl Fn(&Instance) -> Time,
 ) -> FleetView {
     let by_provider_id: HashMap<&str, &Node> = nodes
-        .values()
+        .into_iter()
         .filter_map(|n| n.provider_id.as_deref().map(|p| (p, n)))
         .collect();
     let mut waiting: Vec<&Instance> = Vec::new();
@@ -140,11 +140,11 @@ impl Registration {
 /// missing.
 pub fn registrations<'a>(
     instances: impl IntoIterator<Item = &'a Instance>,
-    nodes: &HashMap<String, Node>,
+    nodes: impl IntoIterator<Item = &'a Node>,
     pools: &[Pool],
 ) -> BTreeMap<String, Registration> {
     let by_provider_id: HashMap<&str, &Node> = nodes
-        .values()
+        .into_iter()
         .filter_map(|n| n.provider_id.as_deref().map(|p| (p, n)))
         .collect();
     let mut out = BTreeMap::new();
@@ -319,7 +319,7 @@ mod tests {
 
     #[test]
     fn instances_without_nodes_are_in_flight_until_overdue() {
-        let mut nodes = HashMap::new();
+        let mut nodes: HashMap<String, Node> = HashMap::new();
         let mut n = NodeBuilder::new("n1").build();
         n.provider_id = Some("aws:///us-east-1a/i-1".into());
         nodes.insert("n1".into(), n);
@@ -332,7 +332,7 @@ mod tests {
         ];
         let v = fleet_view(
             &instances,
-            &nodes,
+            nodes.values(),
             Time::from_secs(60),
             Duration::from_secs(900),
             |_| true,
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn a_registered_node_that_never_advertises_gpus_is_overdue() {
-        let mut nodes = HashMap::new();
+        let mut nodes: HashMap<String, Node> = HashMap::new();
         let mut n = NodeBuilder::new("n1").build();
         n.provider_id = Some("aws:///us-east-1a/i-1".into());
         assert_eq!(n.advertised_gpus(), 0);
@@ -356,7 +356,7 @@ mod tests {
         let instances = [instance("i-1", "L1", 0, InstanceState::Running)];
         let v = fleet_view(
             &instances,
-            &nodes,
+            nodes.values(),
             Time::from_secs(899),
             Duration::from_secs(900),
             |_| true,
@@ -365,7 +365,7 @@ mod tests {
         assert!(v.overdue.is_empty());
         let v = fleet_view(
             &instances,
-            &nodes,
+            nodes.values(),
             Time::from_secs(900),
             Duration::from_secs(900),
             |_| true,
@@ -374,7 +374,7 @@ mod tests {
         assert_eq!(v.overdue[0].node.as_deref(), Some("n1"));
         let v = fleet_view(
             &instances,
-            &nodes,
+            nodes.values(),
             Time::from_secs(900),
             Duration::from_secs(900),
             |_| false,
@@ -397,7 +397,7 @@ mod tests {
         let instances = [instance("i-1", "L1", 0, InstanceState::Running)];
         let v = fleet_view(
             &instances,
-            &nodes,
+            nodes.values(),
             Time::from_secs(7200),
             Duration::from_secs(900),
             |_| true,
@@ -446,7 +446,7 @@ mod tests {
         let lost_at = Time::from_secs(10_000);
         let v = fleet_view(
             &instances,
-            &HashMap::new(),
+            &[],
             Time::from_secs(10_060),
             Duration::from_secs(900),
             |_| true,
@@ -456,7 +456,7 @@ mod tests {
         assert_eq!(v.in_flight[0].count, 1);
         let v = fleet_view(
             &instances,
-            &HashMap::new(),
+            &[],
             Time::from_secs(10_900),
             Duration::from_secs(900),
             |_| true,
@@ -532,7 +532,7 @@ mod registration_tests {
         .into();
         let regs = registrations(
             &[instance("i-1", InstanceState::Running)],
-            &nodes,
+            nodes.values(),
             &policy.pools,
         );
         assert_eq!(regs.len(), 1, "only the node of our instance: {regs:?}");
@@ -552,7 +552,7 @@ mod registration_tests {
         let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
         assert!(registrations(
             &[instance("i-1", InstanceState::Running)],
-            &nodes,
+            nodes.values(),
             &policy.pools
         )
         .is_empty());
@@ -566,13 +566,13 @@ mod registration_tests {
         let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
         let regs = registrations(
             &[instance("i-1", InstanceState::Running)],
-            &nodes,
+            nodes.values(),
             &policy.pools,
         );
         assert!(!regs["n1"].labels.contains_key("team"), "{regs:?}");
         assert!(registrations(
             &[instance("i-1", InstanceState::ShuttingDown)],
-            &nodes,
+            nodes.values(),
             &policy.pools
         )
         .is_empty());

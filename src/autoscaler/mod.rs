@@ -1,0 +1,1374 @@
+//! The decision core that `run` (the controller) and `simulate` both execute.
+//!
+//! [`Autoscaler`] owns every piece of decision state — the batching window, the
+//! insufficient-capacity cache, per-pool launch back-off, scale-up and scale-down history,
+//! launches in flight and given up, drains in progress, what was reported — and holds no I/O:
+//! no clock, no client, no runtime. A pass takes an [`Observation`] (the cluster, the cloud's
+//! instances, the time) and returns [`Action`]s as plain data; an executor carries them out and
+//! answers those that have an outcome (registrations, launches) with [`Feedback`], which may
+//! bring more actions (give back a gang's partial launch, plan again at once after an offering
+//! ran out of capacity), until a step returns no action. Drains run longer than a pass: their
+//! outcome comes back through [`Autoscaler::drain_finished`].
+//!
+//! The controller executes the actions against the API server and the cloud providers
+//! (`controller`), the simulator against its virtual cluster and the in-memory cloud (`sim::ours`).
+
+pub mod batch;
+pub mod fleet;
+pub mod status;
+#[cfg(test)]
+mod tests;
+
+pub use batch::Batch;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
+use gpu_node_autoscaler_provider::{
+    Catalog, Instance, InstanceState, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
+};
+
+use crate::model::snapshot::PoolState;
+use crate::model::{labels, Node, Snapshot, Time};
+use crate::plan::{self, Plan, ScaleUp, Templates};
+use crate::policy::duration::format_duration;
+use crate::policy::Policy;
+
+use fleet::{fleet_view, launch_request, registrations, FleetView, Registration};
+use status::{PoolHistory, Status, StatusInput};
+
+/// The `reason` label values of `failed_launches_total`.
+pub const LAUNCH_FAILURE_REASONS: [&str; 7] = [
+    "insufficient_capacity",
+    "quota_exceeded",
+    "throttled",
+    "invalid_request",
+    "not_found",
+    "other",
+    "provision_timeout",
+];
+
+/// Rounds of planning in one pass: an offering newly found short of capacity is avoided and the
+/// rest planned again at once, at most this many times.
+pub const CAPACITY_ROUNDS: u32 = 3;
+/// A launched instance not listed by the cloud yet is remembered this long.
+const RECENT_FOR: Duration = Duration::from_secs(300);
+/// Given-up launch ids are remembered this long (a re-plan of the same pods uses a new id).
+const GIVEN_UP_FOR: Duration = Duration::from_secs(3600);
+/// Nodes removed here: a stale cache does not resume their drain for this long.
+const REMOVED_FOR: Duration = Duration::from_secs(600);
+/// The status is rewritten at least this often while it changes nothing but the time.
+const STATUS_EVERY: Duration = Duration::from_secs(10);
+
+/// Settings fixed for the life of the core.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Decide and report only: no launch, drain, registration or annotation.
+    pub dry_run: bool,
+    /// How long a drain may take before the node is given back.
+    pub max_graceful_termination: Duration,
+    /// Who decides (written into the status).
+    pub identity: String,
+    /// Seed of the back-off jitter (fixed in the simulator, random in the controller).
+    pub seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            dry_run: false,
+            max_graceful_termination: Duration::from_secs(600),
+            identity: String::new(),
+            seed: 0,
+        }
+    }
+}
+
+/// What a pass looks at.
+#[derive(Clone, Debug, Default)]
+pub struct Observation {
+    pub now: Time,
+    /// Pods, Nodes and PDBs as the API server shows them. In-flight launches, unavailable
+    /// offerings and pool history are the core's to fill in.
+    pub snapshot: Snapshot,
+    /// Every instance the pools' providers list now; `None` when the cloud could not be listed
+    /// (then in-flight capacity is unknown and deciding could launch twice: only expired drains
+    /// are given back).
+    pub instances: Option<Vec<Instance>>,
+    /// providerIDs of Nodes that exist but could not be read: their instances are neither in
+    /// flight nor overdue.
+    pub other_provider_ids: Vec<String>,
+    /// Whether the policy last read was valid (for the status).
+    pub policy_valid: bool,
+}
+
+/// The object an Event is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Subject {
+    Pod {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+    Node(String),
+}
+
+/// A Kubernetes Event to record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Note {
+    pub subject: Subject,
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Info,
+    Warn,
+}
+
+/// Something to count or measure.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Count {
+    /// Nodes launched for a pool.
+    ScaleUps {
+        pool: String,
+        nodes: u32,
+    },
+    /// A node drained and removed.
+    ScaleDown {
+        pool: String,
+    },
+    FailedLaunch {
+        pool: String,
+        reason: &'static str,
+    },
+    /// Pods a scale-up was decided for (their reaction time is measured from when they became
+    /// unschedulable).
+    Planned {
+        pods: Vec<String>,
+    },
+    /// Nodes of ours that advertise no GPUs any more (a gauge).
+    NodesGpusLost(usize),
+}
+
+/// A drain to run: taint and cordon the node, evict its pods, terminate its instance and delete
+/// the Node; give it back (untaint, uncordon) if it is not empty by the deadline.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrainOrder {
+    pub node: String,
+    pub pool: String,
+    /// The instance, only as the pools' listing names it (never parsed out of a providerID).
+    pub instance_id: Option<String>,
+    pub deadline: Time,
+    pub reason: String,
+}
+
+/// An action for the executor, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Give a Node of ours its pool's labels, taints and annotations. Answered with
+    /// [`Feedback::Registered`].
+    Register(Registration),
+    /// Launch through the pool's provider, trying the offerings in order. Answered with
+    /// [`Feedback::Launched`].
+    Launch {
+        request: LaunchRequest,
+        /// The pods (`namespace/name`) the nodes are for.
+        pods: Vec<String>,
+    },
+    /// Terminate an instance of ours (a launch given up or given back).
+    Terminate {
+        pool: String,
+        instance_id: String,
+        why: String,
+    },
+    DeleteNode {
+        node: String,
+    },
+    /// Start a drain; its outcome comes back through [`Autoscaler::drain_finished`].
+    Drain(DrainOrder),
+    /// Give back a node whose drain (found from the taint) ran past its deadline; the outcome
+    /// comes back through [`Autoscaler::drain_finished`].
+    RollBack {
+        node: String,
+        pool: Option<String>,
+        why: String,
+    },
+    /// Set (or remove, `None`) an annotation of a Node.
+    Annotate {
+        node: String,
+        key: &'static str,
+        value: Option<String>,
+    },
+    Event(Note),
+    Log {
+        level: Level,
+        message: String,
+    },
+    Count(Count),
+    /// Publish the status (the status ConfigMap).
+    Status(Box<Status>),
+}
+
+/// The outcome of an action that has one.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Feedback {
+    /// A registration was written (`changed`: the Node's labels or taints changed) or failed.
+    Registered { node: String, changed: bool },
+    Launched {
+        launch_id: String,
+        result: Result<LaunchResult, ProviderError>,
+    },
+}
+
+/// How a drain ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DrainOutcome {
+    Removed,
+    /// Given back (taint removed, uncordoned), with why.
+    RolledBack(String),
+    /// Leadership was lost: the next leader finds the drain from the taint.
+    Abandoned,
+    /// The node was emptied but could not be removed; it stays tainted and is tried again.
+    Failed(String),
+}
+
+/// One scale-up of the current round: its launch id and whether a launch was asked for.
+#[derive(Clone, Debug)]
+struct Issued {
+    launch_id: String,
+    launched: bool,
+}
+
+enum Stage {
+    /// Registrations asked for; the plan waits for their outcome.
+    Registering(BTreeMap<String, Registration>),
+    /// Launches asked for in round `round` of `plan`.
+    Launching {
+        round: u32,
+        plan: Plan,
+        issued: Vec<Issued>,
+    },
+}
+
+/// A pass between its steps.
+struct Pass {
+    now: Time,
+    snapshot: Snapshot,
+    instances: Vec<Instance>,
+    view: FleetView,
+    policy: Arc<Policy>,
+    templates: Option<Arc<Templates>>,
+    policy_valid: bool,
+    /// Pod key → index in `snapshot.pods`.
+    pod_index: HashMap<String, usize>,
+    stage: Stage,
+}
+
+/// The decision core.
+pub struct Autoscaler {
+    config: Config,
+    policy: Option<Arc<Policy>>,
+    templates: Option<Arc<Templates>>,
+    catalog: Catalog,
+    batch: Batch,
+    /// Offerings that failed for lack of capacity, unavailable until then.
+    ice: BTreeMap<OfferingKey, Time>,
+    history: BTreeMap<String, PoolHistory>,
+    /// Instances launched here, until the cloud's listing shows them.
+    recent: HashMap<String, (Instance, Time)>,
+    /// Launch ids given up (never registered in time, a gang's partial launch given back, or
+    /// their instances gone), with when: a re-plan uses a new id.
+    given_up: HashMap<String, Time>,
+    /// Live instances seen (listed or launched here) → their launch id.
+    seen: HashMap<String, String>,
+    /// Instances seen with a Node; and since when those without one any more lost it.
+    registered: HashSet<String>,
+    lost: HashMap<String, Time>,
+    /// Nodes removed here, so that a stale view does not resume their drain.
+    removed: HashMap<String, Time>,
+    /// Per pool: no launch before this time after failures other than capacity, and how many.
+    launch_backoff: HashMap<String, (Time, u32)>,
+    /// History restored from the last leader's status (after a restart or a failover).
+    restored: bool,
+    /// Drains and rollbacks running: node → pool.
+    drains: BTreeMap<String, Option<String>>,
+    /// The last NotTriggerScaleUp reason sent per pod.
+    notified: HashMap<String, String>,
+    /// "Unneeded since" per node, kept here in dry-run (no annotation is written).
+    unneeded_dry: BTreeMap<String, String>,
+    /// Why each idle-looking node is kept, as last logged.
+    kept: BTreeMap<String, String>,
+    /// Nodes whose GPUs went missing, as last reported.
+    gpus_lost: BTreeSet<String>,
+    last_status: Option<(String, Time)>,
+    jitter_draws: u64,
+    pass: Option<Pass>,
+    last_plan: Option<Plan>,
+    wake: Wake,
+}
+
+/// From the last finished pass, what [`Autoscaler::next_change`] needs.
+#[derive(Default)]
+struct Wake {
+    /// Unneeded node → its pool.
+    unneeded_pools: BTreeMap<String, String>,
+    /// Pool → its newest node's creation or launch.
+    newest_in_pool: BTreeMap<String, Time>,
+}
+
+impl Autoscaler {
+    pub fn new(config: Config) -> Autoscaler {
+        Autoscaler {
+            config,
+            policy: None,
+            templates: None,
+            catalog: Catalog::default(),
+            batch: Batch::default(),
+            ice: BTreeMap::new(),
+            history: BTreeMap::new(),
+            recent: HashMap::new(),
+            given_up: HashMap::new(),
+            seen: HashMap::new(),
+            registered: HashSet::new(),
+            lost: HashMap::new(),
+            removed: HashMap::new(),
+            launch_backoff: HashMap::new(),
+            restored: false,
+            drains: BTreeMap::new(),
+            notified: HashMap::new(),
+            unneeded_dry: BTreeMap::new(),
+            kept: BTreeMap::new(),
+            gpus_lost: BTreeSet::new(),
+            last_status: None,
+            jitter_draws: 0,
+            pass: None,
+            last_plan: None,
+            wake: Wake::default(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Puts a policy in force with the catalog its offerings are priced from.
+    pub fn set_policy(&mut self, policy: Arc<Policy>, catalog: Catalog) {
+        self.templates = Some(Arc::new(Templates::new(&policy, &catalog)));
+        self.catalog = catalog;
+        self.policy = Some(policy);
+    }
+
+    pub fn policy(&self) -> Option<&Arc<Policy>> {
+        self.policy.as_ref()
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// Whether the last leader's history must be read (with [`Autoscaler::restore`]) before
+    /// the next pass decides anything.
+    pub fn needs_restore(&self) -> bool {
+        !self.restored
+    }
+
+    /// Restores cooldowns, back-offs and given-up launches from the status the last leader
+    /// wrote (`status.json`; `None` when there is none).
+    pub fn restore(&mut self, status_json: Option<&str>) {
+        self.restored = true;
+        let Some(json) = status_json else { return };
+        for (id, at) in status::given_up_of(json) {
+            self.given_up.entry(id).or_insert(at);
+        }
+        for (pool, h) in status::history_of(json) {
+            let mine = self.history.entry(pool).or_default();
+            mine.last_scale_up = mine.last_scale_up.max(h.last_scale_up);
+            mine.last_scale_down = mine.last_scale_down.max(h.last_scale_down);
+            mine.last_scale_down_failure =
+                mine.last_scale_down_failure.max(h.last_scale_down_failure);
+        }
+    }
+
+    /// Another replica may lead from now on: a pass under way is dropped, and the history is
+    /// read again on taking over. `not_done` are the actions of the last step that were not
+    /// carried out (their drains are not running).
+    pub fn leadership_lost(&mut self, not_done: &[Action]) {
+        self.pass = None;
+        self.restored = false;
+        for a in not_done {
+            match a {
+                Action::Drain(DrainOrder { node, .. }) | Action::RollBack { node, .. } => {
+                    self.drains.remove(node);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// New pods became unschedulable.
+    pub fn unschedulable_seen(&mut self, now: Time) {
+        self.batch.add(now);
+    }
+
+    /// When the batching window closes (a pass is due then); `None` when it is not open.
+    pub fn batch_deadline(&self) -> Option<Time> {
+        let (idle, max) = self
+            .policy
+            .as_ref()
+            .map(|p| (p.batching.idle, p.batching.max))
+            .unwrap_or((Duration::from_secs(1), Duration::from_secs(10)));
+        self.batch.deadline(idle, max)
+    }
+
+    /// The plan of the last finished pass.
+    pub fn last_plan(&self) -> Option<&Plan> {
+        self.last_plan.as_ref()
+    }
+
+    /// Whether a drain (or rollback) of `node` is running.
+    pub fn draining(&self, node: &str) -> bool {
+        self.drains.contains_key(node)
+    }
+
+    pub fn drains(&self) -> usize {
+        self.drains.len()
+    }
+
+    /// Whether a pass has steps left (it waits for [`Feedback`]).
+    pub fn in_pass(&self) -> bool {
+        self.pass.is_some()
+    }
+
+    /// When the decision could change with nothing new observed: an unneeded node's delay, a
+    /// pool's cooldown or scale-down back-off running out; while pods wait, an unavailable
+    /// offering or a pool's launch back-off expiring. `None` when nothing is timed.
+    pub fn next_change(&self, now: Time) -> Option<Time> {
+        let (Some(policy), Some(plan)) = (&self.policy, &self.last_plan) else {
+            return None;
+        };
+        let mut next: Option<Time> = None;
+        let mut consider = |t: Time| {
+            if t > now {
+                next = Some(next.map_or(t, |n: Time| n.min(t)));
+            }
+        };
+        for u in &plan.unneeded {
+            let Some(pool) = self
+                .wake
+                .unneeded_pools
+                .get(&u.node)
+                .and_then(|p| policy.pool(p))
+            else {
+                continue;
+            };
+            if let Ok(since) = Time::parse_rfc3339(&u.since) {
+                consider(since + pool.scale_down.unneeded_time);
+            }
+            if let Some(h) = self.history.get(&pool.name) {
+                if let Some(t) = h.last_scale_up {
+                    consider(t + pool.scale_down.cooldown_after_scale_up);
+                }
+                if let Some(t) = h.last_scale_down_failure {
+                    consider(t + pool.scale_down.backoff_after_failure);
+                }
+            }
+            if let Some(t) = self.wake.newest_in_pool.get(&pool.name) {
+                consider(*t + pool.scale_down.cooldown_after_scale_up);
+            }
+        }
+        if plan.unschedulable.iter().any(|u| !u.permanent) {
+            for until in self.ice.values() {
+                consider(*until);
+            }
+            for (until, _) in self.launch_backoff.values() {
+                consider(*until);
+            }
+        }
+        next
+    }
+
+    /// Starts a pass. Returns its first actions; feed outcomes back with [`Autoscaler::resume`]
+    /// until it returns none.
+    pub fn pass(&mut self, obs: Observation) -> Vec<Action> {
+        self.pass = None;
+        self.batch.clear();
+        let mut out = Vec::new();
+        if !self.restored {
+            // Deciding without the last leader's cooldowns and back-offs could scale too early.
+            return out;
+        }
+        let now = obs.now;
+        // Giving nodes back needs neither a policy nor the cloud.
+        self.roll_back_expired_drains(&obs.snapshot, now, &mut out);
+        let (Some(policy), Some(instances)) = (self.policy.clone(), obs.instances) else {
+            return out;
+        };
+        self.ice.retain(|_, until| *until > now);
+        self.given_up.retain(|_, at| now.since(*at) < GIVEN_UP_FOR);
+        self.removed.retain(|_, at| now.since(*at) < REMOVED_FOR);
+        self.track_instances(&instances, now);
+        let view = self.fleet_of(
+            &instances,
+            &obs.snapshot.nodes,
+            &obs.other_provider_ids,
+            &policy,
+            now,
+        );
+        let regs = registrations(&instances, &obs.snapshot.nodes, &policy.pools);
+        let pod_index = obs
+            .snapshot
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.id.to_string(), i))
+            .collect();
+        let mut pass = Pass {
+            now,
+            snapshot: obs.snapshot,
+            instances,
+            view,
+            policy,
+            templates: self.templates.clone(),
+            policy_valid: obs.policy_valid,
+            pod_index,
+            stage: Stage::Registering(BTreeMap::new()),
+        };
+        if !self.config.dry_run && !regs.is_empty() {
+            out.extend(regs.values().cloned().map(Action::Register));
+            pass.stage = Stage::Registering(regs);
+            self.pass = Some(pass);
+            return out;
+        }
+        self.after_registration(pass, regs, &mut out);
+        out
+    }
+
+    /// Continues the pass with the outcomes of its last actions.
+    pub fn resume(&mut self, feedback: Vec<Feedback>) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(mut pass) = self.pass.take() else {
+            return out;
+        };
+        match std::mem::replace(&mut pass.stage, Stage::Registering(BTreeMap::new())) {
+            Stage::Registering(regs) => {
+                let changed = feedback.iter().any(|f| {
+                    matches!(f, Feedback::Registered { node, changed: true }
+                        if regs.get(node).is_some_and(|r| !r.labels.is_empty() || !r.taints.is_empty()))
+                });
+                if changed {
+                    // Decide on what the API server shows once the registrations are in: a pass
+                    // that planned on nodes registered in the same pass was seen (on a loaded
+                    // machine) to leave them out and launch again for pods they would take.
+                    for r in regs.values() {
+                        out.push(Action::Log {
+                            level: Level::Info,
+                            message: format!("registered node {} in pool {}", r.node, r.pool),
+                        });
+                    }
+                    return out;
+                }
+                self.after_registration(pass, regs, &mut out);
+            }
+            Stage::Launching {
+                round,
+                plan,
+                issued,
+            } => {
+                self.after_launches(pass, round, plan, issued, feedback, &mut out);
+            }
+        }
+        out
+    }
+
+    /// A drain (or rollback) ended.
+    pub fn drain_finished(&mut self, node: &str, outcome: DrainOutcome, now: Time) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(pool) = self.drains.remove(node) else {
+            return out;
+        };
+        match outcome {
+            DrainOutcome::Removed => {
+                self.removed.insert(node.to_string(), now);
+                if let Some(p) = pool {
+                    out.push(Action::Count(Count::ScaleDown { pool: p.clone() }));
+                    self.history.entry(p).or_default().last_scale_down = Some(now);
+                }
+            }
+            DrainOutcome::RolledBack(why) | DrainOutcome::Failed(why) => {
+                out.push(Action::Log {
+                    level: Level::Warn,
+                    message: format!("scale-down of {node} failed: {why}"),
+                });
+                if let Some(p) = pool {
+                    // The pool's scale-down back-off (kept in the status: it survives failover).
+                    self.history.entry(p).or_default().last_scale_down_failure = Some(now);
+                }
+            }
+            DrainOutcome::Abandoned => {}
+        }
+        out
+    }
+
+    // ---- the steps of a pass ----
+
+    fn after_registration(
+        &mut self,
+        mut pass: Pass,
+        regs: BTreeMap<String, Registration>,
+        out: &mut Vec<Action>,
+    ) {
+        let now = pass.now;
+        for n in &mut pass.snapshot.nodes {
+            if let Some(r) = regs.get(&n.name) {
+                r.apply(n);
+            }
+            if self.config.dry_run {
+                if let Some(since) = self.unneeded_dry.get(&n.name) {
+                    n.annotations
+                        .insert(labels::UNNEEDED_SINCE.into(), since.clone());
+                }
+            }
+        }
+        self.give_up_overdue(&pass, out);
+        self.report_gpus_lost(&pass.view, out);
+        self.resume_drains(&pass, out);
+        if pass.templates.is_none() {
+            return;
+        }
+        self.plan_round(pass, 0, now, out);
+    }
+
+    /// Plans with what is known now and asks for the launches.
+    fn plan_round(&mut self, mut pass: Pass, round: u32, now: Time, out: &mut Vec<Action>) {
+        let Some(templates) = pass.templates.clone() else {
+            return;
+        };
+        pass.snapshot.in_flight = pass.view.in_flight.clone();
+        pass.snapshot.unavailable = self.ice.clone();
+        pass.snapshot.pools = self
+            .history
+            .iter()
+            .map(|(pool, h)| {
+                let state = PoolState {
+                    last_scale_up: h.last_scale_up,
+                    last_scale_down_failure: h.last_scale_down_failure,
+                };
+                (pool.clone(), state)
+            })
+            .collect();
+        let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
+        let mut issued = Vec::with_capacity(plan.scale_ups.len());
+        for su in &plan.scale_ups {
+            let uids: Vec<&str> = su
+                .pods
+                .iter()
+                .map(|k| {
+                    pass.pod_index
+                        .get(k)
+                        .map(|&i| pass.snapshot.pods[i].uid.as_str())
+                        .filter(|u| !u.is_empty())
+                        .unwrap_or(k.as_str())
+                })
+                .collect();
+            let pool = pass.policy.pool(&su.pool);
+            let mut attempt = 0;
+            let mut req = launch_request(su, &uids, pool, attempt);
+            while self.given_up.contains_key(&req.launch_id) {
+                attempt += 1;
+                req = launch_request(su, &uids, pool, attempt);
+            }
+            out.push(Action::Count(Count::Planned {
+                pods: su.pods.clone(),
+            }));
+            let what = describe(su);
+            if self.config.dry_run {
+                notify_pods(
+                    &pass,
+                    su,
+                    "TriggeredScaleUp",
+                    format!("would launch {what}"),
+                    out,
+                );
+                issued.push(Issued {
+                    launch_id: req.launch_id,
+                    launched: false,
+                });
+                continue;
+            }
+            let backing_off = self
+                .launch_backoff
+                .get(&su.pool)
+                .is_some_and(|(until, _)| *until > now);
+            if backing_off {
+                issued.push(Issued {
+                    launch_id: req.launch_id,
+                    launched: false,
+                });
+                continue;
+            }
+            out.push(Action::Log {
+                level: Level::Info,
+                message: format!("launching {what} (launch id {})", req.launch_id),
+            });
+            issued.push(Issued {
+                launch_id: req.launch_id.clone(),
+                launched: true,
+            });
+            out.push(Action::Launch {
+                request: req,
+                pods: su.pods.clone(),
+            });
+        }
+        let waiting = issued.iter().any(|i| i.launched);
+        pass.stage = Stage::Launching {
+            round,
+            plan,
+            issued,
+        };
+        if waiting {
+            self.pass = Some(pass);
+        } else {
+            let Stage::Launching {
+                round,
+                plan,
+                issued,
+            } = std::mem::replace(&mut pass.stage, Stage::Registering(BTreeMap::new()))
+            else {
+                unreachable!("set above")
+            };
+            self.after_launches(pass, round, plan, issued, Vec::new(), out);
+        }
+    }
+
+    fn after_launches(
+        &mut self,
+        mut pass: Pass,
+        round: u32,
+        plan: Plan,
+        issued: Vec<Issued>,
+        feedback: Vec<Feedback>,
+        out: &mut Vec<Action>,
+    ) {
+        let now = pass.now;
+        let mut results: HashMap<String, Result<LaunchResult, ProviderError>> = feedback
+            .into_iter()
+            .filter_map(|f| match f {
+                Feedback::Launched { launch_id, result } => Some((launch_id, result)),
+                Feedback::Registered { .. } => None,
+            })
+            .collect();
+        let ttl = pass.policy.insufficient_capacity_ttl;
+        let mut capacity_failed = false;
+        let mut launched: Vec<Vec<Instance>> = Vec::with_capacity(issued.len());
+        for (su, is) in plan.scale_ups.iter().zip(&issued) {
+            if !is.launched {
+                launched.push(Vec::new());
+                continue;
+            }
+            // A launch the executor did not answer did not happen (leadership lost meanwhile).
+            let result = results.remove(&is.launch_id).unwrap_or_else(|| {
+                Ok(LaunchResult {
+                    launched: Vec::new(),
+                    failures: Vec::new(),
+                })
+            });
+            let mut other_failure = false;
+            let instances = match result {
+                Ok(res) => {
+                    for (key, err) in &res.failures {
+                        out.push(Action::Count(Count::FailedLaunch {
+                            pool: su.pool.clone(),
+                            reason: err.metric_label(),
+                        }));
+                        if matches!(err, ProviderError::InsufficientCapacity { .. }) {
+                            capacity_failed |= !self.ice.contains_key(key);
+                            self.ice.insert(key.clone(), now + ttl);
+                        } else {
+                            other_failure = true;
+                        }
+                    }
+                    res.launched
+                }
+                Err(e) => {
+                    out.push(Action::Log {
+                        level: Level::Warn,
+                        message: format!("pool {}: launch failed: {e}", su.pool),
+                    });
+                    out.push(Action::Count(Count::FailedLaunch {
+                        pool: su.pool.clone(),
+                        reason: e.metric_label(),
+                    }));
+                    other_failure = true;
+                    Vec::new()
+                }
+            };
+            let n = instances.len() as u32;
+            if other_failure {
+                let failures = self.launch_backoff.get(&su.pool).map_or(0, |b| b.1) + 1;
+                self.jitter_draws += 1;
+                let wait = backoff(
+                    Duration::from_secs(5),
+                    Duration::from_secs(300),
+                    failures - 1,
+                    jitter_unit(self.config.seed ^ self.jitter_draws.rotate_left(32)),
+                );
+                out.push(Action::Log {
+                    level: Level::Warn,
+                    message: format!(
+                        "pool {}: launches wait {}s after {failures} failure(s)",
+                        su.pool,
+                        wait.as_secs()
+                    ),
+                });
+                self.launch_backoff
+                    .insert(su.pool.clone(), (now + wait, failures));
+            } else if n == su.count {
+                self.launch_backoff.remove(&su.pool);
+            }
+            for i in &instances {
+                self.recent.insert(i.id.clone(), (i.clone(), now));
+                self.seen.insert(i.id.clone(), i.launch_id.clone());
+            }
+            if n > 0 {
+                out.push(Action::Count(Count::ScaleUps {
+                    pool: su.pool.clone(),
+                    nodes: n,
+                }));
+                // A gang's launch counts once it is whole (below).
+                if su.gang.is_none() {
+                    self.history
+                        .entry(su.pool.clone())
+                        .or_default()
+                        .last_scale_up = Some(now);
+                }
+                let what = describe(su);
+                let note = if n < su.count {
+                    format!("launched {n} of {what}; the rest is planned again")
+                } else {
+                    format!("launched {what}")
+                };
+                notify_pods(&pass, su, "TriggeredScaleUp", note, out);
+            }
+            launched.push(instances);
+        }
+        if !self.config.dry_run {
+            self.settle_gangs(&pass, &plan, &issued, &launched, out);
+        }
+        // An offering just found short of capacity is now avoided: plan the rest again at once.
+        // Other failures wait for their back-off.
+        if capacity_failed && round + 1 < CAPACITY_ROUNDS && !self.config.dry_run {
+            let obs_nodes = std::mem::take(&mut pass.snapshot.nodes);
+            pass.view = self.fleet_of(&pass.instances, &obs_nodes, &[], &pass.policy, now);
+            pass.snapshot.nodes = obs_nodes;
+            self.plan_round(pass, round + 1, now, out);
+            return;
+        }
+        self.finish(pass, plan, out);
+    }
+
+    /// All or nothing: a gang whose scale-ups were not all fulfilled gives its instances back
+    /// and is planned again under a new launch id.
+    fn settle_gangs(
+        &mut self,
+        pass: &Pass,
+        plan: &Plan,
+        issued: &[Issued],
+        launched: &[Vec<Instance>],
+        out: &mut Vec<Action>,
+    ) {
+        let short: BTreeSet<&str> = plan
+            .scale_ups
+            .iter()
+            .zip(issued.iter().zip(launched))
+            .filter(|(su, (is, l))| !is.launched || (l.len() as u32) < su.count)
+            .filter_map(|(su, _)| su.gang.as_deref())
+            .collect();
+        for ((su, is), l) in plan.scale_ups.iter().zip(issued).zip(launched) {
+            let Some(g) = su.gang.as_deref() else {
+                continue;
+            };
+            if short.contains(g) {
+                if l.is_empty() {
+                    continue;
+                }
+                self.given_up.insert(is.launch_id.clone(), pass.now);
+                for i in l {
+                    self.recent.remove(&i.id);
+                    out.push(Action::Terminate {
+                        pool: su.pool.clone(),
+                        instance_id: i.id.clone(),
+                        why: format!("giving back the partial launch of gang {g}"),
+                    });
+                }
+                notify_pods(
+                    pass,
+                    su,
+                    "NotTriggerScaleUp",
+                    format!(
+                        "gang {g} could not be launched whole; its {} instance(s) were given \
+                         back and it is planned again",
+                        l.len()
+                    ),
+                    out,
+                );
+            } else if !l.is_empty() {
+                self.history
+                    .entry(su.pool.clone())
+                    .or_default()
+                    .last_scale_up = Some(pass.now);
+            }
+        }
+    }
+
+    /// The rest of a pass once launching is done: reasons for the pods it cannot help, drains,
+    /// "unneeded since" annotations, the status.
+    fn finish(&mut self, pass: Pass, plan: Plan, out: &mut Vec<Action>) {
+        self.report_unschedulable(&pass, &plan, out);
+        let kept: BTreeMap<String, String> = plan
+            .kept
+            .iter()
+            .map(|k| (k.node.clone(), k.reason.clone()))
+            .collect();
+        for (node, reason) in &kept {
+            if self.kept.get(node) != Some(reason) {
+                out.push(Action::Log {
+                    level: Level::Info,
+                    message: format!("idle-looking node {node} kept: {reason}"),
+                });
+            }
+        }
+        self.kept = kept;
+        self.scale_down(&pass, &plan, out);
+        self.keep_unneeded(&pass, &plan, out);
+        self.publish(&pass, &plan, out);
+        // What `next_change` needs: each unneeded node's pool, each pool's newest node or launch
+        // (the planner's cooldown starts there too).
+        let mut newest: BTreeMap<String, Time> = BTreeMap::new();
+        let mut pools: BTreeMap<String, String> = BTreeMap::new();
+        for n in &pass.snapshot.nodes {
+            if let Some(p) = n.pool() {
+                let e = newest.entry(p.to_string()).or_insert(n.created);
+                *e = (*e).max(n.created);
+                pools.insert(n.name.clone(), p.to_string());
+            }
+        }
+        for f in &pass.snapshot.in_flight {
+            let e = newest.entry(f.pool.clone()).or_insert(f.launched_at);
+            *e = (*e).max(f.launched_at);
+        }
+        pools.retain(|n, _| plan.unneeded.iter().any(|u| &u.node == n));
+        self.wake = Wake {
+            unneeded_pools: pools,
+            newest_in_pool: newest,
+        };
+        self.last_plan = Some(plan);
+    }
+
+    // ---- bookkeeping ----
+
+    /// Keeps what this process launched until the cloud lists it, and retires the launch ids of
+    /// instances that are gone (terminated, interrupted): the same pods planned again get a new
+    /// launch, not the idempotent answer of the old one.
+    fn track_instances(&mut self, listed: &[Instance], now: Time) {
+        let live = |i: &Instance| {
+            !matches!(
+                i.state,
+                InstanceState::Terminated | InstanceState::ShuttingDown
+            )
+        };
+        let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+        self.recent.retain(|id, (_, added)| {
+            !listed_ids.contains(id.as_str()) && now.since(*added) < RECENT_FOR
+        });
+        let mut current: HashMap<String, String> = HashMap::new();
+        for i in listed.iter().filter(|i| live(i)) {
+            current.insert(i.id.clone(), i.launch_id.clone());
+        }
+        for (id, (i, _)) in &self.recent {
+            current.insert(id.clone(), i.launch_id.clone());
+        }
+        for (id, launch_id) in &self.seen {
+            if !current.contains_key(id) && !launch_id.is_empty() {
+                self.given_up.entry(launch_id.clone()).or_insert(now);
+            }
+        }
+        self.seen = current;
+    }
+
+    /// Joins the cloud's instances (listed, and launched here but not listed yet) with the
+    /// Nodes: what is in flight, what is overdue, which instance each Node is.
+    fn fleet_of(
+        &mut self,
+        listed: &[Instance],
+        nodes: &[Node],
+        other_provider_ids: &[String],
+        policy: &Policy,
+        now: Time,
+    ) -> FleetView {
+        let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+        let all: Vec<&Instance> = listed
+            .iter()
+            .chain(
+                self.recent
+                    .values()
+                    .map(|(i, _)| i)
+                    .filter(|i| !listed_ids.contains(i.id.as_str())),
+            )
+            .collect();
+        let with_node: HashSet<&str> = nodes
+            .iter()
+            .filter_map(|n| n.provider_id.as_deref())
+            .chain(other_provider_ids.iter().map(String::as_str))
+            .collect();
+        let ids: HashSet<&str> = all.iter().map(|i| i.id.as_str()).collect();
+        self.registered.retain(|id| ids.contains(id.as_str()));
+        self.lost.retain(|id, _| ids.contains(id.as_str()));
+        for i in &all {
+            if with_node.contains(i.provider_id.as_str()) {
+                self.registered.insert(i.id.clone());
+                self.lost.remove(&i.id);
+            } else if self.registered.contains(&i.id) {
+                self.lost.entry(i.id.clone()).or_insert(now);
+            }
+        }
+        let catalog = &self.catalog;
+        let lost = &self.lost;
+        fleet_view(
+            all,
+            nodes,
+            now,
+            policy.max_node_provision_time,
+            |k: &OfferingKey| {
+                catalog
+                    .instance_type(&k.instance_type)
+                    .is_none_or(|t| t.gpu.is_some())
+            },
+            |i: &Instance| lost.get(&i.id).copied().unwrap_or(Time(i.launched_at_ms)),
+        )
+    }
+
+    /// Instances that never became working nodes: terminated, their offering avoided.
+    fn give_up_overdue(&mut self, pass: &Pass, out: &mut Vec<Action>) {
+        if self.config.dry_run {
+            return;
+        }
+        let now = pass.now;
+        for o in &pass.view.overdue {
+            let i = &o.instance;
+            let why = match &o.node {
+                Some(n) => format!("node {n} never advertised its GPUs"),
+                None => "no Node registered".to_string(),
+            };
+            out.push(Action::Log {
+                level: Level::Warn,
+                message: format!(
+                    "giving up launch {} (instance {}, {}) after {}: {why}",
+                    i.launch_id,
+                    i.id,
+                    i.offering,
+                    format_duration(pass.policy.max_node_provision_time)
+                ),
+            });
+            self.ice.insert(
+                i.offering.clone(),
+                now + pass.policy.insufficient_capacity_ttl,
+            );
+            self.given_up.insert(i.launch_id.clone(), now);
+            out.push(Action::Count(Count::FailedLaunch {
+                pool: i.pool.clone(),
+                reason: "provision_timeout",
+            }));
+            self.recent.remove(&i.id);
+            out.push(Action::Terminate {
+                pool: i.pool.clone(),
+                instance_id: i.id.clone(),
+                why: why.clone(),
+            });
+            if let Some(n) = &o.node {
+                out.push(Action::DeleteNode { node: n.clone() });
+                out.push(Action::Event(Note {
+                    subject: Subject::Node(n.clone()),
+                    warning: true,
+                    reason: "ScaleDown",
+                    action: "GiveUp",
+                    message: format!("instance {} removed: {why}", i.id),
+                }));
+            }
+        }
+    }
+
+    /// Nodes whose GPUs went missing after they advertised them: reported (Event, log, gauge),
+    /// never terminated for it (a device plugin restarting, a GPU operator upgrade).
+    fn report_gpus_lost(&mut self, view: &FleetView, out: &mut Vec<Action>) {
+        let now_lost: BTreeSet<String> = view.gpus_lost.iter().cloned().collect();
+        for n in now_lost.difference(&self.gpus_lost) {
+            out.push(Action::Log {
+                level: Level::Warn,
+                message: format!("node {n} advertises no GPUs any more; it is kept"),
+            });
+            out.push(Action::Event(Note {
+                subject: Subject::Node(n.clone()),
+                warning: true,
+                reason: "GPUsUnavailable",
+                action: "Observe",
+                message: format!(
+                    "{n} advertised GPUs and advertises none now (device plugin restarting, or \
+                     GPUs lost); the node is kept, not given up as a failed launch"
+                ),
+            }));
+        }
+        for n in self.gpus_lost.difference(&now_lost) {
+            out.push(Action::Log {
+                level: Level::Info,
+                message: format!("node {n} advertises its GPUs again"),
+            });
+        }
+        out.push(Action::Count(Count::NodesGpusLost(now_lost.len())));
+        self.gpus_lost = now_lost;
+    }
+
+    /// Drains of a previous leader (found from the taint) past their deadline: given back.
+    fn roll_back_expired_drains(&mut self, snapshot: &Snapshot, now: Time, out: &mut Vec<Action>) {
+        if self.config.dry_run {
+            return;
+        }
+        for n in &snapshot.nodes {
+            if self.drains.contains_key(&n.name)
+                || self.removed.contains_key(&n.name)
+                || n.deleting
+                || !has_drain_taint(n)
+                || drain_deadline(n, self.config.max_graceful_termination, now) > now
+            {
+                continue;
+            }
+            let pool = n.pool().map(str::to_string);
+            self.drains.insert(n.name.clone(), pool.clone());
+            out.push(Action::RollBack {
+                node: n.name.clone(),
+                pool,
+                why: "a drain interrupted by a restart ran past its deadline".into(),
+            });
+        }
+    }
+
+    /// Drains of a previous leader (found from the taint) within their deadline: finished.
+    fn resume_drains(&mut self, pass: &Pass, out: &mut Vec<Action>) {
+        if self.config.dry_run {
+            return;
+        }
+        for n in &pass.snapshot.nodes {
+            if !has_drain_taint(n)
+                || n.deleting
+                || self.drains.contains_key(&n.name)
+                || self.removed.contains_key(&n.name)
+            {
+                continue;
+            }
+            let deadline = drain_deadline(n, self.config.max_graceful_termination, pass.now);
+            if deadline <= pass.now {
+                continue;
+            }
+            out.push(Action::Log {
+                level: Level::Info,
+                message: format!("resuming the interrupted drain of {}", n.name),
+            });
+            out.push(self.drain(n, &pass.view, deadline, "resumed after a restart".into()));
+        }
+    }
+
+    fn drain(&mut self, n: &Node, view: &FleetView, deadline: Time, reason: String) -> Action {
+        let pool = n.pool().unwrap_or("").to_string();
+        self.drains
+            .insert(n.name.clone(), Some(pool.clone()).filter(|p| !p.is_empty()));
+        Action::Drain(DrainOrder {
+            node: n.name.clone(),
+            pool,
+            instance_id: n
+                .provider_id
+                .as_ref()
+                .and_then(|p| view.instance_of_node.get(p).cloned()),
+            deadline,
+            reason,
+        })
+    }
+
+    fn scale_down(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
+        let limit = pass.policy.max_concurrent_drains as usize;
+        for d in &plan.scale_downs {
+            if self.drains.contains_key(&d.node) {
+                continue;
+            }
+            if self.config.dry_run {
+                out.push(Action::Event(Note {
+                    subject: Subject::Node(d.node.clone()),
+                    warning: false,
+                    reason: "ScaleDown",
+                    action: "Drain",
+                    message: format!(
+                        "would drain and remove {} (pool {}, saves ${:.3}/hour): {}",
+                        d.node, d.pool, d.saves_per_hour, d.reason
+                    ),
+                }));
+                continue;
+            }
+            if self.drains.len() >= limit {
+                break;
+            }
+            let Some(node) = pass.snapshot.nodes.iter().find(|n| n.name == d.node) else {
+                continue;
+            };
+            let deadline = pass.now + self.config.max_graceful_termination;
+            out.push(self.drain(node, &pass.view, deadline, d.reason.clone()));
+        }
+    }
+
+    /// `NotTriggerScaleUp` once per pod and reason.
+    fn report_unschedulable(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
+        self.notified.retain(|k, _| pass.pod_index.contains_key(k));
+        for u in &plan.unschedulable {
+            if self.notified.get(&u.pod) == Some(&u.reason) {
+                continue;
+            }
+            let Some(&i) = pass.pod_index.get(&u.pod) else {
+                continue;
+            };
+            self.notified.insert(u.pod.clone(), u.reason.clone());
+            out.push(Action::Event(Note {
+                subject: pod_subject(&pass.snapshot.pods[i]),
+                warning: false,
+                reason: "NotTriggerScaleUp",
+                action: "ScaleUp",
+                message: u.reason.clone(),
+            }));
+        }
+    }
+
+    /// Keeps "unneeded since" on the nodes (the annotation; in memory in dry-run).
+    fn keep_unneeded(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
+        let now_unneeded: BTreeMap<&str, &str> = plan
+            .unneeded
+            .iter()
+            .map(|u| (u.node.as_str(), u.since.as_str()))
+            .collect();
+        if self.config.dry_run {
+            self.unneeded_dry = now_unneeded
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            return;
+        }
+        for n in &pass.snapshot.nodes {
+            let has = n
+                .annotations
+                .get(labels::UNNEEDED_SINCE)
+                .map(String::as_str);
+            let want = now_unneeded.get(n.name.as_str()).copied();
+            if has == want || self.drains.contains_key(&n.name) {
+                continue;
+            }
+            out.push(Action::Annotate {
+                node: n.name.clone(),
+                key: labels::UNNEEDED_SINCE,
+                value: want.map(str::to_string),
+            });
+        }
+    }
+
+    /// The status, when it changed or at least every 10 s.
+    fn publish(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
+        let nodes: Vec<&Node> = pass.snapshot.nodes.iter().collect();
+        let catalog = &self.catalog;
+        let st = status::build(&StatusInput {
+            now: pass.now,
+            leader: &self.config.identity,
+            dry_run: self.config.dry_run,
+            policy_valid: pass.policy_valid,
+            policy: &pass.policy,
+            nodes: &nodes,
+            in_flight: &pass.view.in_flight,
+            gpus_of: &|t| {
+                catalog
+                    .instance_type(t)
+                    .and_then(|t| t.gpu.as_ref())
+                    .map_or(0, |g| i64::from(g.count))
+            },
+            plan,
+            history: &self.history,
+            unavailable: &self.ice,
+            given_up: &self.given_up,
+        });
+        let mut timeless = st.clone();
+        timeless.time.clear();
+        let key = serde_json::to_string(&timeless).unwrap_or_default();
+        if let Some((last, at)) = &self.last_status {
+            if *last == key && pass.now.since(*at) < STATUS_EVERY {
+                return;
+            }
+        }
+        self.last_status = Some((key, pass.now));
+        out.push(Action::Status(Box::new(st)));
+    }
+}
+
+fn pod_subject(p: &crate::model::Pod) -> Subject {
+    Subject::Pod {
+        namespace: p.id.namespace.clone(),
+        name: p.id.name.clone(),
+        uid: p.uid.clone(),
+    }
+}
+
+fn notify_pods(
+    pass: &Pass,
+    su: &ScaleUp,
+    reason: &'static str,
+    message: String,
+    out: &mut Vec<Action>,
+) {
+    for key in &su.pods {
+        let Some(&i) = pass.pod_index.get(key) else {
+            continue;
+        };
+        out.push(Action::Event(Note {
+            subject: pod_subject(&pass.snapshot.pods[i]),
+            warning: false,
+            reason,
+            action: "ScaleUp",
+            message: message.clone(),
+        }));
+    }
+}
+
+fn describe(su: &ScaleUp) -> String {
+    let first = su.offerings.first();
+    format!(
+        "{} × {} in {} ({}), pool {}",
+        su.count,
+        first.map_or("-", |o| o.instance_type.as_str()),
+        first.map_or("-", |o| o.zone.as_str()),
+        first.map_or("-", |o| o.capacity_type.as_str()),
+        su.pool
+    )
+}
+
+fn has_drain_taint(n: &Node) -> bool {
+    n.taints
+        .iter()
+        .any(|t| t.key == labels::TO_BE_DELETED_TAINT)
+}
+
+/// When the drain of `n` must be given up: its start (annotation; `now` when missing) plus the
+/// drain time allowed.
+pub fn drain_deadline(n: &Node, max: Duration, now: Time) -> Time {
+    n.annotations
+        .get(labels::DRAIN_STARTED)
+        .and_then(|s| Time::parse_rfc3339(s).ok())
+        .unwrap_or(now)
+        + max
+}
