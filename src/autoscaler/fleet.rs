@@ -2,7 +2,7 @@
 //! what never became a working node in time, and how launches are named and tagged so that a
 //! restarted controller finds them again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hasher;
 use std::time::Duration;
 
@@ -280,16 +280,6 @@ pub fn launch_request(
     }
 }
 
-/// Gangs whose scale-ups were not all fulfilled: their partial launches are given back.
-pub fn short_gangs(scale_ups: &[ScaleUp], launched: &[u32]) -> BTreeSet<String> {
-    scale_ups
-        .iter()
-        .zip(launched)
-        .filter(|(su, n)| **n < su.count)
-        .filter_map(|(su, _)| su.gang.clone())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,23 +453,6 @@ mod tests {
             |_| lost_at,
         );
         assert_eq!(v.overdue.len(), 1);
-    }
-
-    #[test]
-    fn a_gang_short_of_any_scale_up_is_given_back() {
-        let mut a = scale_up(&["ml/w0"]);
-        a.gang = Some("ml/job".into());
-        let mut b = scale_up(&["ml/w1"]);
-        b.gang = Some("ml/job".into());
-        let c = scale_up(&["ml/x"]);
-        let sus = [a, b, c];
-        assert!(short_gangs(&sus, &[1, 1, 0]).is_empty());
-        assert_eq!(
-            short_gangs(&sus, &[1, 0, 1])
-                .into_iter()
-                .collect::<Vec<_>>(),
-            vec!["ml/job".to_string()]
-        );
     }
 }
 

@@ -1,1 +1,736 @@
+//! Timelines of the decision core on a virtual clock, against a scripted cloud: every rule that
+//! used to be reachable only end to end.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_node_autoscaler_provider::{
+    CapacityType, Instance, InstanceState, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
+};
+
+use super::*;
+use crate::catalog;
+use crate::fixtures::{NodeBuilder, PodBuilder};
+use crate::model::constraints::Effect;
+use crate::model::{labels, Node, Pod, Time};
+use crate::policy::parse_policy;
+
+const T0: Time = Time(1_800_000_000_000);
+
+const POLICY: &str = r#"
+zones: [us-east-1a, us-east-1b]
+maxNodeProvisionTime: 10m
+insufficientCapacityTtl: 5m
+pools:
+  - name: a10g
+    instanceTypes: [g5.xlarge, g5.12xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 20
+    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}
+"#;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn key(instance_type: &str, zone: &str, ct: CapacityType) -> OfferingKey {
+    OfferingKey {
+        instance_type: instance_type.into(),
+        zone: zone.into(),
+        capacity_type: ct,
+    }
+}
+
+/// A cloud that launches what it has capacity for, offering by offering, and answers with
+/// scripted errors.
+#[derive(Default)]
+struct Cloud {
+    instances: Vec<Instance>,
+    /// Capacity per offering (unlimited when absent).
+    capacity: BTreeMap<OfferingKey, u32>,
+    /// The next launches fail with these, whatever they ask for.
+    fail_next: Vec<ProviderError>,
+    next_id: u32,
+}
+
+impl Cloud {
+    fn launch(&mut self, req: &LaunchRequest, now: Time) -> Result<LaunchResult, ProviderError> {
+        if !self.fail_next.is_empty() {
+            return Err(self.fail_next.remove(0));
+        }
+        let mut res = LaunchResult::default();
+        let mut remaining = req.count;
+        for k in &req.offerings {
+            if remaining == 0 {
+                break;
+            }
+            let cap = self.capacity.get(k).copied().unwrap_or(u32::MAX);
+            let n = remaining.min(cap);
+            if n == 0 {
+                res.failures.push((
+                    k.clone(),
+                    ProviderError::InsufficientCapacity {
+                        offering: k.clone(),
+                    },
+                ));
+                continue;
+            }
+            if let Some(c) = self.capacity.get_mut(k) {
+                *c -= n;
+            }
+            for _ in 0..n {
+                self.next_id += 1;
+                let id = format!("i-{}", self.next_id);
+                let i = Instance {
+                    provider_id: format!("aws:///{}/{id}", k.zone),
+                    id,
+                    pool: req.pool.clone(),
+                    launch_id: req.launch_id.clone(),
+                    offering: k.clone(),
+                    state: InstanceState::Pending,
+                    launched_at_ms: now.0,
+                };
+                self.instances.push(i.clone());
+                res.launched.push(i);
+            }
+            remaining -= n;
+        }
+        Ok(res)
+    }
+
+    fn live(&self) -> Vec<Instance> {
+        self.instances
+            .iter()
+            .filter(|i| i.state != InstanceState::Terminated)
+            .cloned()
+            .collect()
+    }
+
+    fn terminate(&mut self, id: &str) {
+        for i in &mut self.instances {
+            if i.id == id {
+                i.state = InstanceState::Terminated;
+            }
+        }
+    }
+}
+
+/// The core, the cloud and the cluster it looks at, and every action it took.
+struct Run {
+    core: Autoscaler,
+    cloud: Cloud,
+    pods: Vec<Pod>,
+    nodes: Vec<Node>,
+    actions: Vec<Action>,
+}
+
+impl Run {
+    fn new(config: Config) -> Run {
+        let policy = parse_policy(POLICY, "policy.yaml").unwrap_or_else(|e| panic!("{e}"));
+        let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
+        let mut catalog = catalog::offerings_from_list_prices(&policy, types);
+        for o in &mut catalog.offerings {
+            o.available = true;
+        }
+        let mut core = Autoscaler::new(config);
+        core.set_policy(Arc::new(policy), catalog);
+        core.restore(None);
+        Run {
+            core,
+            cloud: Cloud::default(),
+            pods: Vec::new(),
+            nodes: Vec::new(),
+            actions: Vec::new(),
+        }
+    }
+
+    fn observation(&self, now: Time) -> Observation {
+        Observation {
+            now,
+            snapshot: Snapshot {
+                pods: self.pods.clone(),
+                nodes: self.nodes.clone(),
+                ..Default::default()
+            },
+            instances: Some(self.cloud.live()),
+            other_provider_ids: Vec::new(),
+            policy_valid: true,
+        }
+    }
+
+    /// One whole pass at `now`; returns its actions (also kept in `self.actions`).
+    fn pass(&mut self, now: Time) -> Vec<Action> {
+        let mut all = Vec::new();
+        let mut actions = self.core.pass(self.observation(now));
+        let mut steps = 0;
+        while !actions.is_empty() {
+            steps += 1;
+            assert!(steps < 10, "the pass does not end");
+            let mut feedback = Vec::new();
+            for a in &actions {
+                match a {
+                    Action::Launch { request, .. } => feedback.push(Feedback::Launched {
+                        launch_id: request.launch_id.clone(),
+                        result: self.cloud.launch(request, now),
+                    }),
+                    Action::Terminate { instance_id, .. } => self.cloud.terminate(instance_id),
+                    Action::Register(r) => {
+                        if let Some(n) = self.nodes.iter_mut().find(|n| n.name == r.node) {
+                            r.apply(n);
+                        }
+                        feedback.push(Feedback::Registered {
+                            node: r.node.clone(),
+                            changed: true,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            all.extend(actions);
+            actions = self.core.resume(feedback);
+        }
+        self.actions.extend(all.iter().cloned());
+        all
+    }
+
+    /// The instance registers as a Ready node of its pool with its GPUs advertised.
+    fn register(&mut self, instance_id: &str, gpus: i64, created: Time) {
+        let i = self
+            .cloud
+            .instances
+            .iter()
+            .find(|i| i.id == instance_id)
+            .unwrap()
+            .clone();
+        let mut n = NodeBuilder::new(&format!("node-{instance_id}"))
+            .pool("a10g", &i.offering.instance_type, &i.offering.zone)
+            .label(labels::CAPACITY_TYPE, i.offering.capacity_type.as_str())
+            .label(
+                labels::KARPENTER_CAPACITY_TYPE,
+                i.offering.capacity_type.as_str(),
+            )
+            .label(labels::LAUNCH_ID, &i.launch_id)
+            .annotation(labels::GPUS_ADVERTISED, "true")
+            .cpu_milli(4000)
+            .memory_gib(16)
+            .gpus(gpus)
+            .created(created)
+            .build();
+        n.provider_id = Some(i.provider_id.clone());
+        self.nodes.push(n);
+    }
+}
+
+fn launches(actions: &[Action]) -> Vec<&LaunchRequest> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Launch { request, .. } => Some(request),
+            _ => None,
+        })
+        .collect()
+}
+
+fn terminated(actions: &[Action]) -> Vec<&str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Terminate { instance_id, .. } => Some(instance_id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn drains(actions: &[Action]) -> Vec<&DrainOrder> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Drain(d) => Some(d),
+            _ => None,
+        })
+        .collect()
+}
+
+fn status(actions: &[Action]) -> Option<&Status> {
+    actions.iter().rev().find_map(|a| match a {
+        Action::Status(s) => Some(&**s),
+        _ => None,
+    })
+}
+
+fn gpu_pod(name: &str, gpus: i64) -> Pod {
+    PodBuilder::new("ml", name).gpus(gpus).build()
+}
+
+#[test]
+fn no_decision_before_the_last_leaders_history_is_read() {
+    let mut run = Run::new(Config::default());
+    run.core.leadership_lost(&[]);
+    run.pods.push(gpu_pod("p", 1));
+    assert!(run.core.needs_restore());
+    assert!(run.pass(T0).is_empty());
+    run.core.restore(None);
+    assert_eq!(launches(&run.pass(T0)).len(), 1);
+}
+
+#[test]
+fn an_offering_out_of_capacity_is_avoided_and_the_rest_planned_again_at_once() {
+    let mut run = Run::new(Config::default());
+    for z in ["us-east-1a", "us-east-1b"] {
+        for ct in [CapacityType::Spot, CapacityType::OnDemand] {
+            run.cloud.capacity.insert(key("g5.xlarge", z, ct), 0);
+        }
+    }
+    run.pods.push(gpu_pod("p", 1));
+    let actions = run.pass(T0);
+    let l = launches(&actions);
+    assert_eq!(l.len(), 2, "the same pass plans again: {l:?}");
+    assert_eq!(l[0].offerings[0].instance_type, "g5.xlarge");
+    assert_eq!(l[1].offerings[0].instance_type, "g5.12xlarge");
+    assert_ne!(l[0].launch_id, l[1].launch_id);
+    assert_eq!(run.cloud.live().len(), 1);
+    let st = status(&actions).expect("a status");
+    assert_eq!(st.unavailable_offerings.len(), 4, "{st:?}");
+    // The next pass sees the launch in flight: nothing more.
+    assert!(launches(&run.pass(T0 + secs(10))).is_empty());
+    // Once the cache expires and the instance is gone, g5.xlarge is tried again.
+    run.cloud.terminate("i-1");
+    run.cloud.capacity.clear();
+    let l = run.pass(T0 + secs(301));
+    assert_eq!(launches(&l)[0].offerings[0].instance_type, "g5.xlarge");
+}
+
+#[test]
+fn planning_stops_after_three_rounds_when_every_offering_runs_out() {
+    let mut run = Run::new(Config::default());
+    for t in ["g5.xlarge", "g5.12xlarge"] {
+        for z in ["us-east-1a", "us-east-1b"] {
+            for ct in [CapacityType::Spot, CapacityType::OnDemand] {
+                run.cloud.capacity.insert(key(t, z, ct), 0);
+            }
+        }
+    }
+    run.pods.push(gpu_pod("p", 1));
+    let actions = run.pass(T0);
+    assert_eq!(launches(&actions).len(), 2, "then nothing is left to try");
+    assert!(run.core.last_plan().unwrap().scale_ups.is_empty());
+    assert!(run.core.last_plan().unwrap().unschedulable[0]
+        .reason
+        .contains("capacity"));
+}
+
+#[test]
+fn a_gang_launched_in_part_is_given_back_and_planned_again_under_a_new_id() {
+    let mut run = Run::new(Config::default());
+    // Two 4-GPU workers: one g5.12xlarge each, in one zone. Only one is to be had anywhere.
+    for z in ["us-east-1a", "us-east-1b"] {
+        for ct in [CapacityType::Spot, CapacityType::OnDemand] {
+            run.cloud.capacity.insert(key("g5.12xlarge", z, ct), 0);
+        }
+    }
+    run.cloud
+        .capacity
+        .insert(key("g5.12xlarge", "us-east-1a", CapacityType::Spot), 1);
+    for w in ["w-0", "w-1"] {
+        run.pods
+            .push(PodBuilder::new("ml", w).gpus(4).gang("job", 2).build());
+    }
+    let actions = run.pass(T0);
+    let first = launches(&actions)[0].clone();
+    assert_eq!(first.count, 2);
+    assert_eq!(
+        terminated(&actions),
+        ["i-1"],
+        "the partial launch is given back"
+    );
+    assert!(run.cloud.live().is_empty());
+    assert!(actions.iter().any(|a| matches!(a,
+        Action::Event(Note { reason: "NotTriggerScaleUp", message, .. })
+            if message.contains("given back"))));
+    let st = status(&actions).unwrap();
+    assert!(st.given_up_launches.contains_key(&first.launch_id));
+    // Capacity comes back after the cache expires: the gang gets a new launch, whole.
+    run.cloud.capacity.clear();
+    let actions = run.pass(T0 + secs(301));
+    let again = launches(&actions);
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].launch_id, first.launch_id);
+    assert_eq!(run.cloud.live().len(), 2);
+}
+
+#[test]
+fn failures_other_than_capacity_back_the_pool_off() {
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    run.cloud.fail_next = vec![ProviderError::QuotaExceeded {
+        message: "vCPU limit".into(),
+    }];
+    let actions = run.pass(T0);
+    assert_eq!(launches(&actions).len(), 1, "one try, no re-plan");
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        Action::Count(Count::FailedLaunch {
+            reason: "quota_exceeded",
+            ..
+        })
+    )));
+    // The first back-off is 2.5–5 s.
+    assert!(launches(&run.pass(T0 + secs(2))).is_empty());
+    assert_eq!(launches(&run.pass(T0 + secs(5))).len(), 1);
+    assert_eq!(run.cloud.live().len(), 1);
+}
+
+#[test]
+fn the_back_off_doubles_with_each_failure_in_a_row() {
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    run.cloud.fail_next = vec![
+        ProviderError::Other {
+            message: "boom".into(),
+        };
+        3
+    ];
+    let mut tries = Vec::new();
+    for s in 0..60 {
+        if !launches(&run.pass(T0 + secs(s))).is_empty() {
+            tries.push(s);
+        }
+    }
+    assert_eq!(tries.len(), 4, "three failures, then the launch: {tries:?}");
+    let waits: Vec<u64> = tries.windows(2).map(|w| w[1] - w[0]).collect();
+    // Drawn from [d/2, d] for d = 5, 10, 20 s (passes are 1 s apart).
+    assert!((3..=5).contains(&waits[0]), "{waits:?}");
+    assert!((5..=10).contains(&waits[1]), "{waits:?}");
+    assert!((10..=20).contains(&waits[2]), "{waits:?}");
+    assert_eq!(run.cloud.live().len(), 1);
+}
+
+#[test]
+fn a_launch_that_never_becomes_a_node_is_given_up_and_planned_elsewhere() {
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    let first = launches(&run.pass(T0))[0].clone();
+    assert!(launches(&run.pass(T0 + secs(599))).is_empty(), "in flight");
+    let actions = run.pass(T0 + secs(600));
+    assert_eq!(terminated(&actions), ["i-1"]);
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        Action::Count(Count::FailedLaunch {
+            reason: "provision_timeout",
+            ..
+        })
+    )));
+    let again = launches(&actions);
+    assert_eq!(again.len(), 1, "planned again in the same pass");
+    assert_ne!(again[0].launch_id, first.launch_id);
+    assert_ne!(
+        again[0].offerings[0], first.offerings[0],
+        "the offering that did not come up is avoided"
+    );
+}
+
+#[test]
+fn a_node_that_never_advertises_its_gpus_is_given_up_but_one_that_loses_them_is_kept() {
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    run.pass(T0);
+    run.register("i-1", 0, T0 + secs(100));
+    run.nodes[0].annotations.remove(labels::GPUS_ADVERTISED);
+    let actions = run.pass(T0 + secs(600));
+    assert_eq!(terminated(&actions), ["i-1"]);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::DeleteNode { node } if node == "node-i-1")));
+
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    run.pass(T0);
+    run.register("i-1", 0, T0 + secs(100));
+    let actions = run.pass(T0 + secs(7200));
+    assert!(terminated(&actions).is_empty());
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        Action::Event(Note {
+            reason: "GPUsUnavailable",
+            ..
+        })
+    )));
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Count(Count::NodesGpusLost(1)))));
+}
+
+#[test]
+fn an_instance_that_is_gone_does_not_lend_its_launch_id_to_the_same_pods() {
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    let first = launches(&run.pass(T0))[0].clone();
+    run.pass(T0 + secs(10));
+    // Interrupted before it registered; the same pod is planned again.
+    run.cloud.terminate("i-1");
+    let again = launches(&run.pass(T0 + secs(20)))[0].clone();
+    assert_ne!(again.launch_id, first.launch_id);
+}
+
+#[test]
+fn a_node_of_ours_without_its_pool_labels_is_registered_before_anything_is_planned() {
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    run.pass(T0);
+    run.register("i-1", 1, T0 + secs(100));
+    let n = &mut run.nodes[0];
+    n.labels.remove(labels::POOL);
+    n.labels.remove(labels::LAUNCH_ID);
+    run.pods.push(gpu_pod("q", 1));
+    let actions = run.core.pass(run.observation(T0 + secs(120)));
+    assert!(
+        actions.iter().all(|a| matches!(a, Action::Register(_))),
+        "{actions:?}"
+    );
+    let Action::Register(r) = &actions[0] else {
+        unreachable!()
+    };
+    assert_eq!(r.labels[labels::POOL], "a10g");
+    // Written: the pass ends there, and the next one plans on the registered node.
+    let rest = run.core.resume(vec![Feedback::Registered {
+        node: r.node.clone(),
+        changed: true,
+    }]);
+    assert!(launches(&rest).is_empty() && !run.core.in_pass());
+    // A registration that cannot be written does not stop scaling.
+    let actions = run.core.pass(run.observation(T0 + secs(130)));
+    assert!(matches!(actions[0], Action::Register(_)));
+    let rest = run.core.resume(vec![Feedback::Registered {
+        node: r.node.clone(),
+        changed: false,
+    }]);
+    assert_eq!(launches(&rest).len(), 1, "q is planned: {rest:?}");
+}
+
+#[test]
+fn an_idle_node_is_drained_after_its_unneeded_time_and_the_outcome_recorded() {
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    run.pass(T0);
+    run.register("i-1", 1, T0 + secs(100));
+    // The pod ran and finished.
+    run.pods.clear();
+    let a = run.pass(T0 + secs(200));
+    assert!(drains(&a).is_empty());
+    assert!(a.iter().any(|a| matches!(
+        a,
+        Action::Annotate {
+            key: labels::UNNEEDED_SINCE,
+            value: Some(_),
+            ..
+        }
+    )));
+    let since = T0 + secs(200);
+    run.nodes[0]
+        .annotations
+        .insert(labels::UNNEEDED_SINCE.into(), since.to_rfc3339());
+    assert!(
+        drains(&run.pass(T0 + secs(300))).is_empty(),
+        "unneeded 100 s"
+    );
+    let a = run.pass(T0 + secs(381));
+    let d = drains(&a);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].instance_id.as_deref(), Some("i-1"));
+    assert_eq!(d[0].deadline, T0 + secs(381) + secs(600));
+    assert!(run.core.draining("node-i-1"));
+    // Not drained twice.
+    assert!(drains(&run.pass(T0 + secs(391))).is_empty());
+    let out = run
+        .core
+        .drain_finished("node-i-1", DrainOutcome::Removed, T0 + secs(420));
+    assert_eq!(
+        out,
+        [Action::Count(Count::ScaleDown {
+            pool: "a10g".into()
+        })]
+    );
+    assert!(!run.core.draining("node-i-1"));
+}
+
+#[test]
+fn drains_of_a_previous_leader_are_resumed_within_their_deadline_and_rolled_back_after() {
+    let mut run = Run::new(Config::default());
+    let tainted = |name: &str, started: Time| {
+        NodeBuilder::new(name)
+            .pool("a10g", "g5.xlarge", "us-east-1a")
+            .gpus(1)
+            .taint(labels::TO_BE_DELETED_TAINT, Effect::NoSchedule)
+            .annotation(labels::DRAIN_STARTED, &started.to_rfc3339())
+            .build()
+    };
+    run.nodes.push(tainted("recent", T0 - secs(300)));
+    run.nodes.push(tainted("old", T0 - secs(900)));
+    let a = run.pass(T0);
+    let d = drains(&a);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].node, "recent");
+    assert_eq!(d[0].deadline, T0 + secs(300), "the first leader's deadline");
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, Action::RollBack { node, .. } if node == "old")));
+    run.core.drain_finished(
+        "old",
+        DrainOutcome::RolledBack("past its deadline".into()),
+        T0 + secs(1),
+    );
+    let st = run.pass(T0 + secs(20));
+    let pool = &status(&st).unwrap().pools[0];
+    assert!(pool.last_scale_down_failure.is_some(), "{pool:?}");
+}
+
+#[test]
+fn a_new_leader_keeps_the_last_ones_cooldowns_and_given_up_launches() {
+    // A pod that only zone b can take, so that an idle node in zone a is of no use to it.
+    let zonal = || {
+        PodBuilder::new("ml", "p")
+            .gpus(1)
+            .selector(labels::ZONE, "us-east-1b")
+            .build()
+    };
+    // Leader A launches for it, gives the launch up after 10 minutes and launches again; its
+    // status carries the scale-up and the given-up id.
+    let mut a = Run::new(Config::default());
+    a.pods.push(zonal());
+    let first = launches(&a.pass(T0))[0].clone();
+    let actions = a.pass(T0 + secs(600));
+    assert_eq!(launches(&actions).len(), 1);
+    let json = serde_json::to_string(status(&actions).unwrap()).unwrap();
+    assert!(json.contains(&first.launch_id));
+
+    // Leader B takes over a minute later, with an idle node of the pool unneeded for an hour.
+    let new_leader = |history: Option<&str>| {
+        let mut b = Run::new(Config::default());
+        b.core.leadership_lost(&[]);
+        b.core.restore(history);
+        b.nodes.push(
+            NodeBuilder::new("idle")
+                .pool("a10g", "g5.xlarge", "us-east-1a")
+                .gpus(1)
+                .annotation(labels::GPUS_ADVERTISED, "true")
+                .annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339())
+                .created(T0 - secs(7200))
+                .build(),
+        );
+        b.pods.push(zonal());
+        b.pass(T0 + secs(660))
+    };
+    let restored = new_leader(Some(&json));
+    assert!(
+        drains(&restored).is_empty(),
+        "within the 3 m cooldown of A's last scale-up"
+    );
+    assert_ne!(
+        launches(&restored)[0].launch_id,
+        first.launch_id,
+        "A gave that id up"
+    );
+    let forgetful = new_leader(None);
+    assert_eq!(drains(&forgetful).len(), 1, "no cooldown known");
+    assert_eq!(
+        launches(&forgetful)[0].launch_id,
+        first.launch_id,
+        "the given-up id would be used again"
+    );
+}
+
+#[test]
+fn leadership_lost_mid_pass_drops_the_pass_and_leaves_no_drain_behind() {
+    let mut run = Run::new(Config::default());
+    run.nodes.push(
+        NodeBuilder::new("recent")
+            .pool("a10g", "g5.xlarge", "us-east-1a")
+            .gpus(1)
+            .taint(labels::TO_BE_DELETED_TAINT, Effect::NoSchedule)
+            .annotation(labels::DRAIN_STARTED, &T0.to_rfc3339())
+            .build(),
+    );
+    run.pods.push(gpu_pod("p", 1));
+    let actions = run.core.pass(run.observation(T0 + secs(1)));
+    assert!(launches(&actions).len() == 1 && drains(&actions).len() == 1);
+    assert!(run.core.in_pass(), "waiting for the launch");
+    // The executor lost the Lease before doing anything.
+    run.core.leadership_lost(&actions);
+    assert!(!run.core.in_pass());
+    assert_eq!(
+        run.core.drains(),
+        0,
+        "the drain that never started is not held"
+    );
+    assert!(run.core.resume(vec![]).is_empty());
+    assert!(run.core.needs_restore());
+    assert!(run.core.pass(run.observation(T0 + secs(2))).is_empty());
+}
+
+#[test]
+fn dry_run_decides_and_reports_but_changes_nothing() {
+    let mut run = Run::new(Config {
+        dry_run: true,
+        ..Config::default()
+    });
+    run.pods.push(gpu_pod("p", 1));
+    run.nodes.push(
+        NodeBuilder::new("idle")
+            .pool("a10g", "g5.xlarge", "us-east-1a")
+            .gpus(1)
+            .annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339())
+            .created(T0 - secs(7200))
+            .build(),
+    );
+    run.pods[0] = PodBuilder::new("ml", "p")
+        .gpus(1)
+        .selector(labels::ZONE, "us-east-1b")
+        .build();
+    let actions = run.pass(T0);
+    for a in &actions {
+        assert!(
+            matches!(
+                a,
+                Action::Event(_) | Action::Log { .. } | Action::Count(_) | Action::Status(_)
+            ),
+            "dry-run acted: {a:?}"
+        );
+    }
+    let reasons: Vec<&str> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(n) => Some(n.message.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        reasons.iter().any(|m| m.starts_with("would launch")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|m| m.starts_with("would drain")),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn the_batching_window_and_the_next_timed_change() {
+    let mut run = Run::new(Config::default());
+    assert_eq!(run.core.batch_deadline(), None);
+    run.core.unschedulable_seen(T0);
+    run.core.unschedulable_seen(T0 + secs(1));
+    assert_eq!(run.core.batch_deadline(), Some(T0 + secs(2)));
+    run.pods.push(gpu_pod("p", 1));
+    run.pass(T0 + secs(2));
+    assert_eq!(run.core.batch_deadline(), None, "a pass closes the window");
+    run.register("i-1", 1, T0 + secs(100));
+    run.pods.clear();
+    run.nodes[0]
+        .annotations
+        .insert(labels::UNNEEDED_SINCE.into(), (T0 + secs(200)).to_rfc3339());
+    run.pass(T0 + secs(210));
+    // Next: the cooldown after the node's creation (T0+100 s + 3 m), then its unneeded time.
+    assert_eq!(run.core.next_change(T0 + secs(210)), Some(T0 + secs(280)));
+    assert_eq!(run.core.next_change(T0 + secs(280)), Some(T0 + secs(380)));
+}
