@@ -209,8 +209,19 @@ pub fn registrations<'a>(
 /// under its old name is another pod), so that a controller that crashed after launching and
 /// plans the same again launches nothing new (the provider finds the instances by this id).
 /// `attempt` changes it after a launch was given up.
-pub fn launch_id(su: &ScaleUp, uids: &[&str], attempt: u32) -> String {
-    let mut pods: Vec<&str> = uids.to_vec();
+pub fn launch_id(su: &ScaleUp, attempt: u32) -> String {
+    // A pod without a UID (never the case for a pod read from the API server) by its name.
+    let mut pods: Vec<&str> = su
+        .pods
+        .iter()
+        .map(|p| {
+            if p.uid.is_empty() {
+                p.as_str()
+            } else {
+                p.uid.as_str()
+            }
+        })
+        .collect();
     pods.sort_unstable();
     // Bytes fed explicitly (not through `Hash`, whose encoding may change between Rust
     // versions): the id must be found again after an upgrade.
@@ -265,14 +276,9 @@ pub fn node_template_tags(pool: &Pool) -> BTreeMap<String, String> {
 }
 
 /// The launch request for one planned scale-up.
-pub fn launch_request(
-    su: &ScaleUp,
-    uids: &[&str],
-    pool: Option<&Pool>,
-    attempt: u32,
-) -> LaunchRequest {
+pub fn launch_request(su: &ScaleUp, pool: Option<&Pool>, attempt: u32) -> LaunchRequest {
     LaunchRequest {
-        launch_id: launch_id(su, uids, attempt),
+        launch_id: launch_id(su, attempt),
         pool: su.pool.clone(),
         count: su.count,
         offerings: su.offerings.iter().map(|o| o.key()).collect(),
@@ -284,7 +290,7 @@ pub fn launch_request(
 mod tests {
     use super::*;
     use crate::fixtures::NodeBuilder;
-    use crate::plan::PlannedOffering;
+    use crate::plan::{PlannedOffering, PlannedPod};
     use gpu_node_autoscaler_provider::CapacityType;
 
     fn offering() -> OfferingKey {
@@ -404,10 +410,16 @@ mod tests {
             offerings: vec![PlannedOffering {
                 instance_type: "g5.xlarge".into(),
                 zone: "us-east-1a".into(),
-                capacity_type: "spot".into(),
+                capacity_type: CapacityType::Spot,
                 price_per_hour: 0.4,
             }],
-            pods: pods.iter().map(|s| s.to_string()).collect(),
+            pods: pods
+                .iter()
+                .map(|s| PlannedPod {
+                    key: s.to_string(),
+                    uid: format!("uid-{s}"),
+                })
+                .collect(),
             gang: None,
             pods_per_node: vec![pods.len()],
         }
@@ -415,16 +427,22 @@ mod tests {
 
     #[test]
     fn launch_ids_depend_on_the_pods_not_their_order() {
-        let su = scale_up(&["ml/a", "ml/b"]);
-        let a = launch_id(&su, &["u1", "u2"], 0);
-        assert_eq!(a, launch_id(&su, &["u2", "u1"], 0));
-        assert_ne!(a, launch_id(&su, &["u1"], 0));
+        let of = |uids: &[&str]| {
+            let mut su = scale_up(&["ml/a", "ml/b"][..uids.len()]);
+            for (p, u) in su.pods.iter_mut().zip(uids) {
+                p.uid = u.to_string();
+            }
+            su
+        };
+        let a = launch_id(&of(&["u1", "u2"]), 0);
+        assert_eq!(a, launch_id(&of(&["u2", "u1"]), 0));
+        assert_ne!(a, launch_id(&of(&["u1"]), 0));
         assert_ne!(
             a,
-            launch_id(&su, &["u1", "u3"], 0),
+            launch_id(&of(&["u1", "u3"]), 0),
             "a re-created pod is another pod"
         );
-        assert_ne!(a, launch_id(&su, &["u1", "u2"], 1));
+        assert_ne!(a, launch_id(&of(&["u1", "u2"]), 1));
         assert!(a.starts_with("a10g-"));
         // Stable across builds and Rust versions: the id is found again after an upgrade.
         assert_eq!(a, "a10g-8f121cf6e7f6");

@@ -665,27 +665,14 @@ impl Autoscaler {
         let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
         let mut issued = Vec::with_capacity(plan.scale_ups.len());
         for su in &plan.scale_ups {
-            let uids: Vec<&str> = su
-                .pods
-                .iter()
-                .map(|k| {
-                    pass.pod_index
-                        .get(k)
-                        .map(|&i| pass.snapshot.pods[i].uid.as_str())
-                        .filter(|u| !u.is_empty())
-                        .unwrap_or(k.as_str())
-                })
-                .collect();
             let pool = pass.policy.pool(&su.pool);
             let mut attempt = 0;
-            let mut req = launch_request(su, &uids, pool, attempt);
+            let mut req = launch_request(su, pool, attempt);
             while self.given_up.contains_key(&req.launch_id) {
                 attempt += 1;
-                req = launch_request(su, &uids, pool, attempt);
+                req = launch_request(su, pool, attempt);
             }
-            out.push(Action::Count(Count::Planned {
-                pods: su.pods.clone(),
-            }));
+            out.push(Action::Count(Count::Planned { pods: pod_keys(su) }));
             let what = describe(su);
             if self.config.dry_run {
                 notify_pods(
@@ -722,7 +709,7 @@ impl Autoscaler {
             });
             out.push(Action::Launch {
                 request: req,
-                pods: su.pods.clone(),
+                pods: pod_keys(su),
             });
         }
         let waiting = issued.iter().any(|i| i.launched);
@@ -1332,7 +1319,7 @@ fn notify_pods(
     out: &mut Vec<Action>,
 ) {
     for key in &su.pods {
-        let Some(&i) = pass.pod_index.get(key) else {
+        let Some(&i) = pass.pod_index.get(key.as_str()) else {
             continue;
         };
         out.push(Action::Event(Note {
@@ -1343,6 +1330,10 @@ fn notify_pods(
             message: message.clone(),
         }));
     }
+}
+
+fn pod_keys(su: &ScaleUp) -> Vec<String> {
+    su.pods.iter().map(|p| p.key.clone()).collect()
 }
 
 fn describe(su: &ScaleUp) -> String {

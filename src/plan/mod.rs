@@ -7,8 +7,8 @@ mod pack;
 pub mod scale_down;
 pub mod templates;
 
-use gpu_node_autoscaler_provider::{Catalog, OfferingKey};
-use serde::Serialize;
+use gpu_node_autoscaler_provider::{CapacityType, Catalog, OfferingKey};
+use serde::{Serialize, Serializer};
 
 use crate::model::{PodRef, Snapshot, Time};
 use crate::policy::Policy;
@@ -21,7 +21,8 @@ pub use templates::{build_templates, Template, Templates};
 pub struct PlannedOffering {
     pub instance_type: String,
     pub zone: String,
-    pub capacity_type: String,
+    /// Printed `spot` or `on-demand`.
+    pub capacity_type: CapacityType,
     pub price_per_hour: f64,
 }
 
@@ -30,9 +31,59 @@ impl PlannedOffering {
         OfferingKey {
             instance_type: self.instance_type.clone(),
             zone: self.zone.clone(),
-            capacity_type: gpu_node_autoscaler_provider::CapacityType::parse(&self.capacity_type)
-                .unwrap_or(gpu_node_autoscaler_provider::CapacityType::OnDemand),
+            capacity_type: self.capacity_type,
         }
+    }
+}
+
+/// A pod a scale-up is for: `namespace/name` (as plans print it) and its UID (a pod re-created
+/// under its old name is another pod, and gets another launch).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PlannedPod {
+    pub key: String,
+    pub uid: String,
+}
+
+impl PlannedPod {
+    pub fn of(p: &crate::model::Pod) -> PlannedPod {
+        PlannedPod {
+            key: p.id.to_string(),
+            uid: p.uid.clone(),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Serialize for PlannedPod {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.key)
+    }
+}
+
+impl std::fmt::Display for PlannedPod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.key)
+    }
+}
+
+impl std::borrow::Borrow<str> for PlannedPod {
+    fn borrow(&self) -> &str {
+        &self.key
+    }
+}
+
+impl PartialEq<&str> for PlannedPod {
+    fn eq(&self, other: &&str) -> bool {
+        self.key == *other
+    }
+}
+
+impl PartialEq<str> for PlannedPod {
+    fn eq(&self, other: &str) -> bool {
+        self.key == other
     }
 }
 
@@ -44,7 +95,7 @@ pub struct ScaleUp {
     /// Ordered fallback list: the first is the planned (cheapest preferred) offering.
     pub offerings: Vec<PlannedOffering>,
     /// The pods these nodes are for.
-    pub pods: Vec<String>,
+    pub pods: Vec<PlannedPod>,
     /// Set when the nodes are for a gang: launch all of them, in one zone, or none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gang: Option<String>,

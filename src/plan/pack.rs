@@ -23,7 +23,7 @@ use crate::model::{Constraints, Pod, Snapshot, Time};
 use crate::policy::Policy;
 
 use super::templates::{template_of_node, Template};
-use super::{is_planned_pod, Placement, Plan, PlannedOffering, ScaleUp, Unschedulable};
+use super::{is_planned_pod, Placement, Plan, PlannedOffering, PlannedPod, ScaleUp, Unschedulable};
 
 struct Class {
     requests: Resources,
@@ -1115,7 +1115,7 @@ impl<'a> Packer<'a> {
                             .map(|o| PlannedOffering {
                                 instance_type: o.key.instance_type.clone(),
                                 zone: o.key.zone.clone(),
-                                capacity_type: o.key.capacity_type.as_str().to_string(),
+                                capacity_type: o.key.capacity_type,
                                 price_per_hour: o.price,
                             })
                             .collect(),
@@ -1130,7 +1130,7 @@ impl<'a> Packer<'a> {
             su.count += 1;
             su.pods_per_node.push(n.pods.len());
             su.pods
-                .extend(n.pods.iter().map(|&p| snap.pods[p].id.to_string()));
+                .extend(n.pods.iter().map(|&p| PlannedPod::of(&snap.pods[p])));
         }
         plan.scale_ups = groups.into_iter().map(|(_, s)| s).collect();
         for (ci, c) in self.classes.iter().enumerate() {

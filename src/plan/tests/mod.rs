@@ -108,7 +108,7 @@ fn check_invariants(s: &Snapshot, catalog: &Catalog, policy: &Policy, plan: &Pla
             let mut free = t.allocatable.clone();
             let mut shared = t.shared.clone();
             for name in &su.pods[i..i + n] {
-                let p = by_name[name];
+                let p = by_name[name.as_str()];
                 free.sub(&p.requests);
                 if let Some(sh) = &p.share {
                     assert!(
@@ -132,7 +132,7 @@ fn check_invariants(s: &Snapshot, catalog: &Catalog, policy: &Policy, plan: &Pla
                         .or_default()
                         .extend(su.offerings.iter().map(|o| o.zone.clone()));
                 }
-                assert!(seen.insert(name.clone()), "{name} placed twice");
+                assert!(seen.insert(name.key.clone()), "{name} placed twice");
             }
             assert!(!free.has_negative(), "over-committed new {it}: {free:?}");
             i += n;
@@ -368,7 +368,7 @@ fn fallback_list_is_spot_across_zones_then_on_demand() {
     let order: Vec<(String, String)> = plan.scale_ups[0]
         .offerings
         .iter()
-        .map(|o| (o.zone.clone(), o.capacity_type.clone()))
+        .map(|o| (o.zone.clone(), o.capacity_type.as_str().to_string()))
         .collect();
     let want = [
         ("us-east-1a", "spot"),
@@ -401,13 +401,13 @@ fn selectors_narrow_the_offerings() {
     let su = |pod: &str| {
         plan.scale_ups
             .iter()
-            .find(|s| s.pods.iter().any(|p| p.ends_with(pod)))
+            .find(|s| s.pods.iter().any(|p| p.as_str().ends_with(pod)))
             .unwrap()
     };
     assert!(su("/od")
         .offerings
         .iter()
-        .all(|o| o.capacity_type == "on-demand"));
+        .all(|o| o.capacity_type == CapacityType::OnDemand));
     assert!(su("/zone-b")
         .offerings
         .iter()
@@ -678,7 +678,7 @@ fn unavailable_offerings_are_skipped_and_reported() {
     assert!(!su
         .offerings
         .iter()
-        .any(|o| o.zone == "us-east-1a" && o.capacity_type == "spot"));
+        .any(|o| o.zone == "us-east-1a" && o.capacity_type == CapacityType::Spot));
 
     // Every offering of the only matching pool unavailable: a clear reason.
     let mut s = snap(
@@ -870,11 +870,16 @@ proptest! {
         let plan = plan(&s, &c, &p, NOW);
         // Pods no offering can host (an 8-GPU pod selecting L4) are left out of both sides.
         let (templates, _) = build_templates(&p, &c, &s, NOW);
-        let planned: BTreeSet<&String> = plan.scale_ups.iter().flat_map(|u| &u.pods).collect();
+        let planned: BTreeSet<&str> = plan
+            .scale_ups
+            .iter()
+            .flat_map(|u| &u.pods)
+            .map(|p| p.as_str())
+            .collect();
         for u in &plan.unschedulable {
             prop_assert!(u.reason.starts_with("no pool can ever host it"), "{}", u.reason);
         }
-        let refs: Vec<&Pod> = s.pods.iter().filter(|p| planned.contains(&p.id.to_string())).collect();
+        let refs: Vec<&Pod> = s.pods.iter().filter(|p| planned.contains(p.id.to_string().as_str())).collect();
         let lb = bound::lower_bound(&refs, &templates);
         prop_assert!(lb > 0.0);
         prop_assert!(
