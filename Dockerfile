@@ -11,7 +11,7 @@ COPY . .
 # in the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin gpu-node-autoscaler \
+    cargo build --release --locked --bin gpu-node-autoscaler --features controller,alibaba \
     && install -D -m 0755 target/release/gpu-node-autoscaler /out/gpu-node-autoscaler
 
 # glibc and libgcc, CA certificates, no shell or package manager; user nonroot (65532).

@@ -8,7 +8,7 @@
 //! 2. memory: 5,000 nodes and 100,000 pods in the cluster; the controller's peak RSS once its
 //!    caches are synced and it has made a decision.
 //!
-//! `cargo bench --bench controller [-- RUNS]` (moto_server must be installed: scripts/test.sh).
+//! `cargo bench --features controller --bench controller [-- RUNS]` (moto_server must be installed: scripts/test.sh).
 
 #[path = "../providers/aws/tests/support/mod.rs"]
 #[allow(dead_code)]

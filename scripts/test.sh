@@ -53,6 +53,6 @@ export GNA_CONTROL_PLANE_BIN
 echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 echo "== tests"
-cargo nextest run --workspace --locked --no-fail-fast
+cargo nextest run --workspace --all-features --locked --no-fail-fast

@@ -1,21 +1,19 @@
 //! gpu-node-autoscaler: a Kubernetes node autoscaler for GPU node pools.
 //!
-//! The pure core is [`model`], [`policy`] and [`plan`]: no I/O, time passed in. [`convert`] turns
-//! Kubernetes objects into model values; [`catalog`] reads instance catalogs.
+//! The crates by weight: `gpu-node-autoscaler-core` (the model, the policy, the planner and the
+//! decision core: no I/O), `gpu-node-autoscaler-sim` (the simulator, behind the `simulator`
+//! feature), `gpu-node-autoscaler-controller` (the controller and the cloud providers' glue,
+//! behind `controller`). This crate is the binary and re-exports them under one name.
 
-#[cfg(feature = "alibaba")]
-pub mod alibaba;
-pub mod autoscaler;
-#[cfg(feature = "aws")]
-pub mod aws;
-pub mod catalog;
+pub use gpu_node_autoscaler_core::{
+    autoscaler, catalog, convert, fixtures, model, plan, policy, provider,
+};
+
 #[cfg(feature = "controller")]
-pub mod controller;
-pub mod convert;
-pub mod fixtures;
-pub mod model;
-pub mod plan;
-pub mod policy;
-pub mod sim;
-
-pub use gpu_node_autoscaler_provider as provider;
+pub use gpu_node_autoscaler_controller as controller;
+#[cfg(feature = "alibaba")]
+pub use gpu_node_autoscaler_controller::alibaba;
+#[cfg(feature = "controller")]
+pub use gpu_node_autoscaler_controller::aws;
+#[cfg(feature = "simulator")]
+pub use gpu_node_autoscaler_sim as sim;

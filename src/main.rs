@@ -11,9 +11,31 @@ use gpu_node_autoscaler::plan::{self, output};
 use gpu_node_autoscaler::policy::{self, Policy};
 use gpu_node_autoscaler::provider::Catalog;
 
+/// What this build can do beyond `plan` and `check-policy`, and how to get the rest.
+fn built_with() -> String {
+    let parts = [
+        if cfg!(feature = "simulator") {
+            "simulate"
+        } else {
+            "no simulate (build with --features simulator)"
+        },
+        if cfg!(feature = "controller") {
+            "run and AWS"
+        } else {
+            "no run (build with --features controller)"
+        },
+        if cfg!(feature = "alibaba") {
+            "Alibaba Cloud"
+        } else {
+            "no Alibaba Cloud (build with --features alibaba)"
+        },
+    ];
+    format!("Built with: {}.", parts.join(", "))
+}
+
 /// A Kubernetes node autoscaler for GPU node pools.
 #[derive(Parser)]
-#[command(name = "gpu-node-autoscaler", version, about)]
+#[command(name = "gpu-node-autoscaler", version, about, after_help = built_with())]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -47,6 +69,7 @@ enum Command {
     },
     /// Replay a scenario or a GPU cluster trace on a virtual clock and report cost and waiting.
     /// Without a scenario or --trace, runs the built-in scenario (arena-style MPI training).
+    #[cfg(feature = "simulator")]
     Simulate(SimArgs),
     /// Run the autoscaler against the cluster (in-cluster service account or KUBECONFIG):
     /// watch pending GPU pods and nodes, launch and drain, with leader election.
@@ -124,6 +147,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        #[cfg(feature = "simulator")]
         Command::Simulate(args) => simulate(args),
         #[cfg(feature = "controller")]
         Command::Run(args) => gpu_node_autoscaler::controller::run(*args),
@@ -245,6 +269,7 @@ fn check_alibaba(_: &Policy, _: &Catalog, _: &Path, _: Option<String>) -> Result
     bail!("this build has no Alibaba Cloud support (built without the `alibaba` feature)")
 }
 
+#[cfg(feature = "simulator")]
 #[derive(clap::Args)]
 struct SimArgs {
     /// A scenario YAML file (see simulations/scenarios/).
@@ -281,6 +306,7 @@ struct SimArgs {
     seed: Option<u64>,
 }
 
+#[cfg(feature = "simulator")]
 fn simulate(a: SimArgs) -> Result<()> {
     use gpu_node_autoscaler::sim::{self, engine, report, scenario, trace, SimInput, StrategyKind};
     let strategies: Vec<StrategyKind> = if a.compare {

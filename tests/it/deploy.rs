@@ -1054,7 +1054,10 @@ fn the_dockerfile_builds_what_the_deployment_runs() {
         "{}",
         froms[0]
     );
-    assert!(docker.contains("cargo build --release --locked --bin gpu-node-autoscaler"));
+    // The image is the controller's: `run` with both clouds (the default build is `simulate` only).
+    assert!(docker.contains(
+        "cargo build --release --locked --bin gpu-node-autoscaler --features controller,alibaba"
+    ));
     assert!(froms[1].starts_with("gcr.io/distroless/") && froms[1].contains(":nonroot"));
     // The image's user is the one the pod runs as (runAsNonRoot needs a numeric, non-zero uid).
     let user = docker

@@ -1,11 +1,16 @@
-//! The controller (`gpu-node-autoscaler run`): watch, decide, act.
+//! The controller (`gpu-node-autoscaler run`): watch, and execute the decision core.
 //!
 //! Watch tasks keep a [`store::ClusterState`] of model values; the loop waits until every store
-//! has synced, batches newly unschedulable GPU pods (idle/max window from the policy) and resyncs
-//! every `--resync`; each pass rebuilds in-flight launches from the cloud (tags) and the Nodes
-//! (providerIDs), plans with the pure planner and acts: launches through the fallback list,
-//! drains, Events, the status ConfigMap and metrics. Only the Lease holder acts.
+//! has synced, and runs a pass of the decision core ([`Autoscaler`], the same one `simulate`
+//! runs) when its batching window closes or every `--resync`. A pass observes the watch caches
+//! and the pools' instance listings, and this crate carries out the actions it returns against
+//! the API server and the cloud providers: registrations, launches through the fallback list,
+//! terminations, drains (as tasks, whose outcomes go back to the core), annotations, Events, the
+//! status ConfigMap and metrics. Only the Lease holder acts.
 
+#[cfg(feature = "alibaba")]
+pub mod alibaba;
+pub mod aws;
 pub mod drain;
 pub mod kube_io;
 pub mod leader;
@@ -27,6 +32,8 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use kube::Client;
 use tracing::{error, info, warn};
+
+use gpu_node_autoscaler_core::{autoscaler, catalog, convert, model, plan, policy};
 
 use crate::autoscaler::fleet::Registration;
 use crate::autoscaler::{

@@ -211,7 +211,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, hea
                     req.uri().path(),
                     &metrics,
                     &health,
-                    crate::controller::wall_now().0 / 1000,
+                    crate::wall_now().0 / 1000,
                 );
                 let ct = if req.uri().path() == "/metrics" {
                     "application/openmetrics-text; version=1.0.0; charset=utf-8"

@@ -1055,7 +1055,7 @@ impl Autoscaler {
             out.push(Action::Log {
                 level: Level::Warn,
                 message: format!(
-                    "giving up launch {} (instance {}, {}) after {}: {why}",
+                    "giving up a launch ({}: instance {}, {}) after {}: {why}",
                     i.launch_id,
                     i.id,
                     i.offering,
@@ -1163,7 +1163,7 @@ impl Autoscaler {
             }
             out.push(Action::Log {
                 level: Level::Info,
-                message: format!("resuming the interrupted drain of {}", n.name),
+                message: format!("resuming an interrupted drain: node {}", n.name),
             });
             out.push(self.drain(n, &pass.view, deadline, "resumed after a restart".into()));
         }

@@ -17,7 +17,7 @@ use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE};
 
 /// The scenario `gpu-node-autoscaler simulate` runs without arguments.
 pub const DEFAULT_NAME: &str = "arena-mpi-training.yaml";
-pub const DEFAULT: &str = include_str!("../../simulations/scenarios/arena-mpi-training.yaml");
+pub const DEFAULT: &str = include_str!("../../../simulations/scenarios/arena-mpi-training.yaml");
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -102,7 +102,7 @@ impl Elector {
 
     /// One attempt to take or renew the Lease. `Ok(true)`: we hold it now.
     async fn try_hold(&self) -> Result<bool, kube::Error> {
-        let now = crate::controller::wall_now();
+        let now = crate::wall_now();
         match self.api.get_opt(&self.name).await? {
             None => {
                 let lease = Lease {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::*;
 
 const FILE: &str = "policy.yaml";
-const EXAMPLE: &str = include_str!("../../docs/examples/policy.yaml");
+const EXAMPLE: &str = include_str!("../../../../docs/examples/policy.yaml");
 
 /// Joins lines with `\n`, so that `lines[i]` is line `i + 1` of the text.
 fn yaml(lines: &[&str]) -> String {

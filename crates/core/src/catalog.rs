@@ -12,7 +12,7 @@ use crate::policy::Policy;
 
 /// The built-in catalog: AWS NVIDIA GPU instance types in us-east-1 with approximate on-demand
 /// list prices.
-pub const BUILTIN_AWS: &str = include_str!("../data/aws-gpu-us-east-1.csv");
+pub const BUILTIN_AWS: &str = include_str!("../../../data/aws-gpu-us-east-1.csv");
 pub const BUILTIN_AWS_NAME: &str = "<built-in aws-gpu-us-east-1.csv>";
 
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,15 @@
+//! gpu-node-autoscaler's decisions, with no I/O: [`model`] (pods, nodes, resources as values),
+//! [`policy`] (the scaling policy, parsed and validated), [`plan`] (the planner: a pure function
+//! from a snapshot to a plan), and [`autoscaler`] (the decision core that the controller and the
+//! simulator both execute: state, passes, actions). [`convert`] turns Kubernetes objects (JSON)
+//! into model values; [`catalog`] reads instance catalogs; [`fixtures`] builds test values.
+
+pub mod autoscaler;
+pub mod catalog;
+pub mod convert;
+pub mod fixtures;
+pub mod model;
+pub mod plan;
+pub mod policy;
+
+pub use gpu_node_autoscaler_provider as provider;
