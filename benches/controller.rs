@@ -10,9 +10,7 @@
 //!
 //! `cargo bench --features controller --bench controller [-- RUNS]` (moto_server must be installed: scripts/test.sh).
 
-#[path = "../providers/aws/tests/support/mod.rs"]
-#[allow(dead_code)]
-mod aws;
+use gpu_node_autoscaler_test_support::moto as aws;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

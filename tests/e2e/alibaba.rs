@@ -4,8 +4,7 @@
 
 #![cfg(feature = "alibaba")]
 
-#[path = "../../providers/alibaba/tests/support/mod.rs"]
-mod fake;
+use gpu_node_autoscaler_test_support::ess as fake;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

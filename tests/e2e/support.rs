@@ -16,9 +16,7 @@ use kube_sim::nodes::{CloudBridge, NodeStyle};
 
 use serde_json::Value;
 
-#[path = "../../providers/aws/tests/support/mod.rs"]
-#[allow(dead_code)]
-pub mod aws;
+pub use gpu_node_autoscaler_test_support::moto as aws;
 
 pub use aws::proxy::FaultProxy;
 use aws::{Moto, Network};

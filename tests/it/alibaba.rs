@@ -1,8 +1,7 @@
 //! `check-policy --provider alibaba` against the Alibaba Cloud provider's local fake of the ESS,
 //! ECS and VPC endpoints (which checks every request's signature).
 
-#[path = "../../providers/alibaba/tests/support/mod.rs"]
-mod support;
+use gpu_node_autoscaler_test_support::ess as support;
 
 use std::process::Output;
 

@@ -9,9 +9,7 @@ mod deploy;
 mod docs;
 /// `moto_server` (EC2): the AWS provider's test support, shared.
 #[cfg(feature = "aws")]
-#[path = "../../providers/aws/tests/support/mod.rs"]
-#[allow(dead_code)]
-mod moto;
+use gpu_node_autoscaler_test_support::moto;
 mod sim;
 
 use std::path::PathBuf;

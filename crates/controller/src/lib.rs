@@ -255,6 +255,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
             max_graceful_termination: args.max_graceful_termination,
             identity: identity.clone(),
             seed: seed(),
+            report: true,
         }),
         drains: HashMap::new(),
         reacted: HashSet::new(),

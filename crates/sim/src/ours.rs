@@ -37,6 +37,8 @@ impl Ours {
             max_graceful_termination: Duration::from_secs(600),
             identity: "simulator".into(),
             seed: input.seed,
+            // Events and the status have no reader here.
+            report: false,
         });
         core.set_policy(Arc::new(input.policy.clone()), catalog);
         // A fresh cluster: no earlier leader's history.

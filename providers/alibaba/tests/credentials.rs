@@ -2,7 +2,7 @@
 //! service: temporary credentials, their `SecurityToken` on signed calls, refresh before expiry,
 //! and no secret in any `Debug`, `Display` or error.
 
-mod support;
+use gpu_node_autoscaler_test_support::ess as support;
 
 use std::time::Duration;
 

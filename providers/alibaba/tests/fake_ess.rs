@@ -1,7 +1,7 @@
 //! The provider against a local fake of the ESS and ECS endpoints (`support`), which checks
 //! every request's signature and parameters.
 
-mod support;
+use gpu_node_autoscaler_test_support::ess as support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

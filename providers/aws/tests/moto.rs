@@ -2,7 +2,7 @@
 //! fault-injecting proxy for what moto cannot produce. When moto is not installed these tests
 //! fail (they never skip): `scripts/test.sh` installs the pinned version.
 
-mod support;
+use gpu_node_autoscaler_test_support::moto as support;
 
 use std::collections::BTreeMap;
 

@@ -424,8 +424,7 @@ pub async fn run(app: Arc<App>, config: EssConfig) {
 }
 
 #[cfg(test)]
-#[path = "../../../providers/alibaba/tests/support/mod.rs"]
-mod fake;
+use gpu_node_autoscaler_test_support::ess as fake;
 
 #[cfg(test)]
 mod tests {

@@ -73,6 +73,9 @@ pub struct Config {
     pub identity: String,
     /// Seed of the back-off jitter (fixed in the simulator, random in the controller).
     pub seed: u64,
+    /// Produce what is only shown to people: pod Events, the status, the kept-node log. The
+    /// simulator has no one to show them to and leaves them out (no decision depends on them).
+    pub report: bool,
 }
 
 impl Default for Config {
@@ -82,6 +85,7 @@ impl Default for Config {
             max_graceful_termination: Duration::from_secs(600),
             identity: String::new(),
             seed: 0,
+            report: true,
         }
     }
 }
@@ -521,13 +525,16 @@ impl Autoscaler {
             now,
         );
         let regs = registrations(&instances, &obs.snapshot.nodes, &policy.pools);
-        let pod_index = obs
-            .snapshot
-            .pods
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.id.to_string(), i))
-            .collect();
+        let pod_index = if self.config.report {
+            obs.snapshot
+                .pods
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.id.to_string(), i))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         let mut pass = Pass {
             now,
             snapshot: obs.snapshot,
@@ -663,12 +670,28 @@ impl Autoscaler {
             })
             .collect();
         let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
+        // Launch ids with an instance we can see are taken: the plan placed other pods on that
+        // capacity (pods swap between nodes on their way), and the provider would answer the
+        // same id with the instances it already has, launching nothing. A launch the cloud does
+        // not list yet keeps its id, so a repeat after a crash still launches nothing new.
+        let taken: HashSet<String> = pass
+            .instances
+            .iter()
+            .filter(|i| {
+                !matches!(
+                    i.state,
+                    InstanceState::Terminated | InstanceState::ShuttingDown
+                )
+            })
+            .map(|i| i.launch_id.clone())
+            .chain(self.recent.values().map(|(i, _)| i.launch_id.clone()))
+            .collect();
         let mut issued = Vec::with_capacity(plan.scale_ups.len());
         for su in &plan.scale_ups {
             let pool = pass.policy.pool(&su.pool);
             let mut attempt = 0;
             let mut req = launch_request(su, pool, attempt);
-            while self.given_up.contains_key(&req.launch_id) {
+            while self.given_up.contains_key(&req.launch_id) || taken.contains(&req.launch_id) {
                 attempt += 1;
                 req = launch_request(su, pool, attempt);
             }
@@ -916,24 +939,14 @@ impl Autoscaler {
     /// The rest of a pass once launching is done: reasons for the pods it cannot help, drains,
     /// "unneeded since" annotations, the status.
     fn finish(&mut self, pass: Pass, plan: Plan, out: &mut Vec<Action>) {
-        self.report_unschedulable(&pass, &plan, out);
-        let kept: BTreeMap<String, String> = plan
-            .kept
-            .iter()
-            .map(|k| (k.node.clone(), k.reason.clone()))
-            .collect();
-        for (node, reason) in &kept {
-            if self.kept.get(node) != Some(reason) {
-                out.push(Action::Log {
-                    level: Level::Info,
-                    message: format!("idle-looking node {node} kept: {reason}"),
-                });
-            }
+        if self.config.report {
+            self.report(&pass, &plan, out);
         }
-        self.kept = kept;
         self.scale_down(&pass, &plan, out);
         self.keep_unneeded(&pass, &plan, out);
-        self.publish(&pass, &plan, out);
+        if self.config.report {
+            self.publish(&pass, &plan, out);
+        }
         // What `next_change` needs: each unneeded node's pool, each pool's newest node or launch
         // (the planner's cooldown starts there too).
         let mut newest: BTreeMap<String, Time> = BTreeMap::new();
@@ -1215,6 +1228,26 @@ impl Autoscaler {
         }
     }
 
+    /// What people see of a pass besides its actions: why pods get no node, why idle-looking
+    /// nodes stay.
+    fn report(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
+        self.report_unschedulable(pass, plan, out);
+        let kept: BTreeMap<String, String> = plan
+            .kept
+            .iter()
+            .map(|k| (k.node.clone(), k.reason.clone()))
+            .collect();
+        for (node, reason) in &kept {
+            if self.kept.get(node) != Some(reason) {
+                out.push(Action::Log {
+                    level: Level::Info,
+                    message: format!("idle-looking node {node} kept: {reason}"),
+                });
+            }
+        }
+        self.kept = kept;
+    }
+
     /// `NotTriggerScaleUp` once per pod and reason.
     fn report_unschedulable(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
         self.notified.retain(|k, _| pass.pod_index.contains_key(k));
@@ -1318,6 +1351,7 @@ fn notify_pods(
     message: String,
     out: &mut Vec<Action>,
 ) {
+    // Without reports the index is empty: no Event.
     for key in &su.pods {
         let Some(&i) = pass.pod_index.get(key.as_str()) else {
             continue;

@@ -734,3 +734,38 @@ fn the_batching_window_and_the_next_timed_change() {
     assert_eq!(run.core.next_change(T0 + secs(210)), Some(T0 + secs(280)));
     assert_eq!(run.core.next_change(T0 + secs(280)), Some(T0 + secs(380)));
 }
+
+#[test]
+fn a_launch_id_whose_instance_is_still_there_is_not_used_again() {
+    // The pods' first launch is in flight in zone a; the plan then wants a new node for the same
+    // pods (here: the pod now selects zone b; in a cluster: pods swapping between nodes on their
+    // way). The provider would answer the old id with the instance it has and launch nothing.
+    let mut run = Run::new(Config::default());
+    run.pods.push(
+        PodBuilder::new("ml", "p")
+            .gpus(1)
+            .selector(labels::ZONE, "us-east-1a")
+            .build(),
+    );
+    let first = launches(&run.pass(T0))[0].clone();
+    run.pods[0] = PodBuilder::new("ml", "p")
+        .gpus(1)
+        .selector(labels::ZONE, "us-east-1b")
+        .build();
+    let again = launches(&run.pass(T0 + secs(10)))[0].clone();
+    assert_eq!(again.offerings[0].zone, "us-east-1b");
+    assert_ne!(again.launch_id, first.launch_id);
+    // After a crash, a launch the cloud does not list yet keeps its id (the provider finds its
+    // instances by it and launches nothing new).
+    let mut restarted = Run::new(Config::default());
+    restarted.pods.push(
+        PodBuilder::new("ml", "p")
+            .gpus(1)
+            .selector(labels::ZONE, "us-east-1a")
+            .build(),
+    );
+    assert_eq!(
+        launches(&restarted.pass(T0 + secs(1)))[0].launch_id,
+        first.launch_id
+    );
+}

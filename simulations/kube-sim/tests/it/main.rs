@@ -12,6 +12,4 @@ mod kubectl;
 mod memory;
 
 /// `moto_server` (EC2) for the bridge's tests: the AWS provider's test support, shared.
-#[path = "../../../../providers/aws/tests/support/mod.rs"]
-#[allow(dead_code)]
-mod moto;
+use gpu_node_autoscaler_test_support::moto;

@@ -1,15 +1,14 @@
-//! `cargo bench --bench plan`: the scale-up planner on generated clusters (100 / 1,000 / 10,000
+//! `cargo bench -p gpu-node-autoscaler-core --bench plan`: the scale-up planner on generated clusters (100 / 1,000 / 10,000
 //! pending pods, 1,000 existing nodes, ~400 offerings), plus its peak heap use per run.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use gpu_node_autoscaler::catalog;
-use gpu_node_autoscaler::fixtures::{bench_policy, generated_cluster, SYNTHETIC_TYPES_CSV};
-use gpu_node_autoscaler::model::Time;
-use gpu_node_autoscaler::plan;
-use gpu_node_autoscaler::policy::parse_policy;
+use gpu_node_autoscaler_core::catalog;
+use gpu_node_autoscaler_core::fixtures::{bench_policy, generated_cluster, SYNTHETIC_TYPES_CSV};
+use gpu_node_autoscaler_core::model::Time;
+use gpu_node_autoscaler_core::plan;
+use gpu_node_autoscaler_core::policy::parse_policy;
 
-#[path = "support/counting_alloc.rs"]
-mod counting_alloc;
+use gpu_node_autoscaler_test_support::counting_alloc;
 
 #[global_allocator]
 static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;

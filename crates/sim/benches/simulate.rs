@@ -1,15 +1,14 @@
-//! `cargo bench --bench simulate`: replays the Alibaba GPU traces (from `../shared/traces`) and the
+//! `cargo bench -p gpu-node-autoscaler-sim --bench simulate`: replays the Alibaba GPU traces (from `../shared/traces`) and the
 //! shipped scenarios with every strategy, printing wall time, peak heap and the headline numbers.
 //! A plain benchmark binary: one run each is the measurement (a trace replay takes seconds).
 
 use std::path::Path;
 
-use gpu_node_autoscaler::catalog;
-use gpu_node_autoscaler::policy::parse_policy;
-use gpu_node_autoscaler::sim::{engine, scenario, trace, SimInput, StrategyKind, HOUR};
+use gpu_node_autoscaler_core::catalog;
+use gpu_node_autoscaler_core::policy::parse_policy;
+use gpu_node_autoscaler_sim::{engine, scenario, trace, SimInput, StrategyKind, HOUR};
 
-#[path = "support/counting_alloc.rs"]
-mod counting_alloc;
+use gpu_node_autoscaler_test_support::counting_alloc;
 
 #[global_allocator]
 static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
@@ -41,11 +40,11 @@ fn report(input: &SimInput, filter: Option<&str>) {
 }
 
 fn main() {
-    // `cargo bench --bench simulate -- [strategy-substring]`
+    // `cargo bench -p gpu-node-autoscaler-sim --bench simulate -- [strategy-substring]`
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     println!("| input | strategy | wall s | peak heap MiB | cost USD | cost / LB | never placed | wait p95 s | wait p99 s | GPU alloc % | LB USD |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("simulations/scenarios");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../simulations/scenarios");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -68,7 +67,8 @@ fn main() {
         };
         report(&input, filter.as_deref());
     }
-    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/alibaba-gpu-v2023");
+    let traces =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/alibaba-gpu-v2023");
     for name in [
         "openb_pod_list_default.csv",
         "openb_pod_list_gpushare40.csv",

@@ -1,12 +1,12 @@
-//! `cargo bench --bench scale_down`: the whole plan (scale-up pass included) on a busy cluster of
+//! `cargo bench -p gpu-node-autoscaler-core --bench scale_down`: the whole plan (scale-up pass included) on a busy cluster of
 //! 5,000 GPU nodes and 100,000 running pods, a fifth of the nodes under-used.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpu_node_autoscaler::catalog;
-use gpu_node_autoscaler::fixtures::{bench_policy, generated_busy_cluster};
-use gpu_node_autoscaler::model::Time;
-use gpu_node_autoscaler::plan;
-use gpu_node_autoscaler::policy::parse_policy;
+use gpu_node_autoscaler_core::catalog;
+use gpu_node_autoscaler_core::fixtures::{bench_policy, generated_busy_cluster};
+use gpu_node_autoscaler_core::model::Time;
+use gpu_node_autoscaler_core::plan;
+use gpu_node_autoscaler_core::policy::parse_policy;
 
 fn bench(c: &mut Criterion) {
     let text = bench_policy().replace("pools:", "maxConcurrentDrains: 50\npools:");

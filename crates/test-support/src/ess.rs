@@ -4,8 +4,6 @@
 //! common and required parameters are checked, and answers have the response and error shapes of
 //! Alibaba Cloud's API documentation. Problems with requests are collected in `violations`.
 
-#![allow(dead_code)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 

@@ -1,6 +1,5 @@
 //! A global allocator that counts live heap bytes and their peak, for the benchmarks' memory
-//! figures. Include with `#[path = "support/counting_alloc.rs"] mod counting_alloc;` and install
-//! `counting_alloc::Counting` as `#[global_allocator]`.
+//! figures. Install `counting_alloc::Counting` as `#[global_allocator]`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
