@@ -390,10 +390,16 @@ impl World {
         }
     }
 
-    /// The cloud's listing: every live instance (booting, or with a node).
+    /// The cloud's listing: every live instance (booting, or with a node). Built from the live
+    /// sets, not every instance ever launched (a trace launches thousands).
     pub fn instances(&self) -> Vec<Instance> {
-        self.instances
-            .iter()
+        let booting = self.booting.iter();
+        let with_node = self.live_nodes.iter().map(|&n| &self.nodes[n].instance_id);
+        let mut ids: Vec<&String> = booting.chain(with_node).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .filter_map(|id| self.instances.get(id).map(|i| (id, i)))
             .filter(|(_, i)| !i.gone)
             .map(|(id, i)| Instance {
                 id: id.clone(),
