@@ -162,20 +162,19 @@ pub fn registrations<'a>(
             continue;
         };
         let capacity_type = i.offering.capacity_type.as_str();
-        let mut reg = Registration {
-            node: node.name.clone(),
-            pool: pool.name.clone(),
-            ..Registration::default()
-        };
-        let mut owned = vec![
+        // Names are filled in only for a registration that is due (most nodes need none, and
+        // this runs every pass).
+        let mut reg = Registration::default();
+        let owned = [
             (labels::POOL, pool.name.as_str()),
             (labels::CAPACITY_TYPE, capacity_type),
             (labels::KARPENTER_CAPACITY_TYPE, capacity_type),
+            (labels::LAUNCH_ID, i.launch_id.as_str()),
         ];
-        if !i.launch_id.is_empty() {
-            owned.push((labels::LAUNCH_ID, i.launch_id.as_str()));
-        }
         for (k, v) in owned {
+            if v.is_empty() {
+                continue;
+            }
             if node.labels.get(k).map(String::as_str) != Some(v) {
                 reg.labels.insert(k.to_string(), v.to_string());
             }
@@ -199,6 +198,8 @@ pub fn registrations<'a>(
                 .insert(labels::GPUS_ADVERTISED.to_string(), "true".to_string());
         }
         if !reg.labels.is_empty() || !reg.taints.is_empty() || !reg.annotations.is_empty() {
+            reg.node = node.name.clone();
+            reg.pool = pool.name.clone();
             out.insert(reg.node.clone(), reg);
         }
     }

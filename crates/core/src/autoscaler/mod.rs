@@ -674,7 +674,7 @@ impl Autoscaler {
         // capacity (pods swap between nodes on their way), and the provider would answer the
         // same id with the instances it already has, launching nothing. A launch the cloud does
         // not list yet keeps its id, so a repeat after a crash still launches nothing new.
-        let taken: HashSet<String> = pass
+        let taken: HashSet<&str> = pass
             .instances
             .iter()
             .filter(|i| {
@@ -683,15 +683,17 @@ impl Autoscaler {
                     InstanceState::Terminated | InstanceState::ShuttingDown
                 )
             })
-            .map(|i| i.launch_id.clone())
-            .chain(self.recent.values().map(|(i, _)| i.launch_id.clone()))
+            .chain(self.recent.values().map(|(i, _)| i))
+            .map(|i| i.launch_id.as_str())
             .collect();
         let mut issued = Vec::with_capacity(plan.scale_ups.len());
         for su in &plan.scale_ups {
             let pool = pass.policy.pool(&su.pool);
             let mut attempt = 0;
             let mut req = launch_request(su, pool, attempt);
-            while self.given_up.contains_key(&req.launch_id) || taken.contains(&req.launch_id) {
+            while self.given_up.contains_key(&req.launch_id)
+                || taken.contains(req.launch_id.as_str())
+            {
                 attempt += 1;
                 req = launch_request(su, pool, attempt);
             }
@@ -986,19 +988,25 @@ impl Autoscaler {
         self.recent.retain(|id, (_, added)| {
             !listed_ids.contains(id.as_str()) && now.since(*added) < RECENT_FOR
         });
-        let mut current: HashMap<String, String> = HashMap::new();
-        for i in listed.iter().filter(|i| live(i)) {
-            current.insert(i.id.clone(), i.launch_id.clone());
-        }
-        for (id, (i, _)) in &self.recent {
-            current.insert(id.clone(), i.launch_id.clone());
-        }
-        for (id, launch_id) in &self.seen {
-            if !current.contains_key(id) && !launch_id.is_empty() {
-                self.given_up.entry(launch_id.clone()).or_insert(now);
+        let current: HashMap<&str, &str> = listed
+            .iter()
+            .filter(|i| live(i))
+            .chain(self.recent.values().map(|(i, _)| i))
+            .map(|i| (i.id.as_str(), i.launch_id.as_str()))
+            .collect();
+        let given_up = &mut self.given_up;
+        self.seen.retain(|id, launch_id| {
+            let there = current.contains_key(id.as_str());
+            if !there && !launch_id.is_empty() {
+                given_up.entry(launch_id.clone()).or_insert(now);
+            }
+            there
+        });
+        for (id, launch_id) in current {
+            if !self.seen.contains_key(id) {
+                self.seen.insert(id.to_string(), launch_id.to_string());
             }
         }
-        self.seen = current;
     }
 
     /// Joins the cloud's instances (listed, and launched here but not listed yet) with the
@@ -1031,7 +1039,9 @@ impl Autoscaler {
         self.lost.retain(|id, _| ids.contains(id.as_str()));
         for i in &all {
             if with_node.contains(i.provider_id.as_str()) {
-                self.registered.insert(i.id.clone());
+                if !self.registered.contains(&i.id) {
+                    self.registered.insert(i.id.clone());
+                }
                 self.lost.remove(&i.id);
             } else if self.registered.contains(&i.id) {
                 self.lost.entry(i.id.clone()).or_insert(now);
