@@ -546,7 +546,7 @@ impl Controller {
         }
         let instances = if self.core.policy().is_some() {
             match self.list_instances().await {
-                Ok(i) => Some(i),
+                Ok(i) => Some(Arc::new(i)),
                 Err(e) => {
                     // Without the cloud's view, in-flight capacity is unknown: deciding now
                     // could launch twice. Try again on the next pass.

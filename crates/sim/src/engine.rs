@@ -2,6 +2,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
 
 use gpu_node_autoscaler_memory::{CapacityWindow, MemoryProvider};
 use gpu_node_autoscaler_provider::{
@@ -120,6 +121,8 @@ pub struct World {
     timing: super::ClusterTiming,
     /// Set when capacity or the pending set changed since the last scheduling pass.
     dirty: bool,
+    /// The cloud's listing as last built (`None` once an instance came or went).
+    listing: Option<Arc<Vec<Instance>>>,
     /// Set when something a controller watches changed (for `Strategy::cluster_changed`).
     changed: bool,
     pub metrics: Metrics,
@@ -187,6 +190,7 @@ impl World {
             rng: Rng::new(input.seed),
             timing: input.timing.clone(),
             dirty: false,
+            listing: None,
             changed: false,
             metrics: Metrics::default(),
             live_price: 0.0,
@@ -334,6 +338,7 @@ impl World {
             let span = (self.timing.boot_max - self.timing.boot_min).max(0) as u64;
             let boot = self.timing.boot_min + self.rng.below(span + 1) as Ms;
             self.booting.insert(inst.id.clone());
+            self.listing = None;
             self.push(self.now + boot, Event::Register(inst.id.clone()));
         }
         if !res.launched.is_empty() {
@@ -390,15 +395,20 @@ impl World {
         }
     }
 
-    /// The cloud's listing: every live instance (booting, or with a node). Built from the live
-    /// sets, not every instance ever launched (a trace launches thousands).
-    pub fn instances(&self) -> Vec<Instance> {
+    /// The cloud's listing: every live instance (booting, or with a node). Kept between passes
+    /// until an instance comes or goes, and built from the live sets, not every instance ever
+    /// launched (a trace launches thousands).
+    pub fn instances(&mut self) -> Arc<Vec<Instance>> {
+        if let Some(l) = &self.listing {
+            return l.clone();
+        }
         let booting = self.booting.iter();
         let with_node = self.live_nodes.iter().map(|&n| &self.nodes[n].instance_id);
         let mut ids: Vec<&String> = booting.chain(with_node).collect();
         ids.sort_unstable();
         ids.dedup();
-        ids.into_iter()
+        let listing: Vec<Instance> = ids
+            .into_iter()
             .filter_map(|id| self.instances.get(id).map(|i| (id, i)))
             .filter(|(_, i)| !i.gone)
             .map(|(id, i)| Instance {
@@ -410,7 +420,10 @@ impl World {
                 state: InstanceState::Running,
                 launched_at_ms: i.launched,
             })
-            .collect()
+            .collect();
+        let listing = Arc::new(listing);
+        self.listing = Some(listing.clone());
+        listing
     }
 
     /// Gives a node labels, annotations and taints (a registration).
@@ -482,6 +495,7 @@ impl World {
 
     fn instance_gone(&mut self, id: &str) {
         self.booting.remove(id);
+        self.listing = None;
         if let Some(i) = self.instances.get_mut(id) {
             if !i.gone {
                 i.gone = true;
@@ -578,6 +592,7 @@ impl World {
             i.node = Some(ni);
         }
         self.booting.remove(id);
+        self.listing = None;
         self.push(
             self.now + self.timing.device_plugin_delay,
             Event::Advertise(name),

@@ -99,8 +99,9 @@ pub struct Observation {
     pub snapshot: Snapshot,
     /// Every instance the pools' providers list now; `None` when the cloud could not be listed
     /// (then in-flight capacity is unknown and deciding could launch twice: only expired drains
-    /// are given back).
-    pub instances: Option<Vec<Instance>>,
+    /// are given back). Shared, so that an executor that keeps its listing between passes
+    /// (the simulator) need not copy it.
+    pub instances: Option<Arc<Vec<Instance>>>,
     /// providerIDs of Nodes that exist but could not be read: their instances are neither in
     /// flight nor overdue.
     pub other_provider_ids: Vec<String>,
@@ -264,7 +265,7 @@ enum Stage {
 struct Pass {
     now: Time,
     snapshot: Snapshot,
-    instances: Vec<Instance>,
+    instances: Arc<Vec<Instance>>,
     view: FleetView,
     policy: Arc<Policy>,
     templates: Option<Arc<Templates>>,
@@ -524,7 +525,7 @@ impl Autoscaler {
             &policy,
             now,
         );
-        let regs = registrations(&instances, &obs.snapshot.nodes, &policy.pools);
+        let regs = registrations(instances.iter(), &obs.snapshot.nodes, &policy.pools);
         let pod_index = if self.config.report {
             obs.snapshot
                 .pods
@@ -950,21 +951,31 @@ impl Autoscaler {
             self.publish(&pass, &plan, out);
         }
         // What `next_change` needs: each unneeded node's pool, each pool's newest node or launch
-        // (the planner's cooldown starts there too).
+        // (the planner's cooldown starts there too). Names are cloned per pool and per unneeded
+        // node only: this runs every pass.
         let mut newest: BTreeMap<String, Time> = BTreeMap::new();
-        let mut pools: BTreeMap<String, String> = BTreeMap::new();
+        let mut note = |pool: &str, t: Time| match newest.get_mut(pool) {
+            Some(n) => *n = (*n).max(t),
+            None => {
+                newest.insert(pool.to_string(), t);
+            }
+        };
         for n in &pass.snapshot.nodes {
             if let Some(p) = n.pool() {
-                let e = newest.entry(p.to_string()).or_insert(n.created);
-                *e = (*e).max(n.created);
-                pools.insert(n.name.clone(), p.to_string());
+                note(p, n.created);
             }
         }
         for f in &pass.snapshot.in_flight {
-            let e = newest.entry(f.pool.clone()).or_insert(f.launched_at);
-            *e = (*e).max(f.launched_at);
+            note(&f.pool, f.launched_at);
         }
-        pools.retain(|n, _| plan.unneeded.iter().any(|u| &u.node == n));
+        let unneeded: HashSet<&str> = plan.unneeded.iter().map(|u| u.node.as_str()).collect();
+        let pools: BTreeMap<String, String> = pass
+            .snapshot
+            .nodes
+            .iter()
+            .filter(|n| unneeded.contains(n.name.as_str()))
+            .filter_map(|n| n.pool().map(|p| (n.name.clone(), p.to_string())))
+            .collect();
         self.wake = Wake {
             unneeded_pools: pools,
             newest_in_pool: newest,

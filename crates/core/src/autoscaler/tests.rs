@@ -153,7 +153,7 @@ impl Run {
                 nodes: self.nodes.clone(),
                 ..Default::default()
             },
-            instances: Some(self.cloud.live()),
+            instances: Some(Arc::new(self.cloud.live())),
             other_provider_ids: Vec::new(),
             policy_valid: true,
         }
