@@ -18,6 +18,24 @@ pub const NODE_TEMPLATE_LABEL: &str = "k8s.io/cluster-autoscaler/node-template/l
 /// Tag prefix carrying a node taint, as `value:Effect`.
 pub const NODE_TEMPLATE_TAINT: &str = "k8s.io/cluster-autoscaler/node-template/taint/";
 
+/// Nodes by providerID: how instances and Nodes are joined (built once per pass).
+pub struct NodeIndex<'a>(HashMap<&'a str, &'a Node>);
+
+impl<'a> NodeIndex<'a> {
+    pub fn new(nodes: impl IntoIterator<Item = &'a Node>) -> NodeIndex<'a> {
+        NodeIndex(
+            nodes
+                .into_iter()
+                .filter_map(|n| n.provider_id.as_deref().map(|p| (p, n)))
+                .collect(),
+        )
+    }
+
+    pub fn contains(&self, provider_id: &str) -> bool {
+        self.0.contains_key(provider_id)
+    }
+}
+
 /// A launched instance that has not become a node with GPUs within the max provision time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Overdue {
@@ -46,16 +64,13 @@ pub struct FleetView {
 /// whose Node re-registers is not taken for a launch that never came up.
 pub fn fleet_view<'a>(
     instances: impl IntoIterator<Item = &'a Instance>,
-    nodes: impl IntoIterator<Item = &'a Node>,
+    nodes: &NodeIndex,
     now: Time,
     max_provision: Duration,
     expects_gpus: impl Fn(&OfferingKey) -> bool,
     waiting_since: impl Fn(&Instance) -> Time,
 ) -> FleetView {
-    let by_provider_id: HashMap<&str, &Node> = nodes
-        .into_iter()
-        .filter_map(|n| n.provider_id.as_deref().map(|p| (p, n)))
-        .collect();
+    let by_provider_id = &nodes.0;
     let mut waiting: Vec<&Instance> = Vec::new();
     let mut view = FleetView::default();
     for i in instances {
@@ -140,13 +155,10 @@ impl Registration {
 /// missing.
 pub fn registrations<'a>(
     instances: impl IntoIterator<Item = &'a Instance>,
-    nodes: impl IntoIterator<Item = &'a Node>,
+    nodes: &NodeIndex,
     pools: &[Pool],
 ) -> BTreeMap<String, Registration> {
-    let by_provider_id: HashMap<&str, &Node> = nodes
-        .into_iter()
-        .filter_map(|n| n.provider_id.as_deref().map(|p| (p, n)))
-        .collect();
+    let by_provider_id = &nodes.0;
     let mut out = BTreeMap::new();
     for i in instances {
         if matches!(
@@ -329,7 +341,7 @@ mod tests {
         ];
         let v = fleet_view(
             &instances,
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             Time::from_secs(60),
             Duration::from_secs(900),
             |_| true,
@@ -353,7 +365,7 @@ mod tests {
         let instances = [instance("i-1", "L1", 0, InstanceState::Running)];
         let v = fleet_view(
             &instances,
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             Time::from_secs(899),
             Duration::from_secs(900),
             |_| true,
@@ -362,7 +374,7 @@ mod tests {
         assert!(v.overdue.is_empty());
         let v = fleet_view(
             &instances,
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             Time::from_secs(900),
             Duration::from_secs(900),
             |_| true,
@@ -371,7 +383,7 @@ mod tests {
         assert_eq!(v.overdue[0].node.as_deref(), Some("n1"));
         let v = fleet_view(
             &instances,
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             Time::from_secs(900),
             Duration::from_secs(900),
             |_| false,
@@ -394,7 +406,7 @@ mod tests {
         let instances = [instance("i-1", "L1", 0, InstanceState::Running)];
         let v = fleet_view(
             &instances,
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             Time::from_secs(7200),
             Duration::from_secs(900),
             |_| true,
@@ -455,7 +467,7 @@ mod tests {
         let lost_at = Time::from_secs(10_000);
         let v = fleet_view(
             &instances,
-            &[],
+            &NodeIndex::new(&[]),
             Time::from_secs(10_060),
             Duration::from_secs(900),
             |_| true,
@@ -465,7 +477,7 @@ mod tests {
         assert_eq!(v.in_flight[0].count, 1);
         let v = fleet_view(
             &instances,
-            &[],
+            &NodeIndex::new(&[]),
             Time::from_secs(10_900),
             Duration::from_secs(900),
             |_| true,
@@ -524,7 +536,7 @@ mod registration_tests {
         .into();
         let regs = registrations(
             &[instance("i-1", InstanceState::Running)],
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             &policy.pools,
         );
         assert_eq!(regs.len(), 1, "only the node of our instance: {regs:?}");
@@ -544,7 +556,7 @@ mod registration_tests {
         let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
         assert!(registrations(
             &[instance("i-1", InstanceState::Running)],
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             &policy.pools
         )
         .is_empty());
@@ -558,13 +570,13 @@ mod registration_tests {
         let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
         let regs = registrations(
             &[instance("i-1", InstanceState::Running)],
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             &policy.pools,
         );
         assert!(!regs["n1"].labels.contains_key("team"), "{regs:?}");
         assert!(registrations(
             &[instance("i-1", InstanceState::ShuttingDown)],
-            nodes.values(),
+            &NodeIndex::new(nodes.values()),
             &policy.pools
         )
         .is_empty());

@@ -36,7 +36,7 @@ use crate::plan::{self, Plan, ScaleUp, Templates};
 use crate::policy::duration::format_duration;
 use crate::policy::Policy;
 
-use fleet::{fleet_view, launch_request, registrations, FleetView, Registration};
+use fleet::{fleet_view, launch_request, registrations, FleetView, NodeIndex, Registration};
 use status::{PoolHistory, Status, StatusInput};
 
 /// The `reason` label values of `failed_launches_total`.
@@ -518,14 +518,10 @@ impl Autoscaler {
         self.given_up.retain(|_, at| now.since(*at) < GIVEN_UP_FOR);
         self.removed.retain(|_, at| now.since(*at) < REMOVED_FOR);
         self.track_instances(&instances, now);
-        let view = self.fleet_of(
-            &instances,
-            &obs.snapshot.nodes,
-            &obs.other_provider_ids,
-            &policy,
-            now,
-        );
-        let regs = registrations(instances.iter(), &obs.snapshot.nodes, &policy.pools);
+        let index = NodeIndex::new(&obs.snapshot.nodes);
+        let view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);
+        let regs = registrations(instances.iter(), &index, &policy.pools);
+        drop(index);
         let pod_index = if self.config.report {
             obs.snapshot
                 .pods
@@ -876,9 +872,11 @@ impl Autoscaler {
         // An offering just found short of capacity is now avoided: plan the rest again at once.
         // Other failures wait for their back-off.
         if capacity_failed && round + 1 < CAPACITY_ROUNDS && !self.config.dry_run {
-            let obs_nodes = std::mem::take(&mut pass.snapshot.nodes);
-            pass.view = self.fleet_of(&pass.instances, &obs_nodes, &[], &pass.policy, now);
-            pass.snapshot.nodes = obs_nodes;
+            let nodes = std::mem::take(&mut pass.snapshot.nodes);
+            let index = NodeIndex::new(&nodes);
+            pass.view = self.fleet_of(&pass.instances, &index, &[], &pass.policy, now);
+            drop(index);
+            pass.snapshot.nodes = nodes;
             self.plan_round(pass, round + 1, now, out);
             return;
         }
@@ -1025,7 +1023,7 @@ impl Autoscaler {
     fn fleet_of(
         &mut self,
         listed: &[Instance],
-        nodes: &[Node],
+        nodes: &NodeIndex,
         other_provider_ids: &[String],
         policy: &Policy,
         now: Time,
@@ -1040,16 +1038,12 @@ impl Autoscaler {
                     .filter(|i| !listed_ids.contains(i.id.as_str())),
             )
             .collect();
-        let with_node: HashSet<&str> = nodes
-            .iter()
-            .filter_map(|n| n.provider_id.as_deref())
-            .chain(other_provider_ids.iter().map(String::as_str))
-            .collect();
-        let ids: HashSet<&str> = all.iter().map(|i| i.id.as_str()).collect();
-        self.registered.retain(|id| ids.contains(id.as_str()));
-        self.lost.retain(|id, _| ids.contains(id.as_str()));
+        let recent = &self.recent;
+        let known = |id: &str| listed_ids.contains(id) || recent.contains_key(id);
+        self.registered.retain(|id| known(id));
+        self.lost.retain(|id, _| known(id));
         for i in &all {
-            if with_node.contains(i.provider_id.as_str()) {
+            if nodes.contains(&i.provider_id) || other_provider_ids.contains(&i.provider_id) {
                 if !self.registered.contains(&i.id) {
                     self.registered.insert(i.id.clone());
                 }
