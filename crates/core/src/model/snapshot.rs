@@ -37,8 +37,9 @@ pub struct InFlight {
 }
 
 /// Groups launched instances without a Node into in-flight launches, one per launch id and
-/// offering, each launched at its earliest instance's time. Items: (launch id, pool, offering,
-/// launch time).
+/// offering, each launched at its earliest instance's time, oldest first (the planner fills
+/// in-flight capacity in this order: by arrival, not by how launch ids happen to sort). Items:
+/// (launch id, pool, offering, launch time).
 pub fn group_in_flight<'a>(
     instances: impl IntoIterator<Item = (&'a str, &'a str, &'a OfferingKey, Time)>,
 ) -> Vec<InFlight> {
@@ -56,7 +57,11 @@ pub fn group_in_flight<'a>(
         f.count += 1;
         f.launched_at = f.launched_at.min(launched_at);
     }
-    flights.into_values().collect()
+    let mut out: Vec<InFlight> = flights.into_values().collect();
+    out.sort_by(|a, b| {
+        (a.launched_at, &a.launch_id, &a.offering).cmp(&(b.launched_at, &b.launch_id, &b.offering))
+    });
+    out
 }
 
 /// What the autoscaler remembers about a pool between decisions.
