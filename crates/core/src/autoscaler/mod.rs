@@ -667,21 +667,15 @@ impl Autoscaler {
             })
             .collect();
         let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
-        // Launch ids with an instance we can see are taken: the plan placed other pods on that
-        // capacity (pods swap between nodes on their way), and the provider would answer the
-        // same id with the instances it already has, launching nothing. A launch the cloud does
-        // not list yet keeps its id, so a repeat after a crash still launches nothing new.
-        let taken: HashSet<&str> = pass
-            .instances
+        // A launch whose capacity this plan gives to other pods is taken: its pods, planned again
+        // (pods swap between nodes on their way), need a launch of their own, and the provider
+        // would answer the old id with the instance it already has, launching nothing. A launch
+        // the plan does not use keeps its id: asking again for it launches nothing new (after a
+        // crash, or while the cloud lists it with less than the plan can place pods on).
+        let taken: HashSet<&str> = plan
+            .existing_capacity
             .iter()
-            .filter(|i| {
-                !matches!(
-                    i.state,
-                    InstanceState::Terminated | InstanceState::ShuttingDown
-                )
-            })
-            .chain(self.recent.values().map(|(i, _)| i))
-            .map(|i| i.launch_id.as_str())
+            .filter_map(|p| p.target.strip_prefix("launch/"))
             .collect();
         let mut issued = Vec::with_capacity(plan.scale_ups.len());
         for su in &plan.scale_ups {

@@ -736,34 +736,37 @@ fn the_batching_window_and_the_next_timed_change() {
 }
 
 #[test]
-fn a_launch_id_whose_instance_is_still_there_is_not_used_again() {
-    // The pods' first launch is in flight in zone a; the plan then wants a new node for the same
-    // pods (here: the pod now selects zone b; in a cluster: pods swapping between nodes on their
-    // way). The provider would answer the old id with the instance it has and launch nothing.
+fn a_launch_whose_capacity_goes_to_other_pods_is_not_asked_for_again_under_its_id() {
+    // Pod a's launch is in flight. Pod b, larger, arrives and the plan gives it that capacity; a
+    // is planned again, for the same instance type: under its old launch id the provider would
+    // answer with the instance already there and launch nothing.
     let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("a", 1));
+    let first = launches(&run.pass(T0))[0].clone();
     run.pods.push(
-        PodBuilder::new("ml", "p")
+        PodBuilder::new("ml", "b")
             .gpus(1)
-            .selector(labels::ZONE, "us-east-1a")
+            .cpu_milli(3000)
+            .priority(100)
             .build(),
     );
-    let first = launches(&run.pass(T0))[0].clone();
-    run.pods[0] = PodBuilder::new("ml", "p")
-        .gpus(1)
-        .selector(labels::ZONE, "us-east-1b")
-        .build();
-    let again = launches(&run.pass(T0 + secs(10)))[0].clone();
-    assert_eq!(again.offerings[0].zone, "us-east-1b");
-    assert_ne!(again.launch_id, first.launch_id);
-    // After a crash, a launch the cloud does not list yet keeps its id (the provider finds its
+    let actions = run.pass(T0 + secs(10));
+    let plan = run.core.last_plan().unwrap();
+    assert!(
+        plan.existing_capacity
+            .iter()
+            .any(|p| p.pod == "ml/b" && p.target == format!("launch/{}", first.launch_id)),
+        "{plan:?}"
+    );
+    assert_eq!(plan.scale_ups[0].pods, ["ml/a"]);
+    let again = launches(&actions);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].offerings[0].instance_type, "g5.xlarge");
+    assert_ne!(again[0].launch_id, first.launch_id);
+    // A launch the plan does not use keeps its id (after a crash the provider finds its
     // instances by it and launches nothing new).
     let mut restarted = Run::new(Config::default());
-    restarted.pods.push(
-        PodBuilder::new("ml", "p")
-            .gpus(1)
-            .selector(labels::ZONE, "us-east-1a")
-            .build(),
-    );
+    restarted.pods.push(gpu_pod("a", 1));
     assert_eq!(
         launches(&restarted.pass(T0 + secs(1)))[0].launch_id,
         first.launch_id
