@@ -667,16 +667,33 @@ impl Autoscaler {
             })
             .collect();
         let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
-        // A launch whose capacity this plan gives to other pods is taken: its pods, planned again
-        // (pods swap between nodes on their way), need a launch of their own, and the provider
-        // would answer the old id with the instance it already has, launching nothing. A launch
-        // the plan does not use keeps its id: asking again for it launches nothing new (after a
-        // crash, or while the cloud lists it with less than the plan can place pods on).
-        let taken: HashSet<&str> = plan
-            .existing_capacity
-            .iter()
-            .filter_map(|p| p.target.strip_prefix("launch/"))
-            .collect();
+        // A launch whose capacity went to other pods is done with: its capacity given to them by
+        // this plan (in flight), or its instance already a Node (the scheduler placed pods on
+        // it). Its own pods, planned again, need a launch of their own: under the old id the
+        // provider would answer with the instance it already has and launch nothing. A launch
+        // still on its way and not used by the plan keeps its id: asking again for it launches
+        // nothing new (after a crash, or while the cloud lists it with less than the plan can
+        // place pods on).
+        let mut taken: HashSet<&str> = HashSet::new();
+        if !plan.scale_ups.is_empty() {
+            taken.extend(
+                plan.existing_capacity
+                    .iter()
+                    .filter_map(|p| p.target.strip_prefix("launch/")),
+            );
+            let with_node: HashSet<&str> = pass
+                .snapshot
+                .nodes
+                .iter()
+                .filter_map(|n| n.provider_id.as_deref())
+                .collect();
+            taken.extend(
+                pass.instances
+                    .iter()
+                    .filter(|i| with_node.contains(i.provider_id.as_str()))
+                    .map(|i| i.launch_id.as_str()),
+            );
+        }
         let mut issued = Vec::with_capacity(plan.scale_ups.len());
         for su in &plan.scale_ups {
             let pool = pass.policy.pool(&su.pool);
