@@ -953,3 +953,51 @@ fn two_clusters_with_one_name_leave_each_others_instances_alone() {
         "our launches carry our identity"
     );
 }
+
+#[test]
+fn a_node_registered_with_the_startup_taint_is_freed_of_it_and_takes_its_pod() {
+    // The launch template's kubelet registers every node with the pool's startup taint (and no
+    // pool label); registration in the pool removes it.
+    let mut env = Env::start(
+        "startup",
+        Options {
+            register_with_taints: vec!["gpu-node-autoscaler.io/registering=:NoExecute".into()],
+            ..Options::default()
+        },
+    );
+    env.create(&env.policy_configmap(&env.policy(
+        &["us-east-1a"],
+        "  startupTaints: [{key: gpu-node-autoscaler.io/registering, effect: NoExecute}]\n",
+    )));
+    env.start_controller("r1", &[]);
+    env.create(&gpu_pod("default", "train", &no_labels(), None));
+    env.wait_for("the pod to run", 2 * MIN, || {
+        (env.pod_phase("default", "train") == "Running").then_some(())
+    });
+    let nodes = env.pool_nodes();
+    assert_eq!(nodes.len(), 1, "one node");
+    let taints: Vec<String> = nodes[0]["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| t["key"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        !taints
+            .iter()
+            .any(|k| k == "gpu-node-autoscaler.io/registering"),
+        "{taints:?}"
+    );
+    assert!(taints.iter().any(|k| k == "nvidia.com/gpu"), "{taints:?}");
+    assert!(
+        env.log("r1")
+            .contains("startup taint gpu-node-autoscaler.io/registering:NoExecute removed"),
+        "{}",
+        env.log("r1")
+    );
+    assert_eq!(
+        env.instances().len(),
+        1,
+        "no second launch while it was tainted"
+    );
+}

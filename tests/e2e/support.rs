@@ -54,6 +54,8 @@ pub struct Options {
     pub kube_proxy: bool,
     /// More environment for the controllers (e.g. Alibaba Cloud credentials).
     pub controller_env: Vec<(String, String)>,
+    /// The kubelets' `--register-with-taints` (`key=value:Effect`), as a launch template gives.
+    pub register_with_taints: Vec<String>,
 }
 
 use crate::cluster::free_port;
@@ -134,6 +136,7 @@ impl Env {
         bridge.cluster_id = Some(cluster.identity());
         bridge.boot_delay = opts.boot_delay.unwrap_or(Duration::from_secs(2));
         bridge.device_plugin_delay = Duration::from_secs(1);
+        bridge.register_with_taints = opts.register_with_taints.clone();
         let mut bridges = vec![spawn_bridge(
             move |rt| rt.block_on(kube_sim::ec2::Bridge::new(bridge, NodeStyle::Kubelet)),
             cluster.admin.clone(),

@@ -767,6 +767,13 @@ impl Controller {
                 .get_or_insert_with(Default::default)
                 .taints
                 .get_or_insert_with(Vec::new);
+            let before = taints.len();
+            taints.retain(|x| {
+                !r.remove_taints
+                    .iter()
+                    .any(|t| t.key == x.key && t.effect.as_str() == x.effect)
+            });
+            changed |= taints.len() != before;
             for t in &r.taints {
                 let effect = t.effect.as_str();
                 if !taints.iter().any(|x| x.key == t.key && x.effect == effect) {
@@ -784,8 +791,11 @@ impl Controller {
         .await;
         match result {
             Ok(()) => {
-                if !r.labels.is_empty() || !r.taints.is_empty() {
+                if r.changes_shape() {
                     info!(node = %r.node, pool = %r.pool, "registered the node in its pool");
+                }
+                for t in &r.remove_taints {
+                    info!(node = %r.node, "startup taint {}:{} removed", t.key, t.effect.as_str());
                 }
                 true
             }

@@ -426,33 +426,17 @@ impl World {
         listing
     }
 
-    /// Gives a node labels, annotations and taints (a registration).
-    pub fn register_node(
-        &mut self,
-        node: &str,
-        labels: &BTreeMap<String, String>,
-        annotations: &BTreeMap<String, String>,
-        taints: &[Taint],
-    ) {
-        let Some(&i) = self.node_by_name.get(node) else {
+    /// Gives a node what registration adds (labels, annotations, taints) and takes its startup
+    /// taints away.
+    pub fn register_node(&mut self, r: &crate::autoscaler::fleet::Registration) {
+        let Some(&i) = self.node_by_name.get(&r.node) else {
             return;
         };
-        let n = &mut self.nodes[i].node;
-        for (k, v) in labels {
-            n.labels.insert(k.clone(), v.clone());
-        }
-        for (k, v) in annotations {
-            n.annotations.insert(k.clone(), v.clone());
-        }
-        for t in taints {
-            if !n
-                .taints
-                .iter()
-                .any(|x| x.key == t.key && x.effect == t.effect)
-            {
-                n.taints.push(t.clone());
-                self.dirty = true;
-            }
+        let before = self.nodes[i].node.taints.clone();
+        r.apply(&mut self.nodes[i].node);
+        if self.nodes[i].node.taints != before {
+            self.grown.insert(i);
+            self.dirty = true;
         }
     }
 

@@ -53,7 +53,7 @@ impl Ours {
         for a in actions {
             match a {
                 Action::Register(r) => {
-                    world.register_node(&r.node, &r.labels, &r.annotations, &r.taints);
+                    world.register_node(&r);
                     feedback.push(Feedback::Registered {
                         node: r.node,
                         changed: true,

@@ -43,6 +43,9 @@ pub struct Ec2Config {
     pub device_plugin_delay: Duration,
     /// How often instances are listed.
     pub poll: Duration,
+    /// Taints every Node registers with (the kubelet's `--register-with-taints`,
+    /// `key=value:Effect`), as a launch template's bootstrap would give them.
+    pub register_with_taints: Vec<String>,
 }
 
 impl Ec2Config {
@@ -55,6 +58,7 @@ impl Ec2Config {
             boot_delay: Duration::from_secs(3),
             device_plugin_delay: Duration::from_secs(2),
             poll: Duration::from_secs(1),
+            register_with_taints: Vec::new(),
         }
     }
 }
@@ -205,7 +209,8 @@ impl Bridge {
         Bridge {
             client: client(&config).await,
             registrar: Registrar::new("ec2", config.boot_delay, config.device_plugin_delay)
-                .with_style(style),
+                .with_style(style)
+                .with_register_taints(config.register_with_taints.clone()),
             config,
             types: HashMap::new(),
         }

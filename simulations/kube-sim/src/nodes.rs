@@ -104,6 +104,28 @@ pub enum NodeStyle {
 /// The annotation by which kwok manages a Node (`--manage-nodes-with-annotation-selector`).
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
+/// Adds the kubelet's `--register-with-taints` (`key=value:Effect`, value optional) to `node`;
+/// a malformed one is reported in `problems` and left out.
+fn add_register_taints(node: &mut Value, taints: &[String], problems: &mut Vec<String>) {
+    for t in taints {
+        let parsed = t.rsplit_once(':').and_then(|(kv, effect)| {
+            matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute").then(|| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                json!({"key": k, "value": v, "effect": effect})
+            })
+        });
+        match parsed {
+            Some(taint) => match node["spec"]["taints"].as_array_mut() {
+                Some(list) => list.push(taint),
+                None => node["spec"]["taints"] = json!([taint]),
+            },
+            None => problems.push(format!(
+                "--register-with-taints {t:?}: expected <key>[=<value>]:<NoSchedule|PreferNoSchedule|NoExecute>"
+            )),
+        }
+    }
+}
+
 /// The Node for `inst` (GPUs left out until the device plugin starts, unless `with_gpus`).
 /// Malformed node-template taint tags are reported in the error list and left out.
 fn node_object(
@@ -322,6 +344,9 @@ pub struct Registrar {
     boot_delay: Duration,
     device_plugin_delay: Duration,
     style: NodeStyle,
+    /// Taints every Node registers with, as the kubelet's `--register-with-taints` gives them
+    /// (`key=value:Effect`), whatever the style.
+    register_with_taints: Vec<String>,
     tracked: HashMap<String, Tracked>,
 }
 
@@ -332,8 +357,16 @@ impl Registrar {
             boot_delay,
             device_plugin_delay,
             style: NodeStyle::KubeSim,
+            register_with_taints: Vec::new(),
             tracked: HashMap::new(),
         }
+    }
+
+    /// Registers every Node with these taints (`key=value:Effect`, the kubelet's
+    /// `--register-with-taints`).
+    pub fn with_register_taints(mut self, taints: Vec<String>) -> Self {
+        self.register_with_taints = taints;
+        self
     }
 
     /// Registers Nodes in `style` instead of kube-sim's.
@@ -404,7 +437,8 @@ impl Registrar {
                         continue;
                     };
                     let with_gpus = self.device_plugin_delay.is_zero();
-                    let (node, problems) = node_object(inst, info, with_gpus, self.style);
+                    let (mut node, mut problems) = node_object(inst, info, with_gpus, self.style);
+                    add_register_taints(&mut node, &self.register_with_taints, &mut problems);
                     let result = store.create_node(node);
                     let error = match &result {
                         Ok(_) => problems.join("; "),

@@ -126,6 +126,15 @@ pub struct Registration {
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
+    /// The pool's startup taints the Node still has: removed now that it is registered.
+    pub remove_taints: Vec<Taint>,
+}
+
+impl Registration {
+    /// Whether the Node's labels or taints change (the planner should see them first).
+    pub fn changes_shape(&self) -> bool {
+        !self.labels.is_empty() || !self.taints.is_empty() || !self.remove_taints.is_empty()
+    }
 }
 
 impl Registration {
@@ -146,6 +155,12 @@ impl Registration {
                 node.taints.push(t.clone());
             }
         }
+        node.taints.retain(|x| {
+            !self
+                .remove_taints
+                .iter()
+                .any(|t| t.key == x.key && t.effect == x.effect)
+        });
     }
 }
 
@@ -205,11 +220,20 @@ pub fn registrations<'a>(
                 reg.taints.push(t.clone());
             }
         }
+        for t in &pool.startup_taints {
+            if node
+                .taints
+                .iter()
+                .any(|x| x.key == t.key && x.effect == t.effect)
+            {
+                reg.remove_taints.push(t.clone());
+            }
+        }
         if node.advertised_gpus() > 0 && !node.annotations.contains_key(labels::GPUS_ADVERTISED) {
             reg.annotations
                 .insert(labels::GPUS_ADVERTISED.to_string(), "true".to_string());
         }
-        if !reg.labels.is_empty() || !reg.taints.is_empty() || !reg.annotations.is_empty() {
+        if reg.changes_shape() || !reg.annotations.is_empty() {
             reg.node = node.name.clone();
             reg.pool = pool.name.clone();
             out.insert(reg.node.clone(), reg);
@@ -272,14 +296,14 @@ impl Hasher for Fnv {
     }
 }
 
-/// The pool's node labels and taints as node-template tags, for bootstrap scripts (and
-/// kube-sim) to apply when the node registers.
+/// The pool's node labels and taints (startup taints included) as node-template tags, for
+/// bootstrap scripts (and kube-sim) to apply when the node registers.
 pub fn node_template_tags(pool: &Pool) -> BTreeMap<String, String> {
     let mut tags = BTreeMap::new();
     for (k, v) in &pool.labels {
         tags.insert(format!("{NODE_TEMPLATE_LABEL}{k}"), v.clone());
     }
-    for t in &pool.taints {
+    for t in pool.taints.iter().chain(&pool.startup_taints) {
         tags.insert(
             format!("{NODE_TEMPLATE_TAINT}{}", t.key),
             format!("{}:{}", t.value, t.effect.as_str()),

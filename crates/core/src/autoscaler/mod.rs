@@ -563,7 +563,7 @@ impl Autoscaler {
             Stage::Registering(regs) => {
                 let changed = feedback.iter().any(|f| {
                     matches!(f, Feedback::Registered { node, changed: true }
-                        if regs.get(node).is_some_and(|r| !r.labels.is_empty() || !r.taints.is_empty()))
+                        if regs.get(node).is_some_and(Registration::changes_shape))
                 });
                 if changed {
                     // Decide on what the API server shows once the registrations are in: a pass

@@ -127,7 +127,11 @@ struct Run {
 
 impl Run {
     fn new(config: Config) -> Run {
-        let policy = parse_policy(POLICY, "policy.yaml").unwrap_or_else(|e| panic!("{e}"));
+        Run::with_policy(config, POLICY)
+    }
+
+    fn with_policy(config: Config, text: &str) -> Run {
+        let policy = parse_policy(text, "policy.yaml").unwrap_or_else(|e| panic!("{e}"));
         let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
         let mut catalog = catalog::offerings_from_list_prices(&policy, types);
         for o in &mut catalog.offerings {
@@ -771,4 +775,53 @@ fn a_launch_whose_capacity_goes_to_other_pods_is_not_asked_for_again_under_its_i
         launches(&restarted.pass(T0 + secs(1)))[0].launch_id,
         first.launch_id
     );
+}
+
+#[test]
+fn a_startup_taint_goes_once_the_node_is_registered_in_its_pool() {
+    let text = POLICY.replace(
+        "    maxNodes: 20\n",
+        "    maxNodes: 20\n    startupTaints: [{key: example.com/registering, effect: NoExecute}]\n",
+    );
+    let mut run = Run::with_policy(Config::default(), &text);
+    run.pods.push(gpu_pod("p", 1));
+    let first = launches(&run.pass(T0))[0].clone();
+    assert!(
+        first
+            .tags
+            .contains_key("k8s.io/cluster-autoscaler/node-template/taint/example.com/registering"),
+        "bootstrap scripts learn the startup taint from the tags: {:?}",
+        first.tags
+    );
+    // The node registers as its kubelet flags say: the startup taint, no pool label.
+    run.register("i-1", 1, T0 + secs(100));
+    let n = &mut run.nodes[0];
+    n.labels.remove(labels::POOL);
+    n.taints.push(crate::model::Taint {
+        key: "example.com/registering".into(),
+        value: String::new(),
+        effect: Effect::NoExecute,
+    });
+    run.pods.push(gpu_pod("q", 1));
+    let actions = run.core.pass(run.observation(T0 + secs(110)));
+    let [Action::Register(r)] = actions.as_slice() else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(r.labels[labels::POOL], "a10g");
+    assert_eq!(r.remove_taints.len(), 1);
+    assert_eq!(r.remove_taints[0].key, "example.com/registering");
+    // Written: the pass ends, and the next one plans on the registered, untainted node.
+    assert!(run
+        .core
+        .resume(vec![Feedback::Registered {
+            node: r.node.clone(),
+            changed: true,
+        }])
+        .iter()
+        .all(|a| !matches!(a, Action::Launch { .. })));
+    r.apply(&mut run.nodes[0]);
+    assert!(run.nodes[0].taints.is_empty(), "{:?}", run.nodes[0].taints);
+    assert_eq!(run.nodes[0].pool(), Some("a10g"));
+    let actions = run.pass(T0 + secs(120));
+    assert!(!actions.iter().any(|a| matches!(a, Action::Register(_))));
 }

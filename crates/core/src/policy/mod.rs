@@ -81,6 +81,10 @@ pub struct Pool {
     pub max_gpus: Option<u32>,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
+    /// Taints a new node registers with (kubelet `--register-with-taints`, EKS `nodeadm`) so
+    /// that no pod lands before the node is registered in its pool; the controller removes them
+    /// then. Not part of the node's shape: pods need not tolerate them.
+    pub startup_taints: Vec<Taint>,
     pub gpu_mode: GpuMode,
     pub prices: BTreeMap<String, PriceOverride>,
     pub reserved_cpu_milli: i64,
@@ -290,6 +294,8 @@ struct RawPool {
     labels: BTreeMap<String, String>,
     #[serde(default)]
     taints: Vec<RawTaint>,
+    #[serde(default)]
+    startup_taints: Vec<RawTaint>,
     gpu_mode: Option<String>,
     mig_layout: Option<BTreeMap<String, u32>>,
     shared_gpu: Option<RawSharedGpu>,
@@ -852,30 +858,55 @@ fn validate_pool(
         }
     }
     let mut taints = Vec::new();
-    for (j, t) in r.taints.iter().enumerate() {
-        let mut p = at(&["taints"]);
-        p.push(PathSeg::Index(j));
-        if t.key.is_empty() {
-            let mut pk = p.clone();
-            pk.push(key("key"));
-            c.at(&pk, "taint key must not be empty");
-        }
-        match Effect::parse(&t.effect) {
-            Some(effect) => taints.push(Taint {
-                key: t.key.clone(),
-                value: t.value.clone(),
-                effect,
-            }),
-            None => {
-                p.push(key("effect"));
-                c.at(
+    let mut startup_taints = Vec::new();
+    for (field, raw, out) in [
+        ("taints", &r.taints, &mut taints),
+        ("startupTaints", &r.startup_taints, &mut startup_taints),
+    ] {
+        for (j, t) in raw.iter().enumerate() {
+            let mut p = at(&[field]);
+            p.push(PathSeg::Index(j));
+            if t.key.is_empty() {
+                let mut pk = p.clone();
+                pk.push(key("key"));
+                c.at(&pk, "taint key must not be empty");
+            }
+            match Effect::parse(&t.effect) {
+                Some(effect) => out.push(Taint {
+                    key: t.key.clone(),
+                    value: t.value.clone(),
+                    effect,
+                }),
+                None => {
+                    p.push(key("effect"));
+                    c.at(
                     &p,
                     format!(
                         "unknown taint effect {:?} (expected NoSchedule, PreferNoSchedule or NoExecute)",
                         t.effect
                     ),
                 );
+                }
             }
+        }
+    }
+    for (j, t) in startup_taints.iter().enumerate() {
+        if taints
+            .iter()
+            .any(|x| x.key == t.key && x.effect == t.effect)
+        {
+            let mut p = at(&["startupTaints"]);
+            p.push(PathSeg::Index(j));
+            p.push(key("key"));
+            c.at(
+                &p,
+                format!(
+                    "{}:{} is also one of the pool's taints; a startup taint is removed once the \
+                     node is registered, a pool taint stays",
+                    t.key,
+                    t.effect.as_str()
+                ),
+            );
         }
     }
     let gpu_mode = match r.gpu_mode.as_deref().unwrap_or("whole") {
@@ -1073,6 +1104,7 @@ fn validate_pool(
         max_gpus: r.max_gpus,
         labels: r.labels,
         taints,
+        startup_taints,
         gpu_mode,
         prices,
         reserved_cpu_milli,

@@ -170,6 +170,7 @@ fn example_policy_parses_with_defaults_applied() {
             max_gpus: None,
             labels: BTreeMap::new(),
             taints: vec![gpu_taint.clone()],
+            startup_taints: Vec::new(),
             gpu_mode: GpuMode::Whole,
             prices: BTreeMap::new(),
             reserved_cpu_milli: 200,
@@ -442,6 +443,24 @@ fn error_cases() -> Vec<Case> {
             (7, 18),
             "pools[0].taints[0].effect: unknown taint effect \"NoSchedul\" (expected \
              NoSchedule, PreferNoSchedule or NoExecute)",
+        ),
+        case(
+            "bad startup taint effect",
+            one_pool(&["    startupTaints:", "      - {key: k, effect: Never}"]),
+            (7, 18),
+            "pools[0].startupTaints[0].effect: unknown taint effect \"Never\" (expected \
+             NoSchedule, PreferNoSchedule or NoExecute)",
+        ),
+        case(
+            "a startup taint that is also a pool taint",
+            one_pool(&[
+                "    taints: [{key: k, effect: NoSchedule}]",
+                "    startupTaints:",
+                "      - {key: k, effect: NoSchedule}",
+            ]),
+            (8, 10),
+            "pools[0].startupTaints[0].key: k:NoSchedule is also one of the pool's taints; a \
+             startup taint is removed once the node is registered, a pool taint stays",
         ),
         case(
             "empty taint key",
@@ -1574,4 +1593,20 @@ fn a_cluster_name_left_at_its_default_is_warned_about() {
     assert!(unnamed.warnings()[0].contains("clusterName"));
     let named = parse_ok(&format!("clusterName: ml-prod\n{pool}"));
     assert!(named.warnings().is_empty());
+}
+
+#[test]
+fn startup_taints_are_parsed_apart_from_the_pools_taints() {
+    let p = parse_ok(&one_pool(&[
+        "    taints: [{key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}]",
+        "    startupTaints: [{key: gpu-node-autoscaler.io/registering, effect: NoExecute}]",
+    ]));
+    let pool = &p.pools[0];
+    assert_eq!(pool.taints.len(), 1);
+    assert_eq!(pool.startup_taints.len(), 1);
+    assert_eq!(
+        pool.startup_taints[0].key,
+        "gpu-node-autoscaler.io/registering"
+    );
+    assert_eq!(pool.startup_taints[0].effect, Effect::NoExecute);
 }
