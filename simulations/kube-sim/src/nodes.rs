@@ -104,15 +104,19 @@ pub enum NodeStyle {
 /// The annotation by which kwok manages a Node (`--manage-nodes-with-annotation-selector`).
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
+/// A Node taint, when `effect` is one Kubernetes knows.
+fn taint_json(key: &str, value: &str, effect: &str) -> Option<Value> {
+    matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute")
+        .then(|| json!({"key": key, "value": value, "effect": effect}))
+}
+
 /// Adds the kubelet's `--register-with-taints` (`key=value:Effect`, value optional) to `node`;
 /// a malformed one is reported in `problems` and left out.
 fn add_register_taints(node: &mut Value, taints: &[String], problems: &mut Vec<String>) {
     for t in taints {
         let parsed = t.rsplit_once(':').and_then(|(kv, effect)| {
-            matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute").then(|| {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                json!({"key": k, "value": v, "effect": effect})
-            })
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            taint_json(k, v, effect)
         });
         match parsed {
             Some(taint) => match node["spec"]["taints"].as_array_mut() {
@@ -143,13 +147,12 @@ fn node_object(
         if let Some(key) = k.strip_prefix(TAG_TEMPLATE_LABEL) {
             labels.insert(key.to_string(), json!(v));
         } else if let Some(key) = k.strip_prefix(TAG_TEMPLATE_TAINT) {
-            match v.rsplit_once(':') {
-                Some((value, effect))
-                    if matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") =>
-                {
-                    taints.push(json!({"key": key, "value": value, "effect": effect}));
-                }
-                _ => problems.push(format!(
+            match v
+                .rsplit_once(':')
+                .and_then(|(value, effect)| taint_json(key, value, effect))
+            {
+                Some(taint) => taints.push(taint),
+                None => problems.push(format!(
                     "tag {k}={v:?}: a node-template taint must be <value>:<NoSchedule|PreferNoSchedule|NoExecute>"
                 )),
             }

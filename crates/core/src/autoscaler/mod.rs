@@ -681,16 +681,11 @@ impl Autoscaler {
                     .iter()
                     .filter_map(|p| p.target.strip_prefix("launch/")),
             );
-            let with_node: HashSet<&str> = pass
-                .snapshot
-                .nodes
-                .iter()
-                .filter_map(|n| n.provider_id.as_deref())
-                .collect();
+            let nodes = NodeIndex::new(&pass.snapshot.nodes);
             taken.extend(
                 pass.instances
                     .iter()
-                    .filter(|i| with_node.contains(i.provider_id.as_str()))
+                    .filter(|i| nodes.contains(&i.provider_id))
                     .map(|i| i.launch_id.as_str()),
             );
         }
