@@ -202,6 +202,10 @@ struct RawPdb {
     status: PdbStatus,
 }
 
+/// The most physical GPUs one Node may advertise (the largest machines have 16): the
+/// conversion allocates per GPU, so an absurd count in a Node's status is an error.
+pub const MAX_GPUS_PER_NODE: i64 = 64;
+
 /// Turns JSON objects into model values, sharing equal constraints between pods.
 #[derive(Default)]
 pub struct Converter {
@@ -552,6 +556,15 @@ impl Converter {
                 .and_then(|q| q.q.to_units_ceil().ok())
                 .unwrap_or(1)
                 .max(1);
+            // One entry per GPU is allocated: a value no machine has is refused, not believed.
+            if count > MAX_GPUS_PER_NODE {
+                return Err(format!(
+                    "Node {}: status.allocatable.{}: {count} GPUs on one node is more than \
+                     {MAX_GPUS_PER_NODE}, the most this autoscaler accepts",
+                    raw.metadata.name,
+                    resources::ALIYUN_GPU_COUNT
+                ));
+            }
             let core = if share_total.core_pct > 0 {
                 share_total.core_pct / count
             } else {

@@ -368,6 +368,23 @@ fn node_shared_gpus_split_the_advertised_memory() {
 }
 
 #[test]
+fn an_absurd_gpu_count_on_a_node_is_an_error_not_an_allocation() {
+    let v = node_json(json!({"status": {"allocatable": {
+        "aliyun.com/gpu-mem": 80, "aliyun.com/gpu-count": "1e15",
+    }}}));
+    let e = Converter::new().node(v).unwrap_err();
+    assert!(
+        e.contains("status.allocatable.aliyun.com/gpu-count") && e.contains("more than 64"),
+        "{e}"
+    );
+    // The most a node may have still converts.
+    let n = node(json!({"status": {"allocatable": {
+        "aliyun.com/gpu-mem": 64 * 80, "aliyun.com/gpu-count": 64,
+    }}}));
+    assert_eq!(n.shared_gpus.len(), 64);
+}
+
+#[test]
 fn mig_resources_are_extended_resources() {
     let p = convert(pod_json(vec![limited(json!({"nvidia.com/mig-1g.5gb": 1}))]));
     assert_eq!(
