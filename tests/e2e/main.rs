@@ -1001,3 +1001,49 @@ fn a_node_registered_with_the_startup_taint_is_freed_of_it_and_takes_its_pod() {
         "no second launch while it was tainted"
     );
 }
+
+#[test]
+fn the_loop_keeps_turning_while_a_slow_launch_is_awaited() {
+    // A launch call can take minutes (an ESS scaling activity): the liveness heartbeat must not
+    // stop meanwhile, and the launch still ends in exactly one node for the pod.
+    let mut env = Env::start(
+        "slowlaunch",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    let hold = Duration::from_secs(20);
+    env.proxy.as_ref().unwrap().hold_next("CreateFleet", hold);
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &[]);
+    env.create(&gpu_pod("default", "train", &no_labels(), None));
+    let metrics = |env: &Env| {
+        let (_, body) = env.http_get("r1", "/metrics")?;
+        let get = |name: &str| {
+            body.lines()
+                .find_map(|l| l.strip_prefix(&format!("gpu_node_autoscaler_{name} ")))
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        Some((
+            get("launches_in_progress")?,
+            get("heartbeat_timestamp_seconds")?,
+        ))
+    };
+    let first_beat = env.wait_for("the launch to be under way", MIN, || {
+        metrics(&env).and_then(|(launching, beat)| (launching == 1.0).then_some(beat))
+    });
+    std::thread::sleep(Duration::from_secs(8));
+    let (launching, beat) = metrics(&env).expect("metrics");
+    assert_eq!(launching, 1.0, "the held launch is still awaited");
+    assert!(
+        beat >= first_beat + 5.0,
+        "the heartbeat stood still while the launch was awaited: {first_beat} → {beat}"
+    );
+    assert_eq!(env.http_get("r1", "/healthz").map(|r| r.0), Some(200));
+    env.wait_for("the pod to run", 2 * MIN, || {
+        (env.pod_phase("default", "train") == "Running").then_some(())
+    });
+    assert_eq!(env.instances().len(), 1, "one launch");
+    assert_eq!(metrics(&env).map(|m| m.0), Some(0.0));
+}

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, ProviderError};
+use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, LaunchResult, ProviderError};
 use k8s_openapi::api::core::v1::{ConfigMap, Node as K8sNode, Pod as K8sPod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
@@ -258,6 +258,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
             report: true,
         }),
         drains: HashMap::new(),
+        waiting: None,
         reacted: HashSet::new(),
     };
 
@@ -326,8 +327,34 @@ struct Controller {
     core: Autoscaler,
     /// Running drains and rollbacks: node → task.
     drains: HashMap<String, tokio::task::JoinHandle<DrainOutcome>>,
+    /// The step of a pass whose launches are still with the cloud.
+    waiting: Option<Waiting>,
     /// Pods whose reaction time was recorded.
     reacted: HashSet<String>,
+}
+
+type LaunchTask = tokio::task::JoinHandle<std::result::Result<LaunchResult, ProviderError>>;
+
+/// A step of a pass waiting for its launches (an Alibaba ESS scaling activity can take minutes).
+/// The loop keeps turning meanwhile (probes, drains, leadership); no new pass starts before the
+/// step is resumed with every launch's answer, so nothing is planned twice.
+struct Waiting {
+    /// What the step's other actions answered.
+    feedback: Vec<Feedback>,
+    launches: Vec<(String, LaunchTask)>,
+    since: tokio::time::Instant,
+    /// Time spent deciding in this pass so far.
+    deciding: Duration,
+}
+
+/// A launch awaited longer than this is stuck: `/healthz` stops answering so that the process
+/// is restarted (the next leader finds the instances by their tags). Longer than any cloud
+/// call's own time-outs (an ESS scaling activity is awaited for up to 300 s).
+const LAUNCH_STUCK_AFTER: Duration = Duration::from_secs(900);
+
+/// Whether the loop counts as alive: it turns, and no launch has been awaited for too long.
+fn loop_alive(waiting_for: Option<Duration>) -> bool {
+    waiting_for.is_none_or(|d| d < LAUNCH_STUCK_AFTER)
 }
 
 impl Controller {
@@ -339,9 +366,12 @@ impl Controller {
             if *stop.borrow() {
                 break;
             }
-            self.health
-                .heartbeat
-                .store(wall_now().0 / 1000, Ordering::Relaxed);
+            let waiting_for = self.waiting.as_ref().map(|w| w.since.elapsed());
+            if loop_alive(waiting_for) {
+                let beat = wall_now().0 / 1000;
+                self.health.heartbeat.store(beat, Ordering::Relaxed);
+                self.metrics.heartbeat_timestamp_seconds.set(beat);
+            }
             let (synced, new_unschedulable) = {
                 let s = self.state.lock().unwrap();
                 (s.all_synced(), s.new_unschedulable)
@@ -355,7 +385,8 @@ impl Controller {
             }
             let batch_due = self.core.batch_deadline().is_some_and(|d| d <= now);
             let now_i = tokio::time::Instant::now();
-            if synced && (batch_due || now_i >= next_resync) {
+            self.resume_launched().await;
+            if self.waiting.is_none() && synced && (batch_due || now_i >= next_resync) {
                 next_resync = now_i + self.args.resync;
                 self.pass().await;
             }
@@ -575,12 +606,27 @@ impl Controller {
             policy_valid: self.policy_valid,
         };
         let t0 = std::time::Instant::now();
-        let mut actions = self.core.pass(obs);
-        let mut deciding = t0.elapsed();
+        let actions = self.core.pass(obs);
+        self.carry_out(actions, t0.elapsed()).await;
+    }
+
+    /// Carries out a pass's steps until it ends, or until a step waits for launches (then the
+    /// loop resumes it once they are answered).
+    async fn carry_out(&mut self, mut actions: Vec<Action>, mut deciding: Duration) {
         while !actions.is_empty() {
-            let Some(feedback) = self.execute(actions).await else {
+            let Some((feedback, launches)) = self.execute(actions).await else {
                 break;
             };
+            if !launches.is_empty() {
+                self.metrics.launches_in_progress.set(launches.len() as i64);
+                self.waiting = Some(Waiting {
+                    feedback,
+                    launches,
+                    since: tokio::time::Instant::now(),
+                    deciding,
+                });
+                return;
+            }
             let t = std::time::Instant::now();
             actions = self.core.resume(feedback);
             deciding += t.elapsed();
@@ -590,10 +636,43 @@ impl Controller {
             .observe(deciding.as_secs_f64());
     }
 
-    /// Carries out one step's actions in order. `None` when leadership was lost on the way
-    /// (the rest is not done: the next leader decides again).
-    async fn execute(&mut self, actions: Vec<Action>) -> Option<Vec<Feedback>> {
+    /// Resumes the waiting step once every one of its launches is answered.
+    async fn resume_launched(&mut self) {
+        let all_back = self
+            .waiting
+            .as_ref()
+            .is_some_and(|w| w.launches.iter().all(|(_, t)| t.is_finished()));
+        if !all_back {
+            return;
+        }
+        let Some(w) = self.waiting.take() else {
+            return;
+        };
+        self.metrics.launches_in_progress.set(0);
+        let mut feedback = w.feedback;
+        for (launch_id, task) in w.launches {
+            let result = task.await.unwrap_or_else(|e| {
+                // What the cloud did is unknown: the instances are found by their tags.
+                Err(ProviderError::Other {
+                    message: format!("the launch task ended abnormally: {e}"),
+                })
+            });
+            feedback.push(Feedback::Launched { launch_id, result });
+        }
+        let t = std::time::Instant::now();
+        let actions = self.core.resume(feedback);
+        self.carry_out(actions, w.deciding + t.elapsed()).await;
+    }
+
+    /// Carries out one step's actions in order; launches are started, not awaited (their tasks
+    /// are returned). `None` when leadership was lost on the way (the rest is not done: the next
+    /// leader decides again).
+    async fn execute(
+        &mut self,
+        actions: Vec<Action>,
+    ) -> Option<(Vec<Feedback>, Vec<(String, LaunchTask)>)> {
         let mut feedback = Vec::new();
+        let mut launches = Vec::new();
         let mut actions = actions.into_iter();
         while let Some(action) = actions.next() {
             // Every change to the cluster or the cloud is the leader's.
@@ -611,18 +690,20 @@ impl Controller {
                         changed: ok,
                     });
                 }
-                Action::Launch { request, .. } => {
-                    let result = match self.providers.get(&request.pool) {
-                        Some(p) => p.launch(&request).await,
-                        None => Err(ProviderError::InvalidRequest {
+                Action::Launch { request, .. } => match self.providers.get(&request.pool) {
+                    Some(p) => {
+                        let p = p.clone();
+                        let launch_id = request.launch_id.clone();
+                        let task = tokio::spawn(async move { p.launch(&request).await });
+                        launches.push((launch_id, task));
+                    }
+                    None => feedback.push(Feedback::Launched {
+                        result: Err(ProviderError::InvalidRequest {
                             message: format!("no provider for pool {}", request.pool),
                         }),
-                    };
-                    feedback.push(Feedback::Launched {
                         launch_id: request.launch_id,
-                        result,
-                    });
-                }
+                    }),
+                },
                 Action::Terminate {
                     pool,
                     instance_id,
@@ -697,7 +778,7 @@ impl Controller {
                 Action::Status(st) => self.write_status(&st).await,
             }
         }
-        Some(feedback)
+        Some((feedback, launches))
     }
 
     fn count(&mut self, c: Count) {
@@ -975,4 +1056,16 @@ async fn build_aws(
         .await
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(provider))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loop_stays_alive_while_a_launch_is_awaited_until_it_is_stuck() {
+        assert!(loop_alive(None));
+        assert!(loop_alive(Some(Duration::from_secs(300))));
+        assert!(!loop_alive(Some(LAUNCH_STUCK_AFTER)));
+    }
 }

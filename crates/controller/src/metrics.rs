@@ -50,6 +50,8 @@ pub struct Metrics {
     pub failed_launches: Family<FailedLaunch, Counter>,
     pub evictions: Family<EvictionResult, Counter>,
     pub nodes_gpus_lost: Gauge,
+    pub heartbeat_timestamp_seconds: Gauge,
+    pub launches_in_progress: Gauge,
     pub plan_duration_seconds: Histogram,
     pub reaction_seconds: Histogram,
     registry: Registry,
@@ -70,6 +72,8 @@ impl Metrics {
             failed_launches: Family::default(),
             evictions: Family::default(),
             nodes_gpus_lost: Gauge::default(),
+            heartbeat_timestamp_seconds: Gauge::default(),
+            launches_in_progress: Gauge::default(),
             plan_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             reaction_seconds: Histogram::new(exponential_buckets(0.25, 2.0, 12)),
             registry: Registry::default(),
@@ -124,6 +128,16 @@ impl Metrics {
             "evictions",
             "Evictions by result (evicted, blocked, failed)",
             m.evictions.clone(),
+        );
+        registry.register(
+            "heartbeat_timestamp_seconds",
+            "Unix time of the control loop's last turn (what /healthz reads)",
+            m.heartbeat_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "launches_in_progress",
+            "Launch calls to the cloud not answered yet (the loop goes on meanwhile)",
+            m.launches_in_progress.clone(),
         );
         registry.register(
             "plan_duration_seconds",

@@ -18,6 +18,8 @@ struct Faults {
     fail_subnets: BTreeMap<String, String>,
     /// At most this many spot instances per `CreateFleet` (the rest: insufficient capacity).
     spot_cap: Option<u32>,
+    /// Action → how long its next call is held before it is relayed (a slow cloud API).
+    hold: BTreeMap<String, std::time::Duration>,
     /// Every action seen, in order.
     calls: Vec<String>,
 }
@@ -62,6 +64,15 @@ impl FaultProxy {
             .unwrap()
             .fail_subnets
             .insert(subnet.to_string(), code.to_string());
+    }
+
+    /// The next call of `action` is held for `how_long` before it is relayed.
+    pub fn hold_next(&self, action: &str, how_long: std::time::Duration) {
+        self.faults
+            .lock()
+            .unwrap()
+            .hold
+            .insert(action.to_string(), how_long);
     }
 
     /// Spot fleets launch at most `n` instances; the rest fail for lack of capacity.
@@ -390,6 +401,10 @@ async fn handle(
         .find(|(k, _)| k == "Action")
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
+    let held = faults.lock().unwrap().hold.remove(&action);
+    if let Some(d) = held {
+        tokio::time::sleep(d).await;
+    }
     let (errors, launchable) = {
         let mut f = faults.lock().unwrap();
         f.calls.push(action.clone());
