@@ -178,6 +178,32 @@ fn spot_short_in_one_zone_goes_to_the_next_then_to_on_demand() {
     assert!(text.contains("g5.xlarge/us-east-1a/spot until"), "{text}");
 }
 
+/// A Ready g5.xlarge Node in us-east-1a made by hand (not by a launch), with these labels.
+fn ready_gpu_node(name: &str, labels: &[(&str, &str)], instance_id: &str) -> String {
+    let labels: String = labels
+        .iter()
+        .map(|(k, v)| format!("    {k}: {v}\n"))
+        .collect();
+    format!(
+        r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  labels:
+{labels}    node.kubernetes.io/instance-type: g5.xlarge
+    topology.kubernetes.io/zone: us-east-1a
+spec:
+  providerID: aws:///us-east-1a/{instance_id}
+status:
+  allocatable: {{cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}}
+  capacity: {{cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}}
+  conditions:
+  - {{type: Ready, status: "True"}}
+"#
+    )
+}
+
 fn lease_holder(env: &Env) -> Option<String> {
     let out = env.kubectl(&[
         "get",
@@ -498,26 +524,14 @@ fn dry_run_reports_what_it_would_do_and_makes_no_ec2_call() {
 
     // An idle GPU node of the pool: it would be drained, and is left alone.
     env.kubectl_ok(&["delete", "pod", "dry"]);
-    env.create(
-        r#"
-apiVersion: v1
-kind: Node
-metadata:
-  name: idle-gpu-0
-  labels:
-    gpu-node-autoscaler.io/pool: a10g
-    node.kubernetes.io/instance-type: g5.xlarge
-    topology.kubernetes.io/zone: us-east-1a
-    karpenter.sh/capacity-type: on-demand
-spec:
-  providerID: aws:///us-east-1a/i-0123456789abcdef0
-status:
-  allocatable: {cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}
-  capacity: {cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}
-  conditions:
-  - {type: Ready, status: "True"}
-"#,
-    );
+    env.create(&ready_gpu_node(
+        "idle-gpu-0",
+        &[
+            ("gpu-node-autoscaler.io/pool", "a10g"),
+            ("karpenter.sh/capacity-type", "on-demand"),
+        ],
+        "i-0123456789abcdef0",
+    ));
     let ev = env.wait_for("a ScaleDown Event", MIN, || env.events("ScaleDown").pop());
     assert!(
         ev.starts_with("idle-gpu-0: would drain and remove idle-gpu-0 (pool a10g"),
@@ -1046,4 +1060,50 @@ fn the_loop_keeps_turning_while_a_slow_launch_is_awaited() {
     });
     assert_eq!(env.instances().len(), 1, "one launch");
     assert_eq!(metrics(&env).map(|m| m.0), Some(0.0));
+}
+
+#[test]
+fn a_node_group_adopted_by_node_selector_counts_in_its_pool_and_is_only_reported_when_idle() {
+    let mut env = Env::start("adopt", Options::default());
+    env.create(&env.policy_configmap(&env.policy(
+        &["us-east-1a"],
+        "  nodeSelector: {eks.amazonaws.com/nodegroup: gpu-a10g}\n",
+    )));
+    // A node of an EKS managed node group: no pool label, an instance we did not launch.
+    env.create(&ready_gpu_node(
+        "ng-gpu-0",
+        &[("eks.amazonaws.com/nodegroup", "gpu-a10g")],
+        "i-0feedfacefeedface",
+    ));
+    env.start_controller("r1", &[]);
+    let ev = env.wait_for("a ScaleDownNotOwned Event", 2 * MIN, || {
+        env.events("ScaleDownNotOwned").pop()
+    });
+    assert!(
+        ev.contains("ng-gpu-0 is unneeded (pool a10g") && ev.contains("not launched by"),
+        "{ev}"
+    );
+    let status = env.status_json();
+    let pool = &status["pools"][0];
+    assert_eq!(pool["name"], "a10g", "{status}");
+    assert_eq!(pool["readyNodes"], 1, "{status}");
+    assert_eq!(
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_nodes{pool=\"a10g\",capacity_type=\"unknown\"}"
+        ),
+        Some(1.0)
+    );
+    // Left alone: never cordoned, tainted, labelled or deleted.
+    std::thread::sleep(Duration::from_secs(8));
+    let n = env.get_json(&["get", "node", "ng-gpu-0"]);
+    assert_ne!(n["spec"]["unschedulable"], true, "{n}");
+    assert!(n["spec"]["taints"].is_null(), "{n}");
+    assert!(
+        n["metadata"]["labels"]["gpu-node-autoscaler.io/pool"].is_null(),
+        "{n}"
+    );
+    assert!(n["metadata"]["deletionTimestamp"].is_null(), "{n}");
+    assert_eq!(env.events("ScaleDownNotOwned").len(), 1, "reported once");
+    assert!(env.events("ScaleDown").is_empty());
 }

@@ -589,7 +589,7 @@ impl Controller {
             None
         };
         let now = wall_now();
-        let (snapshot, other_provider_ids) = {
+        let (mut snapshot, other_provider_ids) = {
             let s = self.state.lock().unwrap();
             self.reacted.retain(|k| s.pods.items.contains_key(k));
             (
@@ -597,6 +597,11 @@ impl Controller {
                 s.rejected_provider_ids.values().cloned().collect(),
             )
         };
+        if let (Some(policy), Some(listed)) = (self.core.policy(), &instances) {
+            // Nodes adopted by a pool's nodeSelector count in its gauges as in its decisions.
+            let ours: HashSet<&str> = listed.iter().map(|i| i.provider_id.as_str()).collect();
+            autoscaler::fleet::adopt_nodes(&mut snapshot.nodes, &ours, &policy.pools);
+        }
         self.publish_gauges(&snapshot, now);
         let obs = Observation {
             now,

@@ -2,7 +2,7 @@
 //! what never became a working node in time, and how launches are named and tagged so that a
 //! restarted controller finds them again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hasher;
 use std::time::Duration;
 
@@ -162,6 +162,35 @@ impl Registration {
                 .any(|t| t.key == x.key && t.effect == x.effect)
         });
     }
+}
+
+/// Adopts existing nodes into pools by the pools' `nodeSelector`: a node without a pool label,
+/// not of an instance of ours (`ours`: their provider ids), carrying every label of a pool's
+/// selector gets that pool's label, in memory only (first pool in policy order). Returns how
+/// many were adopted.
+pub fn adopt_nodes(nodes: &mut [Node], ours: &HashSet<&str>, pools: &[Pool]) -> usize {
+    let mut adopted = 0;
+    if pools.iter().all(|p| p.node_selector.is_empty()) {
+        return adopted;
+    }
+    for n in nodes {
+        if n.labels.contains_key(labels::POOL)
+            || n.provider_id.as_deref().is_some_and(|p| ours.contains(p))
+        {
+            continue;
+        }
+        let pool = pools.iter().find(|p| {
+            !p.node_selector.is_empty()
+                && p.node_selector
+                    .iter()
+                    .all(|(k, v)| n.labels.get(k) == Some(v))
+        });
+        if let Some(p) = pool {
+            n.labels.insert(labels::POOL.to_string(), p.name.clone());
+            adopted += 1;
+        }
+    }
+    adopted
 }
 
 /// The registrations due: every live instance of ours whose Node lacks a label or taint of its

@@ -311,6 +311,9 @@ pub struct Autoscaler {
     kept: BTreeMap<String, String>,
     /// Nodes whose GPUs went missing, as last reported.
     gpus_lost: BTreeSet<String>,
+    /// Unneeded nodes whose instance is not ours, already reported (reported once, never
+    /// drained).
+    not_ours_reported: BTreeSet<String>,
     last_status: Option<(String, Time)>,
     jitter_draws: u64,
     pass: Option<Pass>,
@@ -350,6 +353,7 @@ impl Autoscaler {
             unneeded_dry: BTreeMap::new(),
             kept: BTreeMap::new(),
             gpus_lost: BTreeSet::new(),
+            not_ours_reported: BTreeSet::new(),
             last_status: None,
             jitter_draws: 0,
             pass: None,
@@ -500,7 +504,7 @@ impl Autoscaler {
 
     /// Starts a pass. Returns its first actions; feed outcomes back with [`Autoscaler::resume`]
     /// until it returns none.
-    pub fn pass(&mut self, obs: Observation) -> Vec<Action> {
+    pub fn pass(&mut self, mut obs: Observation) -> Vec<Action> {
         self.pass = None;
         self.batch.clear();
         let mut out = Vec::new();
@@ -518,6 +522,10 @@ impl Autoscaler {
         self.given_up.retain(|_, at| now.since(*at) < GIVEN_UP_FOR);
         self.removed.retain(|_, at| now.since(*at) < REMOVED_FOR);
         self.track_instances(&instances, now);
+        {
+            let ours: HashSet<&str> = instances.iter().map(|i| i.provider_id.as_str()).collect();
+            fleet::adopt_nodes(&mut obs.snapshot.nodes, &ours, &policy.pools);
+        }
         let index = NodeIndex::new(&obs.snapshot.nodes);
         let view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);
         let regs = registrations(instances.iter(), &index, &policy.pools);
@@ -1221,8 +1229,36 @@ impl Autoscaler {
 
     fn scale_down(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
         let limit = pass.policy.max_concurrent_drains as usize;
+        let mut not_ours = BTreeSet::new();
         for d in &plan.scale_downs {
             if self.drains.contains_key(&d.node) {
+                continue;
+            }
+            let Some(node) = pass.snapshot.nodes.iter().find(|n| n.name == d.node) else {
+                continue;
+            };
+            let ours = node
+                .provider_id
+                .as_ref()
+                .is_some_and(|p| pass.view.instance_of_node.contains_key(p));
+            // Dry-run lists no instance (it calls no cloud API): it says what it would drain.
+            if !ours && !self.config.dry_run {
+                // Adopted through a pool's nodeSelector, or labelled by hand: never terminated.
+                if !self.not_ours_reported.contains(&d.node) {
+                    out.push(Action::Event(Note {
+                        subject: Subject::Node(d.node.clone()),
+                        warning: false,
+                        reason: "ScaleDownNotOwned",
+                        action: "Report",
+                        message: format!(
+                            "{} is unneeded (pool {}, would save ${:.3}/hour: {}), but its \
+                             instance was not launched by this autoscaler for this cluster: \
+                             scale its node group down to remove it",
+                            d.node, d.pool, d.saves_per_hour, d.reason
+                        ),
+                    }));
+                }
+                not_ours.insert(d.node.clone());
                 continue;
             }
             if self.config.dry_run {
@@ -1239,14 +1275,12 @@ impl Autoscaler {
                 continue;
             }
             if self.drains.len() >= limit {
-                break;
-            }
-            let Some(node) = pass.snapshot.nodes.iter().find(|n| n.name == d.node) else {
                 continue;
-            };
+            }
             let deadline = pass.now + self.config.max_graceful_termination;
             out.push(self.drain(node, &pass.view, deadline, d.reason.clone()));
         }
+        self.not_ours_reported = not_ours;
     }
 
     /// What people see of a pass besides its actions: why pods get no node, why idle-looking

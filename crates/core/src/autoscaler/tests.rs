@@ -198,6 +198,26 @@ impl Run {
         all
     }
 
+    /// Gives the last node pushed an instance of ours (launched before this process started).
+    fn with_our_instance(&mut self) {
+        let n = self.nodes.last_mut().expect("a node");
+        let (zone, instance_type) = (n.zone().unwrap(), n.instance_type().unwrap());
+        let id = format!("i-{}", n.name);
+        let i = Instance {
+            provider_id: format!("aws:///{zone}/{id}"),
+            pool: n.pool().unwrap().to_string(),
+            launch_id: format!("before-{id}"),
+            offering: key(instance_type, zone, CapacityType::OnDemand),
+            state: InstanceState::Running,
+            launched_at_ms: n.created.0,
+            id,
+        };
+        n.provider_id = Some(i.provider_id.clone());
+        n.labels
+            .insert(labels::LAUNCH_ID.into(), i.launch_id.clone());
+        self.cloud.instances.push(i);
+    }
+
     /// The instance registers as a Ready node of its pool with its GPUs advertised.
     fn register(&mut self, instance_id: &str, gpus: i64, created: Time) {
         let i = self
@@ -620,8 +640,11 @@ fn a_new_leader_keeps_the_last_ones_cooldowns_and_given_up_launches() {
                 .annotation(labels::GPUS_ADVERTISED, "true")
                 .annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339())
                 .created(T0 - secs(7200))
+                .label(labels::CAPACITY_TYPE, "on-demand")
+                .label(labels::KARPENTER_CAPACITY_TYPE, "on-demand")
                 .build(),
         );
+        b.with_our_instance();
         b.pods.push(zonal());
         b.pass(T0 + secs(660))
     };
@@ -824,4 +847,80 @@ fn a_startup_taint_goes_once_the_node_is_registered_in_its_pool() {
     assert_eq!(run.nodes[0].pool(), Some("a10g"));
     let actions = run.pass(T0 + secs(120));
     assert!(!actions.iter().any(|a| matches!(a, Action::Register(_))));
+}
+
+#[test]
+fn nodes_adopted_by_a_pools_node_selector_count_in_the_pool_and_are_only_reported_when_unneeded() {
+    let policy = POLICY.replace("maxNodes: 20", "maxNodes: 2").replace(
+        "    scaleDown:",
+        "    nodeSelector: {eks.amazonaws.com/nodegroup: gpu-a10g}\n    scaleDown:",
+    );
+    let mut run = Run::with_policy(Config::default(), &policy);
+    // Two nodes of an EKS managed node group: no pool label, instances not ours.
+    for (name, unneeded) in [("ng-busy", false), ("ng-idle", true)] {
+        let mut b = NodeBuilder::new(name)
+            .label(labels::INSTANCE_TYPE, "g5.xlarge")
+            .label(labels::ZONE, "us-east-1a")
+            .label("eks.amazonaws.com/nodegroup", "gpu-a10g")
+            .cpu_milli(4000)
+            .memory_gib(16)
+            .gpus(1)
+            .created(T0 - secs(7200));
+        if unneeded {
+            b = b.annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339());
+        }
+        let mut n = b.build();
+        n.provider_id = Some(format!("aws:///us-east-1a/i-{name}"));
+        run.nodes.push(n);
+    }
+    run.pods.push(
+        PodBuilder::new("ml", "running")
+            .gpus(1)
+            .on("ng-busy")
+            .build(),
+    );
+    // A node of another node group is left out of the pool.
+    let mut other = NodeBuilder::new("cpu-0")
+        .label("eks.amazonaws.com/nodegroup", "cpu")
+        .cpu_milli(4000)
+        .memory_gib(16)
+        .created(T0 - secs(7200))
+        .build();
+    other.provider_id = Some("aws:///us-east-1a/i-cpu-0".into());
+    run.nodes.push(other);
+
+    let a = run.pass(T0);
+    assert!(drains(&a).is_empty(), "{a:?}");
+    assert!(terminated(&a).is_empty());
+    let reported: Vec<&Note> = a
+        .iter()
+        .filter_map(|x| match x {
+            Action::Event(n) if n.reason == "ScaleDownNotOwned" => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reported.len(), 1, "{a:?}");
+    assert_eq!(reported[0].subject, Subject::Node("ng-idle".into()));
+    assert!(
+        reported[0].message.contains("pool a10g"),
+        "{}",
+        reported[0].message
+    );
+    let st = serde_json::to_value(status(&a).unwrap()).unwrap();
+    assert_eq!(st["pools"][0]["readyNodes"], 2, "{st}");
+    // Reported once, not every pass.
+    let a = run.pass(T0 + secs(10));
+    assert!(!a
+        .iter()
+        .any(|x| matches!(x, Action::Event(n) if n.reason == "ScaleDownNotOwned")));
+
+    // The two adopted nodes are the pool's maxNodes: a pod that needs a third launches nothing.
+    run.pods.push(gpu_pod("more", 1));
+    run.pods.push(gpu_pod("more2", 1));
+    let a = run.pass(T0 + secs(20));
+    assert_eq!(
+        launches(&a).iter().map(|l| l.count).sum::<u32>(),
+        0,
+        "{a:?}"
+    );
 }

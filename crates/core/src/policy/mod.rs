@@ -12,8 +12,8 @@ use gpu_node_autoscaler_provider::CapacityType;
 use serde::Deserialize;
 
 use crate::model::constraints::{Effect, Taint};
-use crate::model::gpu;
 use crate::model::quantity::parse_quantity;
+use crate::model::{gpu, labels};
 use source_map::{display_path, path_from_serde, PathSeg, SourceMap};
 
 pub const API_VERSION: &str = "gpu-node-autoscaler.io/v1alpha1";
@@ -85,6 +85,11 @@ pub struct Pool {
     /// that no pod lands before the node is registered in its pool; the controller removes them
     /// then. Not part of the node's shape: pods need not tolerate them.
     pub startup_taints: Vec<Taint>,
+    /// Existing nodes of other origin (an EKS managed node group, an ACK node pool) that belong
+    /// to this pool: every node carrying all these labels and no pool label. They count as the
+    /// pool's capacity; one is scaled down only if its instance carries our tags, otherwise it
+    /// is only reported.
+    pub node_selector: BTreeMap<String, String>,
     pub gpu_mode: GpuMode,
     pub prices: BTreeMap<String, PriceOverride>,
     pub reserved_cpu_milli: i64,
@@ -296,6 +301,8 @@ struct RawPool {
     taints: Vec<RawTaint>,
     #[serde(default)]
     startup_taints: Vec<RawTaint>,
+    #[serde(default)]
+    node_selector: BTreeMap<String, String>,
     gpu_mode: Option<String>,
     mig_layout: Option<BTreeMap<String, u32>>,
     shared_gpu: Option<RawSharedGpu>,
@@ -846,16 +853,24 @@ fn validate_pool(
             ),
         );
     }
-    for (k, v) in &r.labels {
-        if k.is_empty() || k.contains(char::is_whitespace) {
-            c.at(&at(&["labels"]), format!("invalid label key {k:?}"));
+    for (field, map) in [("labels", &r.labels), ("nodeSelector", &r.node_selector)] {
+        for (k, v) in map {
+            if k.is_empty() || k.contains(char::is_whitespace) {
+                c.at(&at(&[field]), format!("invalid label key {k:?}"));
+            }
+            if v.len() > 63 {
+                c.at(&at(&[field, k]), "label values are at most 63 characters");
+            }
         }
-        if v.len() > 63 {
-            c.at(
-                &at(&["labels", k]),
-                "label values are at most 63 characters",
-            );
-        }
+    }
+    if r.node_selector.contains_key(labels::POOL) {
+        c.at(
+            &at(&["nodeSelector", labels::POOL]),
+            format!(
+                "{} is how pool members are known already; nodeSelector adopts nodes without it",
+                labels::POOL
+            ),
+        );
     }
     let mut taints = Vec::new();
     let mut startup_taints = Vec::new();
@@ -1105,6 +1120,7 @@ fn validate_pool(
         labels: r.labels,
         taints,
         startup_taints,
+        node_selector: r.node_selector,
         gpu_mode,
         prices,
         reserved_cpu_milli,

@@ -171,6 +171,7 @@ fn example_policy_parses_with_defaults_applied() {
             labels: BTreeMap::new(),
             taints: vec![gpu_taint.clone()],
             startup_taints: Vec::new(),
+            node_selector: BTreeMap::new(),
             gpu_mode: GpuMode::Whole,
             prices: BTreeMap::new(),
             reserved_cpu_milli: 200,
@@ -1609,4 +1610,33 @@ fn startup_taints_are_parsed_apart_from_the_pools_taints() {
         "gpu-node-autoscaler.io/registering"
     );
     assert_eq!(pool.startup_taints[0].effect, Effect::NoExecute);
+}
+
+#[test]
+fn a_node_selector_adopts_node_groups_and_may_not_name_the_pool_label() {
+    let p = parse_ok(&one_pool(&[
+        "    nodeSelector: {eks.amazonaws.com/nodegroup: gpu-a10g}",
+    ]));
+    assert_eq!(
+        p.pools[0].node_selector,
+        BTreeMap::from([(
+            "eks.amazonaws.com/nodegroup".to_string(),
+            "gpu-a10g".to_string()
+        )])
+    );
+    assert_one_error_each(
+        vec![
+            (
+                vec!["    nodeSelector:", "      gpu-node-autoscaler.io/pool: a"],
+                (7, 7),
+                "nodeSelector adopts nodes without it",
+            ),
+            (
+                vec!["    nodeSelector: {\"bad key\": x}"],
+                (6, 5),
+                "invalid label key",
+            ),
+        ],
+        one_pool,
+    );
 }
