@@ -1107,3 +1107,57 @@ fn a_node_group_adopted_by_node_selector_counts_in_its_pool_and_is_only_reported
     assert_eq!(env.events("ScaleDownNotOwned").len(), 1, "reported once");
     assert!(env.events("ScaleDown").is_empty());
 }
+
+#[test]
+fn a_pod_that_does_not_fit_the_node_launched_for_it_gets_a_larger_type_not_the_same_again() {
+    // The kubelets reserve 500m CPU, the policy plans with its default 200m: a pod asking 3.8
+    // CPUs fits a g5.xlarge on paper and not on the node.
+    let mut env = Env::start(
+        "learn",
+        Options {
+            kube_reserved_cpu_milli: 500,
+            ..Options::default()
+        },
+    );
+    let policy = env
+        .policy(&["us-east-1a"], "")
+        .replace("[g5.xlarge]", "[g5.xlarge, g5.2xlarge]");
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    env.create(
+        &gpu_pod("default", "wide", &no_labels(), None)
+            .replace("cpu: \"1\", memory: 2Gi", "cpu: 3800m, memory: 4Gi"),
+    );
+    env.wait_for("the pod to run", 3 * MIN, || {
+        (env.pod_phase("default", "wide") == "Running").then_some(())
+    });
+    // Both registered in the pool (the pod may land before registration labels its node).
+    env.wait_for("two nodes in the pool", MIN, || {
+        (env.pool_nodes().len() == 2).then_some(())
+    });
+    let mut types: Vec<String> = env
+        .pool_nodes()
+        .iter()
+        .map(|n| {
+            n["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    types.sort();
+    assert_eq!(types, ["g5.2xlarge", "g5.xlarge"], "one of each");
+    assert_eq!(env.instances().len(), 2);
+    let pod = env.get_json(&["get", "pod", "wide", "-n", "default"]);
+    let node = env.get_json(&["get", "node", pod["spec"]["nodeName"].as_str().unwrap()]);
+    assert_eq!(
+        node["metadata"]["labels"]["node.kubernetes.io/instance-type"],
+        "g5.2xlarge"
+    );
+    assert!(
+        env.log("r1")
+            .contains("g5.xlarge nodes of pool a10g allocate cpu=3500m"),
+        "{}",
+        env.log("r1")
+    );
+}

@@ -56,6 +56,8 @@ pub struct Options {
     pub controller_env: Vec<(String, String)>,
     /// The kubelets' `--register-with-taints` (`key=value:Effect`), as a launch template gives.
     pub register_with_taints: Vec<String>,
+    /// CPU the kubelets reserve (`--kube-reserved=cpu=...`), in milli.
+    pub kube_reserved_cpu_milli: u64,
 }
 
 use crate::cluster::free_port;
@@ -137,6 +139,7 @@ impl Env {
         bridge.boot_delay = opts.boot_delay.unwrap_or(Duration::from_secs(2));
         bridge.device_plugin_delay = Duration::from_secs(1);
         bridge.register_with_taints = opts.register_with_taints.clone();
+        bridge.kube_reserved_cpu_milli = opts.kube_reserved_cpu_milli;
         let mut bridges = vec![spawn_bridge(
             move |rt| rt.block_on(kube_sim::ec2::Bridge::new(bridge, NodeStyle::Kubelet)),
             cluster.admin.clone(),

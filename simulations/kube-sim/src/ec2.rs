@@ -46,6 +46,8 @@ pub struct Ec2Config {
     /// Taints every Node registers with (the kubelet's `--register-with-taints`,
     /// `key=value:Effect`), as a launch template's bootstrap would give them.
     pub register_with_taints: Vec<String>,
+    /// CPU every Node's kubelet reserves (`--kube-reserved=cpu=...`), in milli.
+    pub kube_reserved_cpu_milli: u64,
 }
 
 impl Ec2Config {
@@ -59,6 +61,7 @@ impl Ec2Config {
             device_plugin_delay: Duration::from_secs(2),
             poll: Duration::from_secs(1),
             register_with_taints: Vec::new(),
+            kube_reserved_cpu_milli: 0,
         }
     }
 }
@@ -210,7 +213,8 @@ impl Bridge {
             client: client(&config).await,
             registrar: Registrar::new("ec2", config.boot_delay, config.device_plugin_delay)
                 .with_style(style)
-                .with_register_taints(config.register_with_taints.clone()),
+                .with_register_taints(config.register_with_taints.clone())
+                .with_kube_reserved_cpu(config.kube_reserved_cpu_milli),
             config,
             types: HashMap::new(),
         }

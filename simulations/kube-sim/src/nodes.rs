@@ -350,6 +350,9 @@ pub struct Registrar {
     /// Taints every Node registers with, as the kubelet's `--register-with-taints` gives them
     /// (`key=value:Effect`), whatever the style.
     register_with_taints: Vec<String>,
+    /// CPU the kubelet keeps for the system (`--kube-reserved`/`--system-reserved`), in milli:
+    /// taken from the Node's allocatable, not its capacity.
+    kube_reserved_cpu_milli: u64,
     tracked: HashMap<String, Tracked>,
 }
 
@@ -361,6 +364,7 @@ impl Registrar {
             device_plugin_delay,
             style: NodeStyle::KubeSim,
             register_with_taints: Vec::new(),
+            kube_reserved_cpu_milli: 0,
             tracked: HashMap::new(),
         }
     }
@@ -369,6 +373,13 @@ impl Registrar {
     /// `--register-with-taints`).
     pub fn with_register_taints(mut self, taints: Vec<String>) -> Self {
         self.register_with_taints = taints;
+        self
+    }
+
+    /// Registers Nodes whose allocatable CPU is `milli` less than their capacity, as the
+    /// kubelet's `--kube-reserved=cpu=...` gives.
+    pub fn with_kube_reserved_cpu(mut self, milli: u64) -> Self {
+        self.kube_reserved_cpu_milli = milli;
         self
     }
 
@@ -442,6 +453,11 @@ impl Registrar {
                     let with_gpus = self.device_plugin_delay.is_zero();
                     let (mut node, mut problems) = node_object(inst, info, with_gpus, self.style);
                     add_register_taints(&mut node, &self.register_with_taints, &mut problems);
+                    if self.kube_reserved_cpu_milli > 0 {
+                        let milli = (info.vcpus.max(0) as u64 * 1000)
+                            .saturating_sub(self.kube_reserved_cpu_milli);
+                        node["status"]["allocatable"]["cpu"] = json!(format!("{milli}m"));
+                    }
                     let result = store.create_node(node);
                     let error = match &result {
                         Ok(_) => problems.join("; "),

@@ -526,6 +526,7 @@ impl Autoscaler {
             let ours: HashSet<&str> = instances.iter().map(|i| i.provider_id.as_str()).collect();
             fleet::adopt_nodes(&mut obs.snapshot.nodes, &ours, &policy.pools);
         }
+        self.learn_templates(&obs.snapshot.nodes, &mut out);
         let index = NodeIndex::new(&obs.snapshot.nodes);
         let view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);
         let regs = registrations(instances.iter(), &index, &policy.pools);
@@ -996,6 +997,29 @@ impl Autoscaler {
     }
 
     // ---- bookkeeping ----
+
+    /// Corrects the templates by what registered nodes allocate, so that a pod that did not fit
+    /// the node launched for it is not launched for again on the same instance type.
+    fn learn_templates(&mut self, nodes: &[Node], out: &mut Vec<Action>) {
+        let Some(templates) = self.templates.as_mut() else {
+            return;
+        };
+        // Unshared between passes (the last pass was dropped): no copy.
+        let changed = Arc::make_mut(templates).learn_from(nodes);
+        for l in changed {
+            let less = l.now.cpu_milli < l.was.cpu_milli
+                || l.now.memory < l.was.memory
+                || l.now.pods < l.was.pods;
+            out.push(Action::Log {
+                level: if less { Level::Warn } else { Level::Info },
+                message: format!(
+                    "{} nodes of pool {} allocate {} and {} pods (node {}), not {} and {} pods \
+                     as planned: planning with what they allocate",
+                    l.instance_type, l.pool, l.now, l.now.pods, l.node, l.was, l.was.pods
+                ),
+            });
+        }
+    }
 
     /// Keeps what this process launched until the cloud lists it, and retires the launch ids of
     /// instances that are gone (terminated, interrupted): the same pods planned again get a new

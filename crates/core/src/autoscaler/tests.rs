@@ -924,3 +924,53 @@ fn nodes_adopted_by_a_pools_node_selector_count_in_the_pool_and_are_only_reporte
         "{a:?}"
     );
 }
+
+#[test]
+fn a_pod_that_did_not_fit_the_node_launched_for_it_is_not_launched_for_again() {
+    let policy = POLICY.replace("[g5.xlarge, g5.12xlarge]", "[g5.xlarge]");
+    let mut run = Run::with_policy(Config::default(), &policy);
+    // 3.8 CPUs fit the template (4 vCPUs less the pool's 200m reserve).
+    let big = || {
+        PodBuilder::new("ml", "big")
+            .gpus(1)
+            .cpu_milli(3800)
+            .memory_gib(2)
+            .build()
+    };
+    run.pods.push(big());
+    assert_eq!(launches(&run.pass(T0)).len(), 1);
+    // The node's kubelet reserves more than the pool says.
+    run.register("i-1", 1, T0 + secs(60));
+    run.nodes[0].allocatable.cpu_milli = 3500;
+    let a = run.pass(T0 + secs(70));
+    assert!(launches(&a).is_empty(), "launched again: {a:?}");
+    let warned = a.iter().any(|x| {
+        matches!(x, Action::Log { level: Level::Warn, message }
+            if message.contains("g5.xlarge nodes of pool a10g allocate")
+                && message.contains("node-i-1"))
+    });
+    assert!(warned, "{a:?}");
+    let why: Vec<&str> = a
+        .iter()
+        .filter_map(|x| match x {
+            Action::Event(n) if n.reason == "NotTriggerScaleUp" => Some(n.message.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        why.iter()
+            .any(|m| m.contains("as its registered node node-i-1 shows")),
+        "{why:?}"
+    );
+    // Later passes launch nothing either; the node is learned from even once it is gone.
+    run.nodes.clear();
+    run.cloud.terminate("i-1");
+    assert!(launches(&run.pass(T0 + secs(200))).is_empty());
+
+    // A smaller pod still fits the node type as it really is.
+    run.pods = vec![PodBuilder::new("ml", "small")
+        .gpus(1)
+        .cpu_milli(3000)
+        .build()];
+    assert_eq!(launches(&run.pass(T0 + secs(300))).len(), 1);
+}

@@ -1006,8 +1006,13 @@ impl<'a> Packer<'a> {
                         ))
                 })
                 .map(|t| {
+                    let learned = t
+                        .learned_from
+                        .as_ref()
+                        .map(|n| format!(", as its registered node {n} shows"))
+                        .unwrap_or_default();
                     format!(
-                        " (largest: {} in pool {} with {})",
+                        " (largest: {} in pool {} with {}{learned})",
                         t.instance_type, t.pool_name, t.allocatable
                     )
                 })

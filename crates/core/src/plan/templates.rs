@@ -10,7 +10,7 @@ use crate::model::constraints::Taint;
 use crate::model::gpu::{self, parse_mig_profile};
 use crate::model::labels;
 use crate::model::resources::{Resources, SharedGpu, MIG_PREFIX};
-use crate::model::{Pod, Snapshot, Time};
+use crate::model::{Node, Pod, Snapshot, Time};
 use crate::policy::{GpuMode, Policy, Pool};
 
 /// One way to buy a node of a template.
@@ -33,6 +33,10 @@ pub struct Template {
     pub instance_type: String,
     /// What pods can use on a new node: capacity less reservations and DaemonSet pods.
     pub allocatable: Resources,
+    /// The registered node whose CPU, memory and pods `allocatable` was learned from, when
+    /// registered nodes of this pool and type offer other than the catalog and the pool's
+    /// reservations say.
+    pub learned_from: Option<String>,
     /// Shared-GPU pools: one entry per GPU.
     pub shared: Vec<SharedGpu>,
     /// Physical GPUs per node, for GPU limits.
@@ -275,12 +279,26 @@ pub fn daemonset_pods(snapshot: &Snapshot) -> Vec<&Pod> {
     by_owner.into_values().collect()
 }
 
-/// Every template of every pool as the policy and catalog define them: built once, then adjusted
-/// per plan for DaemonSets and availability ([`Templates::for_snapshot`]).
+/// Every template of every pool as the policy and catalog define them: built once, corrected by
+/// what registered nodes offer ([`Templates::learn_from`]), then adjusted per plan for DaemonSets
+/// and availability ([`Templates::for_snapshot`]).
 #[derive(Clone, Debug)]
 pub struct Templates {
     templates: Vec<Template>,
+    /// Allocatable of each template as the catalog and the policy give it.
+    from_catalog: Vec<Resources>,
     pub errors: Vec<String>,
+}
+
+/// What a template learned from registered nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Learned {
+    pub pool: String,
+    pub instance_type: String,
+    pub node: String,
+    /// Allocatable before and after.
+    pub was: Resources,
+    pub now: Resources,
 }
 
 impl Templates {
@@ -358,6 +376,7 @@ impl Templates {
                     priority: pool.priority,
                     instance_type: t.name.clone(),
                     allocatable: alloc,
+                    learned_from: None,
                     shared,
                     gpus: t.gpu.as_ref().map_or(0, |g| g.count),
                     taints: pool.taints.clone(),
@@ -366,9 +385,71 @@ impl Templates {
             }
         }
         Templates {
+            from_catalog: out.iter().map(|t| t.allocatable.clone()).collect(),
             templates: out,
             errors,
         }
+    }
+
+    /// Corrects templates by what their registered, Ready nodes allocate: the kubelet's
+    /// reservations, the ENI pod limit (e.g. 58 pods on a g5.xlarge on EKS) and the AMI are known
+    /// only there. A template with nodes among `nodes` takes the smallest CPU, memory and pod
+    /// count any of them allocates (GPUs stay as the catalog says: a node missing GPUs is a
+    /// health matter, not a shape); one without keeps what it learned last. Returns what changed.
+    pub fn learn_from(&mut self, nodes: &[Node]) -> Vec<Learned> {
+        let index: BTreeMap<(&str, &str), usize> = self
+            .templates
+            .iter()
+            .enumerate()
+            .map(|(i, t)| ((t.pool_name.as_str(), t.instance_type.as_str()), i))
+            .collect();
+        let mut seen: BTreeMap<usize, (Resources, &str)> = BTreeMap::new();
+        for n in nodes {
+            if !n.ready || n.deleting {
+                continue;
+            }
+            let (Some(pool), Some(it)) = (n.pool(), n.instance_type()) else {
+                continue;
+            };
+            let Some(&ti) = index.get(&(pool, it)) else {
+                continue;
+            };
+            let a = &n.allocatable;
+            match seen.get_mut(&ti) {
+                None => {
+                    seen.insert(ti, (a.clone(), n.name.as_str()));
+                }
+                Some((min, from)) => {
+                    if (a.cpu_milli, a.memory, a.pods) < (min.cpu_milli, min.memory, min.pods) {
+                        *from = n.name.as_str();
+                    }
+                    min.cpu_milli = min.cpu_milli.min(a.cpu_milli);
+                    min.memory = min.memory.min(a.memory);
+                    min.pods = min.pods.min(a.pods);
+                }
+            }
+        }
+        let mut changed = Vec::new();
+        for (ti, (min, node)) in seen {
+            let t = &mut self.templates[ti];
+            let mut now = self.from_catalog[ti].clone();
+            now.cpu_milli = min.cpu_milli;
+            now.memory = min.memory;
+            now.pods = min.pods;
+            if now == t.allocatable {
+                continue;
+            }
+            let learned = (now != self.from_catalog[ti]).then(|| node.to_string());
+            changed.push(Learned {
+                pool: t.pool_name.clone(),
+                instance_type: t.instance_type.clone(),
+                node: node.to_string(),
+                was: std::mem::replace(&mut t.allocatable, now.clone()),
+                now,
+            });
+            t.learned_from = learned;
+        }
+        changed
     }
 
     /// The templates for one plan: DaemonSet pods seen in the cluster that would land on a new
