@@ -119,6 +119,20 @@ fn a_gpu_pod_gets_a_spot_instance_from_ess_which_is_removed_by_its_id_after_the_
         scale[0]["ActivityMetadata"].contains("gpu-node-autoscaler.io/launch-id"),
         "{scale:#?}"
     );
+    // The instance carries the cluster's identity (the kube-system Namespace UID).
+    let tags = fake.with(|s| {
+        s.groups[SPOT]
+            .instances
+            .iter()
+            .find(|i| i.id == id)
+            .map(|i| i.tags.clone())
+            .unwrap_or_default()
+    });
+    assert_eq!(
+        tags.get("gpu-node-autoscaler.io/cluster-id"),
+        Some(&env.cluster.identity()),
+        "{tags:?}"
+    );
     assert_eq!(
         node["metadata"]["labels"]["karpenter.sh/capacity-type"],
         "spot"

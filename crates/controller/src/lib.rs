@@ -1002,13 +1002,14 @@ async fn build_providers(
                     .clone()
                     .or_else(|| std::env::var("ALIBABA_CLOUD_REGION_ID").ok())
                     .ok_or("no region: set `region` in the policy or ALIBABA_CLOUD_REGION_ID")?;
-                let config = crate::alibaba::config_from_policy(
+                let mut config = crate::alibaba::config_from_policy(
                     policy,
                     file_catalog,
                     &region,
                     args.alibaba_endpoint_url.clone(),
                 )
                 .map_err(|e| e.join("\n"))?;
+                config.cluster_id = Some(cluster_id.to_string());
                 Arc::new(crate::alibaba::provider(config)?)
             }
             other => {

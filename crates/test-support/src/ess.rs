@@ -30,6 +30,8 @@ pub struct FakeInstance {
     pub activity: String,
     pub instance_type: String,
     pub spot_strategy: String,
+    /// ECS tags (`TagResources`).
+    pub tags: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -559,6 +561,7 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
         "DescribeAvailableResource" => &["DestinationResource", "ZoneId", "SpotStrategy"],
         "DescribeVSwitches" => &["VSwitchId"],
         "DescribeInstances" => &["InstanceIds"],
+        "TagResources" => &["ResourceType", "ResourceId.1", "Tag.1.Key"],
         _ => {
             st.violations.push(format!("unknown action {action:?}"));
             return error(404, "InvalidAction.NotFound", "Specified api is not found.");
@@ -683,6 +686,7 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
                         activity: id.clone(),
                         instance_type,
                         spot_strategy,
+                        tags: BTreeMap::new(),
                     });
                 }
                 act.created = made;
@@ -909,6 +913,9 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
                         "InstanceChargeType": "PostPaid",
                         "SpotStrategy": i.spot_strategy,
                         "CreationTime": "2026-11-22T01:00Z",
+                        "Tags": {"Tag": i.tags.iter()
+                            .map(|(k, v)| json!({"TagKey": k, "TagValue": v}))
+                            .collect::<Vec<_>>()},
                     })
                 })
                 .collect();
@@ -918,6 +925,41 @@ fn handle(st: &mut FakeState, mut params: BTreeMap<String, String>) -> (u16, Str
                 "PageSize": 100,
                 "Instances": { "Instance": items },
             }))
+        }
+        "TagResources" => {
+            if own["ResourceType"] != "instance" {
+                st.violations.push(format!(
+                    "TagResources: ResourceType {}",
+                    own["ResourceType"]
+                ));
+            }
+            let indexed = |prefix: &str| -> Vec<String> {
+                (1..)
+                    .map_while(|i| own.get(&format!("{prefix}{i}")).cloned())
+                    .collect()
+            };
+            let ids = indexed("ResourceId.");
+            if ids.len() > 50 {
+                st.violations
+                    .push(format!("TagResources: {} ResourceIds", ids.len()));
+            }
+            let tags: Vec<(String, String)> = (1..)
+                .map_while(|i| {
+                    let k = own.get(&format!("Tag.{i}.Key"))?;
+                    Some((
+                        k.clone(),
+                        own.get(&format!("Tag.{i}.Value"))
+                            .cloned()
+                            .unwrap_or_default(),
+                    ))
+                })
+                .collect();
+            for g in st.groups.values_mut() {
+                for inst in g.instances.iter_mut().filter(|i| ids.contains(&i.id)) {
+                    inst.tags.extend(tags.iter().cloned());
+                }
+            }
+            ok(json!({}))
         }
         "DescribeInstanceTypes" => {
             let all = [

@@ -48,6 +48,10 @@ pub const ECS_VERSION: &str = "2014-05-26";
 pub const VPC_VERSION: &str = "2016-04-28";
 /// Key of the launch id in a scaling activity's `ActivityMetadata`.
 pub const METADATA_LAUNCH_ID: &str = "gpu-node-autoscaler.io/launch-id";
+/// Key of the cluster's identity (the `kube-system` Namespace UID) in a scaling activity's
+/// `ActivityMetadata` and in the ECS tags of the instances launched: an instance another cluster
+/// launched (into a scaling group both were pointed at) is never listed or removed.
+pub const TAG_CLUSTER_ID: &str = "gpu-node-autoscaler.io/cluster-id";
 
 /// One node pool as ESS sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,6 +144,10 @@ pub struct AlibabaConfig {
     /// VPC endpoint (vSwitch checks); default `https://vpc.aliyuncs.com`.
     pub vpc_endpoint: Option<String>,
     pub pools: Vec<AlibabaPool>,
+    /// The cluster's identity ([`TAG_CLUSTER_ID`]), when known: written into every launch's
+    /// activity metadata and tagged on its instances; `list` leaves out, and `terminate`
+    /// refuses, instances that carry another.
+    pub cluster_id: Option<String>,
     pub rate_limits: RateLimits,
     /// Retries of throttled calls.
     pub retry: RetryPolicy,
@@ -166,6 +174,7 @@ impl AlibabaConfig {
             ecs_endpoint: None,
             vpc_endpoint: None,
             pools: Vec::new(),
+            cluster_id: None,
             rate_limits: RateLimits::default(),
             retry: RetryPolicy::default(),
             busy_retry: RetryPolicy {
@@ -375,12 +384,15 @@ fn activity_status(a: &Value) -> &str {
     }
 }
 
+/// A value of a scaling activity's `ActivityMetadata` (a JSON object in a string).
+fn metadata_of(a: &Value, key: &str) -> Option<String> {
+    let m: Value = serde_json::from_str(a.get("ActivityMetadata")?.as_str()?).ok()?;
+    m.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
 /// The launch id in a scaling activity's `ActivityMetadata`.
 fn launch_id_of(a: &Value) -> Option<String> {
-    let m: Value = serde_json::from_str(a.get("ActivityMetadata")?.as_str()?).ok()?;
-    m.get(METADATA_LAUNCH_ID)
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    metadata_of(a, METADATA_LAUNCH_ID)
 }
 
 /// Whether a `DescribeAvailableResource` zone or resource has stock: `StatusCategory`
@@ -886,7 +898,11 @@ impl AlibabaProvider {
         launch_id: &str,
     ) -> Result<GroupOutcome, ProviderError> {
         let _queued = self.lock_group(group).await;
-        let metadata = serde_json::json!({ METADATA_LAUNCH_ID: launch_id }).to_string();
+        let mut metadata = serde_json::json!({ METADATA_LAUNCH_ID: launch_id });
+        if let Some(id) = &self.config.cluster_id {
+            metadata[TAG_CLUSTER_ID] = Value::String(id.clone());
+        }
+        let metadata = metadata.to_string();
         let params = vec![
             ("ScalingGroupId".to_string(), group.to_string()),
             (
@@ -1007,6 +1023,68 @@ impl AlibabaProvider {
             None
         };
         Ok(GroupOutcome { instances, failure })
+    }
+
+    /// Not another cluster's: no identity, or ours (instances of older versions, and of the
+    /// group itself, carry none).
+    fn may_be_ours(&self, cluster_id: Option<&str>) -> bool {
+        match (self.config.cluster_id.as_deref(), cluster_id) {
+            (Some(ours), Some(theirs)) => ours == theirs,
+            _ => true,
+        }
+    }
+
+    /// ECS `TagResources`: the cluster's identity on instances just launched (≤ 50 per call).
+    async fn tag_as_ours(&self, instances: &[Instance]) -> Result<(), ProviderError> {
+        let Some(cluster_id) = &self.config.cluster_id else {
+            return Ok(());
+        };
+        for chunk in instances.chunks(50) {
+            let mut p = vec![
+                ("ResourceType".to_string(), "instance".to_string()),
+                ("Tag.1.Key".to_string(), TAG_CLUSTER_ID.to_string()),
+                ("Tag.1.Value".to_string(), cluster_id.clone()),
+            ];
+            for (i, inst) in chunk.iter().enumerate() {
+                p.push((format!("ResourceId.{}", i + 1), inst.id.clone()));
+            }
+            self.call(Api::Ecs, "TagResources", &self.limits.scale, &p)
+                .await
+                .map_err(ApiError::into_provider_error)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses to remove an instance whose ECS tags name another cluster.
+    async fn check_owned(&self, id: &str) -> Result<(), ProviderError> {
+        if self.config.cluster_id.is_none() {
+            return Ok(());
+        }
+        let p = vec![
+            (
+                "InstanceIds".to_string(),
+                serde_json::to_string(&[id]).unwrap_or_default(),
+            ),
+            ("PageSize".to_string(), "100".to_string()),
+        ];
+        let v = self.describe(Api::Ecs, "DescribeInstances", &p).await?;
+        for i in list_of(&v, "Instances", "Instance") {
+            let theirs = list_of(i, "Tags", "Tag")
+                .into_iter()
+                .find(|t| str_of(t, "TagKey") == TAG_CLUSTER_ID)
+                .map(|t| str_of(t, "TagValue"));
+            if !self.may_be_ours(theirs) {
+                return Err(ProviderError::InvalidRequest {
+                    message: format!(
+                        "instance {id} is tagged {TAG_CLUSTER_ID}={:?}, not this cluster's \
+                         {:?}: not removed",
+                        theirs.unwrap_or_default(),
+                        self.config.cluster_id.as_deref().unwrap_or_default()
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn to_instance(
@@ -1524,6 +1602,9 @@ impl CloudProvider for AlibabaProvider {
                 }
             }
         }
+        // Best effort: the activity's metadata names the cluster as well, for as long as ESS
+        // keeps the activity.
+        let _ = self.tag_as_ours(&result.launched).await;
         Ok(result)
     }
 
@@ -1532,6 +1613,7 @@ impl CloudProvider for AlibabaProvider {
         let Some(group) = self.group_of(id).await? else {
             return Ok(()); // in none of our groups: already removed
         };
+        self.check_owned(id).await?;
         let p = vec![
             ("ScalingGroupId".to_string(), group.clone()),
             ("InstanceIds.1".to_string(), id.to_string()),
@@ -1580,10 +1662,12 @@ impl CloudProvider for AlibabaProvider {
                     .map_err(ApiError::into_provider_error)?
             };
             for s in &found {
-                let launch_id = acts
-                    .get(&s.activity_id)
-                    .and_then(launch_id_of)
-                    .unwrap_or_default();
+                let act = acts.get(&s.activity_id);
+                let cluster = act.and_then(|a| metadata_of(a, TAG_CLUSTER_ID));
+                if !self.may_be_ours(cluster.as_deref()) {
+                    continue; // launched by another cluster into this group
+                }
+                let launch_id = act.and_then(launch_id_of).unwrap_or_default();
                 out.push(self.to_instance(pool, role, &launch_id, s));
             }
         }

@@ -38,7 +38,19 @@ fn pool(on_demand_group: bool) -> AlibabaPool {
 
 async fn setup(on_demand_group: bool, page_size: u32) -> (Fake, AlibabaProvider) {
     let fake = Fake::start(&[("asg-spot", &ZONES), ("asg-od", &ZONES)]).await;
-    let mut config = config_for(&fake);
+    let provider = provider_for(&fake, on_demand_group, page_size, None);
+    (fake, provider)
+}
+
+/// A provider of the fake's groups with quick retries, for the cluster `cluster_id`.
+fn provider_for(
+    fake: &Fake,
+    on_demand_group: bool,
+    page_size: u32,
+    cluster_id: Option<&str>,
+) -> AlibabaProvider {
+    let mut config = config_for(fake);
+    config.cluster_id = cluster_id.map(str::to_string);
     config.pools.push(pool(on_demand_group));
     config.retry = RetryPolicy {
         max_attempts: 3,
@@ -53,8 +65,7 @@ async fn setup(on_demand_group: bool, page_size: u32) -> (Fake, AlibabaProvider)
     config.activity_poll_interval = Duration::from_millis(1);
     config.activity_timeout = Duration::from_secs(10);
     config.page_size = page_size;
-    let provider = AlibabaProvider::new(config, creds()).unwrap();
-    (fake, provider)
+    AlibabaProvider::new(config, creds()).unwrap()
 }
 
 /// A configuration whose ESS, ECS and VPC endpoints are the fake.
@@ -597,5 +608,51 @@ async fn a_compensating_group_reports_its_on_demand_instances_as_on_demand() {
     assert!(listed
         .iter()
         .all(|i| i.offering.capacity_type == CapacityType::OnDemand && i.launch_id == "comp-1"));
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn two_clusters_pointed_at_one_group_leave_each_others_instances_alone() {
+    let fake = Fake::start(&[("asg-spot", &ZONES), ("asg-od", &ZONES)]).await;
+    let a = provider_for(&fake, false, 50, Some("uid-a"));
+    let b = provider_for(&fake, false, 50, Some("uid-b"));
+    let mine = a.launch(&request("launch-a", 2)).await.unwrap().launched;
+    assert_eq!(mine.len(), 2);
+    // Tagged with A's identity, which the activity's metadata carries too.
+    let tagged = fake.with(|s| s.calls_of("TagResources"));
+    assert_eq!(tagged.len(), 1);
+    assert_eq!(tagged[0]["Tag.1.Key"], "gpu-node-autoscaler.io/cluster-id");
+    assert_eq!(tagged[0]["Tag.1.Value"], "uid-a");
+    let scale = fake.with(|s| s.calls_of("ScaleWithAdjustment"));
+    assert!(scale[0]["ActivityMetadata"].contains("uid-a"), "{scale:?}");
+    // An instance of the group that no cluster launched (the group's own minimum).
+    fake.with(|s| {
+        let mut own = s.groups["asg-spot"].instances[0].clone();
+        own.id = "i-bp1groupown".into();
+        own.activity = String::new();
+        own.tags.clear();
+        s.groups.get_mut("asg-spot").unwrap().instances.push(own);
+    });
+
+    let ids = |l: Vec<gpu_node_autoscaler_provider::Instance>| {
+        let mut v: Vec<String> = l.into_iter().map(|i| i.id).collect();
+        v.sort();
+        v
+    };
+    let mut a_sees: Vec<String> = mine.iter().map(|i| i.id.clone()).collect();
+    a_sees.push("i-bp1groupown".into());
+    a_sees.sort();
+    assert_eq!(ids(a.list("gpu").await.unwrap()), a_sees);
+    assert_eq!(ids(b.list("gpu").await.unwrap()), ["i-bp1groupown"]);
+
+    // B may not remove A's instance, even by id; A may.
+    let e = b.terminate(&mine[0].provider_id).await.unwrap_err();
+    assert!(
+        matches!(&e, ProviderError::InvalidRequest { message } if message.contains("uid-a")),
+        "{e:?}"
+    );
+    assert!(fake.with(|s| s.calls_of("RemoveInstances")).is_empty());
+    a.terminate(&mine[0].provider_id).await.unwrap();
+    assert_eq!(fake.with(|s| s.calls_of("RemoveInstances")).len(), 1);
     assert_clean(&fake);
 }

@@ -550,6 +550,7 @@ mod tests {
             activity: "asa-test".into(),
             instance_type: "ecs.gn7i-c8g1.2xlarge".into(),
             spot_strategy: if spot { "SpotAsPriceGo" } else { "NoSpot" }.into(),
+            tags: Default::default(),
         }
     }
 
