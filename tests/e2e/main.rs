@@ -1161,3 +1161,115 @@ fn a_pod_that_does_not_fit_the_node_launched_for_it_gets_a_larger_type_not_the_s
         env.log("r1")
     );
 }
+
+/// One GPU trainer kept by a ReplicaSet (so an evicted one comes back), and the node it runs on.
+fn gpu_trainer(env: &Env) -> String {
+    env.create(
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: trainer\n  namespace: default\n\
+         spec:\n  replicas: 1\n  selector:\n    matchLabels: {app: trainer}\n  template:\n    \
+         metadata:\n      labels: {app: trainer}\n    spec:\n      \
+         tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n      \
+         containers:\n      - name: main\n        image: cuda:12\n        resources:\n          \
+         requests: {cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}\n          \
+         limits: {nvidia.com/gpu: \"1\"}\n",
+    );
+    env.wait_for("the trainer to run", 2 * MIN, || trainer_node(env))
+}
+
+/// The node a Running, not terminating trainer runs on.
+fn trainer_node(env: &Env) -> Option<String> {
+    let v = env.get_json(&["get", "pods", "-n", "default", "-l", "app=trainer"]);
+    v["items"].as_array()?.iter().find_map(|p| {
+        (p["status"]["phase"] == "Running" && !p["metadata"]["deletionTimestamp"].is_string())
+            .then(|| p["spec"]["nodeName"].as_str().map(str::to_string))
+            .flatten()
+    })
+}
+
+/// Waits until the trainer runs on another node than `old` and `old`'s instance is gone;
+/// returns the new node.
+fn trainer_moved_and_node_removed(env: &Env, old: &str) -> String {
+    let new = env.wait_for("the trainer to run on another node", 3 * MIN, || {
+        trainer_node(env).filter(|n| n != old)
+    });
+    env.wait_for("the old node to be removed", 2 * MIN, || {
+        let gone = !env
+            .pool_nodes()
+            .iter()
+            .any(|n| n["metadata"]["name"] == old);
+        (gone && env.live_instances().len() == 1).then_some(())
+    });
+    new
+}
+
+#[test]
+fn a_node_whose_gpu_hardware_fails_is_replaced_and_its_trainer_moves() {
+    let mut env = Env::start("health", Options::default());
+    let policy = env.policy(
+        &["us-east-1a"],
+        "  health:\n    conditions:\n    \
+         - {type: AcceleratedHardwareReady, status: \"False\", gracePeriod: 5s}\n",
+    );
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    let old = gpu_trainer(&env);
+    // What a GPU health agent (NVIDIA's GPU operator, node-problem-detector) reports on an XID
+    // error. Kept through kwok's heartbeats (conditions merge by type).
+    env.kubectl_ok(&[
+        "patch",
+        "node",
+        &old,
+        "--subresource=status",
+        "--type=strategic",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"AcceleratedHardwareReady","status":"False","reason":"XidError","message":"Xid 79: GPU has fallen off the bus"}]}}"#,
+    ]);
+    let ev = env.wait_for("a ReplacingUnhealthyNode Event", MIN, || {
+        env.events("ReplacingUnhealthyNode").pop()
+    });
+    assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
+    assert!(ev.contains("AcceleratedHardwareReady"), "{ev}");
+    // The trainer keeps running on the broken node until its new place exists: a replacement
+    // is launched first, then the broken node is drained and its instance terminated.
+    let new = trainer_moved_and_node_removed(&env, &old);
+    assert_ne!(new, old);
+    assert_eq!(
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_nodes_replaced_total{pool=\"a10g\",cause=\"unhealthy\"}"
+        ),
+        Some(1.0),
+        "{}",
+        env.http_get("r1", "/metrics")
+            .map(|x| x.1)
+            .unwrap_or_default()
+    );
+    assert_eq!(env.instances().len(), 2, "exactly one replacement launched");
+}
+
+#[test]
+fn a_spot_interruption_notice_drains_the_node_at_once_and_its_trainer_moves() {
+    let mut env = Env::start("interrupt", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &[]);
+    let old = gpu_trainer(&env);
+    // The AWS Node Termination Handler's taint on a spot interruption notice.
+    env.kubectl_ok(&[
+        "taint",
+        "node",
+        &old,
+        "aws-node-termination-handler/spot-itn=notice:NoSchedule",
+    ]);
+    let ev = env.wait_for("a ReplacingInterruptedNode Event", MIN, || {
+        env.events("ReplacingInterruptedNode").pop()
+    });
+    assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
+    trainer_moved_and_node_removed(&env, &old);
+    assert_eq!(
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_nodes_replaced_total{pool=\"a10g\",cause=\"interrupted\"}"
+        ),
+        Some(1.0)
+    );
+}

@@ -96,6 +96,44 @@ pub async fn modify_node(
 }
 
 /// Sets or removes one annotation with a merge patch.
+/// Adds (`present`) or removes a taint (matched by key and effect) of a Node; a missing Node is
+/// no error.
+pub async fn set_taint(
+    api: &Api<Node>,
+    name: &str,
+    taint: &crate::model::Taint,
+    present: bool,
+) -> Result<(), kube::Error> {
+    let effect = taint.effect.as_str();
+    modify_node(api, name, |n| {
+        let taints = n
+            .spec
+            .get_or_insert_with(Default::default)
+            .taints
+            .get_or_insert_with(Vec::new);
+        let has = taints
+            .iter()
+            .any(|t| t.key == taint.key && t.effect == effect);
+        match (present, has) {
+            (true, false) => {
+                taints.push(k8s_openapi::api::core::v1::Taint {
+                    key: taint.key.clone(),
+                    value: Some(taint.value.clone()).filter(|v| !v.is_empty()),
+                    effect: effect.to_string(),
+                    time_added: None,
+                });
+                true
+            }
+            (false, true) => {
+                taints.retain(|t| !(t.key == taint.key && t.effect == effect));
+                true
+            }
+            _ => false,
+        }
+    })
+    .await
+}
+
 pub async fn annotate_node(
     api: &Api<Node>,
     name: &str,

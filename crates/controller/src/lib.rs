@@ -754,6 +754,16 @@ impl Controller {
                     });
                     self.drains.insert(node, task);
                 }
+                Action::Taint {
+                    node,
+                    taint,
+                    present,
+                } => {
+                    let api: Api<K8sNode> = Api::all(self.client.clone());
+                    if let Err(e) = kube_io::set_taint(&api, &node, &taint, present).await {
+                        warn!(node = %node, "tainting: {e}");
+                    }
+                }
                 Action::Annotate { node, key, value } => {
                     let api: Api<K8sNode> = Api::all(self.client.clone());
                     if let Err(e) = kube_io::annotate_node(&api, &node, key, value.as_deref()).await
@@ -824,6 +834,18 @@ impl Controller {
             }
             Count::NodesGpusLost(n) => {
                 self.metrics.nodes_gpus_lost.set(n as i64);
+            }
+            Count::NodesUnhealthy(n) => {
+                self.metrics.nodes_unhealthy.set(n as i64);
+            }
+            Count::Replaced { pool, cause } => {
+                self.metrics
+                    .nodes_replaced
+                    .get_or_create(&metrics::Replaced {
+                        pool,
+                        cause: cause.to_string(),
+                    })
+                    .inc();
             }
         }
     }

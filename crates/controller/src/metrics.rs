@@ -33,6 +33,12 @@ pub struct FailedLaunch {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Replaced {
+    pub pool: String,
+    pub cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvictionResult {
     pub result: String,
 }
@@ -50,6 +56,8 @@ pub struct Metrics {
     pub failed_launches: Family<FailedLaunch, Counter>,
     pub evictions: Family<EvictionResult, Counter>,
     pub nodes_gpus_lost: Gauge,
+    pub nodes_unhealthy: Gauge,
+    pub nodes_replaced: Family<Replaced, Counter>,
     pub heartbeat_timestamp_seconds: Gauge,
     pub launches_in_progress: Gauge,
     pub plan_duration_seconds: Histogram,
@@ -72,6 +80,8 @@ impl Metrics {
             failed_launches: Family::default(),
             evictions: Family::default(),
             nodes_gpus_lost: Gauge::default(),
+            nodes_unhealthy: Gauge::default(),
+            nodes_replaced: Family::default(),
             heartbeat_timestamp_seconds: Gauge::default(),
             launches_in_progress: Gauge::default(),
             plan_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
@@ -103,6 +113,16 @@ impl Metrics {
             "nodes_gpus_lost",
             "Nodes of ours that advertised GPUs once and advertise none now",
             m.nodes_gpus_lost.clone(),
+        );
+        registry.register(
+            "nodes_unhealthy",
+            "Nodes of ours seen unhealthy now (a health condition, GPUs missing)",
+            m.nodes_unhealthy.clone(),
+        );
+        registry.register(
+            "nodes_replaced",
+            "Nodes drained and removed to be replaced, per pool and cause (unhealthy, interrupted)",
+            m.nodes_replaced.clone(),
         );
         registry.register(
             "gpus",

@@ -594,7 +594,15 @@ impl Converter {
             .conditions
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True");
+        let conditions = raw
+            .status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ != "Ready")
+            .map(|c| (c.type_.clone(), c.status.clone()))
+            .collect();
         Ok(Node {
+            conditions,
             name: raw.metadata.name.clone(),
             labels: raw.metadata.labels,
             annotations: raw.metadata.annotations,

@@ -225,6 +225,7 @@ impl NodeBuilder {
                 },
                 shared_gpus: Vec::new(),
                 ready: true,
+                conditions: BTreeMap::new(),
                 unschedulable: false,
                 created: Time::EPOCH,
                 provider_id: Some(format!("aws:///zone/i-{name}")),
@@ -285,6 +286,11 @@ impl NodeBuilder {
             value: "true".into(),
             effect,
         });
+        self
+    }
+
+    pub fn condition(mut self, type_: &str, status: &str) -> Self {
+        self.node.conditions.insert(type_.into(), status.into());
         self
     }
 

@@ -450,6 +450,21 @@ impl World {
     }
 
     /// Gives a node back after a drain: untainted and schedulable again.
+    /// Adds (`present`) or removes a taint of a node (matched by key and effect).
+    pub fn set_taint(&mut self, node: &str, taint: &Taint, present: bool) {
+        if let Some(&ni) = self.node_by_name.get(node) {
+            let n = &mut self.nodes[ni].node;
+            n.taints
+                .retain(|t| !(t.key == taint.key && t.effect == taint.effect));
+            if present {
+                n.taints.push(taint.clone());
+            } else {
+                self.grown.insert(ni);
+            }
+            self.dirty = true;
+        }
+    }
+
     pub fn give_back(&mut self, node: &str) {
         if let Some(&ni) = self.node_by_name.get(node) {
             let n = &mut self.nodes[ni].node;
@@ -550,6 +565,7 @@ impl World {
             allocatable: without_gpus.clone(),
             shared_gpus: Vec::new(),
             ready: true,
+            conditions: BTreeMap::new(),
             unschedulable: false,
             created: Time(inst.launched),
             provider_id: Some(format!("memory:///{}/{id}", inst.offering.zone)),

@@ -84,6 +84,11 @@ impl Ours {
                 Action::Annotate { node, key, value } => {
                     world.annotate(&node, key, value.as_deref())
                 }
+                Action::Taint {
+                    node,
+                    taint,
+                    present,
+                } => world.set_taint(&node, &taint, present),
                 Action::Event(_) | Action::Log { .. } | Action::Count(_) | Action::Status(_) => {}
             }
         }

@@ -15,6 +15,7 @@
 
 pub mod batch;
 pub mod fleet;
+pub mod replace;
 pub mod status;
 #[cfg(test)]
 mod tests;
@@ -159,6 +160,13 @@ pub enum Count {
     },
     /// Nodes of ours that advertise no GPUs any more (a gauge).
     NodesGpusLost(usize),
+    /// Nodes of ours seen unhealthy now (a gauge).
+    NodesUnhealthy(usize),
+    /// A node replaced (drained and removed) for `cause` (`unhealthy`, `interrupted`).
+    Replaced {
+        pool: String,
+        cause: &'static str,
+    },
 }
 
 /// A drain to run: taint and cordon the node, evict its pods, terminate its instance and delete
@@ -203,6 +211,12 @@ pub enum Action {
         node: String,
         pool: Option<String>,
         why: String,
+    },
+    /// Add (`present`) or remove a taint of a Node (matched by key and effect).
+    Taint {
+        node: String,
+        taint: crate::model::Taint,
+        present: bool,
     },
     /// Set (or remove, `None`) an annotation of a Node.
     Annotate {
@@ -272,6 +286,8 @@ struct Pass {
     policy_valid: bool,
     /// Pod key → index in `snapshot.pods`.
     pod_index: HashMap<String, usize>,
+    /// Nodes being replaced → their GPU pods, planned again as pending.
+    moving: BTreeMap<String, Vec<String>>,
     stage: Stage,
 }
 
@@ -314,6 +330,8 @@ pub struct Autoscaler {
     /// Unneeded nodes whose instance is not ours, already reported (reported once, never
     /// drained).
     not_ours_reported: BTreeSet<String>,
+    /// Nodes being replaced (broken, or about to be taken back).
+    replace: replace::Replacements,
     last_status: Option<(String, Time)>,
     jitter_draws: u64,
     pass: Option<Pass>,
@@ -354,6 +372,7 @@ impl Autoscaler {
             kept: BTreeMap::new(),
             gpus_lost: BTreeSet::new(),
             not_ours_reported: BTreeSet::new(),
+            replace: replace::Replacements::default(),
             last_status: None,
             jitter_draws: 0,
             pass: None,
@@ -550,6 +569,7 @@ impl Autoscaler {
             templates: self.templates.clone(),
             policy_valid: obs.policy_valid,
             pod_index,
+            moving: BTreeMap::new(),
             stage: Stage::Registering(BTreeMap::new()),
         };
         if !self.config.dry_run && !regs.is_empty() {
@@ -605,6 +625,30 @@ impl Autoscaler {
         let Some(pool) = self.drains.remove(node) else {
             return out;
         };
+        if let Some(r) = self.replace.replacing.get_mut(node) {
+            match outcome {
+                DrainOutcome::Removed => {
+                    let cause = r.cause.as_str();
+                    self.replace.replacing.remove(node);
+                    self.removed.insert(node.to_string(), now);
+                    if let Some(p) = pool {
+                        out.push(Action::Count(Count::Replaced { pool: p, cause }));
+                    }
+                }
+                DrainOutcome::RolledBack(why) | DrainOutcome::Failed(why) => {
+                    r.retry_after = Some(now + replace::RETRY_AFTER);
+                    out.push(Action::Log {
+                        level: Level::Warn,
+                        message: format!(
+                            "replacing {node}: its drain failed ({why}); tried again in {}s",
+                            replace::RETRY_AFTER.as_secs()
+                        ),
+                    });
+                }
+                DrainOutcome::Abandoned => {}
+            }
+            return out;
+        }
         match outcome {
             DrainOutcome::Removed => {
                 self.removed.insert(node.to_string(), now);
@@ -651,6 +695,7 @@ impl Autoscaler {
         self.give_up_overdue(&pass, out);
         self.report_gpus_lost(&pass.view, out);
         self.resume_drains(&pass, out);
+        self.replace_nodes(&mut pass, out);
         if pass.templates.is_none() {
             return;
         }
@@ -958,6 +1003,7 @@ impl Autoscaler {
         if self.config.report {
             self.report(&pass, &plan, out);
         }
+        self.drain_replaced(&pass, &plan, out);
         self.scale_down(&pass, &plan, out);
         self.keep_unneeded(&pass, &plan, out);
         if self.config.report {
@@ -994,6 +1040,166 @@ impl Autoscaler {
             newest_in_pool: newest,
         };
         self.last_plan = Some(plan);
+    }
+
+    // ---- replacing broken and interrupted nodes ----
+
+    /// Decides which nodes of ours start (or stop) being replaced, and plans their GPU pods
+    /// again as pending.
+    fn replace_nodes(&mut self, pass: &mut Pass, out: &mut Vec<Action>) {
+        if self.config.dry_run {
+            return;
+        }
+        let policy = pass.policy.clone();
+        let templates = pass.templates.clone();
+        self.replace.retain_nodes(&pass.snapshot.nodes);
+        self.replace.adopt_tainted(&pass.snapshot.nodes);
+        // Per pool: nodes, and nodes being replaced for health.
+        let mut sizes: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+        for n in &pass.snapshot.nodes {
+            let Some(p) = n.pool() else { continue };
+            let e = sizes.entry(p).or_default();
+            e.0 += 1;
+            if self
+                .replace
+                .replacing
+                .get(&n.name)
+                .is_some_and(|r| r.cause == replace::Cause::Unhealthy)
+            {
+                e.1 += 1;
+            }
+        }
+        let mut started: BTreeMap<String, usize> = BTreeMap::new();
+        for n in &pass.snapshot.nodes {
+            let ours = n
+                .provider_id
+                .as_ref()
+                .is_some_and(|p| pass.view.instance_of_node.contains_key(p));
+            let pool = n.pool().and_then(|p| policy.pool(p));
+            let (true, Some(pool)) = (ours, pool) else {
+                continue;
+            };
+            if n.deleting || self.drains.contains_key(&n.name) || has_drain_taint(n) {
+                continue;
+            }
+            let template = templates.as_ref().and_then(|t| t.find(&pool.name, n));
+            let unhealthy = replace::health_signal(n, pool, template);
+            let interrupted = replace::interruption_signal(n, &policy);
+            let (size, busy) = sizes.get(pool.name.as_str()).copied().unwrap_or((0, 0));
+            let busy = busy + started.get(&pool.name).copied().unwrap_or(0);
+            let allowed = busy < replace::replacing_allowed(pool, size);
+            let Some(step) = self
+                .replace
+                .step(n, interrupted, unhealthy, allowed, pass.now)
+            else {
+                continue;
+            };
+            let node = n.name.clone();
+            match step {
+                replace::Step::Seen { since } => out.push(Action::Annotate {
+                    node,
+                    key: labels::UNHEALTHY_SINCE,
+                    value: Some(since.to_rfc3339()),
+                }),
+                replace::Step::Start { cause, why } => {
+                    if cause == replace::Cause::Unhealthy {
+                        *started.entry(pool.name.clone()).or_default() += 1;
+                    }
+                    out.push(Action::Taint {
+                        node: node.clone(),
+                        taint: replace::replacing_taint(cause),
+                        present: true,
+                    });
+                    out.push(Action::Event(Note {
+                        subject: Subject::Node(node.clone()),
+                        warning: true,
+                        reason: match cause {
+                            replace::Cause::Unhealthy => "ReplacingUnhealthyNode",
+                            replace::Cause::Interrupted => "ReplacingInterruptedNode",
+                        },
+                        action: "Replace",
+                        message: format!(
+                            "replacing {node} (pool {}): {why}; its pods get a place elsewhere, \
+                             then it is drained",
+                            pool.name
+                        ),
+                    }));
+                    out.push(Action::Log {
+                        level: Level::Warn,
+                        message: format!("replacing node {node} (pool {}): {why}", pool.name),
+                    });
+                }
+                replace::Step::Recovered => {
+                    if n.annotations.contains_key(labels::UNHEALTHY_SINCE) {
+                        out.push(Action::Annotate {
+                            node: node.clone(),
+                            key: labels::UNHEALTHY_SINCE,
+                            value: None,
+                        });
+                    }
+                    if n.taints.iter().any(|t| t.key == labels::REPLACING_TAINT) {
+                        out.push(Action::Taint {
+                            node: node.clone(),
+                            taint: replace::replacing_taint(replace::Cause::Unhealthy),
+                            present: false,
+                        });
+                        out.push(Action::Event(Note {
+                            subject: Subject::Node(node.clone()),
+                            warning: false,
+                            reason: "NodeRecovered",
+                            action: "Replace",
+                            message: format!(
+                                "{node} is healthy again: its replacement is called off"
+                            ),
+                        }));
+                    }
+                }
+                replace::Step::Deferred { why } => out.push(Action::Event(Note {
+                    subject: Subject::Node(node.clone()),
+                    warning: true,
+                    reason: "ReplacementDeferred",
+                    action: "Replace",
+                    message: format!("{node} is not replaced yet: {why}"),
+                })),
+            }
+        }
+        out.push(Action::Count(Count::NodesUnhealthy(
+            self.replace.unhealthy_count(),
+        )));
+        pass.moving = replace::plan_as_moving(&mut pass.snapshot, &self.replace.replacing);
+    }
+
+    /// Drains the nodes being replaced whose pods have a place on nodes that exist (an
+    /// interrupted one at once).
+    fn drain_replaced(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
+        if self.config.dry_run {
+            return;
+        }
+        for (node, pods) in &pass.moving {
+            let Some(r) = self.replace.replacing.get(node) else {
+                continue;
+            };
+            if self.drains.contains_key(node) || r.retry_after.is_some_and(|t| t > pass.now) {
+                continue;
+            }
+            let why = format!("replacing: {}", r.why);
+            if r.cause == replace::Cause::Unhealthy {
+                if let Err(wait) = replace::ready_to_drain(pods, plan) {
+                    if self.replace.report_once(node, &wait) {
+                        out.push(Action::Log {
+                            level: Level::Info,
+                            message: format!("replacing {node}: {wait}"),
+                        });
+                    }
+                    continue;
+                }
+            }
+            let Some(n) = pass.snapshot.nodes.iter().find(|n| &n.name == node) else {
+                continue;
+            };
+            let deadline = pass.now + self.config.max_graceful_termination;
+            out.push(self.drain(n, &pass.view, deadline, why));
+        }
     }
 
     // ---- bookkeeping ----

@@ -179,6 +179,26 @@ impl Run {
                         result: self.cloud.launch(request, now),
                     }),
                     Action::Terminate { instance_id, .. } => self.cloud.terminate(instance_id),
+                    Action::Taint {
+                        node,
+                        taint,
+                        present,
+                    } => {
+                        if let Some(n) = self.nodes.iter_mut().find(|n| &n.name == node) {
+                            n.taints.retain(|t| t.key != taint.key);
+                            if *present {
+                                n.taints.push(taint.clone());
+                            }
+                        }
+                    }
+                    Action::Annotate { node, key, value } => {
+                        if let Some(n) = self.nodes.iter_mut().find(|n| &n.name == node) {
+                            match value {
+                                Some(v) => n.annotations.insert(key.to_string(), v.clone()),
+                                None => n.annotations.remove(*key),
+                            };
+                        }
+                    }
                     Action::Register(r) => {
                         if let Some(n) = self.nodes.iter_mut().find(|n| n.name == r.node) {
                             r.apply(n);
@@ -973,4 +993,183 @@ fn a_pod_that_did_not_fit_the_node_launched_for_it_is_not_launched_for_again() {
         .cpu_milli(3000)
         .build()];
     assert_eq!(launches(&run.pass(T0 + secs(300))).len(), 1);
+}
+
+fn events<'a>(actions: &'a [Action], reason: &str) -> Vec<&'a Note> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(n) if n.reason == reason => Some(n),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tainted_replacing(actions: &[Action]) -> Vec<&str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Taint {
+                node,
+                taint,
+                present: true,
+            } if taint.key == labels::REPLACING_TAINT => Some(node.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A node of ours running one GPU pod, registered at T0.
+fn run_with_busy_node() -> Run {
+    let mut run = Run::new(Config::default());
+    run.pods.push(gpu_pod("p", 1));
+    run.pass(T0);
+    run.register("i-1", 1, T0);
+    run.pods[0].node_name = Some("node-i-1".into());
+    run.pods[0].phase = crate::model::PodPhase::Running;
+    run
+}
+
+#[test]
+fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod_has_a_place() {
+    let mut run = run_with_busy_node();
+    run.nodes[0]
+        .conditions
+        .insert("AcceleratedHardwareReady".into(), "False".into());
+    // Seen: the clock starts (and is kept on the node), nothing else.
+    let a = run.pass(T0 + secs(60));
+    assert!(tainted_replacing(&a).is_empty());
+    assert_eq!(
+        run.nodes[0].annotations.get(labels::UNHEALTHY_SINCE),
+        Some(&(T0 + secs(60)).to_rfc3339())
+    );
+    assert!(tainted_replacing(&run.pass(T0 + secs(600))).is_empty());
+    // 10 minutes after it was first seen: tainted, and its pod planned elsewhere.
+    let a = run.pass(T0 + secs(660));
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    assert_eq!(events(&a, "ReplacingUnhealthyNode").len(), 1);
+    assert_eq!(launches(&a).len(), 1, "a replacement for its pod: {a:?}");
+    assert!(drains(&a).is_empty(), "not before the replacement is there");
+    // The replacement registers: the old node is drained.
+    let new_id = run.cloud.instances.last().unwrap().id.clone();
+    run.register(&new_id, 1, T0 + secs(700));
+    let a = run.pass(T0 + secs(710));
+    let d = drains(&a);
+    assert_eq!(d.len(), 1, "{a:?}");
+    assert_eq!(d[0].node, "node-i-1");
+    assert!(
+        d[0].reason.contains("AcceleratedHardwareReady=False"),
+        "{}",
+        d[0].reason
+    );
+    assert!(launches(&a).is_empty());
+    let out = run
+        .core
+        .drain_finished("node-i-1", DrainOutcome::Removed, T0 + secs(720));
+    assert_eq!(
+        out,
+        [Action::Count(Count::Replaced {
+            pool: "a10g".into(),
+            cause: "unhealthy"
+        })]
+    );
+}
+
+#[test]
+fn a_flapping_condition_does_not_restart_the_clock_and_a_healthy_node_is_forgotten() {
+    let mut run = run_with_busy_node();
+    let set = |run: &mut Run, status: &str| {
+        run.nodes[0]
+            .conditions
+            .insert("AcceleratedHardwareReady".into(), status.into());
+    };
+    set(&mut run, "False");
+    run.pass(T0 + secs(60));
+    set(&mut run, "True");
+    assert!(tainted_replacing(&run.pass(T0 + secs(300))).is_empty());
+    set(&mut run, "False");
+    assert!(tainted_replacing(&run.pass(T0 + secs(500))).is_empty());
+    // Ten minutes after it was first seen, though it was healthy for a while in between.
+    assert_eq!(tainted_replacing(&run.pass(T0 + secs(660))), ["node-i-1"]);
+
+    // Another node, healthy for its whole grace period after a glitch: the clock goes.
+    let mut run = run_with_busy_node();
+    set(&mut run, "False");
+    run.pass(T0 + secs(60));
+    set(&mut run, "True");
+    run.pass(T0 + secs(120));
+    let a = run.pass(T0 + secs(60 + 600));
+    assert!(tainted_replacing(&a).is_empty());
+    assert!(!run.nodes[0]
+        .annotations
+        .contains_key(labels::UNHEALTHY_SINCE));
+    set(&mut run, "False");
+    run.pass(T0 + secs(700));
+    assert!(
+        tainted_replacing(&run.pass(T0 + secs(1200))).is_empty(),
+        "a new clock from 700 s"
+    );
+    assert_eq!(tainted_replacing(&run.pass(T0 + secs(1300))), ["node-i-1"]);
+}
+
+#[test]
+fn at_most_a_fifth_of_a_pool_is_replaced_for_health_at_once() {
+    let mut run = Run::new(Config::default());
+    for i in 0..10 {
+        run.nodes.push(
+            NodeBuilder::new(&format!("n{i}"))
+                .pool("a10g", "g5.xlarge", "us-east-1a")
+                .label(labels::CAPACITY_TYPE, "on-demand")
+                .label(labels::KARPENTER_CAPACITY_TYPE, "on-demand")
+                .annotation(labels::GPUS_ADVERTISED, "true")
+                .condition("AcceleratedHardwareReady", "False")
+                .cpu_milli(4000)
+                .memory_gib(16)
+                .gpus(1)
+                .created(T0 - secs(3600))
+                .build(),
+        );
+        run.with_our_instance();
+        run.pods.push(
+            PodBuilder::new("ml", &format!("p{i}"))
+                .gpus(1)
+                .on(&format!("n{i}"))
+                .build(),
+        );
+    }
+    run.pass(T0);
+    let a = run.pass(T0 + secs(600));
+    assert_eq!(tainted_replacing(&a).len(), 2, "20 % of 10: {a:?}");
+    assert_eq!(events(&a, "ReplacementDeferred").len(), 8);
+    // Reported once.
+    let a = run.pass(T0 + secs(610));
+    assert!(tainted_replacing(&a).is_empty());
+    assert!(events(&a, "ReplacementDeferred").is_empty());
+}
+
+#[test]
+fn an_interruption_notice_drains_at_once_while_the_replacement_launches() {
+    let mut run = run_with_busy_node();
+    run.nodes[0].taints.push(crate::model::Taint {
+        key: "aws-node-termination-handler/spot-itn".into(),
+        value: "1".into(),
+        effect: Effect::NoSchedule,
+    });
+    let a = run.pass(T0 + secs(60));
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    assert_eq!(events(&a, "ReplacingInterruptedNode").len(), 1);
+    assert_eq!(launches(&a).len(), 1, "its pod's new node: {a:?}");
+    let d = drains(&a);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].instance_id.as_deref(), Some("i-1"));
+    let out = run
+        .core
+        .drain_finished("node-i-1", DrainOutcome::Removed, T0 + secs(90));
+    assert_eq!(
+        out,
+        [Action::Count(Count::Replaced {
+            pool: "a10g".into(),
+            cause: "interrupted"
+        })]
+    );
 }

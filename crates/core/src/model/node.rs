@@ -18,6 +18,8 @@ pub struct Node {
     /// Shared-GPU nodes: one entry per physical GPU, at full size.
     pub shared_gpus: Vec<SharedGpu>,
     pub ready: bool,
+    /// Conditions other than `Ready`: type → status (`True`, `False`, `Unknown`).
+    pub conditions: BTreeMap<String, String>,
     /// Cordoned (`spec.unschedulable`).
     pub unschedulable: bool,
     pub created: Time,

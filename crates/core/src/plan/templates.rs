@@ -391,6 +391,14 @@ impl Templates {
         }
     }
 
+    /// The template of a pool's node (by its instance-type label).
+    pub fn find(&self, pool: &str, node: &Node) -> Option<&Template> {
+        let it = node.instance_type()?;
+        self.templates
+            .iter()
+            .find(|t| t.pool_name == pool && t.instance_type == it)
+    }
+
     /// Corrects templates by what their registered, Ready nodes allocate: the kubelet's
     /// reservations, the ENI pod limit (e.g. 58 pods on a g5.xlarge on EKS) and the AMI are known
     /// only there. A template with nodes among `nodes` takes the smallest CPU, memory and pod

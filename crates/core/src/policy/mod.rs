@@ -37,6 +37,18 @@ pub mod defaults {
     pub const RESERVED_MEMORY: i64 = 1 << 30;
     pub const MAX_PODS: u32 = 110;
     pub const SHARED_CORE_PERCENTAGE: u32 = 100;
+    /// EKS node monitoring agent: `AcceleratedHardwareReady=False` (Karpenter repairs after 10m).
+    pub const HEALTH_CONDITION: &str = "AcceleratedHardwareReady";
+    pub const HEALTH_GRACE: Duration = Duration::from_secs(10 * 60);
+    pub const MISSING_GPUS_GRACE: Duration = Duration::from_secs(10 * 60);
+    pub const MAX_REPLACING_SHARE: f64 = 0.2;
+    /// Taints an interruption handler sets on a node about to be taken back (the AWS Node
+    /// Termination Handler's, in its queue and IMDS modes).
+    pub const INTERRUPTION_TAINTS: [&str; 3] = [
+        "aws-node-termination-handler/spot-itn",
+        "aws-node-termination-handler/scheduled-maintenance",
+        "aws-node-termination-handler/asg-lifecycle-termination",
+    ];
 }
 
 /// A validated policy.
@@ -51,6 +63,9 @@ pub struct Policy {
     pub max_concurrent_drains: u32,
     /// Spot price as a fraction of on-demand where the catalog has no spot price.
     pub spot_price_ratio: f64,
+    /// Taint keys that say a node is about to be taken back (a spot interruption notice, a
+    /// scheduled retirement): its replacement is launched and it is drained at once.
+    pub interruption_taints: Vec<String>,
     pub pools: Vec<Pool>,
 }
 
@@ -97,6 +112,7 @@ pub struct Pool {
     pub max_pods: u32,
     pub priority: i32,
     pub scale_down: ScaleDown,
+    pub health: Health,
     /// AWS settings (`aws:`), for pools with `provider: aws`.
     pub aws: Option<AwsPoolSettings>,
     /// Alibaba Cloud settings (`alibaba:`), required for pools with `provider: alibaba`.
@@ -182,6 +198,27 @@ pub struct PriceOverride {
     pub spot: Option<f64>,
 }
 
+/// When a node of a pool counts as broken, and how many may be replaced at once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Health {
+    pub enabled: bool,
+    /// Node conditions that mark a node unhealthy once seen for their grace period.
+    pub conditions: Vec<HealthCondition>,
+    /// A node that advertised its GPUs and now advertises fewer than its instance type has is
+    /// unhealthy after this long.
+    pub missing_gpus_grace: Duration,
+    /// At most this share of a pool's nodes (at least one) is being replaced at once.
+    pub max_replacing_share: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthCondition {
+    pub type_: String,
+    /// The status that means unhealthy (`False`, `True` or `Unknown`).
+    pub status: String,
+    pub grace: Duration,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScaleDown {
     pub enabled: bool,
@@ -260,6 +297,7 @@ struct RawPolicy {
     insufficient_capacity_ttl: Option<Dur>,
     max_concurrent_drains: Option<u32>,
     spot_price_ratio: Option<f64>,
+    interruption_taints: Option<Vec<String>>,
     /// Pools are decoded one by one so that every pool's errors are reported.
     #[serde(default)]
     pools: serde_yaml::Value,
@@ -315,6 +353,8 @@ struct RawPool {
     priority: i32,
     #[serde(default)]
     scale_down: RawScaleDown,
+    #[serde(default)]
+    health: RawHealth,
     aws: Option<RawAwsPool>,
     alibaba: Option<RawAlibabaPool>,
 }
@@ -393,6 +433,24 @@ struct RawReserved {
 }
 
 #[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawHealth {
+    enabled: Option<bool>,
+    conditions: Option<Vec<RawHealthCondition>>,
+    missing_gpus_grace_period: Option<Dur>,
+    max_replacing_share: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawHealthCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+    grace_period: Option<Dur>,
+}
+
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawScaleDown {
     enabled: Option<bool>,
@@ -713,7 +771,79 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
         ),
         max_concurrent_drains,
         spot_price_ratio,
+        interruption_taints: raw.interruption_taints.unwrap_or_else(|| {
+            defaults::INTERRUPTION_TAINTS
+                .iter()
+                .map(|t| t.to_string())
+                .collect()
+        }),
         pools,
+    }
+}
+
+fn validate_health(i: usize, r: RawHealth, c: &mut Collector) -> Health {
+    let at = |f: &[&str]| {
+        let mut p = vec!["health"];
+        p.extend_from_slice(f);
+        pool_path(i, &p)
+    };
+    let conditions = match r.conditions {
+        None => vec![HealthCondition {
+            type_: defaults::HEALTH_CONDITION.to_string(),
+            status: "False".to_string(),
+            grace: defaults::HEALTH_GRACE,
+        }],
+        Some(list) => list
+            .into_iter()
+            .enumerate()
+            .map(|(j, hc)| {
+                let mut path = at(&["conditions"]);
+                path.push(PathSeg::Index(j));
+                if hc.type_.is_empty() || hc.type_ == "Ready" {
+                    let mut pt = path.clone();
+                    pt.push(PathSeg::Key("type".into()));
+                    c.at(
+                        &pt,
+                        "a condition type other than Ready (a node not Ready is the kubelet's \
+                         and the cloud's business)",
+                    );
+                }
+                if !matches!(hc.status.as_str(), "True" | "False" | "Unknown") {
+                    let mut ps = path.clone();
+                    ps.push(PathSeg::Key("status".into()));
+                    c.at(
+                        &ps,
+                        format!("must be True, False or Unknown, got {:?}", hc.status),
+                    );
+                }
+                let mut pg = path;
+                pg.push(PathSeg::Key("gracePeriod".into()));
+                HealthCondition {
+                    grace: c.duration(&pg, hc.grace_period, defaults::HEALTH_GRACE),
+                    type_: hc.type_,
+                    status: hc.status,
+                }
+            })
+            .collect(),
+    };
+    let share = r
+        .max_replacing_share
+        .unwrap_or(defaults::MAX_REPLACING_SHARE);
+    if !(share > 0.0 && share <= 1.0) {
+        c.at(
+            &at(&["maxReplacingShare"]),
+            format!("must be in (0, 1], got {share}"),
+        );
+    }
+    Health {
+        enabled: r.enabled.unwrap_or(true),
+        conditions,
+        missing_gpus_grace: c.duration(
+            &at(&["missingGpusGracePeriod"]),
+            r.missing_gpus_grace_period,
+            defaults::MISSING_GPUS_GRACE,
+        ),
+        max_replacing_share: share,
     }
 }
 
@@ -1084,6 +1214,7 @@ fn validate_pool(
         sd.backoff_after_failure,
         defaults::BACKOFF_AFTER_FAILURE,
     );
+    let health = validate_health(i, r.health, c);
     let aws = r.aws.map(|a| validate_aws(i, a, &provider, &zones, c));
     let alibaba = match r.alibaba {
         Some(a) => Some(validate_alibaba(
@@ -1127,6 +1258,7 @@ fn validate_pool(
         reserved_memory,
         max_pods,
         priority: r.priority,
+        health,
         scale_down: ScaleDown {
             enabled: sd.enabled.unwrap_or(true),
             cooldown_after_scale_up,

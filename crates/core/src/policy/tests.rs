@@ -185,6 +185,16 @@ fn example_policy_parses_with_defaults_applied() {
                 utilization_threshold: 0.5,
                 backoff_after_failure: mins(3),
             },
+            health: Health {
+                enabled: true,
+                conditions: vec![HealthCondition {
+                    type_: "AcceleratedHardwareReady".into(),
+                    status: "False".into(),
+                    grace: mins(10),
+                }],
+                missing_gpus_grace: mins(10),
+                max_replacing_share: 0.2,
+            },
             aws: None,
             alibaba: None,
         }

@@ -1,0 +1,351 @@
+//! Replacing nodes of ours that are broken (GPU health) or about to be taken back (an
+//! interruption notice): the node is tainted so that nothing new lands on it, its pods are
+//! planned again as if pending (their new capacity is launched like any scale-up and counted in
+//! flight), and the node is drained once they have a place elsewhere (at once for an
+//! interruption: the notice is shorter than a boot), then its instance is terminated.
+//!
+//! Health is judged from when the core first saw a signal (kept in the `unhealthy-since`
+//! annotation across restarts), never from the condition's transition time: a condition that
+//! flaps does not restart the clock, which only resets once the node has been healthy for the
+//! signal's grace period. At most a share of a pool is replaced for health at once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::model::constraints::{Effect, Taint};
+use crate::model::{labels, Node, PodPhase, Time};
+use crate::plan::{Plan, Template};
+use crate::policy::{Policy, Pool};
+
+/// Why a node is being replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    Unhealthy,
+    Interrupted,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Unhealthy => "unhealthy",
+            Cause::Interrupted => "interrupted",
+        }
+    }
+
+    fn parse(s: &str) -> Cause {
+        if s == "interrupted" {
+            Cause::Interrupted
+        } else {
+            Cause::Unhealthy
+        }
+    }
+}
+
+/// The taint that keeps new pods off a node being replaced.
+pub fn replacing_taint(cause: Cause) -> Taint {
+    Taint {
+        key: labels::REPLACING_TAINT.into(),
+        value: cause.as_str().into(),
+        effect: Effect::NoSchedule,
+    }
+}
+
+/// A node seen unhealthy: since when, when last, and what.
+#[derive(Clone, Debug)]
+struct Unhealthy {
+    since: Time,
+    last_seen: Time,
+    what: String,
+    grace: Duration,
+}
+
+/// A node being replaced.
+#[derive(Clone, Debug)]
+pub struct Replacing {
+    pub cause: Cause,
+    pub why: String,
+    /// Its drain failed: not tried again before then.
+    pub retry_after: Option<Time>,
+}
+
+/// The replacement bookkeeping of the core.
+#[derive(Default)]
+pub struct Replacements {
+    unhealthy: BTreeMap<String, Unhealthy>,
+    pub replacing: BTreeMap<String, Replacing>,
+    /// Per node, what was last reported about a replacement that waits (reported once).
+    reported: BTreeMap<String, String>,
+}
+
+/// After a failed drain, a replacement waits this long before it drains again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(5 * 60);
+
+/// What a node reports that makes it unhealthy now, and that signal's grace period.
+pub fn health_signal(
+    n: &Node,
+    pool: &Pool,
+    template: Option<&Template>,
+) -> Option<(String, Duration)> {
+    if !pool.health.enabled {
+        return None;
+    }
+    for c in &pool.health.conditions {
+        if n.conditions.get(&c.type_) == Some(&c.status) {
+            return Some((format!("condition {}={}", c.type_, c.status), c.grace));
+        }
+    }
+    // Only a node that has advertised its GPUs: one still booting is the provisioning
+    // timeout's business.
+    if n.annotations.contains_key(labels::GPUS_ADVERTISED) {
+        if let Some(t) = template {
+            let want = t.allocatable.whole_gpus()
+                + t.allocatable.mig_slices().map(|(_, k)| k).sum::<i64>()
+                + t.shared.len() as i64;
+            let have = n.advertised_gpus();
+            if have < want {
+                return Some((
+                    format!("advertises {have} of its {want} GPUs"),
+                    pool.health.missing_gpus_grace,
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The interruption taint a node carries, if any.
+pub fn interruption_signal<'a>(n: &'a Node, policy: &Policy) -> Option<&'a str> {
+    n.taints
+        .iter()
+        .find(|t| policy.interruption_taints.contains(&t.key))
+        .map(|t| t.key.as_str())
+}
+
+/// A node's decision for this pass.
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// Start replacing: taint it.
+    Start { cause: Cause, why: String },
+    /// The signal is new: persist since when.
+    Seen { since: Time },
+    /// The node is healthy again: forget the clock (and stop a replacement not draining yet).
+    Recovered,
+    /// Due, but the pool has too many nodes being replaced already.
+    Deferred { why: String },
+}
+
+impl Replacements {
+    /// Nodes being replaced, as the taint shows them (after a restart or a failover).
+    pub fn adopt_tainted(&mut self, nodes: &[Node]) {
+        for n in nodes {
+            if let Some(t) = n.taints.iter().find(|t| t.key == labels::REPLACING_TAINT) {
+                self.replacing
+                    .entry(n.name.clone())
+                    .or_insert_with(|| Replacing {
+                        cause: Cause::parse(&t.value),
+                        why: format!("{} (found tainted)", t.value),
+                        retry_after: None,
+                    });
+            }
+        }
+    }
+
+    /// Decides for one node of ours (not draining) with its signals now. `allowed`: whether its
+    /// pool may start one more replacement for health.
+    pub fn step(
+        &mut self,
+        n: &Node,
+        interrupted: Option<&str>,
+        unhealthy: Option<(String, Duration)>,
+        allowed: bool,
+        now: Time,
+    ) -> Option<Step> {
+        let mut seen_new = None;
+        if let Some((what, grace)) = &unhealthy {
+            match self.unhealthy.get_mut(&n.name) {
+                Some(u) => {
+                    u.last_seen = now;
+                    u.what.clone_from(what);
+                    u.grace = *grace;
+                }
+                None => {
+                    // A new leader keeps the last one's clock.
+                    let recorded = n
+                        .annotations
+                        .get(labels::UNHEALTHY_SINCE)
+                        .and_then(|v| Time::parse_rfc3339(v).ok())
+                        .filter(|t| *t <= now);
+                    let since = recorded.unwrap_or(now);
+                    if recorded.is_none() {
+                        seen_new = Some(since);
+                    }
+                    self.unhealthy.insert(
+                        n.name.clone(),
+                        Unhealthy {
+                            since,
+                            last_seen: now,
+                            what: what.clone(),
+                            grace: *grace,
+                        },
+                    );
+                }
+            }
+        }
+        let healthy_long = |u: &Unhealthy| now.since(u.last_seen) >= u.grace;
+        if let Some(r) = self.replacing.get(&n.name) {
+            let recovered = r.cause == Cause::Unhealthy
+                && unhealthy.is_none()
+                && interrupted.is_none()
+                && self.unhealthy.get(&n.name).is_none_or(healthy_long);
+            if recovered {
+                self.unhealthy.remove(&n.name);
+                self.replacing.remove(&n.name);
+                self.reported.remove(&n.name);
+                return Some(Step::Recovered);
+            }
+            return seen_new.map(|since| Step::Seen { since });
+        }
+        if let Some(key) = interrupted {
+            return Some(self.start(
+                n,
+                Cause::Interrupted,
+                format!("interruption notice ({key})"),
+            ));
+        }
+        let u = self.unhealthy.get(&n.name)?.clone();
+        if unhealthy.is_none() {
+            // Flapping: the clock keeps running until the node has been healthy for the grace.
+            if healthy_long(&u) {
+                self.unhealthy.remove(&n.name);
+                self.reported.remove(&n.name);
+                return Some(Step::Recovered);
+            }
+            return None;
+        }
+        let for_s = now.since(u.since).as_secs();
+        if now.since(u.since) < u.grace {
+            return seen_new.map(|since| Step::Seen { since });
+        }
+        if !allowed {
+            // No elapsed time in the reason: it is reported once, not once per pass.
+            let why = format!(
+                "{}, but its pool has as many nodes being replaced as \
+                 health.maxReplacingShare allows",
+                u.what
+            );
+            if !self.report_once(&n.name, &why) {
+                return None;
+            }
+            return Some(Step::Deferred { why });
+        }
+        Some(self.start(n, Cause::Unhealthy, format!("{} for {for_s}s", u.what)))
+    }
+
+    fn start(&mut self, n: &Node, cause: Cause, why: String) -> Step {
+        self.reported.remove(&n.name);
+        self.replacing.insert(
+            n.name.clone(),
+            Replacing {
+                cause,
+                why: why.clone(),
+                retry_after: None,
+            },
+        );
+        Step::Start { cause, why }
+    }
+
+    /// Forgets nodes that are gone.
+    pub fn retain_nodes(&mut self, nodes: &[Node]) {
+        let names: std::collections::BTreeSet<&str> =
+            nodes.iter().map(|n| n.name.as_str()).collect();
+        self.unhealthy.retain(|k, _| names.contains(k.as_str()));
+        self.replacing.retain(|k, _| names.contains(k.as_str()));
+        self.reported.retain(|k, _| names.contains(k.as_str()));
+    }
+
+    /// Nodes seen unhealthy now (a gauge).
+    pub fn unhealthy_count(&self) -> usize {
+        self.unhealthy.len()
+    }
+
+    /// Whether a waiting replacement's reason was reported already (and records it).
+    pub fn report_once(&mut self, node: &str, why: &str) -> bool {
+        if self.reported.get(node).map(String::as_str) == Some(why) {
+            return false;
+        }
+        self.reported.insert(node.to_string(), why.to_string());
+        true
+    }
+}
+
+/// How many nodes of a pool of `pool_nodes` may be replaced for health at once.
+pub fn replacing_allowed(pool: &Pool, pool_nodes: usize) -> usize {
+    ((pool.health.max_replacing_share * pool_nodes as f64).floor() as usize).max(1)
+}
+
+/// Marks the nodes being replaced in a pass's snapshot: they take no pod (as if being deleted),
+/// and their GPU pods are pending again, so that the plan finds (or launches) a place for them.
+/// Returns each node's pods (`namespace/name`) planned again.
+pub fn plan_as_moving(
+    snapshot: &mut crate::model::Snapshot,
+    replacing: &BTreeMap<String, Replacing>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut moving: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    if replacing.is_empty() {
+        return moving;
+    }
+    for n in &mut snapshot.nodes {
+        if replacing.contains_key(&n.name) {
+            if !n
+                .taints
+                .iter()
+                .any(|t| t.key == labels::TO_BE_DELETED_TAINT)
+            {
+                n.taints.push(Taint {
+                    key: labels::TO_BE_DELETED_TAINT.into(),
+                    value: String::new(),
+                    effect: Effect::NoSchedule,
+                });
+            }
+            moving.entry(n.name.clone()).or_default();
+        }
+    }
+    for p in &mut snapshot.pods {
+        let Some(node) = p.node_name.clone() else {
+            continue;
+        };
+        let Some(list) = moving.get_mut(&node) else {
+            continue;
+        };
+        // Only GPU pods are ours to place; the others go wherever the scheduler puts them
+        // once the drain evicts them.
+        if !p.is_bound_active() || p.is_daemonset() || p.deleting || !p.wants_gpu() {
+            continue;
+        }
+        list.push(p.id.to_string());
+        p.node_name = None;
+        p.phase = PodPhase::Pending;
+    }
+    moving
+}
+
+/// Whether every pod of a node being replaced has a place on a node that exists now (not on
+/// capacity still launching), and if not, why not.
+pub fn ready_to_drain(pods: &[String], plan: &Plan) -> Result<(), String> {
+    let mut launching = 0;
+    for p in pods {
+        if let Some(u) = plan.unschedulable.iter().find(|u| &u.pod == p) {
+            return Err(format!("pod {p} has no place: {}", u.reason));
+        }
+        match plan.existing_capacity.iter().find(|x| &x.pod == p) {
+            Some(x) if !x.target.starts_with("launch/") => {}
+            _ => launching += 1,
+        }
+    }
+    if launching > 0 {
+        return Err(format!(
+            "waiting for the capacity launched for {launching} of its pods"
+        ));
+    }
+    Ok(())
+}
