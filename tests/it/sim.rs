@@ -85,6 +85,22 @@ fn a_spot_shortage_falls_back_and_interrupted_pods_run_again() {
 }
 
 #[test]
+fn spot_short_in_one_zone_moves_launches_to_another_zones_spot() {
+    // Spot is short in us-east-1a for two hours; serving pods and 2 × 4-GPU gangs planned there
+    // must go to another zone's spot, not to on-demand (~2.5 × spot) in us-east-1a. Buying
+    // on-demand there cost 2.27 × the lower bound; moving costs 1.12 ×.
+    let v = json(&[
+        "simulate",
+        "simulations/scenarios/spot-short-one-zone.yaml",
+        "--format",
+        "json",
+    ]);
+    let m = &v["strategies"][0];
+    assert_eq!(m["pods_never_placed"], 0);
+    assert!(m["cost_over_lower_bound"].as_f64().unwrap() < 1.3, "{m}");
+}
+
+#[test]
 fn traces_replay_with_the_builtin_policy() {
     let trace = temp_file(
         "trace.csv",

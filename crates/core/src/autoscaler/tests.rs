@@ -404,6 +404,40 @@ fn a_gang_launched_in_part_is_given_back_and_planned_again_under_a_new_id() {
 }
 
 #[test]
+fn a_gang_short_of_spot_in_its_zone_moves_to_the_next_zones_spot_not_to_on_demand() {
+    let mut run = Run::new(Config::default());
+    run.cloud
+        .capacity
+        .insert(key("g5.12xlarge", "us-east-1a", CapacityType::Spot), 0);
+    for w in ["w-0", "w-1"] {
+        run.pods
+            .push(PodBuilder::new("ml", w).gpus(4).gang("job", 2).build());
+    }
+    let mut asked = Vec::new();
+    for t in 0..6 {
+        for l in launches(&run.pass(T0 + secs(t * 10))) {
+            asked.push(l.clone());
+        }
+    }
+    // Planned first where spot is short; that launch falls back only within spot (the next
+    // zone's spot is cheaper than on-demand here). The next launch goes there.
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(
+        asked[0].offerings,
+        [key("g5.12xlarge", "us-east-1a", CapacityType::Spot)]
+    );
+    assert_eq!(
+        asked[1].offerings[0],
+        key("g5.12xlarge", "us-east-1b", CapacityType::Spot)
+    );
+    let live = run.cloud.live();
+    assert_eq!(live.len(), 2, "{live:?}");
+    assert!(live
+        .iter()
+        .all(|i| i.offering == key("g5.12xlarge", "us-east-1b", CapacityType::Spot)));
+}
+
+#[test]
 fn failures_other_than_capacity_back_the_pool_off() {
     let mut run = Run::new(Config::default());
     run.pods.push(gpu_pod("p", 1));

@@ -806,7 +806,7 @@ impl<'a> Packer<'a> {
         {
             return; // a member can never fit: its own reason says why
         }
-        let mut best: Option<(f64, String)> = None;
+        let mut costs: Vec<(f64, String)> = Vec::new();
         for zone in self.gang_zones(&self.gangs[g]) {
             let mut items: Vec<(usize, i64)> = classes
                 .iter()
@@ -823,11 +823,17 @@ impl<'a> Packer<'a> {
                 .iter()
                 .map(|o| self.templates[o.template].price(o.mask) * o.count as f64)
                 .sum();
-            if best.as_ref().is_none_or(|(bc, _)| cost < *bc - 1e-9) {
-                best = Some((cost, zone));
-            }
+            costs.push((cost, zone));
         }
-        let Some((_, zone)) = best else {
+        // The cheapest zone (the first of equals), and what the next one would cost.
+        let best = costs
+            .iter()
+            .enumerate()
+            .fold(None::<usize>, |b, (i, c)| match b {
+                Some(j) if costs[j].0 <= c.0 + 1e-9 => Some(j),
+                _ => Some(i),
+            });
+        let Some((best_cost, zone)) = best.map(|i| costs[i].clone()) else {
             let members: i64 = classes.iter().map(|&c| self.classes[c].remaining()).sum();
             self.gangs[g].failed = Some(format!(
                 "gang {} ({} pending pods, {:.2} GPUs) cannot get all its capacity in one zone: no zone has enough free or launchable capacity within pool and cluster limits",
@@ -845,8 +851,28 @@ impl<'a> Packer<'a> {
             it.1 -= self.place_on_bins(it.0, it.1, Some(&zone));
         }
         let mut usage = self.usage.clone();
-        let opened = self.open_new(&mut items, Some(&zone), &mut usage);
+        let mut opened = self.open_new(&mut items, Some(&zone), &mut usage);
         self.usage = usage;
+        // A gang's launch falls back within its zone only to offerings that keep it cheaper
+        // than moving the whole gang to the next zone: when spot runs short here, the gang is
+        // planned again in another zone's spot before it buys on-demand here.
+        let next_zone = costs
+            .iter()
+            .filter(|(_, z)| *z != zone)
+            .map(|(c, _)| *c)
+            .min_by(f64::total_cmp);
+        if let Some(next) = next_zone.filter(|_| best_cost > 0.0) {
+            for o in &mut opened {
+                let t = &self.templates[o.template];
+                let cap = t.price(o.mask) * (next / best_cost) * (1.0 + 1e-9);
+                o.mask = t
+                    .offerings
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, x)| o.mask & (1u64 << i) != 0 && x.price <= cap)
+                    .fold(0, |m, (i, _)| m | (1u64 << i));
+            }
+        }
         self.commit_opened(opened, Some(g), true);
     }
 

@@ -606,6 +606,59 @@ fn gang_uses_existing_capacity_in_its_zone_and_new_nodes_in_the_same_zone() {
 }
 
 #[test]
+fn a_gang_tries_spot_in_the_next_zone_before_on_demand_in_its_own() {
+    // A scale-up's whole fallback list failed: its offerings are short for a while.
+    let short = |s: &mut Snapshot, su: &ScaleUp| {
+        for o in &su.offerings {
+            let key = OfferingKey {
+                instance_type: o.instance_type.clone(),
+                zone: o.zone.clone(),
+                capacity_type: o.capacity_type,
+            };
+            s.unavailable
+                .insert(key, NOW + std::time::Duration::from_secs(180));
+        }
+    };
+    // Two 4-GPU workers, spot in both zones: the launch's fallback list stays in its zone and
+    // on spot (on-demand here costs more than moving the gang to the other zone's spot).
+    let pods: Vec<Pod> = (0..2)
+        .map(|i| {
+            gpu_pod(&format!("w{i}"), 4)
+                .selector(labels::INSTANCE_TYPE, "g5.12xlarge")
+                .gang("job", 2)
+                .build()
+        })
+        .collect();
+    let mut s = snap(pods, vec![]);
+    let plan = run(&s, POLICY);
+    assert_eq!(plan.scale_ups.len(), 1, "{plan:?}");
+    let su = &plan.scale_ups[0];
+    let (_, zone, ct) = first(su);
+    assert_eq!(ct, "spot");
+    let zone = zone.to_string();
+    assert!(
+        su.offerings
+            .iter()
+            .all(|o| o.zone == zone && o.capacity_type == CapacityType::Spot),
+        "{:?}",
+        su.offerings
+    );
+    // Spot short there (the launch failed over its list): the gang goes to the other zone's
+    // spot, whole.
+    short(&mut s, su);
+    let plan = run(&s, POLICY);
+    let su = &plan.scale_ups[0];
+    let (_, other, ct) = first(su);
+    eprintln!("{su:?}");
+    assert_eq!((ct, su.count), ("spot", 2), "{su:?}");
+    assert_ne!(other, zone);
+    // Spot short everywhere: on-demand, with the whole list of the cheapest zone.
+    short(&mut s, su);
+    let plan = run(&s, POLICY);
+    assert_eq!(first(&plan.scale_ups[0]).2, "on-demand", "{plan:?}");
+}
+
+#[test]
 fn pool_and_cluster_limits_are_never_exceeded() {
     let text = POLICY.replace("maxNodes: 100\n  - name: l4", "maxNodes: 3\n  - name: l4");
     let pods = (0..6)
