@@ -1607,6 +1607,7 @@ impl Autoscaler {
             history: &self.history,
             unavailable: &self.ice,
             given_up: &self.given_up,
+            replacements: &self.replace,
         });
         let mut timeless = st.clone();
         timeless.time.clear();

@@ -263,6 +263,13 @@ impl Replacements {
         self.reported.retain(|k, _| names.contains(k.as_str()));
     }
 
+    /// Nodes seen unhealthy: name, since when, what.
+    pub fn unhealthy_nodes(&self) -> impl Iterator<Item = (&str, Time, &str)> {
+        self.unhealthy
+            .iter()
+            .map(|(n, u)| (n.as_str(), u.since, u.what.as_str()))
+    }
+
     /// Nodes seen unhealthy now (a gauge).
     pub fn unhealthy_count(&self) -> usize {
         self.unhealthy.len()

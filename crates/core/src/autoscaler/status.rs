@@ -51,6 +51,12 @@ pub struct Status {
     /// a new leader plans those pods under a new launch id.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub given_up_launches: BTreeMap<String, String>,
+    /// Nodes of ours seen unhealthy, not replaced yet → since when and what.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unhealthy_nodes: BTreeMap<String, String>,
+    /// Nodes being replaced → why (`unhealthy: ...`, `interrupted: ...`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub replacing_nodes: BTreeMap<String, String>,
 }
 
 /// What the controller remembers per pool for the status.
@@ -109,6 +115,7 @@ pub struct StatusInput<'a> {
     pub history: &'a BTreeMap<String, PoolHistory>,
     pub unavailable: &'a BTreeMap<OfferingKey, Time>,
     pub given_up: &'a std::collections::HashMap<String, Time>,
+    pub replacements: &'a super::replace::Replacements,
 }
 
 pub fn build(i: &StatusInput) -> Status {
@@ -193,6 +200,23 @@ pub fn build(i: &StatusInput) -> Status {
             .iter()
             .map(|(id, at)| (id.clone(), at.to_rfc3339()))
             .collect(),
+        unhealthy_nodes: i
+            .replacements
+            .unhealthy_nodes()
+            .filter(|(n, _, _)| !i.replacements.replacing.contains_key(*n))
+            .map(|(n, since, what)| {
+                (
+                    n.to_string(),
+                    format!("{what} since {}", since.to_rfc3339()),
+                )
+            })
+            .collect(),
+        replacing_nodes: i
+            .replacements
+            .replacing
+            .iter()
+            .map(|(n, r)| (n.clone(), format!("{}: {}", r.cause.as_str(), r.why)))
+            .collect(),
     }
 }
 
@@ -242,6 +266,18 @@ pub fn to_text(s: &Status) -> String {
             p.last_scale_down.as_deref().unwrap_or("-"),
             p.cooldown_until.as_deref().unwrap_or("-"),
         );
+    }
+    if !s.replacing_nodes.is_empty() {
+        let _ = writeln!(out, "\nNodes being replaced:");
+        for (n, why) in &s.replacing_nodes {
+            let _ = writeln!(out, "  {n}: {why}");
+        }
+    }
+    if !s.unhealthy_nodes.is_empty() {
+        let _ = writeln!(out, "\nNodes seen unhealthy (within their grace period):");
+        for (n, what) in &s.unhealthy_nodes {
+            let _ = writeln!(out, "  {n}: {what}");
+        }
     }
     if !s.unavailable_offerings.is_empty() {
         let _ = writeln!(out, "\nUnavailable offerings (insufficient capacity):");
@@ -308,6 +344,7 @@ mod tests {
             history: &history,
             unavailable: &unavailable,
             given_up: &[("a-123".to_string(), Time::from_secs(160))].into(),
+            replacements: &Default::default(),
         });
         let p = &s.pools[0];
         assert_eq!((p.ready_nodes, p.ready_gpus, p.in_flight_nodes), (1, 1, 3));

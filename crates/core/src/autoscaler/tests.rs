@@ -1077,6 +1077,11 @@ fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod
         run.nodes[0].annotations.get(labels::UNHEALTHY_SINCE),
         Some(&(T0 + secs(60)).to_rfc3339())
     );
+    let st = status(&a).expect("a status");
+    assert!(
+        st.unhealthy_nodes["node-i-1"].starts_with("condition AcceleratedHardwareReady=False since "),
+        "{st:?}"
+    );
     assert!(tainted_replacing(&run.pass(T0 + secs(600))).is_empty());
     // 10 minutes after it was first seen: tainted, and its pod planned elsewhere.
     let a = run.pass(T0 + secs(660));
@@ -1084,6 +1089,12 @@ fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod
     assert_eq!(events(&a, "ReplacingUnhealthyNode").len(), 1);
     assert_eq!(launches(&a).len(), 1, "a replacement for its pod: {a:?}");
     assert!(drains(&a).is_empty(), "not before the replacement is there");
+    let st = status(&a).expect("a status");
+    assert!(st.unhealthy_nodes.is_empty(), "{st:?}");
+    assert!(
+        st.replacing_nodes["node-i-1"].starts_with("unhealthy: condition AcceleratedHardwareReady=False"),
+        "{st:?}"
+    );
     // The replacement registers: the old node is drained.
     let new_id = run.cloud.instances.last().unwrap().id.clone();
     run.register(&new_id, 1, T0 + secs(700));
