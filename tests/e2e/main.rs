@@ -1273,3 +1273,111 @@ fn a_spot_interruption_notice_drains_the_node_at_once_and_its_trainer_moves() {
         Some(1.0)
     );
 }
+
+#[test]
+fn a_spot_interruption_warning_from_the_sqs_queue_replaces_the_node_and_is_deleted() {
+    let mut env = Env::start("sqs", Options::default());
+    let sqs = env.rt.block_on(async {
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(support::aws::REGION))
+            .endpoint_url(env.moto.url())
+            .load()
+            .await;
+        aws_sdk_sqs::Client::new(&sdk)
+    });
+    let url = env.rt.block_on(async {
+        sqs.create_queue()
+            .queue_name("gna-interruptions")
+            .send()
+            .await
+            .expect("CreateQueue")
+            .queue_url()
+            .unwrap()
+            .to_string()
+    });
+    let policy = format!(
+        "interruptionQueue: {url}\n{}",
+        env.policy(&["us-east-1a"], "")
+    );
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    let old = gpu_trainer(&env);
+    let provider_id = env.get_json(&["get", "node", &old])["spec"]["providerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let instance = provider_id.rsplit('/').next().unwrap().to_string();
+    let event = |detail_type: &str, detail: &str| {
+        format!(
+            r#"{{"version":"0","id":"7bf73129-1428-4cd3-a780-95db273d1602","detail-type":"{detail_type}","source":"aws.ec2","account":"123456789012","time":"2026-11-24T12:00:00Z","region":"us-east-1","resources":["arn:aws:ec2:us-east-1a:instance/{instance}"],"detail":{detail}}}"#
+        )
+    };
+    let send = |body: String| {
+        env.rt.block_on(async {
+            sqs.send_message()
+                .queue_url(&url)
+                .message_body(body)
+                .send()
+                .await
+                .expect("SendMessage");
+        })
+    };
+    // What else such a queue sees: a body that is no event, an instance starting.
+    send("hello".to_string());
+    send(event(
+        "EC2 Instance State-change Notification",
+        &format!(r#"{{"instance-id":"{instance}","state":"running"}}"#),
+    ));
+    send(event(
+        "EC2 Spot Instance Interruption Warning",
+        &format!(r#"{{"instance-id":"{instance}","instance-action":"terminate"}}"#),
+    ));
+    let ev = env.wait_for("a ReplacingInterruptedNode Event", MIN, || {
+        env.events("ReplacingInterruptedNode").pop()
+    });
+    assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
+    assert!(ev.contains("spot interruption notice"), "{ev}");
+    trainer_moved_and_node_removed(&env, &old);
+    // Every message is gone from the queue, none left in flight.
+    env.wait_for("the queue to be empty", MIN, || {
+        let attrs = env.rt.block_on(async {
+            sqs.get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+                .send()
+                .await
+                .expect("GetQueueAttributes")
+        });
+        let a = attrs.attributes().cloned().unwrap_or_default();
+        let n = |k| {
+            a.get(&k)
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(u32::MAX)
+        };
+        (n(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages) == 0
+            && n(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+                == 0)
+            .then_some(())
+    });
+    for (kind, n) in [
+        ("spot_interruption", 1.0),
+        ("irrelevant", 1.0),
+        ("unreadable", 1.0),
+    ] {
+        assert_eq!(
+            env.metric(
+                "r1",
+                &format!("gpu_node_autoscaler_interruption_messages_total{{kind=\"{kind}\"}}")
+            ),
+            Some(n),
+            "{kind}"
+        );
+    }
+    assert_eq!(
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_nodes_replaced_total{pool=\"a10g\",cause=\"interrupted\"}"
+        ),
+        Some(1.0)
+    );
+}

@@ -260,6 +260,8 @@ async fn run_async(args: RunArgs) -> Result<()> {
         drains: HashMap::new(),
         waiting: None,
         reacted: HashSet::new(),
+        queue: None,
+        notices: BTreeMap::new(),
     };
 
     let mut stop = stop_rx;
@@ -331,6 +333,10 @@ struct Controller {
     waiting: Option<Waiting>,
     /// Pods whose reaction time was recorded.
     reacted: HashSet<String>,
+    /// The policy's interruption queue (`interruptionQueue`), when set.
+    queue: Option<gpu_node_autoscaler_aws::interruptions::InterruptionQueue>,
+    /// Notices received and not acknowledged yet: message id → (receipt, notice).
+    notices: BTreeMap<String, (String, gpu_node_autoscaler_provider::Notice)>,
 }
 
 type LaunchTask = tokio::task::JoinHandle<std::result::Result<LaunchResult, ProviderError>>;
@@ -546,9 +552,71 @@ impl Controller {
                 });
             }
         }
+        self.queue = match (&policy.interruption_queue, self.args.dry_run) {
+            (Some(url), false) => {
+                if self.queue.as_ref().is_none_or(|q| q.url() != url) {
+                    let region =
+                        aws_region(&policy).map_err(|e| format!("interruptionQueue: {e}"))?;
+                    self.notices.clear();
+                    Some(
+                        gpu_node_autoscaler_aws::interruptions::InterruptionQueue::new(
+                            &region,
+                            self.args.aws_endpoint_url.clone(),
+                            url,
+                        )
+                        .await,
+                    )
+                } else {
+                    self.queue.take()
+                }
+            }
+            _ => None,
+        };
         self.providers = providers;
         self.core.set_policy(Arc::new(policy), catalog);
         Ok(())
+    }
+
+    /// Reads the interruption queue: notices are kept until the core acknowledges them; what
+    /// is no notice (an instance starting, an unreadable body) is deleted at once.
+    async fn read_queue(&mut self) {
+        use gpu_node_autoscaler_aws::interruptions::Parsed;
+        let Some(q) = self.queue.clone() else { return };
+        let received = match q.receive(100).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("interruption queue: {e}");
+                return;
+            }
+        };
+        for r in received {
+            let kind = match &r.parsed {
+                Ok(Parsed::Notice(n)) => n.kind.as_str(),
+                Ok(Parsed::Irrelevant(_)) => "irrelevant",
+                Err(_) => "unreadable",
+            };
+            if !self.notices.contains_key(&r.message_id) {
+                self.metrics
+                    .interruption_messages
+                    .get_or_create(&metrics::NoticeLabel {
+                        kind: kind.to_string(),
+                    })
+                    .inc();
+            }
+            match r.parsed {
+                Ok(Parsed::Notice(n)) => {
+                    self.notices.insert(r.message_id, (r.receipt, n));
+                }
+                Ok(Parsed::Irrelevant(_)) | Err(_) => {
+                    if let Err(why) = &r.parsed {
+                        warn!(message = %r.message_id, "interruption queue: deleting a message that is no notice: {why}");
+                    }
+                    if let Err(e) = q.delete(&r.receipt).await {
+                        warn!("interruption queue: {e}");
+                    }
+                }
+            }
+        }
     }
 
     /// The cloud's instances of every pool.
@@ -603,12 +671,14 @@ impl Controller {
             autoscaler::fleet::adopt_nodes(&mut snapshot.nodes, &ours, &policy.pools);
         }
         self.publish_gauges(&snapshot, now);
+        self.read_queue().await;
         let obs = Observation {
             now,
             snapshot,
             instances,
             other_provider_ids,
             policy_valid: self.policy_valid,
+            notices: self.notices.values().map(|(_, n)| n.clone()).collect(),
         };
         let t0 = std::time::Instant::now();
         let actions = self.core.pass(obs);
@@ -678,6 +748,8 @@ impl Controller {
     ) -> Option<(Vec<Feedback>, Vec<(String, LaunchTask)>)> {
         let mut feedback = Vec::new();
         let mut launches = Vec::new();
+        // A notice is acknowledged only once the taints that record it are on the nodes.
+        let mut taint_failed = false;
         let mut actions = actions.into_iter();
         while let Some(action) = actions.next() {
             // Every change to the cluster or the cloud is the leader's.
@@ -762,6 +834,20 @@ impl Controller {
                     let api: Api<K8sNode> = Api::all(self.client.clone());
                     if let Err(e) = kube_io::set_taint(&api, &node, &taint, present).await {
                         warn!(node = %node, "tainting: {e}");
+                        taint_failed = true;
+                    }
+                }
+                Action::AckNotice { message_id } => {
+                    if taint_failed {
+                        continue; // read again, and acted on, in the next pass
+                    }
+                    let (Some(q), Some((receipt, _))) =
+                        (&self.queue, self.notices.remove(&message_id))
+                    else {
+                        continue;
+                    };
+                    if let Err(e) = q.delete(&receipt).await {
+                        warn!(message = %message_id, "interruption queue: {e}");
                     }
                 }
                 Action::Annotate { node, key, value } => {
@@ -1065,18 +1151,23 @@ async fn build_providers(
     Ok((providers, catalog))
 }
 
+/// The policy's `region`, else the AWS SDK's environment.
+fn aws_region(policy: &Policy) -> std::result::Result<String, String> {
+    policy
+        .region
+        .clone()
+        .or_else(|| std::env::var("AWS_REGION").ok())
+        .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+        .ok_or_else(|| "no region: set `region` in the policy or AWS_REGION".to_string())
+}
+
 async fn build_aws(
     policy: &Policy,
     catalog: &Catalog,
     endpoint: Option<String>,
     cluster_id: &str,
 ) -> std::result::Result<Arc<dyn CloudProvider>, String> {
-    let region = policy
-        .region
-        .clone()
-        .or_else(|| std::env::var("AWS_REGION").ok())
-        .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
-        .ok_or("no region: set `region` in the policy or AWS_REGION")?;
+    let region = aws_region(policy)?;
     let mut config = crate::aws::config_from_policy(policy, catalog, &region, endpoint)
         .map_err(|e| e.join("\n"))?;
     config.cluster_id = Some(cluster_id.to_string());

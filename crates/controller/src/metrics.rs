@@ -27,6 +27,11 @@ pub struct PoolLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NoticeLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailedLaunch {
     pub pool: String,
     pub reason: String,
@@ -58,6 +63,7 @@ pub struct Metrics {
     pub nodes_gpus_lost: Gauge,
     pub nodes_unhealthy: Gauge,
     pub nodes_replaced: Family<Replaced, Counter>,
+    pub interruption_messages: Family<NoticeLabel, Counter>,
     pub heartbeat_timestamp_seconds: Gauge,
     pub launches_in_progress: Gauge,
     pub plan_duration_seconds: Histogram,
@@ -82,6 +88,7 @@ impl Metrics {
             nodes_gpus_lost: Gauge::default(),
             nodes_unhealthy: Gauge::default(),
             nodes_replaced: Family::default(),
+            interruption_messages: Family::default(),
             heartbeat_timestamp_seconds: Gauge::default(),
             launches_in_progress: Gauge::default(),
             plan_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
@@ -123,6 +130,12 @@ impl Metrics {
             "nodes_replaced",
             "Nodes drained and removed to be replaced, per pool and cause (unhealthy, interrupted)",
             m.nodes_replaced.clone(),
+        );
+        registry.register(
+            "interruption_messages",
+            "Messages read from the interruption queue, per kind (spot_interruption, rebalance, \
+             scheduled_change, stopping, irrelevant, unreadable)",
+            m.interruption_messages.clone(),
         );
         registry.register(
             "gpus",

@@ -89,7 +89,12 @@ impl Ours {
                     taint,
                     present,
                 } => world.set_taint(&node, &taint, present),
-                Action::Event(_) | Action::Log { .. } | Action::Count(_) | Action::Status(_) => {}
+                // The simulated cloud delivers no queue notices.
+                Action::AckNotice { .. }
+                | Action::Event(_)
+                | Action::Log { .. }
+                | Action::Count(_)
+                | Action::Status(_) => {}
             }
         }
         feedback
@@ -123,6 +128,7 @@ impl Strategy for Ours {
             instances: Some(world.instances()),
             other_provider_ids: Vec::new(),
             policy_valid: true,
+            notices: Vec::new(),
         };
         let mut actions = self.core.pass(obs);
         let mut steps = 0;

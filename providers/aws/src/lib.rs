@@ -12,6 +12,7 @@
 //!   limited and emulators ignore it).
 
 pub mod errors;
+pub mod interruptions;
 pub mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -207,6 +207,40 @@ pub trait CloudProvider: Send + Sync {
     async fn list(&self, pool: &str) -> Result<Vec<Instance>, ProviderError>;
 }
 
+/// What a cloud announces about instances: they are about to be taken back or changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NoticeKind {
+    /// A spot instance is reclaimed in about two minutes.
+    SpotInterruption,
+    /// A spot instance is at elevated risk of interruption (replace early where allowed).
+    Rebalance,
+    /// Scheduled maintenance (retirement, reboot) of the instance's host.
+    ScheduledChange,
+    /// The instance is stopping or terminating (by someone else than the autoscaler).
+    Stopping,
+}
+
+impl NoticeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoticeKind::SpotInterruption => "spot_interruption",
+            NoticeKind::Rebalance => "rebalance",
+            NoticeKind::ScheduledChange => "scheduled_change",
+            NoticeKind::Stopping => "stopping",
+        }
+    }
+}
+
+/// One notice, as a queue delivers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    /// The queue's id of the message (acknowledged once the notice is acted on).
+    pub message_id: String,
+    pub kind: NoticeKind,
+    /// Instances the notice is about (provider ids as the cloud names them, e.g. `i-0abc...`).
+    pub instance_ids: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,8 @@ use std::time::Duration;
 
 use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
 use gpu_node_autoscaler_provider::{
-    Catalog, Instance, InstanceState, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
+    Catalog, Instance, InstanceState, LaunchRequest, LaunchResult, Notice, OfferingKey,
+    ProviderError,
 };
 
 use crate::model::snapshot::PoolState;
@@ -108,6 +109,9 @@ pub struct Observation {
     pub other_provider_ids: Vec<String>,
     /// Whether the policy last read was valid (for the status).
     pub policy_valid: bool,
+    /// Notices from the cloud's interruption queue received since the last pass (each is
+    /// acknowledged with [`Action::AckNotice`] once acted on).
+    pub notices: Vec<Notice>,
 }
 
 /// The object an Event is about.
@@ -217,6 +221,11 @@ pub enum Action {
         node: String,
         taint: crate::model::Taint,
         present: bool,
+    },
+    /// Delete a notice's message from the queue: what it says is recorded (a node tainted), or
+    /// it is about no instance of ours. Only if every earlier `Taint` of the pass succeeded.
+    AckNotice {
+        message_id: String,
     },
     /// Set (or remove, `None`) an annotation of a Node.
     Annotate {
@@ -541,6 +550,7 @@ impl Autoscaler {
         self.given_up.retain(|_, at| now.since(*at) < GIVEN_UP_FOR);
         self.removed.retain(|_, at| now.since(*at) < REMOVED_FOR);
         self.track_instances(&instances, now);
+        self.record_notices(std::mem::take(&mut obs.notices), &instances, &mut out);
         {
             let ours: HashSet<&str> = instances.iter().map(|i| i.provider_id.as_str()).collect();
             fleet::adopt_nodes(&mut obs.snapshot.nodes, &ours, &policy.pools);
@@ -1084,13 +1094,18 @@ impl Autoscaler {
             }
             let template = templates.as_ref().and_then(|t| t.find(&pool.name, n));
             let unhealthy = replace::health_signal(n, pool, template);
-            let interrupted = replace::interruption_signal(n, &policy);
+            let notices = n
+                .provider_id
+                .as_ref()
+                .and_then(|p| pass.view.instance_of_node.get(p))
+                .and_then(|i| self.replace.notices.get(i));
+            let interrupted = replace::interruption_signal(n, pool, &policy, notices);
             let (size, busy) = sizes.get(pool.name.as_str()).copied().unwrap_or((0, 0));
             let busy = busy + started.get(&pool.name).copied().unwrap_or(0);
             let allowed = busy < replace::replacing_allowed(pool, size);
-            let Some(step) = self
-                .replace
-                .step(n, interrupted, unhealthy, allowed, pass.now)
+            let Some(step) =
+                self.replace
+                    .step(n, interrupted.as_deref(), unhealthy, allowed, pass.now)
             else {
                 continue;
             };
@@ -1166,7 +1181,46 @@ impl Autoscaler {
         out.push(Action::Count(Count::NodesUnhealthy(
             self.replace.unhealthy_count(),
         )));
+        // After the taints that record them.
+        for message_id in std::mem::take(&mut self.replace.to_ack) {
+            out.push(Action::AckNotice { message_id });
+        }
         pass.moving = replace::plan_as_moving(&mut pass.snapshot, &self.replace.replacing);
+    }
+
+    /// Keeps the queue's notices about instances of ours (until those instances are gone), to
+    /// be acted on by `replace_nodes`; every message is acknowledged there.
+    fn record_notices(
+        &mut self,
+        notices: Vec<Notice>,
+        instances: &[Instance],
+        out: &mut Vec<Action>,
+    ) {
+        if self.config.dry_run {
+            return;
+        }
+        let ours: HashSet<&str> = instances.iter().map(|i| i.id.as_str()).collect();
+        for n in notices {
+            for id in n.instance_ids.iter().filter(|i| ours.contains(i.as_str())) {
+                out.push(Action::Log {
+                    level: Level::Info,
+                    message: format!(
+                        "{} notice for instance {id} (message {})",
+                        n.kind.as_str().replace('_', " "),
+                        n.message_id
+                    ),
+                });
+                self.replace
+                    .notices
+                    .entry(id.clone())
+                    .or_default()
+                    .insert(n.kind);
+            }
+            self.replace.to_ack.push(n.message_id);
+        }
+        self.replace
+            .notices
+            .retain(|id, _| ours.contains(id.as_str()));
     }
 
     /// Drains the nodes being replaced whose pods have a place on nodes that exist (an

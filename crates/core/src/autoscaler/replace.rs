@@ -12,6 +12,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use gpu_node_autoscaler_provider::NoticeKind;
+
 use crate::model::constraints::{Effect, Taint};
 use crate::model::{labels, Node, PodPhase, Time};
 use crate::plan::{Plan, Template};
@@ -73,6 +75,10 @@ pub struct Replacing {
 pub struct Replacements {
     unhealthy: BTreeMap<String, Unhealthy>,
     pub replacing: BTreeMap<String, Replacing>,
+    /// Instance id → the notices a queue delivered about it (kept while the instance is ours).
+    pub notices: BTreeMap<String, std::collections::BTreeSet<NoticeKind>>,
+    /// Queue messages to acknowledge once what they say is recorded (the node tainted).
+    pub to_ack: Vec<String>,
     /// Per node, what was last reported about a replacement that waits (reported once).
     reported: BTreeMap<String, String>,
 }
@@ -113,12 +119,26 @@ pub fn health_signal(
     None
 }
 
-/// The interruption taint a node carries, if any.
-pub fn interruption_signal<'a>(n: &'a Node, policy: &Policy) -> Option<&'a str> {
-    n.taints
+/// Why a node is about to be taken back, if it is: an interruption handler's taint, or a
+/// notice from the cloud's queue about its instance (a rebalance recommendation only where the
+/// pool replaces on one).
+pub fn interruption_signal(
+    n: &Node,
+    pool: &Pool,
+    policy: &Policy,
+    notices: Option<&std::collections::BTreeSet<NoticeKind>>,
+) -> Option<String> {
+    if let Some(t) = n
+        .taints
         .iter()
         .find(|t| policy.interruption_taints.contains(&t.key))
-        .map(|t| t.key.as_str())
+    {
+        return Some(t.key.clone());
+    }
+    notices?
+        .iter()
+        .find(|k| **k != NoticeKind::Rebalance || pool.replace_on_rebalance)
+        .map(|k| format!("{} notice", k.as_str().replace('_', " ")))
 }
 
 /// A node's decision for this pass.

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_node_autoscaler_provider::{
-    CapacityType, Instance, InstanceState, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
+    CapacityType, Instance, InstanceState, LaunchRequest, LaunchResult, Notice, NoticeKind,
+    OfferingKey, ProviderError,
 };
 
 use super::*;
@@ -123,6 +124,8 @@ struct Run {
     pods: Vec<Pod>,
     nodes: Vec<Node>,
     actions: Vec<Action>,
+    /// Notices for the next pass.
+    notices: Vec<Notice>,
 }
 
 impl Run {
@@ -146,6 +149,7 @@ impl Run {
             pods: Vec::new(),
             nodes: Vec::new(),
             actions: Vec::new(),
+            notices: Vec::new(),
         }
     }
 
@@ -160,13 +164,16 @@ impl Run {
             instances: Some(Arc::new(self.cloud.live())),
             other_provider_ids: Vec::new(),
             policy_valid: true,
+            notices: Vec::new(),
         }
     }
 
     /// One whole pass at `now`; returns its actions (also kept in `self.actions`).
     fn pass(&mut self, now: Time) -> Vec<Action> {
         let mut all = Vec::new();
-        let mut actions = self.core.pass(self.observation(now));
+        let mut obs = self.observation(now);
+        obs.notices = std::mem::take(&mut self.notices);
+        let mut actions = self.core.pass(obs);
         let mut steps = 0;
         while !actions.is_empty() {
             steps += 1;
@@ -1055,7 +1062,11 @@ fn tainted_replacing(actions: &[Action]) -> Vec<&str> {
 
 /// A node of ours running one GPU pod, registered at T0.
 fn run_with_busy_node() -> Run {
-    let mut run = Run::new(Config::default());
+    run_with_busy_node_and_policy(POLICY)
+}
+
+fn run_with_busy_node_and_policy(text: &str) -> Run {
+    let mut run = Run::with_policy(Config::default(), text);
     run.pods.push(gpu_pod("p", 1));
     run.pass(T0);
     run.register("i-1", 1, T0);
@@ -1079,7 +1090,8 @@ fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod
     );
     let st = status(&a).expect("a status");
     assert!(
-        st.unhealthy_nodes["node-i-1"].starts_with("condition AcceleratedHardwareReady=False since "),
+        st.unhealthy_nodes["node-i-1"]
+            .starts_with("condition AcceleratedHardwareReady=False since "),
         "{st:?}"
     );
     assert!(tainted_replacing(&run.pass(T0 + secs(600))).is_empty());
@@ -1092,7 +1104,8 @@ fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod
     let st = status(&a).expect("a status");
     assert!(st.unhealthy_nodes.is_empty(), "{st:?}");
     assert!(
-        st.replacing_nodes["node-i-1"].starts_with("unhealthy: condition AcceleratedHardwareReady=False"),
+        st.replacing_nodes["node-i-1"]
+            .starts_with("unhealthy: condition AcceleratedHardwareReady=False"),
         "{st:?}"
     );
     // The replacement registers: the old node is drained.
@@ -1217,4 +1230,85 @@ fn an_interruption_notice_drains_at_once_while_the_replacement_launches() {
             cause: "interrupted"
         })]
     );
+}
+
+fn acked(actions: &[Action]) -> Vec<&str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::AckNotice { message_id } => Some(message_id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_queue_notice_replaces_the_node_and_is_acknowledged_after_the_taint() {
+    let notice = |id: &str, kind, instance: &str| Notice {
+        message_id: id.into(),
+        kind,
+        instance_ids: vec![instance.into()],
+    };
+    let mut run = run_with_busy_node();
+    // A rebalance recommendation: the pool does not replace on one; acknowledged all the same.
+    // A notice about an instance of another cluster: acknowledged, nothing else.
+    run.notices = vec![
+        notice("m-1", NoticeKind::Rebalance, "i-1"),
+        notice("m-2", NoticeKind::SpotInterruption, "i-0ther"),
+    ];
+    let a = run.pass(T0 + secs(60));
+    assert!(tainted_replacing(&a).is_empty());
+    assert_eq!(acked(&a), ["m-1", "m-2"]);
+    // The interruption warning: tainted, replacement launched, drained at once, then acked.
+    run.notices = vec![notice("m-3", NoticeKind::SpotInterruption, "i-1")];
+    let a = run.pass(T0 + secs(70));
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    let ev = events(&a, "ReplacingInterruptedNode");
+    assert!(ev[0].message.contains("spot interruption notice"), "{ev:?}");
+    assert_eq!(launches(&a).len(), 1);
+    assert_eq!(drains(&a).len(), 1);
+    let taint_at = a
+        .iter()
+        .position(|x| matches!(x, Action::Taint { present: true, .. }))
+        .unwrap();
+    let ack_at = a
+        .iter()
+        .position(|x| matches!(x, Action::AckNotice { .. }))
+        .unwrap();
+    assert!(taint_at < ack_at, "acknowledged only after the taint");
+    assert_eq!(acked(&a), ["m-3"]);
+    // Delivered again (the delete was lost): acknowledged, nothing new.
+    run.notices = vec![notice("m-3", NoticeKind::SpotInterruption, "i-1")];
+    let a = run.pass(T0 + secs(80));
+    assert!(tainted_replacing(&a).is_empty());
+    assert!(launches(&a).is_empty());
+    assert_eq!(acked(&a), ["m-3"]);
+
+    // A pool that replaces on rebalance recommendations.
+    let text = POLICY.replace(
+        "    maxNodes: 20\n",
+        "    maxNodes: 20\n    replaceOnRebalance: true\n",
+    );
+    let mut run = run_with_busy_node_and_policy(&text);
+    run.notices = vec![notice("m-4", NoticeKind::Rebalance, "i-1")];
+    let a = run.pass(T0 + secs(60));
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    let ev = events(&a, "ReplacingInterruptedNode");
+    assert!(ev[0].message.contains("rebalance notice"), "{ev:?}");
+}
+
+#[test]
+fn dry_run_neither_acts_on_nor_acknowledges_notices() {
+    let mut run = Run::new(Config {
+        dry_run: true,
+        ..Config::default()
+    });
+    run.notices = vec![Notice {
+        message_id: "m-1".into(),
+        kind: NoticeKind::SpotInterruption,
+        instance_ids: vec!["i-1".into()],
+    }];
+    let a = run.pass(T0 + secs(60));
+    assert!(tainted_replacing(&a).is_empty());
+    assert!(acked(&a).is_empty());
 }

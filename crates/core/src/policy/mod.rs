@@ -66,6 +66,8 @@ pub struct Policy {
     /// Taint keys that say a node is about to be taken back (a spot interruption notice, a
     /// scheduled retirement): its replacement is launched and it is drained at once.
     pub interruption_taints: Vec<String>,
+    /// URL of the SQS queue EventBridge delivers EC2 interruption and maintenance notices to.
+    pub interruption_queue: Option<String>,
     pub pools: Vec<Pool>,
 }
 
@@ -113,6 +115,8 @@ pub struct Pool {
     pub priority: i32,
     pub scale_down: ScaleDown,
     pub health: Health,
+    /// Whether a rebalance recommendation (elevated spot interruption risk) replaces a node.
+    pub replace_on_rebalance: bool,
     /// AWS settings (`aws:`), for pools with `provider: aws`.
     pub aws: Option<AwsPoolSettings>,
     /// Alibaba Cloud settings (`alibaba:`), required for pools with `provider: alibaba`.
@@ -298,6 +302,7 @@ struct RawPolicy {
     max_concurrent_drains: Option<u32>,
     spot_price_ratio: Option<f64>,
     interruption_taints: Option<Vec<String>>,
+    interruption_queue: Option<String>,
     /// Pools are decoded one by one so that every pool's errors are reported.
     #[serde(default)]
     pools: serde_yaml::Value,
@@ -355,6 +360,8 @@ struct RawPool {
     scale_down: RawScaleDown,
     #[serde(default)]
     health: RawHealth,
+    #[serde(default)]
+    replace_on_rebalance: bool,
     aws: Option<RawAwsPool>,
     alibaba: Option<RawAlibabaPool>,
 }
@@ -776,6 +783,19 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
                 .iter()
                 .map(|t| t.to_string())
                 .collect()
+        }),
+        interruption_queue: raw.interruption_queue.and_then(|u| {
+            if u.starts_with("https://") || u.starts_with("http://") {
+                Some(u)
+            } else {
+                c.at(
+                    &[key("interruptionQueue")],
+                    format!(
+                        "{u:?} is not a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME)"
+                    ),
+                );
+                None
+            }
         }),
         pools,
     }
@@ -1259,6 +1279,7 @@ fn validate_pool(
         max_pods,
         priority: r.priority,
         health,
+        replace_on_rebalance: r.replace_on_rebalance,
         scale_down: ScaleDown {
             enabled: sd.enabled.unwrap_or(true),
             cooldown_after_scale_up,

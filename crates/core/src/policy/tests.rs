@@ -185,6 +185,7 @@ fn example_policy_parses_with_defaults_applied() {
                 utilization_threshold: 0.5,
                 backoff_after_failure: mins(3),
             },
+            replace_on_rebalance: false,
             health: Health {
                 enabled: true,
                 conditions: vec![HealthCondition {
@@ -333,6 +334,30 @@ fn case(what: &'static str, text: String, at: (usize, usize), phrase: &'static s
 
 fn error_cases() -> Vec<Case> {
     vec![
+        case(
+            "interruption queue that is no URL",
+            one_pool(&["interruptionQueue: prod-gpu-interruptions"]),
+            (6, 1),
+            "is not a queue URL",
+        ),
+        case(
+            "health condition on Ready",
+            one_pool(&["    health: {conditions: [{type: Ready, status: \"False\"}]}"]),
+            (6, 28),
+            "a condition type other than Ready",
+        ),
+        case(
+            "health condition status",
+            one_pool(&["    health: {conditions: [{type: GpuDown, status: \"Bad\"}]}"]),
+            (6, 43),
+            "must be True, False or Unknown",
+        ),
+        case(
+            "health share out of range",
+            one_pool(&["    health: {maxReplacingShare: 1.5}"]),
+            (6, 14),
+            "must be in (0, 1]",
+        ),
         case(
             "unknown top-level field",
             one_pool(&["scaledown: {enabled: false}"]),
@@ -1649,4 +1674,19 @@ fn a_node_selector_adopts_node_groups_and_may_not_name_the_pool_label() {
         ],
         one_pool,
     );
+}
+
+#[test]
+fn an_interruption_queue_and_rebalance_replacement_are_read() {
+    let mut text = one_pool(&["    replaceOnRebalance: true"]);
+    text.push_str("interruptionQueue: https://sqs.us-east-1.amazonaws.com/123456789012/q\n");
+    let p = parse_ok(&text);
+    assert_eq!(
+        p.interruption_queue.as_deref(),
+        Some("https://sqs.us-east-1.amazonaws.com/123456789012/q")
+    );
+    assert!(p.pools[0].replace_on_rebalance);
+    let p = parse_ok(&one_pool(&[]));
+    assert_eq!(p.interruption_queue, None);
+    assert!(!p.pools[0].replace_on_rebalance);
 }
