@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
 use gpu_node_autoscaler_provider::{
-    Catalog, Instance, InstanceState, LaunchRequest, LaunchResult, Notice, OfferingKey,
+    Catalog, Instance, InstanceState, LaunchRequest, LaunchResult, Notice, NoticeKind, OfferingKey,
     ProviderError,
 };
 
@@ -550,7 +550,12 @@ impl Autoscaler {
         self.given_up.retain(|_, at| now.since(*at) < GIVEN_UP_FOR);
         self.removed.retain(|_, at| now.since(*at) < REMOVED_FOR);
         self.track_instances(&instances, now);
-        self.record_notices(std::mem::take(&mut obs.notices), &instances, &mut out);
+        self.record_notices(
+            std::mem::take(&mut obs.notices),
+            &instances,
+            now + policy.insufficient_capacity_ttl,
+            &mut out,
+        );
         {
             let ours: HashSet<&str> = instances.iter().map(|i| i.provider_id.as_str()).collect();
             fleet::adopt_nodes(&mut obs.snapshot.nodes, &ours, &policy.pools);
@@ -1189,19 +1194,32 @@ impl Autoscaler {
     }
 
     /// Keeps the queue's notices about instances of ours (until those instances are gone), to
-    /// be acted on by `replace_nodes`; every message is acknowledged there.
+    /// be acted on by `replace_nodes`; every message is acknowledged there. A spot offering
+    /// being reclaimed is short of capacity: the replacement is planned elsewhere until
+    /// `short_until`.
     fn record_notices(
         &mut self,
         notices: Vec<Notice>,
         instances: &[Instance],
+        short_until: Time,
         out: &mut Vec<Action>,
     ) {
         if self.config.dry_run {
             return;
         }
-        let ours: HashSet<&str> = instances.iter().map(|i| i.id.as_str()).collect();
+        let ours: HashMap<&str, &Instance> = instances.iter().map(|i| (i.id.as_str(), i)).collect();
         for n in notices {
-            for id in n.instance_ids.iter().filter(|i| ours.contains(i.as_str())) {
+            for (id, i) in n
+                .instance_ids
+                .iter()
+                .filter_map(|id| ours.get(id.as_str()).map(|i| (id, i)))
+            {
+                let known = self.replace.notices.get(id.as_str());
+                if n.kind == NoticeKind::SpotInterruption
+                    && !known.is_some_and(|k| k.contains(&n.kind))
+                {
+                    self.ice.insert(i.offering.clone(), short_until);
+                }
                 out.push(Action::Log {
                     level: Level::Info,
                     message: format!(
@@ -1220,7 +1238,7 @@ impl Autoscaler {
         }
         self.replace
             .notices
-            .retain(|id, _| ours.contains(id.as_str()));
+            .retain(|id, _| ours.contains_key(id.as_str()));
     }
 
     /// Drains the nodes being replaced whose pods have a place on nodes that exist (an

@@ -1266,6 +1266,14 @@ fn a_queue_notice_replaces_the_node_and_is_acknowledged_after_the_taint() {
     let ev = events(&a, "ReplacingInterruptedNode");
     assert!(ev[0].message.contains("spot interruption notice"), "{ev:?}");
     assert_eq!(launches(&a).len(), 1);
+    // Not where spot is being reclaimed.
+    let reclaimed = &run.cloud.instances[0].offering;
+    assert_eq!(reclaimed.capacity_type, CapacityType::Spot);
+    assert!(
+        !launches(&a)[0].offerings.contains(reclaimed),
+        "{:?}",
+        launches(&a)[0].offerings
+    );
     assert_eq!(drains(&a).len(), 1);
     let taint_at = a
         .iter()
