@@ -1202,6 +1202,17 @@ fn trainer_moved_and_node_removed(env: &Env, old: &str) -> String {
     new
 }
 
+/// Waits for the replacement to be counted (once the drain task is collected).
+fn counted_replaced(env: &Env, cause: &str) {
+    let line =
+        format!("gpu_node_autoscaler_nodes_replaced_total{{pool=\"a10g\",cause=\"{cause}\"}}");
+    env.wait_for(
+        "the replacement to be counted",
+        Duration::from_secs(30),
+        || (env.metric("r1", &line) == Some(1.0)).then_some(()),
+    );
+}
+
 #[test]
 fn a_node_whose_gpu_hardware_fails_is_replaced_and_its_trainer_moves() {
     let mut env = Env::start("health", Options::default());
@@ -1233,17 +1244,7 @@ fn a_node_whose_gpu_hardware_fails_is_replaced_and_its_trainer_moves() {
     // is launched first, then the broken node is drained and its instance terminated.
     let new = trainer_moved_and_node_removed(&env, &old);
     assert_ne!(new, old);
-    assert_eq!(
-        env.metric(
-            "r1",
-            "gpu_node_autoscaler_nodes_replaced_total{pool=\"a10g\",cause=\"unhealthy\"}"
-        ),
-        Some(1.0),
-        "{}",
-        env.http_get("r1", "/metrics")
-            .map(|x| x.1)
-            .unwrap_or_default()
-    );
+    counted_replaced(&env, "unhealthy");
     assert_eq!(env.instances().len(), 2, "exactly one replacement launched");
 }
 
@@ -1265,13 +1266,7 @@ fn a_spot_interruption_notice_drains_the_node_at_once_and_its_trainer_moves() {
     });
     assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
     trainer_moved_and_node_removed(&env, &old);
-    assert_eq!(
-        env.metric(
-            "r1",
-            "gpu_node_autoscaler_nodes_replaced_total{pool=\"a10g\",cause=\"interrupted\"}"
-        ),
-        Some(1.0)
-    );
+    counted_replaced(&env, "interrupted");
 }
 
 #[test]
@@ -1373,11 +1368,5 @@ fn a_spot_interruption_warning_from_the_sqs_queue_replaces_the_node_and_is_delet
             "{kind}"
         );
     }
-    assert_eq!(
-        env.metric(
-            "r1",
-            "gpu_node_autoscaler_nodes_replaced_total{pool=\"a10g\",cause=\"interrupted\"}"
-        ),
-        Some(1.0)
-    );
+    counted_replaced(&env, "interrupted");
 }

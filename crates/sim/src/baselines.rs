@@ -265,6 +265,9 @@ impl Strategy for CaLike {
 
     fn run(&mut self, world: &mut World) {
         let now = world.now;
+        // The Cluster Autoscaler reads no interruption notices: an interrupted node's pods
+        // are noticed when the node goes.
+        drop(world.take_notices());
         let templates = world.templates().to_vec();
         let snapshot = world.snapshot();
         // Groups whose nodes never came: give up after the max node provision time, back off.
@@ -457,6 +460,16 @@ impl Strategy for KarpenterLike {
         let now = world.now;
         self.batch.clear();
         self.next = None;
+        // With its interruption queue (`settings.interruptionQueue`, as its getting-started
+        // set-up creates it), Karpenter taints, drains and deletes a node on a spot
+        // interruption warning at once; the evicted pods are provisioned for like any.
+        for n in world.take_notices() {
+            for id in &n.instance_ids {
+                if let Some(node) = world.node_of_instance(id).map(str::to_string) {
+                    world.drain_and_remove(&node);
+                }
+            }
+        }
         self.ice.retain(|_, until| *until > now);
         let templates = world.templates().to_vec();
         let snapshot = world.snapshot();

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use gpu_node_autoscaler_memory::{CapacityWindow, MemoryProvider};
 use gpu_node_autoscaler_provider::{
-    Instance, InstanceState, InstanceType, LaunchRequest, LaunchResult, OfferingKey, ProviderError,
+    Instance, InstanceState, InstanceType, LaunchRequest, LaunchResult, Notice, NoticeKind,
+    OfferingKey, ProviderError,
 };
 
 use crate::fixtures::Rng;
@@ -63,6 +64,9 @@ struct PodState {
     epoch: u32,
     gpu_eq: f64,
     lb_costs: Vec<f64>,
+    /// Since when the pod's work is disrupted (an interruption notice for its node), until it
+    /// runs again.
+    disrupted_since: Option<Ms>,
 }
 
 /// A node of the simulated cluster (registered instance).
@@ -126,6 +130,8 @@ pub struct World {
     /// Set when something a controller watches changed (for `Strategy::cluster_changed`).
     changed: bool,
     pub metrics: Metrics,
+    /// Interruption notices not taken by the strategy yet (what an EventBridge queue holds).
+    notices: Vec<Notice>,
     live_price: f64,
     live_gpus: f64,
     running_gpus: f64,
@@ -159,6 +165,7 @@ impl World {
                 first_bound: None,
                 done: false,
                 epoch: 0,
+                disrupted_since: None,
             })
             .collect();
         drop(model);
@@ -193,6 +200,7 @@ impl World {
             listing: None,
             changed: false,
             metrics: Metrics::default(),
+            notices: Vec::new(),
             live_price: 0.0,
             live_gpus: 0.0,
             running_gpus: 0.0,
@@ -383,6 +391,21 @@ impl World {
         let _ = self.provider.terminate_now(&id);
         self.remove_node(ni);
         self.metrics.nodes_removed += 1;
+    }
+
+    /// The interruption notices delivered since the last call (a strategy that reads an
+    /// interruption queue takes them; one that does not leaves them).
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// The node of an instance, if it registered and is not removed.
+    pub fn node_of_instance(&self, instance_id: &str) -> Option<&str> {
+        self.instances
+            .get(instance_id)
+            .and_then(|i| i.node)
+            .filter(|&ni| !self.nodes[ni].removed)
+            .map(|ni| self.nodes[ni].node.name.as_str())
     }
 
     /// Terminates an instance that never became a usable node.
@@ -647,6 +670,9 @@ impl World {
                 .push((now - st.arrival) as f64 / 1000.0);
         }
         self.running_gpus += st.gpu_eq;
+        if let Some(t) = st.disrupted_since.take() {
+            self.metrics.lost_gpu_hours += (now - t) as f64 / HOUR as f64 * st.gpu_eq;
+        }
         if let Some(r) = st.remaining {
             let epoch = st.epoch;
             self.push(now + r, Event::Finish(p, epoch));
@@ -885,6 +911,22 @@ impl World {
                 let hits = self.provider.interrupt_spot(fraction, pool.as_deref());
                 for h in hits {
                     self.metrics.spot_interruptions += 1;
+                    // The two-minute warning, as EventBridge delivers it; the pods' work is
+                    // disrupted from now until they run again.
+                    if let Some(ni) = self.instances.get(&h.instance_id).and_then(|i| i.node) {
+                        for &p in &self.nodes[ni].pods {
+                            let st = &mut self.pods[p];
+                            if !st.pod.is_daemonset() {
+                                st.disrupted_since.get_or_insert(self.now);
+                            }
+                        }
+                    }
+                    self.notices.push(Notice {
+                        message_id: format!("sim-notice-{}", h.instance_id),
+                        kind: NoticeKind::SpotInterruption,
+                        instance_ids: vec![h.instance_id.clone()],
+                    });
+                    self.changed = true;
                     self.push(h.terminate_at_ms, Event::SpotGone(h.instance_id));
                 }
             }

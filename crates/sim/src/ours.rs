@@ -128,7 +128,8 @@ impl Strategy for Ours {
             instances: Some(world.instances()),
             other_provider_ids: Vec::new(),
             policy_valid: true,
-            notices: Vec::new(),
+            // The interruption queue (`interruptionQueue`), as EventBridge fills it.
+            notices: world.take_notices(),
         };
         let mut actions = self.core.pass(obs);
         let mut steps = 0;

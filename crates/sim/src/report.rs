@@ -28,6 +28,9 @@ pub struct Metrics {
     pub nodes_removed: usize,
     pub evictions: usize,
     pub spot_interruptions: usize,
+    /// GPU-hours of work lost to interruptions: per disrupted pod, its GPUs × the time from the
+    /// notice to it running again.
+    pub lost_gpu_hours: f64,
     pub provider_calls: usize,
     pub wall_s: f64,
     /// Input rows left out, with why and how many.
@@ -121,6 +124,9 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
         ("nodes removed", |m| m.nodes_removed.to_string()),
         ("evictions", |m| m.evictions.to_string()),
         ("spot interruptions", |m| m.spot_interruptions.to_string()),
+        ("GPU-hours lost to interruptions", |m| {
+            format!("{:.2}", m.lost_gpu_hours)
+        }),
         ("wall time (s)", |m| format!("{:.2}", m.wall_s)),
     ];
     let _ = write!(s, "{:<24}", "");
