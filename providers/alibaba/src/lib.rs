@@ -557,6 +557,19 @@ impl AlibabaProvider {
         splitmix((now_ms() as u64) ^ n.rotate_left(32) ^ u64::from(std::process::id()))
     }
 
+    /// A nonce no other call draws: this process's id and call number (distinct across
+    /// processes and calls), the time (distinct across restarts that reuse the id) and a draw.
+    fn next_nonce(&self) -> String {
+        static CALLS: AtomicU64 = AtomicU64::new(0);
+        let n = CALLS.fetch_add(1, Ordering::Relaxed);
+        format!(
+            "{:08x}{n:08x}{:012x}{:04x}",
+            std::process::id(),
+            now_ms() as u64 & 0xffff_ffff_ffff,
+            self.next_seed() & 0xffff
+        )
+    }
+
     /// One signed call, no retry.
     async fn call_once(
         &self,
@@ -578,7 +591,7 @@ impl AlibabaProvider {
             throttled_after: None,
         })?;
         let mut all: BTreeMap<String, String> = params.iter().cloned().collect();
-        let nonce = format!("{:016x}{:016x}", self.next_seed(), self.next_seed());
+        let nonce = self.next_nonce();
         let common = [
             ("Action", action.to_string()),
             ("Version", version.to_string()),
