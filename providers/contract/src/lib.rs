@@ -229,6 +229,11 @@ impl NoticeKind {
             NoticeKind::Stopping => "stopping",
         }
     }
+
+    /// For people: `spot interruption`, `rebalance`, ...
+    pub fn describe(self) -> String {
+        self.as_str().replace('_', " ")
+    }
 }
 
 /// One notice, as a queue delivers it.

@@ -1224,7 +1224,7 @@ impl Autoscaler {
                     level: Level::Info,
                     message: format!(
                         "{} notice for instance {id} (message {})",
-                        n.kind.as_str().replace('_', " "),
+                        n.kind.describe(),
                         n.message_id
                     ),
                 });

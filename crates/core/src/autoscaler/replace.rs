@@ -104,9 +104,7 @@ pub fn health_signal(
     // timeout's business.
     if n.annotations.contains_key(labels::GPUS_ADVERTISED) {
         if let Some(t) = template {
-            let want = t.allocatable.whole_gpus()
-                + t.allocatable.mig_slices().map(|(_, k)| k).sum::<i64>()
-                + t.shared.len() as i64;
+            let want = crate::model::node::gpu_units(&t.allocatable, &t.shared);
             let have = n.advertised_gpus();
             if have < want {
                 return Some((
@@ -138,7 +136,7 @@ pub fn interruption_signal(
     notices?
         .iter()
         .find(|k| **k != NoticeKind::Rebalance || pool.replace_on_rebalance)
-        .map(|k| format!("{} notice", k.as_str().replace('_', " ")))
+        .map(|k| format!("{} notice", k.describe()))
 }
 
 /// A node's decision for this pass.

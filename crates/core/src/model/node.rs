@@ -56,8 +56,14 @@ impl Node {
 
     /// GPUs the node advertises right now, of any kind.
     pub fn advertised_gpus(&self) -> i64 {
-        self.allocatable.whole_gpus()
-            + self.allocatable.mig_slices().map(|(_, n)| n).sum::<i64>()
-            + self.shared_gpus.len() as i64
+        gpu_units(&self.allocatable, &self.shared_gpus)
     }
+}
+
+/// GPU units an allocatable offers: whole GPUs, MIG slices and shared GPUs (what a Node
+/// advertises, and what a template of its instance type should).
+pub fn gpu_units(allocatable: &Resources, shared: &[SharedGpu]) -> i64 {
+    allocatable.whole_gpus()
+        + allocatable.mig_slices().map(|(_, n)| n).sum::<i64>()
+        + shared.len() as i64
 }
