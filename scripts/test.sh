@@ -50,6 +50,10 @@ fi
 GNA_CONTROL_PLANE_BIN="$(bash scripts/control-plane.sh)"
 export GNA_CONTROL_PLANE_BIN
 
+# A real Prometheus (Debian's package, pinned) for the GPU-metrics tests, unpacked into the cache.
+GNA_PROMETHEUS_BIN="$(bash scripts/prometheus.sh)"
+export GNA_PROMETHEUS_BIN
+
 echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -8,6 +8,7 @@
 mod alibaba;
 mod cluster;
 mod kube_proxy;
+mod prometheus;
 mod support;
 
 use std::collections::BTreeMap;
@@ -1164,16 +1165,21 @@ fn a_pod_that_does_not_fit_the_node_launched_for_it_gets_a_larger_type_not_the_s
 
 /// One GPU trainer kept by a ReplicaSet (so an evicted one comes back), and the node it runs on.
 fn gpu_trainer(env: &Env) -> String {
-    env.create(
-        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: trainer\n  namespace: default\n\
-         spec:\n  replicas: 1\n  selector:\n    matchLabels: {app: trainer}\n  template:\n    \
-         metadata:\n      labels: {app: trainer}\n    spec:\n      \
-         tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n      \
-         containers:\n      - name: main\n        image: cuda:12\n        resources:\n          \
-         requests: {cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}\n          \
-         limits: {nvidia.com/gpu: \"1\"}\n",
-    );
+    create_trainers(env, 1);
     env.wait_for("the trainer to run", 2 * MIN, || trainer_node(env))
+}
+
+/// A ReplicaSet `trainer` of `replicas` pods asking for one GPU each.
+fn create_trainers(env: &Env, replicas: u32) {
+    env.create(&format!(
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: trainer\n  namespace: default\n\
+         spec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: trainer}}\n  template:\n    \
+         metadata:\n      labels: {{app: trainer}}\n    spec:\n      \
+         tolerations:\n      - {{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}\n      \
+         containers:\n      - name: main\n        image: cuda:12\n        resources:\n          \
+         requests: {{cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}}\n          \
+         limits: {{nvidia.com/gpu: \"1\"}}\n",
+    ));
 }
 
 /// The node a Running, not terminating trainer runs on.
@@ -1225,16 +1231,8 @@ fn a_node_whose_gpu_hardware_fails_is_replaced_and_its_trainer_moves() {
     env.start_controller("r1", &[]);
     let old = gpu_trainer(&env);
     // What a GPU health agent (NVIDIA's GPU operator, node-problem-detector) reports on an XID
-    // error. Kept through kwok's heartbeats (conditions merge by type).
-    env.kubectl_ok(&[
-        "patch",
-        "node",
-        &old,
-        "--subresource=status",
-        "--type=strategic",
-        "-p",
-        r#"{"status":{"conditions":[{"type":"AcceleratedHardwareReady","status":"False","reason":"XidError","message":"Xid 79: GPU has fallen off the bus"}]}}"#,
-    ]);
+    // error.
+    set_hardware_ready(&env, &old, "False");
     let ev = env.wait_for("a ReplacingUnhealthyNode Event", MIN, || {
         env.events("ReplacingUnhealthyNode").pop()
     });
@@ -1246,6 +1244,221 @@ fn a_node_whose_gpu_hardware_fails_is_replaced_and_its_trainer_moves() {
     assert_ne!(new, old);
     counted_replaced(&env, "unhealthy");
     assert_eq!(env.instances().len(), 2, "exactly one replacement launched");
+}
+
+/// Sets the `AcceleratedHardwareReady` condition of `node` as the EKS node monitoring agent
+/// would (kept through kwok's heartbeats: conditions merge by type).
+fn set_hardware_ready(env: &Env, node: &str, status: &str) {
+    env.kubectl_ok(&[
+        "patch",
+        "node",
+        node,
+        "--subresource=status",
+        "--type=strategic",
+        "-p",
+        &format!(
+            r#"{{"status":{{"conditions":[{{"type":"AcceleratedHardwareReady","status":"{status}","reason":"XidError","message":"Xid 79: GPU has fallen off the bus"}}]}}}}"#
+        ),
+    ]);
+}
+
+/// Waits until the controller has finished `n` more passes.
+fn wait_passes(env: &Env, n: f64) {
+    let passes = |env: &Env| {
+        env.metric("r1", "gpu_node_autoscaler_plan_duration_seconds_count")
+            .unwrap_or(0.0)
+    };
+    let start = passes(env);
+    env.wait_for(&format!("{n} more passes"), MIN, || {
+        (passes(env) >= start + n).then_some(())
+    });
+}
+
+#[test]
+fn a_flapping_gpu_condition_keeps_the_clock_it_started_and_the_node_is_replaced_on_it() {
+    let mut env = Env::start("flap", Options::default());
+    let policy = env.policy(
+        &["us-east-1a"],
+        "  health:\n    conditions:\n    \
+         - {type: AcceleratedHardwareReady, status: \"False\", gracePeriod: 30s}\n",
+    );
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    let old = gpu_trainer(&env);
+    let since = |env: &Env| {
+        env.get_json(&["get", "node", &old])["metadata"]["annotations"]
+            ["gpu-node-autoscaler.io/unhealthy-since"]
+            .as_str()
+            .map(str::to_string)
+    };
+    set_hardware_ready(&env, &old, "False");
+    let first = env.wait_for("the clock to start", MIN, || since(&env));
+    // Healthy again for a few passes (less than the grace period), then broken again: the
+    // clock that started first stands.
+    set_hardware_ready(&env, &old, "True");
+    wait_passes(&env, 3.0);
+    assert_eq!(since(&env).as_deref(), Some(first.as_str()));
+    assert!(env.events("NodeRecovered").is_empty());
+    set_hardware_ready(&env, &old, "False");
+    wait_passes(&env, 3.0);
+    assert_eq!(since(&env).as_deref(), Some(first.as_str()));
+    let ev = env.wait_for("a ReplacingUnhealthyNode Event", 2 * MIN, || {
+        env.events("ReplacingUnhealthyNode").pop()
+    });
+    assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
+    // The reason counts from the first sighting: "... for Ns" with N at least the grace period.
+    let secs: u64 = ev
+        .split(" for ")
+        .nth(1)
+        .and_then(|t| t.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {ev}"));
+    assert!(secs >= 30, "{ev}");
+    trainer_moved_and_node_removed(&env, &old);
+    counted_replaced(&env, "unhealthy");
+}
+
+#[test]
+fn with_two_broken_nodes_and_max_replacing_share_one_half_they_are_replaced_one_at_a_time() {
+    let mut env = Env::start("guard", Options::default());
+    let policy = env.policy(
+        &["us-east-1a"],
+        "  health:\n    maxReplacingShare: 0.5\n    conditions:\n    \
+         - {type: AcceleratedHardwareReady, status: \"False\", gracePeriod: 3s}\n",
+    );
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    create_trainers(&env, 2);
+    let trainer_nodes = |env: &Env| -> Vec<String> {
+        let v = env.get_json(&["get", "pods", "-n", "default", "-l", "app=trainer"]);
+        let mut nodes: Vec<String> = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| {
+                p["status"]["phase"] == "Running" && !p["metadata"]["deletionTimestamp"].is_string()
+            })
+            .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
+            .collect();
+        nodes.sort();
+        nodes
+    };
+    let old = env.wait_for("both trainers to run", 2 * MIN, || {
+        let n = trainer_nodes(&env);
+        (n.len() == 2).then_some(n)
+    });
+    for n in &old {
+        set_hardware_ready(&env, n, "False");
+    }
+    let replacing = |env: &Env| -> usize {
+        env.pool_nodes()
+            .iter()
+            .filter(|n| {
+                n["spec"]["taints"].as_array().is_some_and(|ts| {
+                    ts.iter()
+                        .any(|t| t["key"] == "gpu-node-autoscaler.io/replacing")
+                })
+            })
+            .count()
+    };
+    let deferred = env.wait_for("a ReplacementDeferred Event", MIN, || {
+        env.events("ReplacementDeferred").pop()
+    });
+    assert!(deferred.contains("maxReplacingShare"), "{deferred}");
+    // Until both broken nodes are gone, never more than one is being replaced.
+    env.wait_for("both broken nodes to be replaced", 5 * MIN, || {
+        let r = replacing(&env);
+        assert!(r <= 1, "{r} nodes being replaced at once");
+        let names: Vec<String> = env
+            .pool_nodes()
+            .iter()
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        let gone = old.iter().all(|o| !names.contains(o));
+        let moved = trainer_nodes(&env);
+        (gone && moved.len() == 2 && moved.iter().all(|m| !old.contains(m))).then_some(())
+    });
+    assert_eq!(env.events("ReplacingUnhealthyNode").len(), 2);
+    let line = "gpu_node_autoscaler_nodes_replaced_total{pool=\"a10g\",cause=\"unhealthy\"}";
+    env.wait_for(
+        "both replacements to be counted",
+        Duration::from_secs(30),
+        || (env.metric("r1", line) == Some(2.0)).then_some(()),
+    );
+}
+
+/// dcgm-exporter's exposition for the one A10G of a g5.xlarge running `pod`, its last XID `xid`.
+fn dcgm_exposition(node: &str, pod: &str, xid: u32, message: &str) -> String {
+    include_str!("testdata/dcgm-exporter.prom")
+        .replace("{{NODE}}", node)
+        .replace("{{POD}}", pod)
+        .replace("{{XID_MSG}}", message)
+        .replace("{{XID}}", &xid.to_string())
+}
+
+#[test]
+fn a_gpu_that_fell_off_the_bus_as_dcgm_exporter_reports_through_prometheus_is_replaced() {
+    let mut env = Env::start("xid", Options::default());
+    // No GPU node yet: nothing to export.
+    let exporter = prometheus::Exporter::start(String::new());
+    let prom = prometheus::Prometheus::start(&env.dir, "dcgm-exporter", exporter.port);
+    let policy =
+        format!(
+        "gpuMetrics: {{prometheusUrl: {}, selector: 'job=\"dcgm-exporter\"', interval: 1s}}\n{}",
+        prom.url,
+        env.policy(&["us-east-1a"], "  health:\n    xidErrors: {gracePeriod: 3s}\n")
+    );
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    let old = gpu_trainer(&env);
+    let pod = env.get_json(&["get", "pods", "-n", "default", "-l", "app=trainer"])["items"][0]
+        ["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let scraped = |xid: &str| {
+        let q = format!("DCGM_FI_DEV_XID_ERRORS{{Hostname=\"{old}\",err_code=\"{xid}\"}}");
+        prom.query(&q).contains(&format!("\"err_code\":\"{xid}\""))
+    };
+    // A healthy GPU (last XID 0) for a while: read, and nothing happens.
+    exporter.set(dcgm_exposition(&old, &pod, 0, "No Error"));
+    env.wait_for("Prometheus to scrape the healthy GPU", MIN, || {
+        scraped("0").then_some(())
+    });
+    let reads = |env: &Env| {
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_gpu_metrics_reads_total{result=\"ok\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let before = reads(&env);
+    env.wait_for("three more reads of the XID series", MIN, || {
+        (reads(&env) >= before + 3.0).then_some(())
+    });
+    assert!(env.events("ReplacingUnhealthyNode").is_empty());
+    // XID 79: the GPU has fallen off the bus.
+    exporter.set(dcgm_exposition(
+        &old,
+        &pod,
+        79,
+        "GPU has fallen off the bus",
+    ));
+    let ev = env.wait_for("a ReplacingUnhealthyNode Event", MIN, || {
+        env.events("ReplacingUnhealthyNode").pop()
+    });
+    assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
+    assert!(ev.contains("GPU 0 reported XID 79"), "{ev}");
+    assert!(scraped("79"));
+    let new = trainer_moved_and_node_removed(&env, &old);
+    assert_ne!(new, old);
+    counted_replaced(&env, "unhealthy");
+    assert_eq!(env.instances().len(), 2, "exactly one replacement launched");
+    let errors = env.metric(
+        "r1",
+        "gpu_node_autoscaler_gpu_metrics_reads_total{result=\"error\"}",
+    );
+    assert_eq!(errors.unwrap_or(0.0), 0.0, "{}", prom.log());
 }
 
 #[test]

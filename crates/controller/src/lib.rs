@@ -12,6 +12,7 @@
 pub mod alibaba;
 pub mod aws;
 pub mod drain;
+pub mod gpu_metrics;
 pub mod kube_io;
 pub mod leader;
 pub mod metrics;
@@ -39,6 +40,7 @@ use crate::autoscaler::fleet::Registration;
 use crate::autoscaler::{
     status, Action, Autoscaler, Count, DrainOutcome, Feedback, Level, Observation, Subject,
 };
+use crate::model::node::GpuXid;
 use crate::model::{labels, Snapshot, Time};
 use crate::policy::{parse_policy, Policy};
 
@@ -262,6 +264,8 @@ async fn run_async(args: RunArgs) -> Result<()> {
         reacted: HashSet::new(),
         queue: None,
         notices: BTreeMap::new(),
+        http: reqwest::Client::new(),
+        xids_read_at: None,
     };
 
     let mut stop = stop_rx;
@@ -337,6 +341,10 @@ struct Controller {
     queue: Option<gpu_node_autoscaler_aws::interruptions::InterruptionQueue>,
     /// Notices received and not acknowledged yet: message id → (receipt, notice).
     notices: BTreeMap<String, (String, gpu_node_autoscaler_provider::Notice)>,
+    /// For `gpuMetrics`' Prometheus.
+    http: reqwest::Client,
+    /// When the XID series were last read (`gpuMetrics.interval` apart).
+    xids_read_at: Option<tokio::time::Instant>,
 }
 
 type LaunchTask = tokio::task::JoinHandle<std::result::Result<LaunchResult, ProviderError>>;
@@ -619,6 +627,38 @@ impl Controller {
         }
     }
 
+    /// The XID errors dcgm-exporter reported, when `gpuMetrics` is set and they are due to be
+    /// read again; `None` keeps the core's last reading (also when Prometheus cannot be read:
+    /// a broken GPU does not heal because its metrics are out of reach).
+    async fn read_gpu_metrics(&mut self) -> Option<BTreeMap<String, Vec<GpuXid>>> {
+        let Some(cfg) = self.core.policy().and_then(|p| p.gpu_metrics.clone()) else {
+            // Without gpuMetrics (any more), no XID stands.
+            return self.xids_read_at.take().map(|_| BTreeMap::new());
+        };
+        let now = tokio::time::Instant::now();
+        if self
+            .xids_read_at
+            .is_some_and(|at| now.duration_since(at) < cfg.interval)
+        {
+            return None;
+        }
+        self.xids_read_at = Some(now);
+        let result = gpu_metrics::read(&self.http, &cfg).await;
+        self.metrics
+            .gpu_metrics_reads
+            .get_or_create(&metrics::ReadResult {
+                result: if result.is_ok() { "ok" } else { "error" }.to_string(),
+            })
+            .inc();
+        match result {
+            Ok(x) => Some(x),
+            Err(e) => {
+                warn!("gpuMetrics: {e}; the last reading of XID errors stands");
+                None
+            }
+        }
+    }
+
     /// The cloud's instances of every pool.
     async fn list_instances(&self) -> std::result::Result<Vec<Instance>, String> {
         let mut out: Vec<Instance> = Vec::new();
@@ -672,6 +712,7 @@ impl Controller {
         }
         self.publish_gauges(&snapshot, now);
         self.read_queue().await;
+        let gpu_xids = self.read_gpu_metrics().await;
         let obs = Observation {
             now,
             snapshot,
@@ -679,6 +720,7 @@ impl Controller {
             other_provider_ids,
             policy_valid: self.policy_valid,
             notices: self.notices.values().map(|(_, n)| n.clone()).collect(),
+            gpu_xids,
         };
         let t0 = std::time::Instant::now();
         let actions = self.core.pass(obs);

@@ -32,6 +32,11 @@ pub struct NoticeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadResult {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailedLaunch {
     pub pool: String,
     pub reason: String,
@@ -64,6 +69,7 @@ pub struct Metrics {
     pub nodes_unhealthy: Gauge,
     pub nodes_replaced: Family<Replaced, Counter>,
     pub interruption_messages: Family<NoticeLabel, Counter>,
+    pub gpu_metrics_reads: Family<ReadResult, Counter>,
     pub heartbeat_timestamp_seconds: Gauge,
     pub launches_in_progress: Gauge,
     pub plan_duration_seconds: Histogram,
@@ -89,6 +95,7 @@ impl Metrics {
             nodes_unhealthy: Gauge::default(),
             nodes_replaced: Family::default(),
             interruption_messages: Family::default(),
+            gpu_metrics_reads: Family::default(),
             heartbeat_timestamp_seconds: Gauge::default(),
             launches_in_progress: Gauge::default(),
             plan_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
@@ -136,6 +143,12 @@ impl Metrics {
             "Messages read from the interruption queue, per kind (spot_interruption, rebalance, \
              scheduled_change, stopping, irrelevant, unreadable)",
             m.interruption_messages.clone(),
+        );
+        registry.register(
+            "gpu_metrics_reads",
+            "Reads of dcgm-exporter's XID series from gpuMetrics.prometheusUrl, per result \
+             (ok, error)",
+            m.gpu_metrics_reads.clone(),
         );
         registry.register(
             "gpus",

@@ -32,6 +32,7 @@ use gpu_node_autoscaler_provider::{
     ProviderError,
 };
 
+use crate::model::node::GpuXid;
 use crate::model::snapshot::PoolState;
 use crate::model::{labels, Node, Snapshot, Time};
 use crate::plan::{self, Plan, ScaleUp, Templates};
@@ -112,6 +113,9 @@ pub struct Observation {
     /// Notices from the cloud's interruption queue received since the last pass (each is
     /// acknowledged with [`Action::AckNotice`] once acted on).
     pub notices: Vec<Notice>,
+    /// Per Node name, the XID errors its GPUs last reported, when they were read in this pass
+    /// (`None`: not read, the last reading stands).
+    pub gpu_xids: Option<BTreeMap<String, Vec<GpuXid>>>,
 }
 
 /// The object an Event is about.
@@ -527,6 +531,9 @@ impl Autoscaler {
                 consider(*until);
             }
         }
+        for t in self.replace.timers() {
+            consider(t);
+        }
         next
     }
 
@@ -550,6 +557,9 @@ impl Autoscaler {
         self.given_up.retain(|_, at| now.since(*at) < GIVEN_UP_FOR);
         self.removed.retain(|_, at| now.since(*at) < REMOVED_FOR);
         self.track_instances(&instances, now);
+        if let Some(x) = obs.gpu_xids.take() {
+            self.replace.xids = x;
+        }
         self.record_notices(
             std::mem::take(&mut obs.notices),
             &instances,
@@ -1098,7 +1108,12 @@ impl Autoscaler {
                 continue;
             }
             let template = templates.as_ref().and_then(|t| t.find(&pool.name, n));
-            let unhealthy = replace::health_signal(n, pool, template);
+            let xids = self
+                .replace
+                .xids
+                .get(&n.name)
+                .map_or(&[][..], Vec::as_slice);
+            let unhealthy = replace::health_signal(n, pool, template, xids);
             let notices = n
                 .provider_id
                 .as_ref()

@@ -15,6 +15,7 @@ use std::time::Duration;
 use gpu_node_autoscaler_provider::NoticeKind;
 
 use crate::model::constraints::{Effect, Taint};
+use crate::model::node::GpuXid;
 use crate::model::{labels, Node, PodPhase, Time};
 use crate::plan::{Plan, Template};
 use crate::policy::{Policy, Pool};
@@ -81,24 +82,40 @@ pub struct Replacements {
     pub to_ack: Vec<String>,
     /// Per node, what was last reported about a replacement that waits (reported once).
     reported: BTreeMap<String, String>,
+    /// Per node, the XID errors its GPUs last reported (the last reading of `gpuMetrics`).
+    pub xids: BTreeMap<String, Vec<GpuXid>>,
 }
 
 /// After a failed drain, a replacement waits this long before it drains again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5 * 60);
 
-/// What a node reports that makes it unhealthy now, and that signal's grace period.
+/// What a node reports that makes it unhealthy now, and that signal's grace period: of several
+/// signals, the one with the shortest grace (a fatal XID is acted on sooner than the condition a
+/// node agent sets for it).
 pub fn health_signal(
     n: &Node,
     pool: &Pool,
     template: Option<&Template>,
+    xids: &[GpuXid],
 ) -> Option<(String, Duration)> {
     if !pool.health.enabled {
         return None;
     }
-    for c in &pool.health.conditions {
-        if n.conditions.get(&c.type_) == Some(&c.status) {
-            return Some((format!("condition {}={}", c.type_, c.status), c.grace));
-        }
+    let mut signals: Vec<(String, Duration)> = Vec::new();
+    if let Some(c) = pool
+        .health
+        .conditions
+        .iter()
+        .filter(|c| n.conditions.get(&c.type_) == Some(&c.status))
+        .min_by_key(|c| c.grace)
+    {
+        signals.push((format!("condition {}={}", c.type_, c.status), c.grace));
+    }
+    if let Some(x) = xids.iter().find(|x| pool.health.xid_codes.contains(&x.xid)) {
+        signals.push((
+            format!("GPU {} reported XID {}", x.gpu, x.xid),
+            pool.health.xid_grace,
+        ));
     }
     // Only a node that has advertised its GPUs: one still booting is the provisioning
     // timeout's business.
@@ -107,14 +124,16 @@ pub fn health_signal(
             let want = crate::model::node::gpu_units(&t.allocatable, &t.shared);
             let have = n.advertised_gpus();
             if have < want {
-                return Some((
+                signals.push((
                     format!("advertises {have} of its {want} GPUs"),
                     pool.health.missing_gpus_grace,
                 ));
             }
         }
     }
-    None
+    // The first of the shortest: conditions, then XIDs, then missing GPUs.
+    let shortest = signals.iter().map(|s| s.1).min()?;
+    signals.into_iter().find(|s| s.1 == shortest)
 }
 
 /// Why a node is about to be taken back, if it is: an interruption handler's taint, or a
@@ -286,6 +305,15 @@ impl Replacements {
         self.unhealthy
             .iter()
             .map(|(n, u)| (n.as_str(), u.since, u.what.as_str()))
+    }
+
+    /// When a health clock runs out (a node due for replacement, one healthy long enough to be
+    /// forgotten) or a failed drain may be tried again.
+    pub fn timers(&self) -> impl Iterator<Item = Time> + '_ {
+        self.unhealthy
+            .values()
+            .flat_map(|u| [u.since + u.grace, u.last_seen + u.grace])
+            .chain(self.replacing.values().filter_map(|r| r.retry_after))
     }
 
     /// Nodes seen unhealthy now (a gauge).

@@ -126,6 +126,8 @@ struct Run {
     actions: Vec<Action>,
     /// Notices for the next pass.
     notices: Vec<Notice>,
+    /// XIDs read for the next pass.
+    gpu_xids: Option<BTreeMap<String, Vec<GpuXid>>>,
 }
 
 impl Run {
@@ -150,6 +152,7 @@ impl Run {
             nodes: Vec::new(),
             actions: Vec::new(),
             notices: Vec::new(),
+            gpu_xids: None,
         }
     }
 
@@ -165,6 +168,7 @@ impl Run {
             other_provider_ids: Vec::new(),
             policy_valid: true,
             notices: Vec::new(),
+            gpu_xids: None,
         }
     }
 
@@ -173,6 +177,7 @@ impl Run {
         let mut all = Vec::new();
         let mut obs = self.observation(now);
         obs.notices = std::mem::take(&mut self.notices);
+        obs.gpu_xids = self.gpu_xids.take();
         let mut actions = self.core.pass(obs);
         let mut steps = 0;
         while !actions.is_empty() {
@@ -1131,6 +1136,40 @@ fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod
             cause: "unhealthy"
         })]
     );
+}
+
+#[test]
+fn a_gpu_that_reported_a_fatal_xid_gets_its_node_replaced_after_the_xid_grace_period() {
+    let mut run = run_with_busy_node();
+    let xid = |code: u32| {
+        Some(BTreeMap::from([(
+            "node-i-1".to_string(),
+            vec![GpuXid {
+                gpu: "0".into(),
+                xid: code,
+            }],
+        )]))
+    };
+    // XID 13 (a graphics engine exception) is the application's: not a broken GPU.
+    run.gpu_xids = xid(13);
+    run.pass(T0 + secs(60));
+    assert!(tainted_replacing(&run.pass(T0 + secs(600))).is_empty());
+    assert!(!run.nodes[0]
+        .annotations
+        .contains_key(labels::UNHEALTHY_SINCE));
+    // XID 79, the GPU fell off the bus: seen, and the reading stands while none is taken.
+    run.gpu_xids = xid(79);
+    let a = run.pass(T0 + secs(620));
+    let st = status(&a).expect("a status");
+    assert!(
+        st.unhealthy_nodes["node-i-1"].starts_with("GPU 0 reported XID 79 since "),
+        "{st:?}"
+    );
+    assert!(tainted_replacing(&run.pass(T0 + secs(700))).is_empty());
+    // Two minutes (health.xidErrors.gracePeriod by default) after it was first seen.
+    let a = run.pass(T0 + secs(740));
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    assert_eq!(launches(&a).len(), 1, "a replacement for its pod: {a:?}");
 }
 
 #[test]

@@ -67,3 +67,11 @@ pub fn gpu_units(allocatable: &Resources, shared: &[SharedGpu]) -> i64 {
         + allocatable.mig_slices().map(|(_, n)| n).sum::<i64>()
         + shared.len() as i64
 }
+
+/// The last XID error a GPU of a node reported (dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuXid {
+    /// The GPU's index on the node.
+    pub gpu: String,
+    pub xid: u32,
+}

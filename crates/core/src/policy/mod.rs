@@ -42,6 +42,13 @@ pub mod defaults {
     pub const HEALTH_GRACE: Duration = Duration::from_secs(10 * 60);
     pub const MISSING_GPUS_GRACE: Duration = Duration::from_secs(10 * 60);
     pub const MAX_REPLACING_SHARE: f64 = 0.2;
+    /// XIDs after which a GPU needs a reset or replacement: double-bit ECC (48), page
+    /// retirement / row remapping (63, 64), NVLink (74), fallen off the bus (79), contained and
+    /// uncontained ECC (94, 95).
+    pub const XID_CODES: &[u32] = &[48, 63, 64, 74, 79, 94, 95];
+    pub const XID_GRACE: Duration = Duration::from_secs(2 * 60);
+    pub const GPU_METRICS_INTERVAL: Duration = Duration::from_secs(30);
+    pub const GPU_METRICS_NODE_LABEL: &str = "Hostname";
     /// Taints an interruption handler sets on a node about to be taken back (the AWS Node
     /// Termination Handler's, in its queue and IMDS modes).
     pub const INTERRUPTION_TAINTS: [&str; 3] = [
@@ -68,7 +75,22 @@ pub struct Policy {
     pub interruption_taints: Vec<String>,
     /// URL of the SQS queue EventBridge delivers EC2 interruption and maintenance notices to.
     pub interruption_queue: Option<String>,
+    /// Where dcgm-exporter's metrics are read from, when set.
+    pub gpu_metrics: Option<GpuMetrics>,
     pub pools: Vec<Pool>,
+}
+
+/// A Prometheus that scrapes dcgm-exporter: its XID series are a health signal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuMetrics {
+    /// Base URL of the Prometheus HTTP API (`http://prometheus.monitoring:9090`).
+    pub prometheus_url: String,
+    /// Label matchers added to the query (`job="dcgm-exporter"`), empty for none.
+    pub selector: String,
+    /// The series label that holds the Node's name.
+    pub node_label: String,
+    /// How often the XID series are read.
+    pub interval: Duration,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -213,6 +235,9 @@ pub struct Health {
     pub missing_gpus_grace: Duration,
     /// At most this share of a pool's nodes (at least one) is being replaced at once.
     pub max_replacing_share: f64,
+    /// XIDs (the last one a GPU reported, from `gpuMetrics`) that make a node unhealthy.
+    pub xid_codes: Vec<u32>,
+    pub xid_grace: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -303,6 +328,7 @@ struct RawPolicy {
     spot_price_ratio: Option<f64>,
     interruption_taints: Option<Vec<String>>,
     interruption_queue: Option<String>,
+    gpu_metrics: Option<RawGpuMetrics>,
     /// Pools are decoded one by one so that every pool's errors are reported.
     #[serde(default)]
     pools: serde_yaml::Value,
@@ -446,6 +472,23 @@ struct RawHealth {
     conditions: Option<Vec<RawHealthCondition>>,
     missing_gpus_grace_period: Option<Dur>,
     max_replacing_share: Option<f64>,
+    xid_errors: Option<RawXidErrors>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawXidErrors {
+    codes: Option<Vec<u32>>,
+    grace_period: Option<Dur>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawGpuMetrics {
+    prometheus_url: String,
+    selector: Option<String>,
+    node_label: Option<String>,
+    interval: Option<Dur>,
 }
 
 #[derive(Deserialize)]
@@ -784,6 +827,7 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
                 .map(|t| t.to_string())
                 .collect()
         }),
+        gpu_metrics: raw.gpu_metrics.and_then(|g| validate_gpu_metrics(g, c)),
         interruption_queue: raw.interruption_queue.and_then(|u| {
             if u.starts_with("https://") || u.starts_with("http://") {
                 Some(u)
@@ -864,7 +908,65 @@ fn validate_health(i: usize, r: RawHealth, c: &mut Collector) -> Health {
             defaults::MISSING_GPUS_GRACE,
         ),
         max_replacing_share: share,
+        xid_codes: r
+            .xid_errors
+            .as_ref()
+            .and_then(|x| x.codes.clone())
+            .unwrap_or_else(|| defaults::XID_CODES.to_vec()),
+        xid_grace: c.duration(
+            &at(&["xidErrors", "gracePeriod"]),
+            r.xid_errors.and_then(|x| x.grace_period),
+            defaults::XID_GRACE,
+        ),
     }
+}
+
+fn validate_gpu_metrics(r: RawGpuMetrics, c: &mut Collector) -> Option<GpuMetrics> {
+    let at = |f: &str| vec![key("gpuMetrics"), key(f)];
+    let mut ok = true;
+    let url = r.prometheus_url.trim_end_matches('/').to_string();
+    if !(url.starts_with("http://") || url.starts_with("https://")) || url.contains('?') {
+        c.at(
+            &at("prometheusUrl"),
+            format!(
+                "{:?} is not the base URL of a Prometheus (http://prometheus.monitoring:9090)",
+                r.prometheus_url
+            ),
+        );
+        ok = false;
+    }
+    let selector = r.selector.unwrap_or_default();
+    if selector.contains(['{', '}']) {
+        c.at(
+            &at("selector"),
+            format!("{selector:?}: label matchers without braces, e.g. job=\"dcgm-exporter\""),
+        );
+        ok = false;
+    }
+    let node_label = r
+        .node_label
+        .unwrap_or_else(|| defaults::GPU_METRICS_NODE_LABEL.to_string());
+    let label_ok = node_label
+        .chars()
+        .next()
+        .is_some_and(|ch| ch.is_ascii_alphabetic() || ch == '_')
+        && node_label
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+    if !label_ok {
+        c.at(
+            &at("nodeLabel"),
+            format!("{node_label:?} is not a Prometheus label name"),
+        );
+        ok = false;
+    }
+    let interval = c.duration(&at("interval"), r.interval, defaults::GPU_METRICS_INTERVAL);
+    ok.then_some(GpuMetrics {
+        prometheus_url: url,
+        selector,
+        node_label,
+        interval,
+    })
 }
 
 /// The position in the `pools` list of the pool named `name`.

@@ -195,6 +195,8 @@ fn example_policy_parses_with_defaults_applied() {
                 }],
                 missing_gpus_grace: mins(10),
                 max_replacing_share: 0.2,
+                xid_codes: vec![48, 63, 64, 74, 79, 94, 95],
+                xid_grace: mins(2),
             },
             aws: None,
             alibaba: None,
@@ -339,6 +341,24 @@ fn error_cases() -> Vec<Case> {
             one_pool(&["interruptionQueue: prod-gpu-interruptions"]),
             (6, 1),
             "is not a queue URL",
+        ),
+        case(
+            "gpu metrics without a URL",
+            one_pool(&["gpuMetrics: {prometheusUrl: prometheus:9090}"]),
+            (6, 14),
+            "is not the base URL of a Prometheus",
+        ),
+        case(
+            "gpu metrics selector in braces",
+            one_pool(&["gpuMetrics: {prometheusUrl: http://p:9090, selector: '{job=\"x\"}'}"]),
+            (6, 44),
+            "label matchers without braces",
+        ),
+        case(
+            "gpu metrics node label",
+            one_pool(&["gpuMetrics: {prometheusUrl: http://p:9090, nodeLabel: node-name}"]),
+            (6, 44),
+            "is not a Prometheus label name",
         ),
         case(
             "health condition on Ready",
@@ -1689,4 +1709,21 @@ fn an_interruption_queue_and_rebalance_replacement_are_read() {
     let p = parse_ok(&one_pool(&[]));
     assert_eq!(p.interruption_queue, None);
     assert!(!p.pools[0].replace_on_rebalance);
+}
+
+#[test]
+fn gpu_metrics_and_xid_errors_are_read_with_their_defaults() {
+    let mut text = one_pool(&["    health: {xidErrors: {codes: [79], gracePeriod: 30s}}"]);
+    text.push_str("gpuMetrics: {prometheusUrl: 'http://prometheus.monitoring:9090/', selector: 'job=\"dcgm-exporter\"'}\n");
+    let p = parse_ok(&text);
+    let g = p.gpu_metrics.expect("gpuMetrics");
+    assert_eq!(g.prometheus_url, "http://prometheus.monitoring:9090");
+    assert_eq!(g.selector, r#"job="dcgm-exporter""#);
+    assert_eq!(g.node_label, "Hostname");
+    assert_eq!(g.interval, Duration::from_secs(30));
+    assert_eq!(p.pools[0].health.xid_codes, [79]);
+    assert_eq!(p.pools[0].health.xid_grace, Duration::from_secs(30));
+    let p = parse_ok(&one_pool(&[]));
+    assert_eq!(p.gpu_metrics, None);
+    assert_eq!(p.pools[0].health.xid_codes, [48, 63, 64, 74, 79, 94, 95]);
 }
