@@ -43,6 +43,8 @@ fn compare_reports_every_strategy_with_the_documented_fields() {
             "nodes_removed",
             "evictions",
             "spot_interruptions",
+            "gpu_failures",
+            "lost_gpu_hours",
             "wall_s",
         ] {
             assert!(m.get(f).is_some(), "{f} missing");
@@ -89,6 +91,41 @@ fn a_spot_shortage_falls_back_and_interrupted_pods_run_again() {
     // Interrupted pods were moved on their notice: their work stopped for less than a boot
     // each on average.
     assert!(m["lost_gpu_hours"].as_f64().unwrap() > 0.0, "{m}");
+}
+
+#[test]
+fn broken_gpus_are_replaced_sooner_with_dcgm_metrics_and_never_by_the_cluster_autoscaler() {
+    let v = json(&[
+        "simulate",
+        "simulations/scenarios/gpu-failures.yaml",
+        "--compare",
+        "--format",
+        "json",
+    ]);
+    let s = v["strategies"].as_array().unwrap();
+    let lost = |i: usize| s[i]["lost_gpu_hours"].as_f64().unwrap();
+    for m in s {
+        assert!(m["gpu_failures"].as_u64().unwrap() > 0, "{m}");
+        assert_eq!(m["pods_never_placed"], 0, "{m}");
+    }
+    // Ours acts on the XID after 2 minutes, Karpenter's node repair on the node condition after
+    // 10; the Cluster Autoscaler leaves the pods on the broken GPUs, making no progress, to the
+    // end of the run.
+    assert!(lost(0) > 0.0);
+    assert!(
+        lost(0) < lost(2),
+        "ours {} karpenter-like {}",
+        lost(0),
+        lost(2)
+    );
+    assert!(
+        lost(2) < lost(1),
+        "karpenter-like {} ca-like {}",
+        lost(2),
+        lost(1)
+    );
+    // Every replaced node's pods were moved by a drain.
+    assert!(s[0]["evictions"].as_u64().unwrap() >= s[0]["gpu_failures"].as_u64().unwrap());
 }
 
 #[test]

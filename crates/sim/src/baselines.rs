@@ -403,7 +403,42 @@ pub struct KarpenterLike {
     launches: u64,
 }
 
+/// Karpenter's node repair (`node.health`, behind the `NodeRepair` feature gate, assumed on):
+/// a node whose `AcceleratedHardwareReady` condition has been `False` for its 10-minute
+/// toleration (from the condition's transition time) has its NodeClaim deleted at once, pods'
+/// grace periods cut, unless more of its NodePool is unhealthy than 20 % of its nodes rounded up
+/// (then it looks again 5 minutes later). It reads no GPU metrics.
+const REPAIR_TOLERATION: Ms = 10 * 60 * SECOND;
+const REPAIR_ALLOWED_UNHEALTHY: f64 = 0.2;
+const REPAIR_BLOCKED_REQUEUE: Ms = 5 * 60 * SECOND;
+
 impl KarpenterLike {
+    fn repair(&mut self, world: &mut World) {
+        let now = world.now;
+        let broken = world.broken_nodes();
+        let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+        for n in world.nodes.iter().filter(|n| !n.removed) {
+            *sizes.entry(n.pool.clone()).or_default() += 1;
+        }
+        let mut unhealthy: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, pool, _) in &broken {
+            *unhealthy.entry(pool.as_str()).or_default() += 1;
+        }
+        for (node, pool, since) in &broken {
+            let size = sizes.get(pool).copied().unwrap_or(0);
+            let threshold = (REPAIR_ALLOWED_UNHEALTHY * size as f64).ceil() as usize;
+            let at = if now - since < REPAIR_TOLERATION {
+                since + REPAIR_TOLERATION
+            } else if unhealthy[pool.as_str()] <= threshold {
+                world.drain_and_remove(node);
+                continue;
+            } else {
+                now + REPAIR_BLOCKED_REQUEUE
+            };
+            self.next = Some(self.next.map_or(at, |n| n.min(at)));
+        }
+    }
+
     pub fn new(input: &SimInput) -> KarpenterLike {
         KarpenterLike {
             policy: input.policy.clone(),
@@ -470,6 +505,7 @@ impl Strategy for KarpenterLike {
                 }
             }
         }
+        self.repair(world);
         self.ice.retain(|_, until| *until > now);
         let templates = world.templates().to_vec();
         let snapshot = world.snapshot();

@@ -13,11 +13,13 @@ use gpu_node_autoscaler_provider::{
 use crate::fixtures::Rng;
 use crate::model::constraints::{Effect, Taint};
 use crate::model::labels;
+use crate::model::node::GpuXid;
 use crate::model::resources::{place_share, Resources, SharedGpu};
 use crate::model::snapshot::group_in_flight;
 use crate::model::{Node, Pod, PodPhase, Snapshot, Time};
 use crate::plan::bound::BoundModel;
 use crate::plan::templates::{build_templates, Template};
+use crate::policy::defaults::HEALTH_CONDITION as HARDWARE_CONDITION;
 use crate::policy::Policy;
 
 use super::report::{Metrics, SeriesPoint};
@@ -64,9 +66,11 @@ struct PodState {
     epoch: u32,
     gpu_eq: f64,
     lb_costs: Vec<f64>,
-    /// Since when the pod's work is disrupted (an interruption notice for its node), until it
-    /// runs again.
+    /// Since when the pod's work is disrupted (an interruption notice for its node, a broken
+    /// GPU), until it runs again.
     disrupted_since: Option<Ms>,
+    /// On a node whose GPU broke: bound, but making no progress (its remaining time stands).
+    stalled: bool,
 }
 
 /// A node of the simulated cluster (registered instance).
@@ -83,6 +87,8 @@ pub struct SimNode {
     pub advertised: bool,
     pub removed: bool,
     pods: Vec<usize>,
+    /// A GPU of the node broke (the XID it reported), and when.
+    pub broken: Option<(u32, Ms)>,
 }
 
 struct LiveInstance {
@@ -166,6 +172,7 @@ impl World {
                 done: false,
                 epoch: 0,
                 disrupted_since: None,
+                stalled: false,
             })
             .collect();
         drop(model);
@@ -226,6 +233,7 @@ impl World {
             let at = match e {
                 CloudEvent::InsufficientCapacity { at, .. }
                 | CloudEvent::SpotInterruption { at, .. }
+                | CloudEvent::GpuFailure { at, .. }
                 | CloudEvent::Quota { at, .. } => *at,
             };
             w.push(at, Event::Cloud(i));
@@ -607,6 +615,7 @@ impl World {
             advertised: false,
             removed: false,
             pods: Vec::new(),
+            broken: None,
         });
         self.node_by_name.insert(name.clone(), ni);
         self.live_nodes.insert(ni);
@@ -693,9 +702,10 @@ impl World {
                 g.core_pct += s.core_pct;
             }
         }
-        if let (Some(r), Some(b)) = (st.remaining, st.bound_at) {
+        if let (Some(r), Some(b), false) = (st.remaining, st.bound_at, st.stalled) {
             st.remaining = Some((r - (now - b)).max(0));
         }
+        st.stalled = false;
         st.node = None;
         st.bound_at = None;
         st.epoch += 1;
@@ -714,6 +724,7 @@ impl World {
     fn fits(&self, p: &Pod, n: &SimNode) -> bool {
         !n.removed
             && n.node.is_schedulable()
+            && !(n.broken.is_some() && p.wants_gpu())
             && p.fits(
                 &n.free,
                 &n.free_shared,
@@ -930,6 +941,34 @@ impl World {
                     self.push(h.terminate_at_ms, Event::SpotGone(h.instance_id));
                 }
             }
+            CloudEvent::GpuFailure {
+                fraction,
+                pool,
+                xid,
+                ..
+            } => {
+                let mut candidates: Vec<usize> = self
+                    .live_nodes
+                    .iter()
+                    .copied()
+                    .filter(|&ni| {
+                        let n = &self.nodes[ni];
+                        n.advertised
+                            && n.broken.is_none()
+                            && n.node.advertised_gpus() > 0
+                            && pool.as_ref().is_none_or(|p| *p == n.pool)
+                    })
+                    .collect();
+                let k =
+                    ((fraction * candidates.len() as f64).ceil() as usize).min(candidates.len());
+                for j in 0..k {
+                    let r = j + self.rng.below((candidates.len() - j) as u64) as usize;
+                    candidates.swap(j, r);
+                }
+                for &ni in &candidates[..k] {
+                    self.break_gpu(ni, xid);
+                }
+            }
             CloudEvent::Quota {
                 max_instances,
                 max_gpus,
@@ -938,9 +977,78 @@ impl World {
         }
     }
 
-    /// Nothing left to happen: no queued event, no running pod, nothing launching.
+    /// A GPU of node `ni` breaks: the node's health agent reports it, its pods stop making
+    /// progress (their work is lost from now until they run elsewhere), and the scheduler places
+    /// no GPU pod on it any more (the device plugin reports the GPU unhealthy).
+    fn break_gpu(&mut self, ni: usize, xid: u32) {
+        let now = self.now;
+        self.metrics.gpu_failures += 1;
+        let n = &mut self.nodes[ni];
+        n.broken = Some((xid, now));
+        n.node
+            .conditions
+            .insert(HARDWARE_CONDITION.into(), "False".into());
+        for &p in &n.pods {
+            let st = &mut self.pods[p];
+            if st.pod.is_daemonset() || st.stalled {
+                continue;
+            }
+            if let (Some(r), Some(b)) = (st.remaining, st.bound_at) {
+                st.remaining = Some((r - (now - b)).max(0));
+            }
+            st.bound_at = Some(now);
+            st.stalled = true;
+            // Its Finish no longer comes.
+            st.epoch += 1;
+            st.disrupted_since.get_or_insert(now);
+        }
+        self.changed = true;
+    }
+
+    /// Per Node name, the XID its broken GPU reported (what dcgm-exporter shows through
+    /// Prometheus).
+    pub fn gpu_xids(&self) -> BTreeMap<String, Vec<GpuXid>> {
+        self.live_nodes
+            .iter()
+            .filter_map(|&ni| {
+                let n = &self.nodes[ni];
+                n.broken.map(|(xid, _)| {
+                    (
+                        n.node.name.clone(),
+                        vec![GpuXid {
+                            gpu: "0".into(),
+                            xid,
+                        }],
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Nodes with a broken GPU: name, pool, and since when.
+    pub fn broken_nodes(&self) -> Vec<(String, String, Ms)> {
+        self.live_nodes
+            .iter()
+            .filter_map(|&ni| {
+                let n = &self.nodes[ni];
+                n.broken
+                    .map(|(_, at)| (n.node.name.clone(), n.pool.clone(), at))
+            })
+            .collect()
+    }
+
+    /// Nothing left to happen: no queued event, no running pod (a pod stalled on a broken GPU
+    /// does not run), nothing launching.
     fn quiescent(&self) -> bool {
-        self.events.is_empty() && self.active.len() == self.pending.len() && self.booting.is_empty()
+        self.events.is_empty()
+            && self.booting.is_empty()
+            && self.active.len()
+                == self.pending.len()
+                    + self
+                        .active
+                        .iter()
+                        .filter(|&&p| self.pods[p].stalled && self.pods[p].node.is_some())
+                        .count()
     }
 }
 
@@ -1037,6 +1145,13 @@ pub fn run_with_progress(
         }
     }
     w.record_series(true);
+    // Work still disrupted at the end (a pod stalled on a broken GPU nobody replaced, one
+    // interrupted and never placed again) is lost up to the end.
+    for st in &w.pods {
+        if let (Some(t), false) = (st.disrupted_since, st.done) {
+            w.metrics.lost_gpu_hours += (w.now - t) as f64 / HOUR as f64 * st.gpu_eq;
+        }
+    }
     let m = &mut w.metrics;
     m.span_s = (w.now - start) as f64 / 1000.0;
     m.pods_never_placed = w.pods.iter().filter(|p| p.first_bound.is_none()).count();

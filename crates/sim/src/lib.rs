@@ -68,6 +68,15 @@ pub enum CloudEvent {
         fraction: f64,
         pool: Option<String>,
     },
+    /// A share of the GPU nodes (of a pool, or all) get a broken GPU: the node shows
+    /// `AcceleratedHardwareReady=False`, its GPU reports `xid` (read through `gpuMetrics`), its
+    /// pods make no progress and no GPU pod is placed on it any more.
+    GpuFailure {
+        at: Ms,
+        fraction: f64,
+        pool: Option<String>,
+        xid: u32,
+    },
     /// An account quota from `at` on.
     Quota {
         at: Ms,

@@ -130,6 +130,8 @@ impl Strategy for Ours {
             policy_valid: true,
             // The interruption queue (`interruptionQueue`), as EventBridge fills it.
             notices: world.take_notices(),
+            // dcgm-exporter's XIDs, where the policy reads them (`gpuMetrics`).
+            gpu_xids: world.policy.gpu_metrics.is_some().then(|| world.gpu_xids()),
         };
         let mut actions = self.core.pass(obs);
         let mut steps = 0;

@@ -28,8 +28,10 @@ pub struct Metrics {
     pub nodes_removed: usize,
     pub evictions: usize,
     pub spot_interruptions: usize,
-    /// GPU-hours of work lost to interruptions: per disrupted pod, its GPUs × the time from the
-    /// notice to it running again.
+    /// Nodes whose GPU broke.
+    pub gpu_failures: usize,
+    /// GPU-hours of work lost to interruptions and broken GPUs: per disrupted pod, its GPUs ×
+    /// the time from the notice or the failure to it running again (or to the end).
     pub lost_gpu_hours: f64,
     pub provider_calls: usize,
     pub wall_s: f64,
@@ -124,7 +126,8 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
         ("nodes removed", |m| m.nodes_removed.to_string()),
         ("evictions", |m| m.evictions.to_string()),
         ("spot interruptions", |m| m.spot_interruptions.to_string()),
-        ("GPU-hours lost to interruptions", |m| {
+        ("GPU failures", |m| m.gpu_failures.to_string()),
+        ("GPU-hours of work lost", |m| {
             format!("{:.2}", m.lost_gpu_hours)
         }),
         ("wall time (s)", |m| format!("{:.2}", m.wall_s)),

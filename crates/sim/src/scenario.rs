@@ -134,7 +134,17 @@ struct RawLoad {
 struct RawEvent {
     insufficient_capacity: Option<RawIce>,
     spot_interruption: Option<RawSpot>,
+    gpu_failure: Option<RawGpuFailure>,
     quota: Option<RawQuota>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawGpuFailure {
+    at: String,
+    fraction: f64,
+    pool: Option<String>,
+    xid: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -521,12 +531,14 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
         let set = [
             e.insufficient_capacity.is_some(),
             e.spot_interruption.is_some(),
+            e.gpu_failure.is_some(),
             e.quota.is_some(),
         ];
         if set.iter().filter(|x| **x).count() != 1 {
             errs.at(
                 &path(&[k("events"), i(ei)]),
-                "an event is exactly one of insufficientCapacity, spotInterruption, quota",
+                "an event is exactly one of insufficientCapacity, spotInterruption, gpuFailure, \
+                 quota",
             );
             continue;
         }
@@ -568,6 +580,24 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 at: errs.dur(&p("at"), &sp.at),
                 fraction: sp.fraction,
                 pool: sp.pool.clone(),
+            });
+        }
+        if let Some(g) = &e.gpu_failure {
+            let p = |f: &str| path(&[k("events"), i(ei), k("gpuFailure"), k(f)]);
+            if !(g.fraction > 0.0 && g.fraction <= 1.0) {
+                errs.at(&p("fraction"), "fraction must be in (0, 1]");
+            }
+            if g.xid == Some(0) {
+                errs.at(
+                    &p("xid"),
+                    "an XID is a positive number (79: fallen off the bus)",
+                );
+            }
+            events.push(CloudEvent::GpuFailure {
+                at: errs.dur(&p("at"), &g.at),
+                fraction: g.fraction,
+                pool: g.pool.clone(),
+                xid: g.xid.unwrap_or(79),
             });
         }
         if let Some(q) = &e.quota {
