@@ -1077,7 +1077,9 @@ impl Autoscaler {
         }
         let policy = pass.policy.clone();
         let templates = pass.templates.clone();
-        self.replace.retain_nodes(&pass.snapshot.nodes);
+        let drains = &self.drains;
+        self.replace
+            .retain_nodes(&pass.snapshot.nodes, |n| drains.contains_key(n));
         self.replace.adopt_tainted(&pass.snapshot.nodes);
         // Per pool: nodes, and nodes being replaced for health.
         let mut sizes: BTreeMap<&str, (usize, usize)> = BTreeMap::new();

@@ -291,12 +291,15 @@ impl Replacements {
         Step::Start { cause, why }
     }
 
-    /// Forgets nodes that are gone.
-    pub fn retain_nodes(&mut self, nodes: &[Node]) {
+    /// Forgets nodes that are gone, except a replaced node whose drain has not reported back
+    /// yet (its Node is deleted before the drain ends): the drain's outcome is counted as a
+    /// replacement, not as a scale-down.
+    pub fn retain_nodes(&mut self, nodes: &[Node], draining: impl Fn(&str) -> bool) {
         let names: std::collections::BTreeSet<&str> =
             nodes.iter().map(|n| n.name.as_str()).collect();
         self.unhealthy.retain(|k, _| names.contains(k.as_str()));
-        self.replacing.retain(|k, _| names.contains(k.as_str()));
+        self.replacing
+            .retain(|k, _| names.contains(k.as_str()) || draining(k));
         self.reported.retain(|k, _| names.contains(k.as_str()));
     }
 

@@ -1139,6 +1139,32 @@ fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod
 }
 
 #[test]
+fn a_replaced_node_deleted_before_its_drain_reports_back_counts_as_replaced() {
+    let mut run = run_with_busy_node();
+    run.nodes[0]
+        .conditions
+        .insert("AcceleratedHardwareReady".into(), "False".into());
+    run.pass(T0 + secs(60));
+    assert_eq!(tainted_replacing(&run.pass(T0 + secs(660))), ["node-i-1"]);
+    let new_id = run.cloud.instances.last().unwrap().id.clone();
+    run.register(&new_id, 1, T0 + secs(700));
+    assert_eq!(drains(&run.pass(T0 + secs(710))).len(), 1);
+    // The drain deletes the Node; a pass runs before the drain's task is collected.
+    run.nodes.retain(|n| n.name != "node-i-1");
+    run.pass(T0 + secs(715));
+    let out = run
+        .core
+        .drain_finished("node-i-1", DrainOutcome::Removed, T0 + secs(720));
+    assert_eq!(
+        out,
+        [Action::Count(Count::Replaced {
+            pool: "a10g".into(),
+            cause: "unhealthy"
+        })]
+    );
+}
+
+#[test]
 fn a_gpu_that_reported_a_fatal_xid_gets_its_node_replaced_after_the_xid_grace_period() {
     let mut run = run_with_busy_node();
     let xid = |code: u32| {
