@@ -510,6 +510,7 @@ impl Autoscaler {
             };
             if let Ok(since) = Time::parse_rfc3339(&u.since) {
                 consider(since + pool.scale_down.unneeded_time);
+                consider(since + pool.scale_down.empty_unneeded_time);
             }
             if let Some(h) = self.history.get(&pool.name) {
                 if let Some(t) = h.last_scale_up {

@@ -304,18 +304,23 @@ pub(super) fn scale_down(
                 continue;
             }
         }
-        let removable_at = since + pool.scale_down.unneeded_time;
+        let movable: Vec<&Pod> = pods
+            .iter()
+            .copied()
+            .filter(|p| !dies_with_node(p))
+            .collect();
+        let delay = if movable.is_empty() {
+            pool.scale_down.empty_unneeded_time
+        } else {
+            pool.scale_down.unneeded_time
+        };
+        let removable_at = since + delay;
         if now < removable_at {
             out.kept.push(keep(format!(
                 "unneeded since {since}, removable after {removable_at}"
             )));
             continue;
         }
-        let movable: Vec<&Pod> = pods
-            .iter()
-            .copied()
-            .filter(|p| !dies_with_node(p))
-            .collect();
         if let Some(why) = movable.iter().find_map(|p| not_movable(p, snapshot)) {
             out.kept.push(keep(why));
             continue;

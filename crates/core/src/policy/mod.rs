@@ -253,6 +253,9 @@ pub struct ScaleDown {
     pub enabled: bool,
     pub cooldown_after_scale_up: Duration,
     pub unneeded_time: Duration,
+    /// How long a node with no pod to move (DaemonSet pods and the like only) must be unneeded
+    /// before it is removed; `unneeded_time` unless set.
+    pub empty_unneeded_time: Duration,
     pub utilization_threshold: f64,
     pub backoff_after_failure: Duration,
 }
@@ -506,6 +509,7 @@ struct RawScaleDown {
     enabled: Option<bool>,
     cooldown_after_scale_up: Option<Dur>,
     unneeded_time: Option<Dur>,
+    empty_unneeded_time: Option<Dur>,
     utilization_threshold: Option<f64>,
     backoff_after_failure: Option<Dur>,
 }
@@ -1331,6 +1335,22 @@ fn validate_pool(
         sd.unneeded_time,
         defaults::UNNEEDED_TIME,
     );
+    let empty_unneeded_time = c.duration(
+        &sd_path("emptyUnneededTime"),
+        sd.empty_unneeded_time,
+        unneeded_time,
+    );
+    if empty_unneeded_time > unneeded_time {
+        c.at(
+            &sd_path("emptyUnneededTime"),
+            format!(
+                "{} is longer than unneededTime ({}): an empty node would wait longer than a \
+                 busy one",
+                duration::format_duration(empty_unneeded_time),
+                duration::format_duration(unneeded_time)
+            ),
+        );
+    }
     let backoff_after_failure = c.duration(
         &sd_path("backoffAfterFailure"),
         sd.backoff_after_failure,
@@ -1386,6 +1406,7 @@ fn validate_pool(
             enabled: sd.enabled.unwrap_or(true),
             cooldown_after_scale_up,
             unneeded_time,
+            empty_unneeded_time,
             utilization_threshold,
             backoff_after_failure,
         },

@@ -182,6 +182,7 @@ fn example_policy_parses_with_defaults_applied() {
                 enabled: true,
                 cooldown_after_scale_up: mins(10),
                 unneeded_time: mins(10),
+                empty_unneeded_time: mins(10),
                 utilization_threshold: 0.5,
                 backoff_after_failure: mins(3),
             },
@@ -247,6 +248,7 @@ fn minimal_policy_gets_every_default() {
             enabled: true,
             cooldown_after_scale_up: mins(10),
             unneeded_time: mins(10),
+            empty_unneeded_time: mins(10),
             utilization_threshold: 0.5,
             backoff_after_failure: mins(3),
         }
@@ -341,6 +343,12 @@ fn error_cases() -> Vec<Case> {
             one_pool(&["interruptionQueue: prod-gpu-interruptions"]),
             (6, 1),
             "is not a queue URL",
+        ),
+        case(
+            "empty unneeded time longer than unneeded time",
+            one_pool(&["    scaleDown: {unneededTime: 5m, emptyUnneededTime: 10m}"]),
+            (6, 35),
+            "longer than unneededTime",
         ),
         case(
             "gpu metrics without a URL",

@@ -92,6 +92,34 @@ fn unneeded_time_must_pass() {
 }
 
 #[test]
+fn an_empty_node_waits_its_own_shorter_delay_and_a_busy_one_the_whole_unneeded_time() {
+    let policy = SD_POLICY.replace(
+        "    maxNodes: 100\n",
+        "    maxNodes: 100\n    scaleDown: {unneededTime: 10m, emptyUnneededTime: 1m}\n",
+    );
+    let dcgm = || {
+        PodBuilder::new("kube-system", "dcgm")
+            .daemonset("dcgm")
+            .cpu_milli(100)
+            .on("empty")
+    };
+    // Unneeded for 2 minutes: the node with only a DaemonSet pod goes, the one with a 1-GPU
+    // pod (25 % used) waits for its 10 minutes.
+    let s = snap(
+        vec![dcgm().build(), on("w", "busy", 1).build()],
+        vec![
+            node("empty", Some(2)).build(),
+            node("busy", Some(2)).build(),
+        ],
+    );
+    let p = run(&s, &policy);
+    assert_eq!(removed(&p), ["empty"], "{p:?}");
+    assert!(kept_reason(&p, "busy").contains("removable after"));
+    // Without emptyUnneededTime, the empty node waits as long as any.
+    assert!(removed(&sd(&s)).is_empty());
+}
+
+#[test]
 fn unneeded_is_judged_on_gpu_requests_only() {
     // (GPUs requested of 4, DaemonSet CPU, unneeded?)
     for (gpus, unneeded) in [(0, true), (1, true), (2, false), (4, false)] {
