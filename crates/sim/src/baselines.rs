@@ -4,11 +4,16 @@
 //! `ca-like`: a scan every 10 s; one node group per pool × instance type (the pool's first
 //! capacity type, all its zones); pods that fit nowhere are bin-packed per group and the
 //! least-waste expander (wasted CPU + memory share) picks one group per scan; no gang awareness;
-//! a registered node counts with what it advertises, so a GPU node whose device plugin has not
-//! started looks GPU-less and the same pods trigger another scale-up; a group that cannot launch
-//! is found out only when its nodes do not appear within the max node provision time (15 m), then
-//! backed off for 5 m. Scale-down: GPU utilisation below 0.5, unneeded 10 m, 10 m after any
-//! scale-up (the same rules as ours, through the same scale-down planner).
+//! a registered node that carries the cloud's GPU label (`k8s.amazonaws.com/accelerator`) but
+//! advertises no GPU yet is not ready and, for the 15 minutes after its creation
+//! (`MaxNodeStartupTime`), counts as upcoming at its group's template capacity, as the Cluster
+//! Autoscaler's `FilterOutNodesWithUnreadyResources` and cluster state do; a launch the cloud
+//! could not fill is seen at the next scan (its AWS provider reads the Auto Scaling group's failed
+//! scaling activities) and the group is backed off exponentially, 5 m doubling up to 30 m, reset
+//! after 3 h without failure (`--initial-node-group-backoff-duration`,
+//! `--max-node-group-backoff-duration`, `--node-group-backoff-reset-timeout`). Scale-down: GPU
+//! utilisation below 0.5, unneeded 10 m, 10 m after any scale-up (the same rules as ours, through
+//! the same scale-down planner).
 //!
 //! `karpenter-like`: batching 1 s idle / 10 s max; pods sorted by CPU then memory, descending;
 //! each goes onto existing or in-flight capacity (counted at full capacity, GPUs included), else
@@ -123,6 +128,37 @@ fn rooms(s: &Snapshot, templates: &[Template]) -> Vec<Room> {
     out
 }
 
+/// Registered nodes (for which `counts` holds) whose template has GPUs but which advertise none
+/// yet: their rooms get the template's GPUs.
+fn count_unadvertised_at_template(
+    rooms: &mut [Room],
+    s: &Snapshot,
+    templates: &[Template],
+    counts: impl Fn(&crate::model::Node) -> bool,
+) {
+    for r in rooms.iter_mut() {
+        let Some(n) = r.node.map(|i| &s.nodes[i]) else {
+            continue;
+        };
+        let Some(t) = template_of_node(n, templates).map(|t| &templates[t]) else {
+            continue;
+        };
+        if t.gpus == 0 || n.advertised_gpus() > 0 || !counts(n) {
+            continue;
+        }
+        r.free.gpu += t.allocatable.gpu;
+        r.free.amd_gpu += t.allocatable.amd_gpu;
+        for (name, v) in t.allocatable.mig_slices() {
+            let key = format!("{}{name}", crate::model::resources::MIG_PREFIX);
+            let cur = r.free.get(&key);
+            r.free.set(&key, cur + v);
+        }
+        if r.shared.is_empty() {
+            r.shared = t.shared.clone();
+        }
+    }
+}
+
 fn pending_gpu_pods(s: &Snapshot) -> Vec<&Pod> {
     s.pods
         .iter()
@@ -208,11 +244,18 @@ pub struct CaLike {
     policy: Policy,
     templates: plan::Templates,
     next: Option<Ms>,
-    /// Per group (template index): nodes asked for that never came, and when.
-    phantom: BTreeMap<usize, (u32, Ms)>,
+    /// Per group (template index): failed launches in a row, and the last one's time.
+    failures: BTreeMap<usize, (u32, Ms)>,
     backoff: BTreeMap<usize, Ms>,
     launches: u64,
 }
+
+/// The Cluster Autoscaler's node group back-off after a failed scale-up.
+const CA_INITIAL_BACKOFF: Ms = 5 * MINUTE;
+const CA_MAX_BACKOFF: Ms = 30 * MINUTE;
+const CA_BACKOFF_RESET: Ms = 3 * 60 * MINUTE;
+/// How long a registered node that is not ready counts as still starting (`NotStarted`).
+const CA_MAX_NODE_STARTUP: Ms = 15 * MINUTE;
 
 impl CaLike {
     pub fn new(input: &SimInput) -> CaLike {
@@ -227,7 +270,7 @@ impl CaLike {
             templates: plan::Templates::new(&policy, &available_catalog(input)),
             policy,
             next: None,
-            phantom: BTreeMap::new(),
+            failures: BTreeMap::new(),
             backoff: BTreeMap::new(),
             launches: 0,
         }
@@ -270,27 +313,19 @@ impl Strategy for CaLike {
         drop(world.take_notices());
         let templates = world.templates().to_vec();
         let snapshot = world.snapshot();
-        // Groups whose nodes never came: give up after the max node provision time, back off.
-        let max = self.policy.max_node_provision_time.as_millis() as Ms;
-        let expired: Vec<usize> = self
-            .phantom
-            .iter()
-            .filter(|(_, (_, at))| now - at >= max)
-            .map(|(g, _)| *g)
-            .collect();
-        for g in expired {
-            self.phantom.remove(&g);
-            self.backoff.insert(g, now + 5 * MINUTE);
-        }
         let mut rooms = rooms(&snapshot, &templates);
-        for (&g, &(n, _)) in &self.phantom {
-            let t = &templates[g];
-            for _ in 0..n {
-                rooms.push(template_room(t, 0));
-            }
-        }
+        // A GPU node whose device plugin has not started is unready, and upcoming at its
+        // template's capacity while it is young.
+        count_unadvertised_at_template(&mut rooms, &snapshot, &templates, |n| {
+            n.labels.contains_key(crate::model::labels::AWS_ACCELERATOR)
+                && now - n.created.0 < CA_MAX_NODE_STARTUP
+        });
         let mut left: Vec<&Pod> = Vec::new();
-        for p in pending_gpu_pods(&snapshot) {
+        let pending = pending_gpu_pods(&snapshot);
+        // Pods waiting for upcoming nodes are looked at every scan: a node still starting can
+        // turn unready (and its pods unschedulable) without anything else changing.
+        let waiting = !pending.is_empty();
+        for p in pending {
             if !rooms.iter_mut().any(|r| r.take(p)) {
                 left.push(p);
             }
@@ -371,8 +406,15 @@ impl Strategy for CaLike {
                     .map(|r| r.launched.len() as u32)
                     .unwrap_or(0);
                 if got < n {
-                    let e = self.phantom.entry(ti).or_insert((0, now));
-                    e.0 += n - got;
+                    // Seen at the next scan from the group's failed scaling activity.
+                    let e = self.failures.entry(ti).or_insert((0, now));
+                    if now - e.1 >= CA_BACKOFF_RESET {
+                        e.0 = 0;
+                    }
+                    e.0 += 1;
+                    e.1 = now;
+                    let wait = (CA_INITIAL_BACKOFF << (e.0 - 1).min(8)).min(CA_MAX_BACKOFF);
+                    self.backoff.insert(ti, now + 10 * SECOND + wait);
                 }
                 scaled = true;
             }
@@ -380,10 +422,7 @@ impl Strategy for CaLike {
         let snapshot = world.snapshot();
         let first_unneeded = scale_down(world, &self.policy, &self.templates, &snapshot);
         // Scan again in 10 s while anything is pending, waiting or being watched.
-        let busy = scaled
-            || !left.is_empty()
-            || !self.phantom.is_empty()
-            || !world.unregistered().is_empty();
+        let busy = scaled || waiting || !world.unregistered().is_empty();
         self.next = if busy {
             Some(now + 10 * SECOND)
         } else {
@@ -512,25 +551,7 @@ impl Strategy for KarpenterLike {
         let mut rooms = rooms(&snapshot, &templates);
         // Nodes whose GPUs are not advertised yet count at full capacity (node claims know
         // their instance type).
-        for r in rooms.iter_mut() {
-            let Some(n) = r.node.map(|i| &snapshot.nodes[i]) else {
-                continue;
-            };
-            if let Some(t) = template_of_node(n, &templates).map(|t| &templates[t]) {
-                if t.gpus > 0 && n.advertised_gpus() == 0 {
-                    r.free.gpu += t.allocatable.gpu;
-                    r.free.amd_gpu += t.allocatable.amd_gpu;
-                    for (name, v) in t.allocatable.mig_slices() {
-                        let key = format!("{}{name}", crate::model::resources::MIG_PREFIX);
-                        let cur = r.free.get(&key);
-                        r.free.set(&key, cur + v);
-                    }
-                    if r.shared.is_empty() {
-                        r.shared = t.shared.clone();
-                    }
-                }
-            }
-        }
+        count_unadvertised_at_template(&mut rooms, &snapshot, &templates, |_| true);
         let mut pods: Vec<&Pod> = pending_gpu_pods(&snapshot);
         pods.sort_by(|a, b| {
             b.requests
