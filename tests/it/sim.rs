@@ -129,6 +129,40 @@ fn broken_gpus_are_replaced_sooner_with_dcgm_metrics_and_never_by_the_cluster_au
 }
 
 #[test]
+fn waiting_for_spot_buys_less_on_demand_in_a_shortage_and_still_places_every_pod() {
+    let text =
+        std::fs::read_to_string(crate::root().join("simulations/scenarios/spot-shortage.yaml"))
+            .unwrap();
+    let waiting = text.replacen(
+        "      maxNodes: 60\n",
+        "      maxNodes: 60\n      spotMaxWait: 20m\n",
+        1,
+    );
+    assert_ne!(waiting, text);
+    let f = temp_file("spot-shortage-wait.yaml", &waiting);
+    let cost = |v: &Value| v["strategies"][0]["cost_usd"].as_f64().unwrap();
+    let before = json(&[
+        "simulate",
+        "simulations/scenarios/spot-shortage.yaml",
+        "--format",
+        "json",
+    ]);
+    let after = json(&["simulate", f.to_str().unwrap(), "--format", "json"]);
+    let m = &after["strategies"][0];
+    assert_eq!(m["pods_never_placed"], 0, "{m}");
+    // On-demand only for pods that waited 20 minutes: cheaper, and slower at the tail.
+    assert!(
+        cost(&after) < 0.9 * cost(&before),
+        "{} vs {}",
+        cost(&after),
+        cost(&before)
+    );
+    assert!(
+        m["wait_p99_s"].as_f64().unwrap() > before["strategies"][0]["wait_p99_s"].as_f64().unwrap()
+    );
+}
+
+#[test]
 fn spot_short_in_one_zone_moves_launches_to_another_zones_spot() {
     // Spot is short in us-east-1a for two hours; serving pods and 2 × 4-GPU gangs planned there
     // must go to another zone's spot, not to on-demand (~2.5 × spot) in us-east-1a. Buying

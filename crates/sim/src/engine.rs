@@ -858,6 +858,8 @@ impl World {
         }
         match e {
             Event::Arrive(i) => {
+                // Created when it arrives (a trace's creation time, a scenario's arrival).
+                self.pods[i].pod.created = Time(self.now);
                 self.pods[i].arrived = true;
                 self.active.insert(i);
                 self.pending.insert(i);

@@ -535,6 +535,9 @@ impl Autoscaler {
         for t in self.replace.timers() {
             consider(t);
         }
+        if let Some(t) = plan.spot_wait_until {
+            consider(t);
+        }
         next
     }
 

@@ -167,6 +167,9 @@ pub struct Plan {
     /// the other pools still planned.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The earliest time a pod now waiting for spot (`spotMaxWait`) may have on-demand.
+    #[serde(skip)]
+    pub spot_wait_until: Option<Time>,
 }
 
 /// Plans scale-ups for the pending GPU pods of `snapshot`, and scale-downs of idle GPU nodes.

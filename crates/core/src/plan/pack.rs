@@ -21,6 +21,7 @@ use crate::model::resources::{
 };
 use crate::model::{Constraints, Pod, Snapshot, Time};
 use crate::policy::Policy;
+use gpu_node_autoscaler_provider::CapacityType;
 
 use super::templates::{template_of_node, Template};
 use super::{is_planned_pod, Placement, Plan, PlannedOffering, PlannedPod, ScaleUp, Unschedulable};
@@ -39,6 +40,10 @@ struct Class {
     /// fits one pod (0 when none).
     tmask: Vec<u64>,
     value: f64,
+    /// Pools whose on-demand offerings the class may not use yet (bit per pool: its pods
+    /// wait for spot, `spotMaxWait`), and when the first of its pods may.
+    spot_only: u64,
+    spot_until: Option<Time>,
 }
 
 impl Class {
@@ -214,7 +219,7 @@ impl<'a> Packer<'a> {
             zones.extend(t.offerings.iter().map(|o| o.key.zone.clone()));
         }
         p.zones = zones.into_iter().collect();
-        p.build_classes();
+        p.build_classes(now);
         p
     }
 
@@ -336,8 +341,24 @@ impl<'a> Packer<'a> {
         self.bins.extend(inflight);
     }
 
-    fn build_classes(&mut self) {
+    fn build_classes(&mut self, now: Time) {
         let snap = self.snapshot;
+        // Per pod: the pools in which it still waits for spot, and until when.
+        let spot_wait = |pod: &Pod| -> (u64, Option<Time>) {
+            let mut mask = 0u64;
+            let mut until: Option<Time> = None;
+            for (i, pool) in self.policy.pools.iter().enumerate().take(64) {
+                if pool.spot_max_wait.is_zero() {
+                    continue;
+                }
+                let at = pod.created + pool.spot_max_wait;
+                if now < at {
+                    mask |= 1 << i;
+                    until = Some(until.map_or(at, |u: Time| u.min(at)));
+                }
+            }
+            (mask, until)
+        };
         let mut cclass_of: HashMap<*const Constraints, usize> = HashMap::new();
         let mut by_value: HashMap<Arc<Constraints>, usize> = HashMap::new();
         let mut pending: Vec<usize> = snap
@@ -385,8 +406,9 @@ impl<'a> Packer<'a> {
             }
         }
         let mut gang_of_key: BTreeMap<String, usize> = BTreeMap::new();
-        // Identical pods: requests, share, constraint class, gang, priority.
-        type ClassKey = (Resources, Option<GpuShare>, usize, Option<usize>, i32);
+        // Identical pods: requests, share, constraint class, gang, priority, pools they wait
+        // for spot in.
+        type ClassKey = (Resources, Option<GpuShare>, usize, Option<usize>, i32, u64);
         let mut class_of: HashMap<ClassKey, usize> = HashMap::new();
         for &pi in &pending {
             let pod: &Pod = &snap.pods[pi];
@@ -422,7 +444,15 @@ impl<'a> Packer<'a> {
                     self.gangs.len() - 1
                 })
             });
-            let key = (pod.requests.clone(), pod.share, cc, gang, pod.priority);
+            let (spot_only, spot_until) = spot_wait(pod);
+            let key = (
+                pod.requests.clone(),
+                pod.share,
+                cc,
+                gang,
+                pod.priority,
+                spot_only,
+            );
             let ci = *class_of.entry(key).or_insert_with(|| {
                 self.classes.push(Class {
                     requests: pod.requests.clone(),
@@ -435,6 +465,8 @@ impl<'a> Packer<'a> {
                     gpu_eq: pod.gpu_equivalents(),
                     tmask: Vec::new(),
                     value: 0.0,
+                    spot_only,
+                    spot_until,
                 });
                 if let Some(g) = gang {
                     self.gangs[g].classes.push(self.classes.len() - 1);
@@ -459,10 +491,12 @@ impl<'a> Packer<'a> {
                     if !fits || !cons.tolerates(&t.taints) {
                         return 0;
                     }
+                    let spot_only = t.pool < 64 && c.spot_only & (1 << t.pool) != 0;
                     t.offerings
                         .iter()
                         .enumerate()
                         .filter(|(_, o)| cons.matches_node(&o.labels, None))
+                        .filter(|(_, o)| !spot_only || o.key.capacity_type == CapacityType::Spot)
                         .fold(0u64, |m, (i, _)| m | (1 << i))
                 })
                 .collect();
@@ -1064,6 +1098,12 @@ impl<'a> Packer<'a> {
                 .iter()
                 .map(|&t| (cl.tmask[t]).count_ones() as usize)
                 .sum();
+            if let Some(until) = cl.spot_until {
+                return format!(
+                    "waiting for spot (spotMaxWait): all {n} matching spot offerings are short of \
+                     capacity; on-demand from {until}"
+                );
+            }
             return format!(
                 "all {n} matching offerings are currently unavailable (insufficient capacity); retrying when the insufficient-capacity cache expires"
             );
@@ -1115,7 +1155,10 @@ impl<'a> Packer<'a> {
 
     fn into_plan(self) -> Plan {
         let snap = self.snapshot;
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            spot_wait_until: self.classes.iter().filter_map(|c| c.spot_until).min(),
+            ..Plan::default()
+        };
         for (pod, kind) in &self.placed {
             let target = match *kind {
                 BinKind::Node(n) => snap.nodes[n].name.clone(),

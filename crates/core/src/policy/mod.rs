@@ -139,6 +139,9 @@ pub struct Pool {
     pub health: Health,
     /// Whether a rebalance recommendation (elevated spot interruption risk) replaces a node.
     pub replace_on_rebalance: bool,
+    /// How long a pending pod waits for spot capacity before on-demand is launched for it
+    /// (zero: on-demand is in every scale-up's fallback list at once).
+    pub spot_max_wait: Duration,
     /// AWS settings (`aws:`), for pools with `provider: aws`.
     pub aws: Option<AwsPoolSettings>,
     /// Alibaba Cloud settings (`alibaba:`), required for pools with `provider: alibaba`.
@@ -391,6 +394,7 @@ struct RawPool {
     health: RawHealth,
     #[serde(default)]
     replace_on_rebalance: bool,
+    spot_max_wait: Option<Dur>,
     aws: Option<RawAwsPool>,
     alibaba: Option<RawAlibabaPool>,
 }
@@ -1356,6 +1360,19 @@ fn validate_pool(
         sd.backoff_after_failure,
         defaults::BACKOFF_AFTER_FAILURE,
     );
+    let spot_max_wait = c.duration(
+        &pool_path(i, &["spotMaxWait"]),
+        r.spot_max_wait,
+        Duration::ZERO,
+    );
+    let both = capacity_types.contains(&CapacityType::Spot)
+        && capacity_types.contains(&CapacityType::OnDemand);
+    if !spot_max_wait.is_zero() && !both {
+        c.at(
+            &pool_path(i, &["spotMaxWait"]),
+            "waiting for spot needs capacityTypes with both spot and on-demand",
+        );
+    }
     let health = validate_health(i, r.health, c);
     let aws = r.aws.map(|a| validate_aws(i, a, &provider, &zones, c));
     let alibaba = match r.alibaba {
@@ -1402,6 +1419,7 @@ fn validate_pool(
         priority: r.priority,
         health,
         replace_on_rebalance: r.replace_on_rebalance,
+        spot_max_wait,
         scale_down: ScaleDown {
             enabled: sd.enabled.unwrap_or(true),
             cooldown_after_scale_up,

@@ -187,6 +187,7 @@ fn example_policy_parses_with_defaults_applied() {
                 backoff_after_failure: mins(3),
             },
             replace_on_rebalance: false,
+            spot_max_wait: Duration::ZERO,
             health: Health {
                 enabled: true,
                 conditions: vec![HealthCondition {
@@ -349,6 +350,12 @@ fn error_cases() -> Vec<Case> {
             one_pool(&["    scaleDown: {unneededTime: 5m, emptyUnneededTime: 10m}"]),
             (6, 35),
             "longer than unneededTime",
+        ),
+        case(
+            "spot max wait without spot",
+            one_pool(&["    spotMaxWait: 10m"]),
+            (6, 5),
+            "needs capacityTypes with both spot and on-demand",
         ),
         case(
             "gpu metrics without a URL",

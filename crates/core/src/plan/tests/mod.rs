@@ -759,6 +759,69 @@ fn unavailable_offerings_are_skipped_and_reported() {
 }
 
 #[test]
+fn a_pod_waits_for_spot_up_to_the_pools_spot_max_wait_then_gets_on_demand() {
+    let text = POLICY.replacen(
+        "    capacityTypes: [spot, on-demand]\n    maxNodes: 100\n  - name: l4",
+        "    capacityTypes: [spot, on-demand]\n    maxNodes: 100\n    spotMaxWait: 10m\n  - name: l4",
+        1,
+    );
+    assert_ne!(text, POLICY);
+    let mins = |m: u64| std::time::Duration::from_secs(60 * m);
+    let pod = |name: &str, age: u64| {
+        gpu_pod(name, 1)
+            .selector(labels::POOL, "a10g")
+            .created(NOW - mins(age))
+            .build()
+    };
+    // Spot available: a young pod's scale-up lists spot offerings only.
+    let plan = run(&snap(vec![pod("young", 2)], vec![]), &text);
+    let su = &plan.scale_ups[0];
+    assert!(su
+        .offerings
+        .iter()
+        .all(|o| o.capacity_type == CapacityType::Spot));
+    assert_eq!(plan.spot_wait_until, Some(NOW + mins(8)));
+    // Spot short everywhere: the young pod waits with a reason, the one pending for 11 minutes
+    // gets on-demand.
+    let mut s = snap(vec![pod("young", 2), pod("old", 11)], vec![]);
+    for it in [
+        "g5.xlarge",
+        "g5.2xlarge",
+        "g5.4xlarge",
+        "g5.12xlarge",
+        "g5.48xlarge",
+    ] {
+        for z in ["us-east-1a", "us-east-1b"] {
+            s.unavailable.insert(
+                OfferingKey {
+                    instance_type: it.into(),
+                    zone: z.into(),
+                    capacity_type: CapacityType::Spot,
+                },
+                NOW + mins(5),
+            );
+        }
+    }
+    let plan = run(&s, &text);
+    assert_eq!(plan.scale_ups.len(), 1, "{plan:?}");
+    assert_eq!(plan.scale_ups[0].pods[0].key, "default/old");
+    assert!(plan.scale_ups[0]
+        .offerings
+        .iter()
+        .all(|o| o.capacity_type == CapacityType::OnDemand));
+    let u = &plan.unschedulable[0];
+    assert_eq!(u.pod, "default/young");
+    assert!(
+        u.reason.contains("waiting for spot (spotMaxWait)"),
+        "{}",
+        u.reason
+    );
+    assert!(!u.permanent);
+    // Without spotMaxWait both get on-demand at once.
+    assert_eq!(run(&s, POLICY).scale_ups[0].count, 2);
+}
+
+#[test]
 fn daemonsets_reduce_what_a_new_node_offers() {
     // A DaemonSet taking 3 CPUs on every node: a 1-CPU GPU pod no longer fits g5.xlarge
     // (4 vCPU less 200m reserved less 3 CPUs).
