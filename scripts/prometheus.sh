@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the real Prometheus the end-to-end tests read GPU metrics through (gpuMetrics): Debian's
-# package, pinned, unpacked into a cache outside the repository (no system install, no root needed
-# when the package lists are present). The last line printed is the path of the `prometheus`
-# binary (also what `--print-bin` prints, without installing).
+# Installs the real Prometheus the end-to-end tests read GPU metrics through (gpuMetrics), and its
+# promtool, which checks the alert rules of deploy/: Debian's package, pinned, unpacked into a
+# cache outside the repository (no system install, no root needed when the package lists are
+# present). The last line printed is the path of the `prometheus` binary (also what `--print-bin`
+# prints, without installing); promtool is beside it.
 #
 # Idempotent: an unpacked binary is never fetched again.
 set -euo pipefail
@@ -17,7 +18,7 @@ if [ "${1:-}" = "--print-bin" ]; then
   echo "$BIN"
   exit 0
 fi
-if [ -x "$BIN" ]; then
+if [ -x "$BIN" ] && [ -x "$DIR/promtool" ]; then
   echo "$BIN"
   exit 0
 fi
@@ -43,6 +44,8 @@ fi
 dpkg-deb -x "$WORK"/prometheus_*.deb "$WORK/root"
 "$WORK/root/usr/bin/prometheus" --version >/dev/null
 mkdir -p "$DIR"
+cp "$WORK/root/usr/bin/promtool" "$DIR/promtool.tmp"
+mv "$DIR/promtool.tmp" "$DIR/promtool"
 cp "$WORK/root/usr/bin/prometheus" "$BIN.tmp"
 mv "$BIN.tmp" "$BIN"
 echo "prometheus: installed in $BIN" >&2

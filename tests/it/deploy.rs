@@ -698,6 +698,7 @@ fn the_monitoring_overlay_scrapes_alerts_and_charts_what_the_runbook_documents()
 
         let mut exprs = Vec::new();
         let rules = r.one("PrometheusRule", NAME);
+        promtool_checks_rules(&rules["spec"]);
         let mut alerts = BTreeSet::new();
         for group in rules["spec"]["groups"].as_array().expect("groups") {
             for rule in group["rules"].as_array().expect("rules") {
@@ -763,6 +764,41 @@ fn the_monitoring_overlay_scrapes_alerts_and_charts_what_the_runbook_documents()
             );
         }
     }
+}
+
+/// Prometheus' own `promtool check rules` on the PrometheusRule's groups (PromQL syntax, label
+/// and annotation templates, durations): promtool comes with the tests' Prometheus
+/// (`scripts/prometheus.sh`).
+fn promtool_checks_rules(spec: &Value) {
+    let prometheus = match std::env::var_os("GNA_PROMETHEUS_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let out = Command::new("bash")
+                .arg(root().join("scripts/prometheus.sh"))
+                .arg("--print-bin")
+                .output()
+                .expect("bash scripts/prometheus.sh --print-bin");
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    let promtool = prometheus.with_file_name("promtool");
+    assert!(
+        promtool.is_file(),
+        "{} is missing: install it with `bash scripts/prometheus.sh` (scripts/test.sh does)",
+        promtool.display()
+    );
+    let f = crate::temp_file("rules.json", &spec.to_string());
+    let out = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&f)
+        .output()
+        .expect("running promtool");
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The path of `to` relative to the directory `from` (kustomize refuses absolute paths).
@@ -1255,7 +1291,7 @@ fn the_controller_runs_with_the_dry_run_overlays_arguments_and_policy() {
 #[test]
 fn the_alerts_and_the_dashboard_read_metrics_the_controller_exports() {
     use gpu_node_autoscaler::controller::metrics::{
-        EvictionResult, FailedLaunch, Metrics, PoolCapacity, PoolLabel,
+        EvictionResult, FailedLaunch, Metrics, PoolCapacity, PoolLabel, ReadResult,
     };
     let m = Metrics::new();
     // A sample in every labelled family: an empty family is not written out.
@@ -1279,6 +1315,11 @@ fn the_alerts_and_the_dashboard_read_metrics_the_controller_exports() {
     m.evictions
         .get_or_create(&EvictionResult {
             result: "blocked".into(),
+        })
+        .inc();
+    m.gpu_metrics_reads
+        .get_or_create(&ReadResult {
+            result: "error".into(),
         })
         .inc();
     let exported = exported_metrics(&m.encode());

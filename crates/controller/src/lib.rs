@@ -560,6 +560,17 @@ impl Controller {
                 });
             }
         }
+        if policy.gpu_metrics.is_some() {
+            // Both series from the start, so that the first failure shows as an increase.
+            for result in ["ok", "error"] {
+                let _ = self
+                    .metrics
+                    .gpu_metrics_reads
+                    .get_or_create(&metrics::ReadResult {
+                        result: result.to_string(),
+                    });
+            }
+        }
         self.queue = match (&policy.interruption_queue, self.args.dry_run) {
             (Some(url), false) => {
                 if self.queue.as_ref().is_none_or(|q| q.url() != url) {
