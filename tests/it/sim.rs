@@ -45,10 +45,39 @@ fn compare_reports_every_strategy_with_the_documented_fields() {
             "spot_interruptions",
             "gpu_failures",
             "lost_gpu_hours",
+            "idle_gpu_hours_booting",
+            "idle_gpu_hours_empty",
+            "idle_gpu_hours_fragmented",
+            "cost_by_offering",
             "wall_s",
         ] {
             assert!(m.get(f).is_some(), "{f} missing");
         }
+        // Where the money goes adds up to the total...
+        let f = |k: &str| m[k].as_f64().unwrap();
+        let lines = m["cost_by_offering"].as_array().unwrap();
+        assert!(!lines.is_empty());
+        let billed: f64 = lines.iter().map(|l| l["cost_usd"].as_f64().unwrap()).sum();
+        assert!(
+            (billed - f("cost_usd")).abs() < 1e-6 * f("cost_usd"),
+            "{billed} {m}"
+        );
+        let gpu_hours: f64 = lines.iter().map(|l| l["gpu_hours"].as_f64().unwrap()).sum();
+        assert!(
+            (gpu_hours - f("gpu_hours_provisioned")).abs() < 1e-6 * gpu_hours,
+            "{m}"
+        );
+        // ...and so do the idle GPU-hours, split three ways.
+        let idle = f("gpu_hours_provisioned") - f("gpu_hours_requested");
+        let parts = f("idle_gpu_hours_booting") + f("idle_gpu_hours_empty");
+        assert!(
+            f("idle_gpu_hours_booting") > 0.0 && parts <= idle + 1e-6,
+            "{m}"
+        );
+        assert!(
+            (parts + f("idle_gpu_hours_fragmented") - idle).abs() < 1e-6 * idle.max(1.0),
+            "{m}"
+        );
         assert!(m["cost_usd"].as_f64().unwrap() >= m["lower_bound_usd"].as_f64().unwrap());
         assert_eq!(m["pods_never_placed"], 0);
     }

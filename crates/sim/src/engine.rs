@@ -89,6 +89,9 @@ pub struct SimNode {
     pods: Vec<usize>,
     /// A GPU of the node broke (the XID it reported), and when.
     pub broken: Option<(u32, Ms)>,
+    /// Since when the node, its GPUs advertised, has held no pod but DaemonSet pods.
+    empty_since: Option<Ms>,
+    gpus: f64,
 }
 
 struct LiveInstance {
@@ -100,6 +103,8 @@ struct LiveInstance {
     gpus: f64,
     node: Option<usize>,
     gone: bool,
+    /// When its node advertised its GPUs.
+    advertised_at: Option<Ms>,
 }
 
 /// The simulated world a strategy acts on.
@@ -138,6 +143,8 @@ pub struct World {
     pub metrics: Metrics,
     /// Interruption notices not taken by the strategy yet (what an EventBridge queue holds).
     notices: Vec<Notice>,
+    /// Per (pool, instance type, capacity type): instances, USD, GPU-hours billed so far.
+    cost_lines: BTreeMap<(String, String, String), (usize, f64, f64)>,
     live_price: f64,
     live_gpus: f64,
     running_gpus: f64,
@@ -208,6 +215,7 @@ impl World {
             changed: false,
             metrics: Metrics::default(),
             notices: Vec::new(),
+            cost_lines: BTreeMap::new(),
             live_price: 0.0,
             live_gpus: 0.0,
             running_gpus: 0.0,
@@ -349,6 +357,7 @@ impl World {
                     gpus,
                     node: None,
                     gone: false,
+                    advertised_at: None,
                 },
             );
             let span = (self.timing.boot_max - self.timing.boot_min).max(0) as u64;
@@ -526,12 +535,17 @@ impl World {
     fn instance_gone(&mut self, id: &str) {
         self.booting.remove(id);
         self.listing = None;
+        let mut billed = false;
         if let Some(i) = self.instances.get_mut(id) {
             if !i.gone {
                 i.gone = true;
                 self.live_price -= i.price;
                 self.live_gpus -= i.gpus;
+                billed = true;
             }
+        }
+        if billed {
+            self.account_instance(id, self.now);
         }
     }
 
@@ -545,6 +559,7 @@ impl World {
             }
         }
         self.nodes[ni].removed = true;
+        self.workload_changed(ni);
         self.live_nodes.remove(&ni);
         let id = self.nodes[ni].instance_id.clone();
         self.instance_gone(&id);
@@ -616,6 +631,8 @@ impl World {
             removed: false,
             pods: Vec::new(),
             broken: None,
+            empty_since: None,
+            gpus: inst.gpus,
         });
         self.node_by_name.insert(name.clone(), ni);
         self.live_nodes.insert(ni);
@@ -653,8 +670,51 @@ impl World {
         n.free_shared = shared;
         n.node.allocatable = n.full.clone();
         n.node.shared_gpus = n.full_shared.clone();
+        let id = n.instance_id.clone();
+        if let Some(i) = self.instances.get_mut(&id) {
+            i.advertised_at = Some(self.now);
+        }
+        self.workload_changed(ni);
         self.grown.insert(ni);
         self.dirty = true;
+    }
+
+    /// Keeps the empty-node clock of node `ni` (GPU-hours idle waiting for scale-down).
+    fn workload_changed(&mut self, ni: usize) {
+        let now = self.now;
+        let n = &self.nodes[ni];
+        let empty =
+            n.advertised && !n.removed && n.pods.iter().all(|&p| self.pods[p].pod.is_daemonset());
+        let (gpus, since) = (n.gpus, n.empty_since);
+        match (empty, since) {
+            (true, None) => self.nodes[ni].empty_since = Some(now),
+            (false, Some(t)) => {
+                self.metrics.idle_gpu_hours_empty += gpus * (now - t) as f64 / HOUR as f64;
+                self.nodes[ni].empty_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Bills a gone (or, at the end, a live) instance to its offering, and its GPU-hours before
+    /// its GPUs were advertised to booting.
+    fn account_instance(&mut self, id: &str, until: Ms) {
+        let Some(i) = self.instances.get(id) else {
+            return;
+        };
+        let hours = (until - i.launched).max(0) as f64 / HOUR as f64;
+        let boot_end = i.advertised_at.unwrap_or(until).min(until);
+        self.metrics.idle_gpu_hours_booting +=
+            i.gpus * (boot_end - i.launched).max(0) as f64 / HOUR as f64;
+        let key = (
+            i.pool.clone(),
+            i.offering.instance_type.clone(),
+            i.offering.capacity_type.as_str().to_string(),
+        );
+        let e = self.cost_lines.entry(key).or_default();
+        e.0 += 1;
+        e.1 += i.price * hours;
+        e.2 += i.gpus * hours;
     }
 
     fn bind(&mut self, p: usize, ni: usize) {
@@ -686,6 +746,7 @@ impl World {
             let epoch = st.epoch;
             self.push(now + r, Event::Finish(p, epoch));
         }
+        self.workload_changed(ni);
     }
 
     /// Takes a pod off its node: back to Pending (or done), keeping its remaining run time.
@@ -719,6 +780,7 @@ impl World {
         st.pod.shared_gpu_index = None;
         self.running_gpus -= st.gpu_eq;
         self.dirty = true;
+        self.workload_changed(ni);
     }
 
     fn fits(&self, p: &Pod, n: &SimNode) -> bool {
@@ -1147,6 +1209,36 @@ pub fn run_with_progress(
         }
     }
     w.record_series(true);
+    // What is still up is billed to the end.
+    let live: Vec<String> = w
+        .instances
+        .iter()
+        .filter(|(_, i)| !i.gone)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in live {
+        w.account_instance(&id, w.now);
+    }
+    for ni in 0..w.nodes.len() {
+        if let Some(t) = w.nodes[ni].empty_since.take() {
+            w.metrics.idle_gpu_hours_empty += w.nodes[ni].gpus * (w.now - t) as f64 / HOUR as f64;
+        }
+    }
+    w.metrics.cost_by_offering = std::mem::take(&mut w.cost_lines)
+        .into_iter()
+        .map(
+            |((pool, instance_type, capacity_type), (nodes, cost_usd, gpu_hours))| {
+                super::report::OfferingCost {
+                    pool,
+                    instance_type,
+                    capacity_type,
+                    nodes,
+                    cost_usd,
+                    gpu_hours,
+                }
+            },
+        )
+        .collect();
     // Work still disrupted at the end (a pod stalled on a broken GPU nobody replaced, one
     // interrupted and never placed again) is lost up to the end.
     for st in &w.pods {

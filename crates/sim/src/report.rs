@@ -33,6 +33,15 @@ pub struct Metrics {
     /// GPU-hours of work lost to interruptions and broken GPUs: per disrupted pod, its GPUs ×
     /// the time from the notice or the failure to it running again (or to the end).
     pub lost_gpu_hours: f64,
+    /// Idle GPU-hours (provisioned, not requested), split: GPUs of instances from launch until
+    /// their node advertised them (booting, device plugin starting)...
+    pub idle_gpu_hours_booting: f64,
+    /// ...GPUs of nodes holding no pod but DaemonSet pods (waiting for scale-down)...
+    pub idle_gpu_hours_empty: f64,
+    /// ...and the rest: free GPUs on nodes that run pods (fragmentation).
+    pub idle_gpu_hours_fragmented: f64,
+    /// Cost per pool × instance type × capacity type.
+    pub cost_by_offering: Vec<OfferingCost>,
     pub provider_calls: usize,
     pub wall_s: f64,
     /// Input rows left out, with why and how many.
@@ -41,6 +50,18 @@ pub struct Metrics {
     pub waits_s: Vec<f64>,
     #[serde(skip)]
     pub series: Vec<SeriesPoint>,
+}
+
+/// What one pool × instance type × capacity type cost over a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct OfferingCost {
+    pub pool: String,
+    pub instance_type: String,
+    pub capacity_type: String,
+    /// Instances launched.
+    pub nodes: usize,
+    pub cost_usd: f64,
+    pub gpu_hours: f64,
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -64,6 +85,11 @@ impl Metrics {
         } else {
             0.0
         };
+        self.idle_gpu_hours_fragmented = (self.gpu_hours_provisioned
+            - self.gpu_hours_requested
+            - self.idle_gpu_hours_booting
+            - self.idle_gpu_hours_empty)
+            .max(0.0);
         self.gpu_allocation_ratio = if self.gpu_hours_provisioned > 0.0 {
             self.gpu_hours_requested / self.gpu_hours_provisioned
         } else {
@@ -126,6 +152,15 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
         ("nodes removed", |m| m.nodes_removed.to_string()),
         ("evictions", |m| m.evictions.to_string()),
         ("spot interruptions", |m| m.spot_interruptions.to_string()),
+        ("idle GPU-h: booting", |m| {
+            format!("{:.1}", m.idle_gpu_hours_booting)
+        }),
+        ("idle GPU-h: empty nodes", |m| {
+            format!("{:.1}", m.idle_gpu_hours_empty)
+        }),
+        ("idle GPU-h: fragmented", |m| {
+            format!("{:.1}", m.idle_gpu_hours_fragmented)
+        }),
         ("GPU failures", |m| m.gpu_failures.to_string()),
         ("GPU-hours of work lost", |m| {
             format!("{:.2}", m.lost_gpu_hours)
@@ -143,6 +178,23 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
             let _ = write!(s, " {:>20}", f(m));
         }
         s.push('\n');
+    }
+    let _ = writeln!(s, "\ncost by pool, instance type and capacity type:");
+    for m in runs {
+        let mut lines: Vec<&OfferingCost> = m.cost_by_offering.iter().collect();
+        lines.sort_by(|a, b| b.cost_usd.total_cmp(&a.cost_usd));
+        for l in lines {
+            let share = if m.cost_usd > 0.0 {
+                100.0 * l.cost_usd / m.cost_usd
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                s,
+                "  {:<20} {:<12} {:<14} {:<10} {:>10.2} USD {:>5.1} % {:>5} nodes",
+                m.strategy, l.pool, l.instance_type, l.capacity_type, l.cost_usd, share, l.nodes
+            );
+        }
     }
     if let Some(m) = runs.first() {
         for (why, n) in &m.skipped {
