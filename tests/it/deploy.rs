@@ -635,8 +635,17 @@ fn the_aws_overlays_carry_the_irsa_role_and_the_base_does_not() {
 /// The metric names an expression reads (histogram series folded onto their histogram).
 fn metrics_in(expr: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
+    for prefix in ["gpu_node_autoscaler_", "process_"] {
+        found.extend(metrics_with_prefix(expr, prefix));
+    }
+    found
+}
+
+/// The metric names in `expr` that start with `prefix` (ours, or the process' own we export).
+fn metrics_with_prefix(expr: &str, prefix: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
     let mut rest = expr;
-    while let Some(i) = rest.find("gpu_node_autoscaler_") {
+    while let Some(i) = rest.find(prefix) {
         let tail = &rest[i..];
         let end = tail
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -1322,6 +1331,7 @@ fn the_alerts_and_the_dashboard_read_metrics_the_controller_exports() {
             result: "error".into(),
         })
         .inc();
+    m.pool_max_nodes.get_or_create(&pool()).set(6);
     let exported = exported_metrics(&m.encode());
 
     let monitoring = kustomize(&deploy_dir().join("overlays/monitoring"));

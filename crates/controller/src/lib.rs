@@ -13,6 +13,7 @@ pub mod alibaba;
 pub mod aws;
 pub mod drain;
 pub mod gpu_metrics;
+pub mod instrumented;
 pub mod kube_io;
 pub mod leader;
 pub mod metrics;
@@ -543,7 +544,14 @@ impl Controller {
             // No cloud call at all: the price file's catalog, every offering assumed available.
             (BTreeMap::new(), file_catalog)
         } else {
-            build_providers(&policy, &file_catalog, &self.args, &self.cluster_id).await?
+            build_providers(
+                &policy,
+                &file_catalog,
+                &self.args,
+                &self.cluster_id,
+                &self.metrics,
+            )
+            .await?
         };
         // Every pool's counters exist from the start, so that the first failure shows as an
         // increase (a series appearing at 1 does not).
@@ -558,6 +566,23 @@ impl Controller {
                     pool: p.name.clone(),
                     reason: reason.to_string(),
                 });
+            }
+        }
+        self.metrics.pool_max_nodes.clear();
+        self.metrics.pool_max_gpus.clear();
+        for p in &policy.pools {
+            let pool = PoolLabel {
+                pool: p.name.clone(),
+            };
+            self.metrics
+                .pool_max_nodes
+                .get_or_create(&pool)
+                .set(i64::from(p.max_nodes));
+            if let Some(g) = p.max_gpus {
+                self.metrics
+                    .pool_max_gpus
+                    .get_or_create(&pool)
+                    .set(i64::from(g));
             }
         }
         if policy.gpu_metrics.is_some() {
@@ -762,6 +787,9 @@ impl Controller {
         self.metrics
             .plan_duration_seconds
             .observe(deciding.as_secs_f64());
+        self.metrics
+            .last_pass_timestamp_seconds
+            .set(wall_now().0 / 1000);
     }
 
     /// Resumes the waiting step once every one of its launches is answered.
@@ -1072,8 +1100,17 @@ impl Controller {
         self.metrics.oldest_pending_gpu_pod_seconds.set(oldest);
         self.metrics.nodes.clear();
         self.metrics.gpus.clear();
+        self.metrics.nodes_unneeded.clear();
         for n in &snapshot.nodes {
             let Some(pool) = n.pool() else { continue };
+            if n.annotations.contains_key(labels::UNNEEDED_SINCE) {
+                self.metrics
+                    .nodes_unneeded
+                    .get_or_create(&PoolLabel {
+                        pool: pool.to_string(),
+                    })
+                    .inc();
+            }
             let ct = n
                 .labels
                 .get(labels::CAPACITY_TYPE)
@@ -1140,6 +1177,7 @@ async fn build_providers(
     file_catalog: &Catalog,
     args: &RunArgs,
     cluster_id: &str,
+    metrics: &Arc<Metrics>,
 ) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog), String> {
     let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
     let mut catalog = Catalog::default();
@@ -1184,6 +1222,7 @@ async fn build_providers(
                 ))
             }
         };
+        let provider = crate::instrumented::Instrumented::wrap(provider, metrics.clone());
         let mut c = provider
             .catalog()
             .await

@@ -53,6 +53,31 @@ pub struct EvictionResult {
     pub result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloudOperation {
+    pub provider: String,
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloudResult {
+    pub provider: String,
+    pub operation: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfo {
+    pub version: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn cloud_buckets() -> Histogram {
+    // 10 ms to about 160 s: an ESS scaling activity is awaited for minutes.
+    Histogram::new(exponential_buckets(0.01, 2.0, 15))
+}
+
 /// Every metric the controller exports (names documented in docs/operations.md).
 pub struct Metrics {
     pub leader: Gauge,
@@ -74,7 +99,94 @@ pub struct Metrics {
     pub launches_in_progress: Gauge,
     pub plan_duration_seconds: Histogram,
     pub reaction_seconds: Histogram,
+    pub cloud_request_duration_seconds: HistogramFamily<CloudOperation>,
+    pub cloud_requests: Family<CloudResult, Counter>,
+    pub pool_max_nodes: Family<PoolLabel, Gauge>,
+    pub pool_max_gpus: Family<PoolLabel, Gauge>,
+    pub nodes_unneeded: Family<PoolLabel, Gauge>,
+    pub last_pass_timestamp_seconds: Gauge,
+    /// The process' own (`process_*`, without the prefix, as every exporter names them).
+    process: Process,
     registry: Registry,
+}
+
+/// `process_*` metrics, read from `/proc/self` when scraped (Linux; absent elsewhere).
+struct Process {
+    start_time_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    cpu_seconds_total: Counter<f64, std::sync::atomic::AtomicU64>,
+    resident_memory_bytes: Gauge,
+    open_fds: Gauge,
+    registry: Registry,
+}
+
+impl Process {
+    fn new() -> Process {
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let p = Process {
+            start_time_seconds: Gauge::default(),
+            cpu_seconds_total: Counter::default(),
+            resident_memory_bytes: Gauge::default(),
+            open_fds: Gauge::default(),
+            registry: Registry::default(),
+        };
+        p.start_time_seconds.set(start);
+        let mut registry = Registry::with_prefix("process");
+        registry.register(
+            "start_time_seconds",
+            "Start time of the process since the Unix epoch in seconds",
+            p.start_time_seconds.clone(),
+        );
+        registry.register(
+            "cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            p.cpu_seconds_total.clone(),
+        );
+        registry.register(
+            "resident_memory_bytes",
+            "Resident memory size in bytes",
+            p.resident_memory_bytes.clone(),
+        );
+        registry.register(
+            "open_fds",
+            "Number of open file descriptors",
+            p.open_fds.clone(),
+        );
+        Process { registry, ..p }
+    }
+
+    fn refresh(&self) {
+        // utime and stime (fields 14 and 15) in clock ticks of USER_HZ, 100 on Linux.
+        if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+            if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                // After the command: state is field 3, so utime (14) is at index 11.
+                if let (Some(u), Some(s)) = (
+                    f.get(11).and_then(|v| v.parse::<f64>().ok()),
+                    f.get(12).and_then(|v| v.parse::<f64>().ok()),
+                ) {
+                    let total = (u + s) / 100.0;
+                    let seen = self.cpu_seconds_total.get();
+                    if total > seen {
+                        self.cpu_seconds_total.inc_by(total - seen);
+                    }
+                }
+            }
+        }
+        if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+            if let Some(kb) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+            {
+                self.resident_memory_bytes.set(kb * 1024);
+            }
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            self.open_fds.set(fds.count() as i64);
+        }
+    }
 }
 
 impl Metrics {
@@ -100,8 +212,57 @@ impl Metrics {
             launches_in_progress: Gauge::default(),
             plan_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             reaction_seconds: Histogram::new(exponential_buckets(0.25, 2.0, 12)),
+            cloud_request_duration_seconds: Family::new_with_constructor(cloud_buckets),
+            cloud_requests: Family::default(),
+            pool_max_nodes: Family::default(),
+            pool_max_gpus: Family::default(),
+            nodes_unneeded: Family::default(),
+            last_pass_timestamp_seconds: Gauge::default(),
+            process: Process::new(),
             registry: Registry::default(),
         };
+        let build_info: Family<BuildInfo, Gauge> = Family::default();
+        build_info
+            .get_or_create(&BuildInfo {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "1, labelled with the version of the running build",
+            build_info,
+        );
+        registry.register(
+            "cloud_request_duration_seconds",
+            "Duration of calls to a cloud provider, per provider and operation (launch, \
+             terminate, list, catalog)",
+            m.cloud_request_duration_seconds.clone(),
+        );
+        registry.register(
+            "cloud_requests",
+            "Calls to a cloud provider, per provider, operation and result (ok, error)",
+            m.cloud_requests.clone(),
+        );
+        registry.register(
+            "pool_max_nodes",
+            "The pool's maxNodes in the policy in force",
+            m.pool_max_nodes.clone(),
+        );
+        registry.register(
+            "pool_max_gpus",
+            "The pool's maxGpus in the policy in force, where it sets one",
+            m.pool_max_gpus.clone(),
+        );
+        registry.register(
+            "nodes_unneeded",
+            "Nodes per pool the last decision found unneeded (candidates for scale-down)",
+            m.nodes_unneeded.clone(),
+        );
+        registry.register(
+            "last_pass_timestamp_seconds",
+            "Unix time the leader last finished a decision pass",
+            m.last_pass_timestamp_seconds.clone(),
+        );
         registry.register(
             "leader",
             "1 on the replica holding the leader Lease",
@@ -199,10 +360,30 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
+        self.process.refresh();
         let mut s = String::new();
+        prometheus_client::encoding::text::encode_registry(&mut s, &self.process.registry)
+            .expect("writing to a String cannot fail");
         prometheus_client::encoding::text::encode(&mut s, &self.registry)
             .expect("writing to a String cannot fail");
         s
+    }
+
+    /// Records one call to a cloud provider.
+    pub fn cloud_call(&self, provider: &str, operation: &str, took: std::time::Duration, ok: bool) {
+        self.cloud_request_duration_seconds
+            .get_or_create(&CloudOperation {
+                provider: provider.to_string(),
+                operation: operation.to_string(),
+            })
+            .observe(took.as_secs_f64());
+        self.cloud_requests
+            .get_or_create(&CloudResult {
+                provider: provider.to_string(),
+                operation: operation.to_string(),
+                result: if ok { "ok" } else { "error" }.to_string(),
+            })
+            .inc();
     }
 }
 
