@@ -19,7 +19,10 @@
 //! each goes onto existing or in-flight capacity (counted at full capacity, GPUs included), else
 //! into the first new node claim whose remaining instance types still fit it, else a new claim;
 //! each claim launches the cheapest instance type left, spot first where allowed; no gang
-//! awareness; an offering that fails is avoided for 3 m; empty nodes are consolidated after 30 s.
+//! awareness; an offering that fails is avoided for 3 m; empty nodes are consolidated after 30 s,
+//! and (Karpenter v1's default `WhenEmptyOrUnderutilized`) a node whose pods have not changed for
+//! 30 s and all fit on the other nodes is drained and deleted, at most 10 % of a pool at once;
+//! replacing a node by a cheaper one is not modelled.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -439,6 +442,8 @@ pub struct KarpenterLike {
     next: Option<Ms>,
     ice: BTreeMap<OfferingKey, Ms>,
     empty_since: BTreeMap<String, Ms>,
+    /// Per node with pods: those pods, and since when they are the same.
+    stable_since: BTreeMap<String, (Vec<String>, Ms)>,
     launches: u64,
 }
 
@@ -485,6 +490,7 @@ impl KarpenterLike {
             next: None,
             ice: BTreeMap::new(),
             empty_since: BTreeMap::new(),
+            stable_since: BTreeMap::new(),
             launches: 0,
         }
     }
@@ -695,6 +701,7 @@ impl Strategy for KarpenterLike {
         };
         let mut soonest: Option<Ms> = None;
         let mut removed: BTreeMap<String, i64> = BTreeMap::new();
+        let mut emptied: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for n in &snapshot.nodes {
             if busy.contains_key(n.name.as_str()) || n.advertised_gpus() == 0 || nominated(n) {
                 self.empty_since.remove(&n.name);
@@ -708,6 +715,7 @@ impl Strategy for KarpenterLike {
             });
             if now - since >= 30 * SECOND && count > min {
                 world.drain_and_remove(&n.name);
+                emptied.insert(n.name.clone());
                 self.empty_since.remove(&n.name);
                 if let Some(p) = n.pool() {
                     *removed.entry(p.to_string()).or_insert(0) += 1;
@@ -717,11 +725,112 @@ impl Strategy for KarpenterLike {
                 soonest = Some(soonest.map_or(at, |s: Ms| s.min(at)));
             }
         }
+        if pending.is_empty() && !waiting {
+            self.consolidate_underutilized(world, &snapshot, &removed, emptied, &mut soonest);
+        }
         if waiting {
             self.next = Some(now + 10 * SECOND);
         }
         if let Some(s) = soonest {
             self.next = Some(self.next.map_or(s, |n| n.min(s)));
+        }
+    }
+}
+
+impl KarpenterLike {
+    /// Karpenter v1's default `WhenEmptyOrUnderutilized` consolidation, its delete half: a node
+    /// whose pods have not changed for 30 s and all fit on the other nodes is drained and deleted
+    /// (cheapest to disrupt first: fewest pods); at most 10 % of a pool's nodes (rounded up, its
+    /// default disruption budget) at once, empty nodes removed in this pass included; not while
+    /// GPU pods wait. Replacing a node by a cheaper one is not modelled.
+    fn consolidate_underutilized(
+        &mut self,
+        world: &mut World,
+        snapshot: &Snapshot,
+        removed: &BTreeMap<String, i64>,
+        mut gone: std::collections::BTreeSet<String>,
+        soonest: &mut Option<Ms>,
+    ) {
+        let now = world.now;
+        let mut pods_on: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+        for p in &snapshot.pods {
+            if let (true, Some(n)) = (p.is_bound_active() && !p.is_daemonset(), &p.node_name) {
+                pods_on.entry(n.as_str()).or_default().push(p);
+            }
+        }
+        // Since when each node's pods are what they are now.
+        let mut live: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        let mut candidates: Vec<(usize, &crate::model::Node)> = Vec::new();
+        for n in &snapshot.nodes {
+            let Some(pods) = pods_on.get(n.name.as_str()) else {
+                continue;
+            };
+            live.insert(n.name.clone());
+            let mut ids: Vec<String> = pods.iter().map(|p| p.id.to_string()).collect();
+            ids.sort();
+            let e = self
+                .stable_since
+                .entry(n.name.clone())
+                .or_insert((ids.clone(), now));
+            if e.0 != ids {
+                *e = (ids, now);
+            }
+            if now - e.1 < 30 * SECOND {
+                let at = e.1 + 30 * SECOND;
+                *soonest = Some(soonest.map_or(at, |s: Ms| s.min(at)));
+                continue;
+            }
+            let protected = n
+                .annotations
+                .get(crate::model::labels::KARPENTER_DO_NOT_DISRUPT)
+                .is_some_and(|v| v == "true")
+                || pods.iter().any(|p| {
+                    p.annotations
+                        .get(crate::model::labels::KARPENTER_DO_NOT_DISRUPT)
+                        .is_some_and(|v| v == "true")
+                });
+            if n.is_schedulable() && n.advertised_gpus() > 0 && n.pool().is_some() && !protected {
+                candidates.push((pods.len(), n));
+            }
+        }
+        self.stable_since.retain(|k, _| live.contains(k));
+        if candidates.is_empty() {
+            return;
+        }
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.name.cmp(&b.1.name)));
+        let templates = world.templates().to_vec();
+        let mut rooms = rooms(snapshot, &templates);
+        let mut disrupted: BTreeMap<String, i64> = removed.clone();
+        for (_, n) in candidates {
+            let pool = n.pool().unwrap_or_default().to_string();
+            let size = pool_nodes(snapshot, &pool);
+            let budget = (size as f64 * 0.1).ceil() as i64;
+            if disrupted.get(&pool).copied().unwrap_or(0) >= budget {
+                continue;
+            }
+            let mut trial = rooms.clone();
+            let mut pods = pods_on[n.name.as_str()].clone();
+            pods.sort_by(|a, b| {
+                b.gpu_equivalents()
+                    .total_cmp(&a.gpu_equivalents())
+                    .then(a.id.cmp(&b.id))
+            });
+            let fits = pods.iter().all(|p| {
+                trial.iter_mut().any(|r| {
+                    r.name
+                        .as_deref()
+                        .is_some_and(|x| x != n.name && !gone.contains(x))
+                        && r.take(p)
+                })
+            });
+            if !fits {
+                continue;
+            }
+            rooms = trial;
+            gone.insert(n.name.clone());
+            *disrupted.entry(pool).or_default() += 1;
+            world.drain_and_remove(&n.name);
+            self.stable_since.remove(&n.name);
         }
     }
 }

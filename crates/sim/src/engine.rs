@@ -991,8 +991,9 @@ impl World {
                     if let Some(ni) = self.instances.get(&h.instance_id).and_then(|i| i.node) {
                         for &p in &self.nodes[ni].pods {
                             let st = &mut self.pods[p];
-                            if !st.pod.is_daemonset() {
-                                st.disrupted_since.get_or_insert(self.now);
+                            if !st.pod.is_daemonset() && st.disrupted_since.is_none() {
+                                st.disrupted_since = Some(self.now);
+                                self.metrics.disrupted_gpus += st.gpu_eq;
                             }
                         }
                     }
@@ -1052,6 +1053,14 @@ impl World {
         n.node
             .conditions
             .insert(HARDWARE_CONDITION.into(), "False".into());
+        // The device plugin reports the node's GPUs unhealthy: none allocatable any more.
+        n.node.allocatable.gpu = 0;
+        n.node.allocatable.amd_gpu = 0;
+        n.node
+            .allocatable
+            .extended
+            .retain(|(name, _)| !name.starts_with(crate::model::resources::MIG_PREFIX));
+        n.node.shared_gpus.clear();
         for &p in &n.pods {
             let st = &mut self.pods[p];
             if st.pod.is_daemonset() || st.stalled {
@@ -1064,7 +1073,10 @@ impl World {
             st.stalled = true;
             // Its Finish no longer comes.
             st.epoch += 1;
-            st.disrupted_since.get_or_insert(now);
+            if st.disrupted_since.is_none() {
+                st.disrupted_since = Some(now);
+                self.metrics.disrupted_gpus += st.gpu_eq;
+            }
         }
         self.changed = true;
     }

@@ -33,6 +33,11 @@ pub struct Metrics {
     /// GPU-hours of work lost to interruptions and broken GPUs: per disrupted pod, its GPUs ×
     /// the time from the notice or the failure to it running again (or to the end).
     pub lost_gpu_hours: f64,
+    /// GPUs of the pods whose work was disrupted (each disruption counted once).
+    pub disrupted_gpus: f64,
+    /// `lost_gpu_hours` per disrupted GPU, in seconds: how long a disruption lasts on average
+    /// (comparable across strategies whose failures hit different nodes).
+    pub recovery_s_per_gpu: f64,
     /// Idle GPU-hours (provisioned, not requested), split: GPUs of instances from launch until
     /// their node advertised them (booting, device plugin starting)...
     pub idle_gpu_hours_booting: f64,
@@ -82,6 +87,11 @@ impl Metrics {
         self.wait_p99_s = percentile(&w, 0.99);
         self.cost_over_lower_bound = if self.lower_bound_usd > 0.0 {
             self.cost_usd / self.lower_bound_usd
+        } else {
+            0.0
+        };
+        self.recovery_s_per_gpu = if self.disrupted_gpus > 0.0 {
+            self.lost_gpu_hours * 3600.0 / self.disrupted_gpus
         } else {
             0.0
         };
@@ -164,6 +174,9 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
         ("GPU failures", |m| m.gpu_failures.to_string()),
         ("GPU-hours of work lost", |m| {
             format!("{:.2}", m.lost_gpu_hours)
+        }),
+        ("recovery per GPU (s)", |m| {
+            format!("{:.0}", m.recovery_s_per_gpu)
         }),
         ("wall time (s)", |m| format!("{:.2}", m.wall_s)),
     ];
