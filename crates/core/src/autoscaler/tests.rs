@@ -1126,9 +1126,12 @@ fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod
         d[0].reason
     );
     assert!(launches(&a).is_empty());
-    let out = run
-        .core
-        .drain_finished("node-i-1", DrainOutcome::Removed, T0 + secs(720));
+    assert_replaced_when_drained(&mut run, "node-i-1", T0 + secs(720));
+}
+
+/// The drain of `node` reports back: counted as a replacement of an unhealthy a10g node.
+fn assert_replaced_when_drained(run: &mut Run, node: &str, at: Time) {
+    let out = run.core.drain_finished(node, DrainOutcome::Removed, at);
     assert_eq!(
         out,
         [Action::Count(Count::Replaced {
@@ -1152,16 +1155,7 @@ fn a_replaced_node_deleted_before_its_drain_reports_back_counts_as_replaced() {
     // The drain deletes the Node; a pass runs before the drain's task is collected.
     run.nodes.retain(|n| n.name != "node-i-1");
     run.pass(T0 + secs(715));
-    let out = run
-        .core
-        .drain_finished("node-i-1", DrainOutcome::Removed, T0 + secs(720));
-    assert_eq!(
-        out,
-        [Action::Count(Count::Replaced {
-            pool: "a10g".into(),
-            cause: "unhealthy"
-        })]
-    );
+    assert_replaced_when_drained(&mut run, "node-i-1", T0 + secs(720));
 }
 
 #[test]
