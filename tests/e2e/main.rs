@@ -500,10 +500,12 @@ fn dry_run_reports_what_it_would_do_and_makes_no_ec2_call() {
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
     env.start_controller("r1", &["--dry-run"]);
     env.create(&gpu_pod("default", "dry", &no_labels(), None));
-    let ev = env.wait_for("a TriggeredScaleUp Event", MIN, || {
-        env.events("TriggeredScaleUp").pop()
+    let ev = env.wait_for("a DryRunScaleUp Event", MIN, || {
+        env.events("DryRunScaleUp").pop()
     });
     assert!(ev.starts_with("dry: would launch 1 × g5.xlarge"), "{ev}");
+    // Not the Cluster Autoscaler's reasons: the two can run side by side.
+    assert!(env.events("TriggeredScaleUp").is_empty());
     std::thread::sleep(Duration::from_secs(4));
     let proxy = env.proxy.as_ref().unwrap();
     let calls: usize = [
@@ -533,7 +535,10 @@ fn dry_run_reports_what_it_would_do_and_makes_no_ec2_call() {
         ],
         "i-0123456789abcdef0",
     ));
-    let ev = env.wait_for("a ScaleDown Event", MIN, || env.events("ScaleDown").pop());
+    let ev = env.wait_for("a DryRunScaleDown Event", MIN, || {
+        env.events("DryRunScaleDown").pop()
+    });
+    assert!(env.events("ScaleDown").is_empty());
     assert!(
         ev.starts_with("idle-gpu-0: would drain and remove idle-gpu-0 (pool a10g"),
         "{ev}"

@@ -786,10 +786,12 @@ impl Autoscaler {
             out.push(Action::Count(Count::Planned { pods: pod_keys(su) }));
             let what = describe(su);
             if self.config.dry_run {
+                // Reasons of its own, so that it can run beside the Cluster Autoscaler, whose
+                // Events (TriggeredScaleUp, NotTriggerScaleUp, ScaleDown) tools read.
                 notify_pods(
                     &pass,
                     su,
-                    "TriggeredScaleUp",
+                    "DryRunScaleUp",
                     format!("would launch {what}"),
                     out,
                 );
@@ -1588,7 +1590,7 @@ impl Autoscaler {
                 out.push(Action::Event(Note {
                     subject: Subject::Node(d.node.clone()),
                     warning: false,
-                    reason: "ScaleDown",
+                    reason: "DryRunScaleDown",
                     action: "Drain",
                     message: format!(
                         "would drain and remove {} (pool {}, saves ${:.3}/hour): {}",
@@ -1640,7 +1642,11 @@ impl Autoscaler {
             out.push(Action::Event(Note {
                 subject: pod_subject(&pass.snapshot.pods[i]),
                 warning: false,
-                reason: "NotTriggerScaleUp",
+                reason: if self.config.dry_run {
+                    "DryRunNoScaleUp"
+                } else {
+                    "NotTriggerScaleUp"
+                },
                 action: "ScaleUp",
                 message: u.reason.clone(),
             }));

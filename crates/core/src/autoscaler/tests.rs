@@ -805,6 +805,19 @@ fn dry_run_decides_and_reports_but_changes_nothing() {
         reasons.iter().any(|m| m.starts_with("would drain")),
         "{reasons:?}"
     );
+    // Reasons of its own, not the Cluster Autoscaler's.
+    let kinds: Vec<&str> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(n) => Some(n.reason),
+            _ => None,
+        })
+        .collect();
+    assert!(kinds.contains(&"DryRunScaleUp"), "{kinds:?}");
+    assert!(kinds.contains(&"DryRunScaleDown"), "{kinds:?}");
+    for theirs in ["TriggeredScaleUp", "NotTriggerScaleUp", "ScaleDown"] {
+        assert!(!kinds.contains(&theirs), "{kinds:?}");
+    }
 }
 
 #[test]
