@@ -2,7 +2,7 @@
 //!
 //! Watch tasks keep a [`store::ClusterState`] of model values; the loop waits until every store
 //! has synced, and runs a pass of the decision core ([`Autoscaler`], the same one `simulate`
-//! runs) when its batching window closes or every `--resync`. A pass observes the watch caches
+//! runs) when its batching window closes or every `--scan-interval`. A pass observes the watch caches
 //! and the pools' instance listings, and this crate carries out the actions it returns against
 //! the API server and the cloud providers: registrations, launches through the fallback list,
 //! terminations, drains (as tasks, whose outcomes go back to the core), annotations, Events, the
@@ -75,6 +75,14 @@ fn duration_arg(s: &str) -> std::result::Result<Duration, String> {
     crate::policy::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
+/// A duration, or a bare number of seconds (as the Cluster Autoscaler's `-sec` flags take).
+fn seconds_or_duration_arg(s: &str) -> std::result::Result<Duration, String> {
+    match s.parse::<u64>() {
+        Ok(secs) => Ok(Duration::from_secs(secs)),
+        Err(_) => duration_arg(s),
+    }
+}
+
 /// `gpu-node-autoscaler run`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
@@ -107,16 +115,40 @@ pub struct RunArgs {
     /// ESS/ECS/VPC endpoint (for tests against a local fake); the region comes from the policy.
     #[arg(long)]
     pub alibaba_endpoint_url: Option<String>,
-    /// Periodic resync: a pass at least this often.
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    /// Periodic resync: a pass at least this often (the Cluster Autoscaler's name; `--resync`
+    /// is kept as an alias).
+    #[arg(
+        long = "scan-interval",
+        visible_alias = "resync",
+        default_value = "10s",
+        value_parser = duration_arg
+    )]
     pub resync: Duration,
-    #[arg(long, default_value = "15s", value_parser = duration_arg)]
+    /// How long the leader Lease is held without renewal.
+    #[arg(
+        long = "leader-elect-lease-duration",
+        visible_alias = "lease-duration",
+        default_value = "15s",
+        value_parser = duration_arg
+    )]
     pub lease_duration: Duration,
-    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    /// How often the Lease is renewed or tried for.
+    #[arg(
+        long = "leader-elect-retry-period",
+        visible_alias = "lease-retry",
+        default_value = "2s",
+        value_parser = duration_arg
+    )]
     pub lease_retry: Duration,
     /// How long a drain may take (PDB refusals are retried until then) before the node is
-    /// given back.
-    #[arg(long, default_value = "600s", value_parser = duration_arg)]
+    /// given back; a bare number is seconds, so that the Cluster Autoscaler's
+    /// `--max-graceful-termination-sec=600` means the same.
+    #[arg(
+        long,
+        visible_alias = "max-graceful-termination-sec",
+        default_value = "600s",
+        value_parser = seconds_or_duration_arg
+    )]
     pub max_graceful_termination: Duration,
     /// Evictions per second, across all drains.
     #[arg(long, default_value_t = 10)]
@@ -1272,6 +1304,45 @@ async fn build_aws(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[test]
+    fn the_cluster_autoscalers_flag_names_mean_the_same_and_the_old_names_still_work() {
+        use clap::Parser;
+        let ca = Cli::try_parse_from([
+            "run",
+            "--scan-interval=5s",
+            "--leader-elect-lease-duration=20s",
+            "--leader-elect-retry-period=3s",
+            "--max-graceful-termination-sec=120",
+        ])
+        .unwrap()
+        .run;
+        let ours = Cli::try_parse_from([
+            "run",
+            "--resync=5s",
+            "--lease-duration=20s",
+            "--lease-retry=3s",
+            "--max-graceful-termination=2m",
+        ])
+        .unwrap()
+        .run;
+        for a in [&ca, &ours] {
+            assert_eq!(a.resync, Duration::from_secs(5));
+            assert_eq!(a.lease_duration, Duration::from_secs(20));
+            assert_eq!(a.lease_retry, Duration::from_secs(3));
+            assert_eq!(a.max_graceful_termination, Duration::from_secs(120));
+        }
+        let e = Cli::try_parse_from(["run", "--scan-interval=often"])
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("--scan-interval"), "{e}");
+    }
 
     #[test]
     fn the_loop_stays_alive_while_a_launch_is_awaited_until_it_is_stuck() {

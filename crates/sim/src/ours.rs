@@ -14,7 +14,7 @@ use crate::model::Time;
 use super::engine::{Strategy, World};
 use super::{earliest, Ms, SimInput, MINUTE, SECOND};
 
-/// How often the controller looks again while something is under way (its `--resync`).
+/// How often the controller looks again while something is under way (its `--scan-interval`).
 const RESYNC: Ms = 10 * SECOND;
 /// An idle cluster is looked at this often (a resync that finds nothing to do changes nothing,
 /// so the ones in between are skipped).
