@@ -1300,7 +1300,7 @@ fn the_controller_runs_with_the_dry_run_overlays_arguments_and_policy() {
 #[test]
 fn the_alerts_and_the_dashboard_read_metrics_the_controller_exports() {
     use gpu_node_autoscaler::controller::metrics::{
-        EvictionResult, FailedLaunch, Metrics, PoolCapacity, PoolLabel, ReadResult,
+        EvictionResult, FailedLaunch, Metrics, PoolCapacity, PoolLabel, ReadResult, Replaced,
     };
     let m = Metrics::new();
     // A sample in every labelled family: an empty family is not written out.
@@ -1332,6 +1332,14 @@ fn the_alerts_and_the_dashboard_read_metrics_the_controller_exports() {
         })
         .inc();
     m.pool_max_nodes.get_or_create(&pool()).set(6);
+    m.nodes_unneeded.get_or_create(&pool()).set(1);
+    m.nodes_replaced
+        .get_or_create(&Replaced {
+            pool: "a10g".into(),
+            cause: "unhealthy".into(),
+        })
+        .inc();
+    m.cloud_call("aws", "launch", std::time::Duration::from_millis(120), true);
     let exported = exported_metrics(&m.encode());
 
     let monitoring = kustomize(&deploy_dir().join("overlays/monitoring"));
