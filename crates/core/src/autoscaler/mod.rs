@@ -343,8 +343,10 @@ pub struct Autoscaler {
     /// Unneeded nodes whose instance is not ours, already reported (reported once, never
     /// drained).
     not_ours_reported: BTreeSet<String>,
-    /// Nodes being replaced (broken, or about to be taken back).
+    /// Nodes being replaced (broken, about to be taken back, or consolidated).
     replace: replace::Replacements,
+    /// Per pool with consolidation: when its running pods are planned again next.
+    consolidation_due: BTreeMap<String, Time>,
     last_status: Option<(String, Time)>,
     jitter_draws: u64,
     pass: Option<Pass>,
@@ -386,6 +388,7 @@ impl Autoscaler {
             gpus_lost: BTreeSet::new(),
             not_ours_reported: BTreeSet::new(),
             replace: replace::Replacements::default(),
+            consolidation_due: BTreeMap::new(),
             last_status: None,
             jitter_draws: 0,
             pass: None,
@@ -534,6 +537,9 @@ impl Autoscaler {
         }
         for t in self.replace.timers() {
             consider(t);
+        }
+        for t in self.consolidation_due.values() {
+            consider(*t);
         }
         if let Some(t) = plan.spot_wait_until {
             consider(t);
@@ -1086,7 +1092,7 @@ impl Autoscaler {
         let drains = &self.drains;
         self.replace
             .retain_nodes(&pass.snapshot.nodes, |n| drains.contains_key(n));
-        self.replace.adopt_tainted(&pass.snapshot.nodes);
+        self.replace.adopt_tainted(&pass.snapshot.nodes, pass.now);
         // Per pool: nodes, and nodes being replaced for health.
         let mut sizes: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
         for n in &pass.snapshot.nodes {
@@ -1159,6 +1165,7 @@ impl Autoscaler {
                         reason: match cause {
                             replace::Cause::Unhealthy => "ReplacingUnhealthyNode",
                             replace::Cause::Interrupted => "ReplacingInterruptedNode",
+                            replace::Cause::Consolidating => "Consolidating",
                         },
                         action: "Replace",
                         message: format!(
@@ -1209,11 +1216,137 @@ impl Autoscaler {
         out.push(Action::Count(Count::NodesUnhealthy(
             self.replace.unhealthy_count(),
         )));
+        if let Some(t) = templates.as_deref() {
+            self.consolidate(pass, &policy, t, out);
+        }
         // After the taints that record them.
         for message_id in std::mem::take(&mut self.replace.to_ack) {
             out.push(Action::AckNotice { message_id });
         }
         pass.moving = replace::plan_as_moving(&mut pass.snapshot, &self.replace.replacing);
+    }
+
+    /// GPU-aware consolidation: per pool that has it, once per `consolidation.interval`, plans
+    /// the running pods again (`plan::consolidate`) and starts replacing the nodes whose pods
+    /// fit cheaper capacity. One consolidation at a time per pool; only nodes of ours.
+    fn consolidate(
+        &mut self,
+        pass: &mut Pass,
+        policy: &Policy,
+        templates: &Templates,
+        out: &mut Vec<Action>,
+    ) {
+        let now = pass.now;
+        let enabled: Vec<&crate::policy::Pool> = policy
+            .pools
+            .iter()
+            .filter(|p| p.consolidation.enabled)
+            .collect();
+        self.consolidation_due
+            .retain(|p, _| enabled.iter().any(|e| &e.name == p));
+        if enabled.is_empty() {
+            return;
+        }
+        let pool_of_node: HashMap<&str, &str> = pass
+            .snapshot
+            .nodes
+            .iter()
+            .filter_map(|n| n.pool().map(|p| (n.name.as_str(), p)))
+            .collect();
+        let busy: BTreeSet<String> = self
+            .replace
+            .replacing
+            .iter()
+            .filter(|(_, r)| r.cause == replace::Cause::Consolidating)
+            .filter_map(|(n, _)| pool_of_node.get(n.as_str()).map(|p| p.to_string()))
+            .collect();
+        let due: Vec<&crate::policy::Pool> = enabled
+            .into_iter()
+            .filter(|p| !busy.contains(&p.name))
+            .filter(|p| {
+                self.consolidation_due
+                    .get(&p.name)
+                    .is_none_or(|t| *t <= now)
+            })
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        // The snapshot as the plan will see it: launches in flight, offerings short.
+        let mut snapshot = pass.snapshot.clone();
+        snapshot.in_flight = pass.view.in_flight.clone();
+        snapshot.unavailable = self.ice.clone();
+        // Only nodes of ours are replaced: others are left out of the candidates.
+        let view = &pass.view;
+        for n in &mut snapshot.nodes {
+            let ours = n
+                .provider_id
+                .as_ref()
+                .is_some_and(|p| view.instance_of_node.contains_key(p));
+            if !ours {
+                n.annotations
+                    .insert(labels::SCALE_DOWN_DISABLED.into(), "true".into());
+            }
+        }
+        let for_snapshot = templates.for_snapshot(&snapshot, now);
+        let drains_running = self.drains.len() + self.replace.replacing.len();
+        for pool in due {
+            self.consolidation_due
+                .insert(pool.name.clone(), now + pool.consolidation.interval);
+            let found = plan::consolidate::consolidate(
+                &snapshot,
+                &for_snapshot,
+                policy,
+                pool,
+                now,
+                drains_running,
+            );
+            let c = match found {
+                Ok(c) => c,
+                Err(why) => {
+                    let key = format!("consolidation/{}", pool.name);
+                    if self.replace.report_once(&key, &why) {
+                        out.push(Action::Log {
+                            level: Level::Info,
+                            message: format!("pool {}: nothing to consolidate: {why}", pool.name),
+                        });
+                    }
+                    continue;
+                }
+            };
+            let why = c.describe();
+            for node in &c.nodes {
+                self.replace.replacing.insert(
+                    node.clone(),
+                    replace::Replacing {
+                        cause: replace::Cause::Consolidating,
+                        why: why.clone(),
+                        retry_after: None,
+                        started: now,
+                    },
+                );
+                out.push(Action::Taint {
+                    node: node.clone(),
+                    taint: replace::replacing_taint(replace::Cause::Consolidating),
+                    present: true,
+                });
+                out.push(Action::Event(Note {
+                    subject: Subject::Node(node.clone()),
+                    warning: false,
+                    reason: "Consolidating",
+                    action: "Consolidate",
+                    message: format!(
+                        "replacing {node} (pool {}): {why}; its pods get a place elsewhere, \
+                         then it is drained",
+                        pool.name
+                    ),
+                }));
+            }
+            out.push(Action::Log {
+                level: Level::Info,
+                message: format!("pool {}: consolidating: {why}", pool.name),
+            });
+        }
     }
 
     /// Keeps the queue's notices about instances of ours (until those instances are gone), to
@@ -1278,7 +1411,31 @@ impl Autoscaler {
                 continue;
             }
             let why = format!("replacing: {}", r.why);
-            if r.cause == replace::Cause::Unhealthy {
+            if r.cause == replace::Cause::Consolidating {
+                if let Some(off) = replace::call_off_consolidation(
+                    pods,
+                    plan,
+                    r.started,
+                    pass.now,
+                    pass.policy.max_node_provision_time,
+                ) {
+                    self.replace.replacing.remove(node);
+                    out.push(Action::Taint {
+                        node: node.clone(),
+                        taint: replace::replacing_taint(replace::Cause::Consolidating),
+                        present: false,
+                    });
+                    out.push(Action::Event(Note {
+                        subject: Subject::Node(node.clone()),
+                        warning: true,
+                        reason: "ConsolidationCalledOff",
+                        action: "Consolidate",
+                        message: format!("{node} stays: {off}"),
+                    }));
+                    continue;
+                }
+            }
+            if r.cause.waits_for_capacity() {
                 if let Err(wait) = replace::ready_to_drain(pods, plan) {
                     if self.replace.report_once(node, &wait) {
                         out.push(Action::Log {

@@ -25,6 +25,8 @@ use crate::policy::{Policy, Pool};
 pub enum Cause {
     Unhealthy,
     Interrupted,
+    /// Its pods fit cheaper capacity (GPU-aware consolidation).
+    Consolidating,
 }
 
 impl Cause {
@@ -32,15 +34,22 @@ impl Cause {
         match self {
             Cause::Unhealthy => "unhealthy",
             Cause::Interrupted => "interrupted",
+            Cause::Consolidating => "consolidating",
         }
     }
 
     fn parse(s: &str) -> Cause {
-        if s == "interrupted" {
-            Cause::Interrupted
-        } else {
-            Cause::Unhealthy
+        match s {
+            "interrupted" => Cause::Interrupted,
+            "consolidating" => Cause::Consolidating,
+            _ => Cause::Unhealthy,
         }
+    }
+
+    /// Waits for its pods to have a place on nodes that exist before it is drained (an
+    /// interrupted node is drained at once: the notice is shorter than a boot).
+    pub fn waits_for_capacity(self) -> bool {
+        self != Cause::Interrupted
     }
 }
 
@@ -69,6 +78,8 @@ pub struct Replacing {
     pub why: String,
     /// Its drain failed: not tried again before then.
     pub retry_after: Option<Time>,
+    /// When this process started (or adopted) the replacement.
+    pub started: Time,
 }
 
 /// The replacement bookkeeping of the core.
@@ -173,7 +184,7 @@ pub enum Step {
 
 impl Replacements {
     /// Nodes being replaced, as the taint shows them (after a restart or a failover).
-    pub fn adopt_tainted(&mut self, nodes: &[Node]) {
+    pub fn adopt_tainted(&mut self, nodes: &[Node], now: Time) {
         for n in nodes {
             if let Some(t) = n.taints.iter().find(|t| t.key == labels::REPLACING_TAINT) {
                 self.replacing
@@ -182,6 +193,7 @@ impl Replacements {
                         cause: Cause::parse(&t.value),
                         why: format!("{} (found tainted)", t.value),
                         retry_after: None,
+                        started: now,
                     });
             }
         }
@@ -229,6 +241,13 @@ impl Replacements {
             }
         }
         let healthy_long = |u: &Unhealthy| now.since(u.last_seen) >= u.grace;
+        if let (Some(r), Some(key)) = (self.replacing.get_mut(&n.name), interrupted) {
+            // Being consolidated, and now about to be taken back: drained at once.
+            if r.cause == Cause::Consolidating {
+                r.cause = Cause::Interrupted;
+                r.why = format!("interruption notice ({key}) while being consolidated");
+            }
+        }
         if let Some(r) = self.replacing.get(&n.name) {
             let recovered = r.cause == Cause::Unhealthy
                 && unhealthy.is_none()
@@ -247,6 +266,7 @@ impl Replacements {
                 n,
                 Cause::Interrupted,
                 format!("interruption notice ({key})"),
+                now,
             ));
         }
         let u = self.unhealthy.get(&n.name)?.clone();
@@ -275,10 +295,10 @@ impl Replacements {
             }
             return Some(Step::Deferred { why });
         }
-        Some(self.start(n, Cause::Unhealthy, format!("{} for {for_s}s", u.what)))
+        Some(self.start(n, Cause::Unhealthy, format!("{} for {for_s}s", u.what), now))
     }
 
-    fn start(&mut self, n: &Node, cause: Cause, why: String) -> Step {
+    fn start(&mut self, n: &Node, cause: Cause, why: String, now: Time) -> Step {
         self.reported.remove(&n.name);
         self.replacing.insert(
             n.name.clone(),
@@ -286,6 +306,7 @@ impl Replacements {
                 cause,
                 why: why.clone(),
                 retry_after: None,
+                started: now,
             },
         );
         Step::Start { cause, why }
@@ -404,4 +425,33 @@ pub fn ready_to_drain(pods: &[String], plan: &Plan) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Why a consolidation under way is given up, if it is: a pod of the node has no place any more
+/// (pods arrived and took the room), or its replacement did not come up in twice
+/// `maxNodeProvisionTime`. The node then keeps its pods and loses its taint.
+pub fn call_off_consolidation(
+    pods: &[String],
+    plan: &Plan,
+    started: Time,
+    now: Time,
+    max_node_provision_time: Duration,
+) -> Option<String> {
+    if let Some(u) = pods
+        .iter()
+        .find_map(|p| plan.unschedulable.iter().find(|u| &u.pod == p))
+    {
+        return Some(format!(
+            "consolidation called off: pod {} has no place any more ({})",
+            u.pod, u.reason
+        ));
+    }
+    let limit = max_node_provision_time * 2;
+    if now.since(started) > limit && ready_to_drain(pods, plan).is_err() {
+        return Some(format!(
+            "consolidation called off: its pods had no place on nodes that exist after {}",
+            crate::policy::duration::format_duration(limit)
+        ));
+    }
+    None
 }

@@ -52,9 +52,12 @@ pub mod labels {
     /// On a Node of ours once it has advertised GPUs: from then on, GPUs missing from it are an
     /// outage (a device plugin restarting, a GPU lost), never a launch that did not come up.
     pub const GPUS_ADVERTISED: &str = "gpu-node-autoscaler.io/gpus-advertised";
-    /// On a Node being replaced (NoSchedule; the value says why: `unhealthy` or `interrupted`):
-    /// no new pod lands while its pods get a place elsewhere.
+    /// On a Node being replaced (NoSchedule; the value says why: `unhealthy`, `interrupted` or
+    /// `consolidating`): no new pod lands while its pods get a place elsewhere.
     pub const REPLACING_TAINT: &str = "gpu-node-autoscaler.io/replacing";
+    /// On a pod of a batch Job or training operator: it checkpoints and may be moved by
+    /// consolidation (`"true"`), whatever the pool's `consolidation.moveJobs`.
+    pub const RESTARTABLE: &str = "gpu-node-autoscaler.io/restartable";
     /// On a Node of ours seen unhealthy: since when (RFC 3339), so that a new leader keeps the
     /// clock.
     pub const UNHEALTHY_SINCE: &str = "gpu-node-autoscaler.io/unhealthy-since";

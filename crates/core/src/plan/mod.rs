@@ -2,6 +2,7 @@
 //! [`Plan`] value. Acting on the plan (launching, draining, Events) is a separate, later step.
 
 pub mod bound;
+pub mod consolidate;
 pub mod output;
 mod pack;
 pub mod scale_down;

@@ -103,7 +103,7 @@ pub fn not_movable(p: &Pod, snapshot: &Snapshot) -> Option<String> {
 
 /// Share of the node's GPUs requested by its non-DaemonSet pods (CPU/memory for GPU-less nodes),
 /// or `None` while a GPU node has not advertised its GPUs yet.
-fn utilization(node: &Node, template: Option<&Template>, pods: &[&Pod]) -> Option<f64> {
+pub(super) fn utilization(node: &Node, template: Option<&Template>, pods: &[&Pod]) -> Option<f64> {
     let a = &node.allocatable;
     let workload: Vec<&&Pod> = pods.iter().filter(|p| !dies_with_node(p)).collect();
     let whole = a.whole_gpus();
@@ -149,7 +149,7 @@ fn gpus_of(node: &Node) -> f64 {
 }
 
 /// $/hour of a node, from its pool template's offering (zone and capacity type labels).
-fn price_of(node: &Node, template: Option<&Template>) -> f64 {
+pub(super) fn price_of(node: &Node, template: Option<&Template>) -> f64 {
     let Some(t) = template else { return 0.0 };
     let ct = node
         .labels

@@ -48,6 +48,14 @@ pub mod defaults {
     pub const XID_CODES: &[u32] = &[48, 63, 64, 74, 79, 94, 95];
     pub const XID_GRACE: Duration = Duration::from_secs(2 * 60);
     pub const GPU_METRICS_INTERVAL: Duration = Duration::from_secs(30);
+    /// Consolidation: how long every pod of a node must have run before it is repacked, how
+    /// often a pool is looked at, the least saving worth a move, how many nodes one move
+    /// replaces, and the work a moved pod is assumed to lose.
+    pub const CONSOLIDATE_AFTER: Duration = Duration::from_secs(30 * 60);
+    pub const CONSOLIDATION_INTERVAL: Duration = Duration::from_secs(5 * 60);
+    pub const CONSOLIDATION_MIN_SAVING: f64 = 0.1;
+    pub const CONSOLIDATION_MAX_NODES: u32 = 8;
+    pub const CONSOLIDATION_RESTART_COST: Duration = Duration::from_secs(10 * 60);
     pub const GPU_METRICS_NODE_LABEL: &str = "Hostname";
     /// Taints an interruption handler sets on a node about to be taken back (the AWS Node
     /// Termination Handler's, in its queue and IMDS modes).
@@ -136,6 +144,7 @@ pub struct Pool {
     pub max_pods: u32,
     pub priority: i32,
     pub scale_down: ScaleDown,
+    pub consolidation: Consolidation,
     pub health: Health,
     /// Whether a rebalance recommendation (elevated spot interruption risk) replaces a node.
     pub replace_on_rebalance: bool,
@@ -249,6 +258,41 @@ pub struct HealthCondition {
     /// The status that means unhealthy (`False`, `True` or `Unknown`).
     pub status: String,
     pub grace: Duration,
+}
+
+/// GPU-aware consolidation: repacking a pool's running pods onto cheaper nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Consolidation {
+    pub enabled: bool,
+    /// Only pods that have run at least this long move (and only nodes at least this old).
+    pub consolidate_after: Duration,
+    /// How often the pool's running pods are planned again.
+    pub interval: Duration,
+    /// The least saving worth a move, as a share of what the replaced nodes cost.
+    pub min_saving: f64,
+    /// The most nodes one consolidation replaces.
+    pub max_nodes: u32,
+    /// Pods of batch Jobs, training operators and gangs move too (they must checkpoint);
+    /// otherwise only those annotated `gpu-node-autoscaler.io/restartable: "true"`.
+    pub move_jobs: bool,
+    /// Work a moved pod is assumed to lose (restart, reload, boot of the new node): a move
+    /// pays off only if the saving over the pods' expected remaining run time exceeds what the
+    /// old and new nodes cost over this long.
+    pub restart_cost: Duration,
+}
+
+impl Default for Consolidation {
+    fn default() -> Consolidation {
+        Consolidation {
+            enabled: false,
+            consolidate_after: defaults::CONSOLIDATE_AFTER,
+            interval: defaults::CONSOLIDATION_INTERVAL,
+            min_saving: defaults::CONSOLIDATION_MIN_SAVING,
+            max_nodes: defaults::CONSOLIDATION_MAX_NODES,
+            move_jobs: false,
+            restart_cost: defaults::CONSOLIDATION_RESTART_COST,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -391,6 +435,8 @@ struct RawPool {
     #[serde(default)]
     scale_down: RawScaleDown,
     #[serde(default)]
+    consolidation: RawConsolidation,
+    #[serde(default)]
     health: RawHealth,
     #[serde(default)]
     replace_on_rebalance: bool,
@@ -505,6 +551,18 @@ struct RawHealthCondition {
     type_: String,
     status: String,
     grace_period: Option<Dur>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawConsolidation {
+    enabled: Option<bool>,
+    consolidate_after: Option<Dur>,
+    interval: Option<Dur>,
+    min_saving: Option<f64>,
+    max_nodes: Option<u32>,
+    move_jobs: Option<bool>,
+    restart_cost: Option<Dur>,
 }
 
 #[derive(Default, Deserialize)]
@@ -1373,6 +1431,7 @@ fn validate_pool(
             "waiting for spot needs capacityTypes with both spot and on-demand",
         );
     }
+    let consolidation = validate_consolidation(i, r.consolidation, c);
     let health = validate_health(i, r.health, c);
     let aws = r.aws.map(|a| validate_aws(i, a, &provider, &zones, c));
     let alibaba = match r.alibaba {
@@ -1428,9 +1487,43 @@ fn validate_pool(
             utilization_threshold,
             backoff_after_failure,
         },
+        consolidation,
         aws,
         alibaba,
     })
+}
+
+fn validate_consolidation(i: usize, r: RawConsolidation, c: &mut Collector) -> Consolidation {
+    let at = |f: &str| pool_path(i, &["consolidation", f]);
+    let d = Consolidation::default();
+    let min_saving = r.min_saving.unwrap_or(d.min_saving);
+    if !(min_saving > 0.0 && min_saving < 1.0) {
+        c.at(
+            &at("minSaving"),
+            format!("must be a share in (0, 1), got {min_saving}"),
+        );
+    }
+    let max_nodes = r.max_nodes.unwrap_or(d.max_nodes);
+    if max_nodes == 0 {
+        c.at(&at("maxNodes"), "must be at least 1");
+    }
+    let interval = c.duration(&at("interval"), r.interval, d.interval);
+    if interval.is_zero() {
+        c.at(&at("interval"), "must be longer than zero");
+    }
+    Consolidation {
+        enabled: r.enabled.unwrap_or(d.enabled),
+        consolidate_after: c.duration(
+            &at("consolidateAfter"),
+            r.consolidate_after,
+            d.consolidate_after,
+        ),
+        interval,
+        min_saving,
+        max_nodes,
+        move_jobs: r.move_jobs.unwrap_or(d.move_jobs),
+        restart_cost: c.duration(&at("restartCost"), r.restart_cost, d.restart_cost),
+    }
 }
 
 /// A pool's `alibaba:` section: `asg-...` scaling groups that fit the pool's capacity types, a

@@ -186,6 +186,7 @@ fn example_policy_parses_with_defaults_applied() {
                 utilization_threshold: 0.5,
                 backoff_after_failure: mins(3),
             },
+            consolidation: Consolidation::default(),
             replace_on_rebalance: false,
             spot_max_wait: Duration::ZERO,
             health: Health {
@@ -356,6 +357,24 @@ fn error_cases() -> Vec<Case> {
             one_pool(&["    spotMaxWait: 10m"]),
             (6, 5),
             "needs capacityTypes with both spot and on-demand",
+        ),
+        case(
+            "consolidation saving out of range",
+            one_pool(&["    consolidation: {enabled: true, minSaving: 1.5}"]),
+            (6, 36),
+            "pools[0].consolidation.minSaving: must be a share in (0, 1), got 1.5",
+        ),
+        case(
+            "consolidation of no node",
+            one_pool(&["    consolidation:", "      maxNodes: 0"]),
+            (7, 7),
+            "pools[0].consolidation.maxNodes: must be at least 1",
+        ),
+        case(
+            "consolidation restart cost",
+            one_pool(&["    consolidation: {restartCost: ten minutes}"]),
+            (6, 21),
+            "pools[0].consolidation.restartCost: invalid duration \"ten minutes\"",
         ),
         case(
             "gpu metrics without a URL",

@@ -1020,4 +1020,5 @@ fn lower_bound_is_exact_for_perfectly_packable_demand() {
     assert!((lb - 8.0 * 0.4 * 0.8048).abs() < 1e-6, "{lb}");
 }
 
+mod consolidate;
 mod scale_down;

@@ -1,0 +1,330 @@
+//! GPU-aware consolidation: the running pods of a pool planned again as if they were starting
+//! now. Pods arrive one by one and each got the cheapest node for itself then; hours later, the
+//! same pods together often fit fewer or cheaper nodes (four one-GPU nodes into one four-GPU
+//! node, on-demand into spot, pods onto room other nodes have left). When the saving pays for
+//! the move, those nodes are replaced: the decision core taints them, plans their pods as
+//! pending (the replacement is launched like any scale-up), drains them once the pods have a
+//! place on nodes that exist, and terminates them.
+//!
+//! A move pays off when, over the pods' expected remaining run time (taken as the time they have
+//! run so far, at least `consolidateAfter`), the saving exceeds what the old and new nodes cost
+//! during `restartCost` (the work a moved pod loses: restart, reload, the new node's boot), and
+//! the saving is at least `minSaving` of what the old nodes cost.
+//!
+//! A node is a candidate when it is a ready, schedulable node of the pool older than
+//! `consolidateAfter`; has pods to move (empty nodes are scale-down's); every pod on it is
+//! movable (as for scale-down: controller-owned, no `do-not-disrupt`, no local storage without
+//! `safe-to-evict`, PDBs allow it), has run for `consolidateAfter`, and is not a batch Job's,
+//! training operator's or gang's pod unless the pool moves jobs (`moveJobs`) or the pod is
+//! annotated `gpu-node-autoscaler.io/restartable: "true"`. Nothing is consolidated while GPU
+//! pods wait or the pool has launches in flight: their capacity comes first.
+//!
+//! Candidates are ranked twice, by what they cost per GPU their pods use (the most wasteful
+//! first) and by price (the cheapest first), at most `maxNodes` of them (and no more than the
+//! drains left under `maxConcurrentDrains`); the first 1, 2, 3, ... up to all of each ranking
+//! are planned again, and the set with the largest net gain (saving over the horizon less the
+//! cost of moving) wins.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::model::constraints::{Effect, Taint};
+use crate::model::{labels, OwnerKind, Pod, PodPhase, Snapshot, Time};
+use crate::policy::{Policy, Pool};
+
+use super::scale_down::{dies_with_node, not_movable, price_of, utilization};
+use super::templates::{template_of_node, Template};
+use super::{is_planned_pod, pack};
+
+/// Nodes to replace, what replaces them, and why it pays.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Consolidation {
+    pub pool: String,
+    pub nodes: Vec<String>,
+    /// The pods that move.
+    pub pods: Vec<String>,
+    /// $/hour of the nodes replaced.
+    pub old_per_hour: f64,
+    /// $/hour of the nodes launched for their pods (zero: they fit nodes that stay).
+    pub new_per_hour: f64,
+    /// What is launched, e.g. `1 × g4dn.12xlarge us-east-1a spot`.
+    pub launches: Vec<String>,
+    /// The pods' expected remaining run time the saving was weighed over.
+    pub horizon: Duration,
+}
+
+impl Consolidation {
+    pub fn saving_per_hour(&self) -> f64 {
+        self.old_per_hour - self.new_per_hour
+    }
+
+    /// One line for Events and logs.
+    pub fn describe(&self) -> String {
+        let to = if self.launches.is_empty() {
+            "the room other nodes have".to_string()
+        } else {
+            self.launches.join(", ")
+        };
+        format!(
+            "{} pod(s) on {} node(s) ({}) at ${:.2}/h fit {} at ${:.2}/h: saves ${:.2}/h \
+             ({:.0}%) over an expected {} more",
+            self.pods.len(),
+            self.nodes.len(),
+            self.nodes.join(", "),
+            self.old_per_hour,
+            to,
+            self.new_per_hour,
+            self.saving_per_hour(),
+            100.0 * self.saving_per_hour() / self.old_per_hour.max(1e-9),
+            crate::policy::duration::format_duration(self.horizon)
+        )
+    }
+}
+
+/// A pod of work that ends (a batch Job, a training operator's, a gang member): it loses its
+/// progress when moved unless it checkpoints.
+fn is_job(p: &Pod) -> bool {
+    p.gang.is_some()
+        || matches!(
+            p.owner.as_ref().map(|o| &o.kind),
+            Some(OwnerKind::Job | OwnerKind::Kubeflow(_))
+        )
+}
+
+struct Candidate<'a> {
+    node: usize,
+    price: f64,
+    per_used_gpu: f64,
+    pods: Vec<&'a Pod>,
+}
+
+/// Why nothing in `pool` is worth consolidating now, or what is.
+pub fn consolidate(
+    snapshot: &Snapshot,
+    templates: &[Template],
+    policy: &Policy,
+    pool: &Pool,
+    now: Time,
+    drains_running: usize,
+) -> Result<Consolidation, String> {
+    let cfg = &pool.consolidation;
+    if let Some(p) = snapshot.pods.iter().find(|p| is_planned_pod(p)) {
+        return Err(format!("pod {} waits for a node", p.id));
+    }
+    if snapshot.in_flight.iter().any(|f| f.pool == pool.name) {
+        return Err("launches of the pool are in flight".into());
+    }
+    let budget = (policy.max_concurrent_drains as usize)
+        .saturating_sub(drains_running)
+        .min(cfg.max_nodes as usize);
+    if budget == 0 {
+        return Err(format!(
+            "{drains_running} drains are running (maxConcurrentDrains {})",
+            policy.max_concurrent_drains
+        ));
+    }
+    let mut pods_on: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+    for p in &snapshot.pods {
+        if let (true, Some(n)) = (p.is_bound_active(), &p.node_name) {
+            pods_on.entry(n.as_str()).or_default().push(p);
+        }
+    }
+    let old_enough = |t: Time| now.since(t) >= cfg.consolidate_after;
+    let mut candidates: Vec<Candidate> = Vec::new();
+    'nodes: for (ni, n) in snapshot.nodes.iter().enumerate() {
+        if n.pool() != Some(pool.name.as_str())
+            || !n.is_schedulable()
+            || n.deleting
+            || n.taints.iter().any(|t| t.key == labels::REPLACING_TAINT)
+            || !old_enough(n.created)
+            || [
+                labels::SCALE_DOWN_DISABLED,
+                labels::CA_SCALE_DOWN_DISABLED,
+                labels::KARPENTER_DO_NOT_DISRUPT,
+            ]
+            .iter()
+            .any(|k| n.annotations.get(*k).is_some_and(|v| v == "true"))
+        {
+            continue;
+        }
+        let Some(ti) = template_of_node(n, templates) else {
+            continue;
+        };
+        let template = &templates[ti];
+        let all = pods_on.get(n.name.as_str()).cloned().unwrap_or_default();
+        let Some(util) = utilization(n, Some(template), &all) else {
+            continue;
+        };
+        let pods: Vec<&Pod> = all.into_iter().filter(|p| !dies_with_node(p)).collect();
+        if pods.is_empty() {
+            continue;
+        }
+        for p in &pods {
+            let restartable = p
+                .annotations
+                .get(labels::RESTARTABLE)
+                .is_some_and(|v| v == "true");
+            if p.deleting
+                || !p.wants_gpu()
+                || !old_enough(p.created)
+                || not_movable(p, snapshot).is_some()
+                || (is_job(p) && !cfg.move_jobs && !restartable)
+            {
+                continue 'nodes;
+            }
+        }
+        let price = price_of(n, Some(template));
+        let gpus = template.gpus.max(1) as f64;
+        candidates.push(Candidate {
+            node: ni,
+            price,
+            per_used_gpu: price / (gpus * util).max(1e-3),
+            pods,
+        });
+    }
+    if candidates.is_empty() {
+        return Err("no node has only movable pods that have run long enough".into());
+    }
+    // Two orders, each tried on its first 1, 2, 4, ... candidates: the most wasteful first
+    // (their pods repack best together) and the cheapest first (their pods fit best into the
+    // room of nodes that stay).
+    let name = |c: &Candidate| snapshot.nodes[c.node].name.as_str();
+    let mut wasteful: Vec<&Candidate> = candidates.iter().collect();
+    wasteful.sort_by(|a, b| {
+        b.per_used_gpu
+            .total_cmp(&a.per_used_gpu)
+            .then(name(a).cmp(name(b)))
+    });
+    wasteful.truncate(budget);
+    let mut cheap: Vec<&Candidate> = candidates.iter().collect();
+    cheap.sort_by(|a, b| a.price.total_cmp(&b.price).then(name(a).cmp(name(b))));
+    cheap.truncate(budget);
+
+    let mut tried: BTreeSet<Vec<usize>> = BTreeSet::new();
+    let mut best: Option<(f64, Consolidation)> = None;
+    let mut last_why = String::new();
+    for order in [&wasteful, &cheap] {
+        for k in 1..=order.len() {
+            let set = &order[..k];
+            let mut key: Vec<usize> = set.iter().map(|c| c.node).collect();
+            key.sort_unstable();
+            if !tried.insert(key) {
+                continue;
+            }
+            match evaluate(snapshot, templates, policy, pool, now, set) {
+                Ok((net, c)) => {
+                    if best.as_ref().is_none_or(|(b, _)| net > *b) {
+                        best = Some((net, c));
+                    }
+                }
+                Err(why) => last_why = why,
+            }
+        }
+    }
+    best.map(|(_, c)| c).ok_or(last_why)
+}
+
+/// Plans the candidates' pods again without their nodes, and weighs the result.
+fn evaluate(
+    snapshot: &Snapshot,
+    templates: &[Template],
+    policy: &Policy,
+    pool: &Pool,
+    now: Time,
+    set: &[&Candidate],
+) -> Result<(f64, Consolidation), String> {
+    let cfg = &pool.consolidation;
+    // PodDisruptionBudgets must allow every eviction at once.
+    let mut need = vec![0i32; snapshot.pdbs.len()];
+    for c in set {
+        for p in &c.pods {
+            for (bi, b) in snapshot.pdbs.iter().enumerate() {
+                if b.selects(p) {
+                    need[bi] += 1;
+                }
+            }
+        }
+    }
+    if let Some(bi) = (0..need.len()).find(|&bi| need[bi] > snapshot.pdbs[bi].disruptions_allowed) {
+        let b = &snapshot.pdbs[bi];
+        return Err(format!(
+            "PodDisruptionBudget {}/{} allows {} disruption(s), moving needs {}",
+            b.namespace, b.name, b.disruptions_allowed, need[bi]
+        ));
+    }
+    let nodes: BTreeSet<&str> = set
+        .iter()
+        .map(|c| snapshot.nodes[c.node].name.as_str())
+        .collect();
+    let mut scratch = snapshot.clone();
+    for n in &mut scratch.nodes {
+        if nodes.contains(n.name.as_str()) {
+            n.taints.push(Taint {
+                key: labels::TO_BE_DELETED_TAINT.into(),
+                value: String::new(),
+                effect: Effect::NoSchedule,
+            });
+        }
+    }
+    let mut moved = Vec::new();
+    let mut ages = Vec::new();
+    for p in &mut scratch.pods {
+        let on_set = p.node_name.as_deref().is_some_and(|n| nodes.contains(n));
+        if on_set && p.is_bound_active() && !dies_with_node(p) {
+            moved.push(p.id.to_string());
+            ages.push(now.since(p.created));
+            p.node_name = None;
+            p.phase = PodPhase::Pending;
+        }
+    }
+    let (plan, _) = pack::scale_up(&scratch, templates, policy, now);
+    if let Some(u) = plan.unschedulable.first() {
+        return Err(format!("pod {} would have no place: {}", u.pod, u.reason));
+    }
+    let old_per_hour: f64 = set.iter().map(|c| c.price).sum();
+    let new_per_hour: f64 = plan.scale_ups.iter().map(|s| s.cost_per_hour()).sum();
+    let launches: Vec<String> = plan
+        .scale_ups
+        .iter()
+        .filter_map(|s| {
+            let o = s.offerings.first()?;
+            Some(format!(
+                "{} × {} {} {}",
+                s.count, o.instance_type, o.zone, o.capacity_type
+            ))
+        })
+        .collect();
+    ages.sort();
+    let horizon = ages[ages.len() / 2].max(cfg.consolidate_after);
+    let c = Consolidation {
+        pool: pool.name.clone(),
+        nodes: nodes.iter().map(|s| s.to_string()).collect(),
+        pods: moved,
+        old_per_hour,
+        new_per_hour,
+        launches,
+        horizon,
+    };
+    let saving = c.saving_per_hour();
+    if saving < cfg.min_saving * old_per_hour {
+        return Err(format!(
+            "the best repack of {} node(s) saves ${:.2}/h of ${:.2}/h, less than minSaving {:.0}%",
+            set.len(),
+            saving.max(0.0),
+            old_per_hour,
+            cfg.min_saving * 100.0
+        ));
+    }
+    let hours = |d: Duration| d.as_secs_f64() / 3600.0;
+    let move_cost = (old_per_hour + new_per_hour) * hours(cfg.restart_cost);
+    let net = saving * hours(horizon) - move_cost;
+    if net < 0.0 {
+        return Err(format!(
+            "saving ${saving:.2}/h over an expected {} does not pay for moving (${move_cost:.2})",
+            crate::policy::duration::format_duration(horizon)
+        ));
+    }
+    Ok((net, c))
+}
