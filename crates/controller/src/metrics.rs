@@ -296,7 +296,7 @@ impl Metrics {
         );
         registry.register(
             "nodes_replaced",
-            "Nodes drained and removed to be replaced, per pool and cause (unhealthy, interrupted)",
+            "Nodes drained and removed to be replaced, per pool and cause (unhealthy, interrupted, consolidating)",
             m.nodes_replaced.clone(),
         );
         registry.register(

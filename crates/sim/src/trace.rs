@@ -90,7 +90,7 @@ pub fn default_trace_policy() -> String {
     for (model, pool, types) in MODEL_MAP {
         for shared in [false, true] {
             s.push_str(&format!(
-                "  - name: {pool}{}\n    instanceTypes: [{}]\n    capacityTypes: [on-demand]\n    maxNodes: 2000\n    labels: {{{MODEL_LABEL}: {model}}}\n    scaleDown: {{unneededTime: 3m, cooldownAfterScaleUp: 3m}}\n",
+                "  - name: {pool}{}\n    instanceTypes: [{}]\n    capacityTypes: [on-demand]\n    maxNodes: 2000\n    labels: {{{MODEL_LABEL}: {model}}}\n    scaleDown: {{unneededTime: 3m, cooldownAfterScaleUp: 3m}}\n    consolidation: {{enabled: true, moveJobs: true}}\n",
                 if shared { "-shared" } else { "" },
                 types.join(", ")
             ));

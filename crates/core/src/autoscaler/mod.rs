@@ -301,8 +301,14 @@ struct Pass {
     pod_index: HashMap<String, usize>,
     /// Nodes being replaced → their GPU pods, planned again as pending.
     moving: BTreeMap<String, Vec<String>>,
+    /// Pods planned again as pending → the node they run on and their phase.
+    moved_from: HashMap<String, (String, crate::model::PodPhase)>,
     stage: Stage,
 }
+
+/// A pool whose nodes and pods are as they were at a consolidation that found nothing is
+/// planned again after this long at the earliest.
+const CONSOLIDATION_RELOOK: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 /// The decision core.
 pub struct Autoscaler {
@@ -347,6 +353,8 @@ pub struct Autoscaler {
     replace: replace::Replacements,
     /// Per pool with consolidation: when its running pods are planned again next.
     consolidation_due: BTreeMap<String, Time>,
+    /// Per pool: what its last fruitless consolidation looked at, and when.
+    consolidation_seen: BTreeMap<String, (u64, Time)>,
     last_status: Option<(String, Time)>,
     jitter_draws: u64,
     pass: Option<Pass>,
@@ -389,6 +397,7 @@ impl Autoscaler {
             not_ours_reported: BTreeSet::new(),
             replace: replace::Replacements::default(),
             consolidation_due: BTreeMap::new(),
+            consolidation_seen: BTreeMap::new(),
             last_status: None,
             jitter_draws: 0,
             pass: None,
@@ -538,8 +547,13 @@ impl Autoscaler {
         for t in self.replace.timers() {
             consider(t);
         }
-        for t in self.consolidation_due.values() {
-            consider(*t);
+        // A pool whose last look found nothing is looked at again when something changes (a
+        // pass comes then anyway) or after a while; one with nodes and no look yet, when due.
+        for (pool, due) in &self.consolidation_due {
+            match self.consolidation_seen.get(pool) {
+                Some((_, at)) => consider((*at + CONSOLIDATION_RELOOK).max(*due)),
+                None => consider(*due),
+            }
         }
         if let Some(t) = plan.spot_wait_until {
             consider(t);
@@ -605,6 +619,7 @@ impl Autoscaler {
             policy_valid: obs.policy_valid,
             pod_index,
             moving: BTreeMap::new(),
+            moved_from: HashMap::new(),
             stage: Stage::Registering(BTreeMap::new()),
         };
         if !self.config.dry_run && !regs.is_empty() {
@@ -742,6 +757,9 @@ impl Autoscaler {
         let Some(templates) = pass.templates.clone() else {
             return;
         };
+        if round > 0 {
+            self.call_off_short_consolidations(&mut pass, out);
+        }
         pass.snapshot.in_flight = pass.view.in_flight.clone();
         pass.snapshot.unavailable = self.ice.clone();
         pass.snapshot.pools = self
@@ -1223,7 +1241,11 @@ impl Autoscaler {
         for message_id in std::mem::take(&mut self.replace.to_ack) {
             out.push(Action::AckNotice { message_id });
         }
-        pass.moving = replace::plan_as_moving(&mut pass.snapshot, &self.replace.replacing);
+        pass.moving = replace::plan_as_moving(
+            &mut pass.snapshot,
+            &self.replace.replacing,
+            &mut pass.moved_from,
+        );
     }
 
     /// GPU-aware consolidation: per pool that has it, once per `consolidation.interval`, plans
@@ -1237,12 +1259,15 @@ impl Autoscaler {
         out: &mut Vec<Action>,
     ) {
         let now = pass.now;
+        self.call_off_short_consolidations(pass, out);
         let enabled: Vec<&crate::policy::Pool> = policy
             .pools
             .iter()
             .filter(|p| p.consolidation.enabled)
             .collect();
         self.consolidation_due
+            .retain(|p, _| enabled.iter().any(|e| &e.name == p));
+        self.consolidation_seen
             .retain(|p, _| enabled.iter().any(|e| &e.name == p));
         if enabled.is_empty() {
             return;
@@ -1293,6 +1318,14 @@ impl Autoscaler {
         for pool in due {
             self.consolidation_due
                 .insert(pool.name.clone(), now + pool.consolidation.interval);
+            // Nothing changed since a look that found nothing: look again only after a while
+            // (the pods' age, which makes a move pay more, is all that changes).
+            let fp = plan::consolidate::fingerprint(&snapshot, &pool.name);
+            if let Some((seen, at)) = self.consolidation_seen.get(&pool.name) {
+                if *seen == fp && now < *at + CONSOLIDATION_RELOOK {
+                    continue;
+                }
+            }
             let found = plan::consolidate::consolidate(
                 &snapshot,
                 &for_snapshot,
@@ -1304,6 +1337,7 @@ impl Autoscaler {
             let c = match found {
                 Ok(c) => c,
                 Err(why) => {
+                    self.consolidation_seen.insert(pool.name.clone(), (fp, now));
                     let key = format!("consolidation/{}", pool.name);
                     if self.replace.report_once(&key, &why) {
                         out.push(Action::Log {
@@ -1314,6 +1348,7 @@ impl Autoscaler {
                     continue;
                 }
             };
+            self.consolidation_seen.remove(&pool.name);
             let why = c.describe();
             for node in &c.nodes {
                 self.replace.replacing.insert(
@@ -1323,6 +1358,7 @@ impl Autoscaler {
                         why: why.clone(),
                         retry_after: None,
                         started: now,
+                        offerings: c.offerings.clone(),
                     },
                 );
                 out.push(Action::Taint {
@@ -1347,6 +1383,57 @@ impl Autoscaler {
                 message: format!("pool {}: consolidating: {why}", pool.name),
             });
         }
+    }
+
+    /// A consolidation not draining yet whose planned offering ran short is called off: its pods
+    /// would be launched for elsewhere, at a price the move was not weighed at. Also within a
+    /// pass, before planning again after a launch ran short: its pods are back on their nodes.
+    fn call_off_short_consolidations(&mut self, pass: &mut Pass, out: &mut Vec<Action>) {
+        let now = pass.now;
+        let short: Vec<(String, OfferingKey)> = self
+            .replace
+            .replacing
+            .iter()
+            .filter(|(n, r)| {
+                r.cause == replace::Cause::Consolidating && !self.drains.contains_key(*n)
+            })
+            .filter_map(|(n, r)| {
+                r.offerings
+                    .iter()
+                    .find(|o| self.ice.get(*o).is_some_and(|t| *t > now))
+                    .map(|o| (n.clone(), o.clone()))
+            })
+            .collect();
+        for (node, o) in short {
+            self.call_off_consolidation(
+                &node,
+                format!(
+                    "consolidation called off: {} {} {} ran short of capacity",
+                    o.instance_type, o.zone, o.capacity_type
+                ),
+                out,
+            );
+            if let Some(pods) = pass.moving.remove(&node) {
+                replace::unplan_moving(&mut pass.snapshot, &node, &pods, &pass.moved_from);
+            }
+        }
+    }
+
+    /// Gives up consolidating `node`: it keeps its pods and loses its taint.
+    fn call_off_consolidation(&mut self, node: &str, why: String, out: &mut Vec<Action>) {
+        self.replace.replacing.remove(node);
+        out.push(Action::Taint {
+            node: node.to_string(),
+            taint: replace::replacing_taint(replace::Cause::Consolidating),
+            present: false,
+        });
+        out.push(Action::Event(Note {
+            subject: Subject::Node(node.to_string()),
+            warning: true,
+            reason: "ConsolidationCalledOff",
+            action: "Consolidate",
+            message: format!("{node} stays: {why}"),
+        }));
     }
 
     /// Keeps the queue's notices about instances of ours (until those instances are gone), to
@@ -1419,19 +1506,7 @@ impl Autoscaler {
                     pass.now,
                     pass.policy.max_node_provision_time,
                 ) {
-                    self.replace.replacing.remove(node);
-                    out.push(Action::Taint {
-                        node: node.clone(),
-                        taint: replace::replacing_taint(replace::Cause::Consolidating),
-                        present: false,
-                    });
-                    out.push(Action::Event(Note {
-                        subject: Subject::Node(node.clone()),
-                        warning: true,
-                        reason: "ConsolidationCalledOff",
-                        action: "Consolidate",
-                        message: format!("{node} stays: {off}"),
-                    }));
+                    self.call_off_consolidation(node, off, out);
                     continue;
                 }
             }

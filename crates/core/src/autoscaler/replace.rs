@@ -80,6 +80,8 @@ pub struct Replacing {
     pub retry_after: Option<Time>,
     /// When this process started (or adopted) the replacement.
     pub started: Time,
+    /// A consolidation's planned offerings: one running short before its launch calls it off.
+    pub offerings: Vec<gpu_node_autoscaler_provider::OfferingKey>,
 }
 
 /// The replacement bookkeeping of the core.
@@ -194,6 +196,7 @@ impl Replacements {
                         why: format!("{} (found tainted)", t.value),
                         retry_after: None,
                         started: now,
+                        offerings: Vec::new(),
                     });
             }
         }
@@ -307,6 +310,7 @@ impl Replacements {
                 why: why.clone(),
                 retry_after: None,
                 started: now,
+                offerings: Vec::new(),
             },
         );
         Step::Start { cause, why }
@@ -366,6 +370,7 @@ pub fn replacing_allowed(pool: &Pool, pool_nodes: usize) -> usize {
 pub fn plan_as_moving(
     snapshot: &mut crate::model::Snapshot,
     replacing: &BTreeMap<String, Replacing>,
+    moved_from: &mut std::collections::HashMap<String, (String, PodPhase)>,
 ) -> BTreeMap<String, Vec<String>> {
     let mut moving: BTreeMap<String, Vec<String>> = BTreeMap::new();
     if replacing.is_empty() {
@@ -400,10 +405,31 @@ pub fn plan_as_moving(
             continue;
         }
         list.push(p.id.to_string());
+        moved_from.insert(p.id.to_string(), (node, p.phase));
         p.node_name = None;
         p.phase = PodPhase::Pending;
     }
     moving
+}
+
+/// Undoes [`plan_as_moving`] for one node whose replacement is called off within a pass: its
+/// pods are back on it and it takes pods again.
+pub fn unplan_moving(
+    snapshot: &mut crate::model::Snapshot,
+    node: &str,
+    pods: &[String],
+    moved_from: &std::collections::HashMap<String, (String, PodPhase)>,
+) {
+    if let Some(n) = snapshot.nodes.iter_mut().find(|n| n.name == node) {
+        n.taints.retain(|t| t.key != labels::TO_BE_DELETED_TAINT);
+    }
+    for p in &mut snapshot.pods {
+        let key = p.id.to_string();
+        if let (true, Some((from, phase))) = (pods.contains(&key), moved_from.get(&key)) {
+            p.node_name = Some(from.clone());
+            p.phase = *phase;
+        }
+    }
 }
 
 /// Whether every pod of a node being replaced has a place on a node that exists now (not on

@@ -1392,3 +1392,168 @@ fn dry_run_neither_acts_on_nor_acknowledges_notices() {
     assert!(tainted_replacing(&a).is_empty());
     assert!(acked(&a).is_empty());
 }
+
+// ---- consolidation ----
+
+const CONSOLIDATING: &str = r#"
+zones: [us-east-1a]
+pools:
+  - name: a10g
+    instanceTypes: [g5.4xlarge, g5.12xlarge]
+    capacityTypes: [on-demand]
+    maxNodes: 20
+    consolidation: {enabled: true, consolidateAfter: 30m, restartCost: 1m}
+"#;
+
+/// Four g5.4xlarge nodes of ours, each running one 1-GPU, 10-CPU pod for three hours: together
+/// the pods fit one g5.12xlarge ($5.672/h against 4 × $1.624/h).
+fn four_small_nodes() -> Run {
+    let mut run = Run::with_policy(Config::default(), CONSOLIDATING);
+    for i in 0..4 {
+        let name = format!("small-{i}");
+        run.nodes.push(
+            NodeBuilder::new(&name)
+                .pool("a10g", "g5.4xlarge", "us-east-1a")
+                .label(labels::CAPACITY_TYPE, "on-demand")
+                .annotation(labels::GPUS_ADVERTISED, "true")
+                .cpu_milli(15_800)
+                .memory_gib(62)
+                .gpus(1)
+                .created(T0 - secs(4 * 3600))
+                .build(),
+        );
+        run.with_our_instance();
+        let mut p = PodBuilder::new("serve", &format!("llm-{i}"))
+            .gpus(1)
+            .cpu_milli(10_000)
+            .memory_gib(30)
+            .created(T0 - secs(3 * 3600))
+            .on(&name)
+            .build();
+        p.phase = crate::model::PodPhase::Running;
+        run.pods.push(p);
+    }
+    run
+}
+
+#[test]
+fn four_small_nodes_are_consolidated_onto_one_launched_for_their_pods_then_drained() {
+    let mut run = four_small_nodes();
+    run.pass(T0 - secs(10)); // registers the nodes in their pool
+    let a = run.pass(T0);
+    assert_eq!(
+        tainted_replacing(&a),
+        ["small-0", "small-1", "small-2", "small-3"]
+    );
+    let ev = events(&a, "Consolidating");
+    assert_eq!(ev.len(), 4);
+    assert!(
+        ev[0]
+            .message
+            .contains("fit 1 × g5.12xlarge us-east-1a on-demand at $5.67/h")
+            && ev[0].message.contains("saves $0.82/h"),
+        "{}",
+        ev[0].message
+    );
+    let l = launches(&a);
+    assert_eq!(l.len(), 1, "{a:?}");
+    assert_eq!(l[0].offerings[0].instance_type, "g5.12xlarge");
+    assert!(drains(&a).is_empty(), "not before the new node is there");
+    let st = status(&a).expect("a status");
+    assert!(
+        st.replacing_nodes["small-0"].starts_with("consolidating: 4 pod(s) on 4 node(s)"),
+        "{st:?}"
+    );
+    // The new node registers: the four are drained, and each counts as consolidated.
+    let id = run.cloud.instances.last().unwrap().id.clone();
+    let i = run.cloud.instances.last().unwrap().clone();
+    let mut big = NodeBuilder::new("big")
+        .pool("a10g", "g5.12xlarge", "us-east-1a")
+        .label(labels::CAPACITY_TYPE, "on-demand")
+        .label(labels::LAUNCH_ID, &i.launch_id)
+        .annotation(labels::GPUS_ADVERTISED, "true")
+        .cpu_milli(47_000)
+        .memory_gib(180)
+        .gpus(4)
+        .created(T0 + secs(120))
+        .build();
+    big.provider_id = Some(i.provider_id.clone());
+    run.nodes.push(big);
+    run.pass(T0 + secs(125)); // registers it
+    let a = run.pass(T0 + secs(130));
+    let d = drains(&a);
+    assert_eq!(d.len(), 4, "{id}: {a:?}");
+    assert!(
+        d[0].reason.starts_with("replacing: 4 pod(s)"),
+        "{}",
+        d[0].reason
+    );
+    assert!(launches(&a).is_empty());
+    let out = run
+        .core
+        .drain_finished("small-0", DrainOutcome::Removed, T0 + secs(200));
+    assert_eq!(
+        out,
+        [Action::Count(Count::Replaced {
+            pool: "a10g".into(),
+            cause: "consolidating"
+        })]
+    );
+}
+
+#[test]
+fn a_consolidation_whose_new_node_runs_short_is_called_off_and_nothing_else_moves_for_a_while() {
+    let mut run = four_small_nodes();
+    let big = key("g5.12xlarge", "us-east-1a", CapacityType::OnDemand);
+    run.cloud.capacity.insert(big, 0);
+    run.pass(T0 - secs(10));
+    // Short of g5.12xlarge: the move is called off within the pass, before anything else is
+    // launched for its pods; the nodes keep them.
+    let a = run.pass(T0);
+    assert_eq!(events(&a, "Consolidating").len(), 4);
+    let off = events(&a, "ConsolidationCalledOff");
+    assert_eq!(off.len(), 4, "{a:?}");
+    assert!(
+        off[0]
+            .message
+            .contains("g5.12xlarge us-east-1a on-demand ran short of capacity"),
+        "{}",
+        off[0].message
+    );
+    assert_eq!(launches(&a).len(), 1, "only the one that ran short: {a:?}");
+    assert!(run
+        .nodes
+        .iter()
+        .all(|n| n.taints.iter().all(|t| t.key != labels::REPLACING_TAINT)));
+    assert!(drains(&a).is_empty());
+    // Looked at again only after the pool's interval.
+    let a = run.pass(T0 + secs(60));
+    assert!(launches(&a).is_empty(), "{a:?}");
+    assert!(tainted_replacing(&a).is_empty(), "{a:?}");
+}
+
+#[test]
+fn nothing_is_consolidated_in_a_pool_without_it_or_in_dry_run() {
+    let mut run = four_small_nodes();
+    let off = CONSOLIDATING.replace("enabled: true", "enabled: false");
+    let policy = parse_policy(&off, "policy.yaml").unwrap();
+    let catalog = run.core.catalog().clone();
+    run.core.set_policy(Arc::new(policy), catalog);
+    assert!(tainted_replacing(&run.pass(T0)).is_empty());
+    let mut dry = four_small_nodes();
+    dry.core = {
+        let mut c = Autoscaler::new(Config {
+            dry_run: true,
+            ..Config::default()
+        });
+        let policy = parse_policy(CONSOLIDATING, "policy.yaml").unwrap();
+        c.set_policy(Arc::new(policy), run.core.catalog().clone());
+        c.restore(None);
+        c
+    };
+    let a = dry.pass(T0);
+    assert!(
+        tainted_replacing(&a).is_empty() && launches(&a).is_empty(),
+        "{a:?}"
+    );
+}

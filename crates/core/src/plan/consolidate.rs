@@ -51,6 +51,10 @@ pub struct Consolidation {
     pub new_per_hour: f64,
     /// What is launched, e.g. `1 × g4dn.12xlarge us-east-1a spot`.
     pub launches: Vec<String>,
+    /// The offerings planned for them (the first of each scale-up's list): should one run out
+    /// before the launch, the move no longer pays as planned and is called off.
+    #[serde(skip)]
+    pub offerings: Vec<gpu_node_autoscaler_provider::OfferingKey>,
     /// The pods' expected remaining run time the saving was weighed over.
     pub horizon: Duration,
 }
@@ -81,6 +85,29 @@ impl Consolidation {
             crate::policy::duration::format_duration(self.horizon)
         )
     }
+}
+
+/// What a pool's consolidation depends on, hashed: its nodes (name, schedulable) and the pods
+/// bound to them. Unchanged, planning again gives the same answer, save for the pods' growing
+/// age (which only makes a move pay more): the decision core skips the work for a while.
+pub fn fingerprint(snapshot: &Snapshot, pool: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    let mut names: BTreeSet<&str> = BTreeSet::new();
+    for n in snapshot.nodes.iter().filter(|n| n.pool() == Some(pool)) {
+        n.name.hash(&mut h);
+        n.is_schedulable().hash(&mut h);
+        names.insert(n.name.as_str());
+    }
+    for p in &snapshot.pods {
+        if let (true, Some(n)) = (p.is_bound_active(), p.node_name.as_deref()) {
+            if names.contains(n) {
+                p.uid.hash(&mut h);
+                n.hash(&mut h);
+            }
+        }
+    }
+    h.finish()
 }
 
 /// A pod of work that ends (a batch Job, a training operator's, a gang member): it loses its
@@ -202,6 +229,53 @@ pub fn consolidate(
     cheap.sort_by(|a, b| a.price.total_cmp(&b.price).then(name(a).cmp(name(b))));
     cheap.truncate(budget);
 
+    // A lower bound on what any repack of a set costs, to skip sets that cannot save enough:
+    // whole GPUs beyond the room free elsewhere, at the cheapest price per GPU on offer.
+    let per_gpu = templates
+        .iter()
+        .filter(|t| t.gpus > 0 && t.shared.is_empty())
+        .flat_map(|t| {
+            t.offerings
+                .iter()
+                .filter(|o| o.available)
+                .map(move |o| o.price / t.gpus as f64)
+        })
+        .fold(f64::INFINITY, f64::min);
+    let mut free_gpus = 0i64;
+    let mut free_on = vec![0i64; snapshot.nodes.len()];
+    let mut used: BTreeMap<&str, i64> = BTreeMap::new();
+    for p in &snapshot.pods {
+        if let (true, Some(n)) = (p.is_bound_active(), p.node_name.as_deref()) {
+            *used.entry(n).or_default() += p.requests.whole_gpus();
+        }
+    }
+    for (i, n) in snapshot.nodes.iter().enumerate() {
+        if n.is_schedulable() {
+            let f = (n.allocatable.whole_gpus() - used.get(n.name.as_str()).copied().unwrap_or(0))
+                .max(0);
+            free_on[i] = f;
+            free_gpus += f;
+        }
+    }
+    let cannot_pay = |set: &[&Candidate]| -> bool {
+        if !per_gpu.is_finite() {
+            return false;
+        }
+        let mut need = 0i64;
+        for c in set {
+            for p in &c.pods {
+                if p.share.is_some() || p.requests.mig_slices().next().is_some() {
+                    return false; // no simple bound: plan it
+                }
+                need += p.requests.whole_gpus();
+            }
+        }
+        let elsewhere = free_gpus - set.iter().map(|c| free_on[c.node]).sum::<i64>();
+        let old: f64 = set.iter().map(|c| c.price).sum();
+        let least = (need - elsewhere).max(0) as f64 * per_gpu;
+        old - least < cfg.min_saving * old
+    };
+
     let mut tried: BTreeSet<Vec<usize>> = BTreeSet::new();
     let mut best: Option<(f64, Consolidation)> = None;
     let mut last_why = String::new();
@@ -211,6 +285,14 @@ pub fn consolidate(
             let mut key: Vec<usize> = set.iter().map(|c| c.node).collect();
             key.sort_unstable();
             if !tried.insert(key) {
+                continue;
+            }
+            if cannot_pay(set) {
+                last_why = format!(
+                    "no repack of {k} node(s) can save minSaving {:.0}% (cheapest GPU on offer \
+                     ${per_gpu:.2}/h)",
+                    cfg.min_saving * 100.0
+                );
                 continue;
             }
             match evaluate(snapshot, templates, policy, pool, now, set) {
@@ -296,6 +378,11 @@ fn evaluate(
             ))
         })
         .collect();
+    let offerings = plan
+        .scale_ups
+        .iter()
+        .filter_map(|s| s.offerings.first().map(|o| o.key()))
+        .collect();
     ages.sort();
     let horizon = ages[ages.len() / 2].max(cfg.consolidate_after);
     let c = Consolidation {
@@ -305,6 +392,7 @@ fn evaluate(
         old_per_hour,
         new_per_hour,
         launches,
+        offerings,
         horizon,
     };
     let saving = c.saving_per_hour();
