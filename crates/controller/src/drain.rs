@@ -132,8 +132,7 @@ impl Remaining {
 
 /// The pods the drain must still move or wait for, read from the API server (not the watch
 /// cache: a pod bound just before the cordon must not be lost with the node). `Err` names a pod
-/// that cannot be moved (bare, safe-to-evict "false", local storage, kube-system without a
-/// budget, or one that cannot be read), or an API failure.
+/// that cannot be moved (see [`remaining`]), or an API failure.
 async fn to_move(ctx: &DrainContext, node: &str) -> Result<Remaining, Unmovable> {
     let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(ctx.client.clone());
     let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
@@ -154,19 +153,29 @@ async fn to_move(ctx: &DrainContext, node: &str) -> Result<Remaining, Unmovable>
         pdbs,
         ..Default::default()
     };
+    remaining(list.items, &budgets).map_err(Unmovable::Pod)
+}
+
+/// Sorts the pods listed on a node into those to evict and those still terminating. `Err` names
+/// a pod that cannot be moved: bare, safe-to-evict "false", do-not-disrupt, local storage,
+/// kube-system without a budget in `budgets`, or one that cannot be read (a pod we cannot read is
+/// one we cannot tell is safe to move: the node stays).
+fn remaining(
+    pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    budgets: &crate::model::Snapshot,
+) -> Result<Remaining, String> {
     let mut conv = crate::convert::Converter::new();
     let mut out = Remaining::default();
-    for p in list.items {
+    for p in pods {
         let name = format!(
             "{}/{}",
             p.metadata.namespace.as_deref().unwrap_or(""),
             p.metadata.name.as_deref().unwrap_or("")
         );
-        // A pod we cannot read is one we cannot tell is safe to move: the node stays.
         let p = serde_json::to_value(&p)
             .map_err(|e| e.to_string())
             .and_then(|v| conv.pod(v))
-            .map_err(|e| Unmovable::Pod(format!("pod {name} cannot be read ({e})")))?;
+            .map_err(|e| format!("pod {name} cannot be read ({e})"))?;
         if !p.is_bound_active() || dies_with_node(&p) {
             continue;
         }
@@ -175,8 +184,8 @@ async fn to_move(ctx: &DrainContext, node: &str) -> Result<Remaining, Unmovable>
             out.terminating.push(id);
             continue;
         }
-        if let Some(why) = not_movable(&p, &budgets) {
-            return Err(Unmovable::Pod(why));
+        if let Some(why) = not_movable(&p, budgets) {
+            return Err(why);
         }
         out.evict.push(id);
     }
@@ -371,5 +380,39 @@ mod tests {
         assert!(unmark(&mut n));
         assert_eq!(n.spec.as_ref().unwrap().unschedulable, Some(true));
         assert!(n.spec.as_ref().unwrap().taints.as_ref().unwrap().is_empty());
+    }
+
+    /// A running pod of a ReplicaSet bound to `gpu-1`.
+    fn bound_pod(name: Option<&str>) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "namespace": "ml",
+                "name": name,
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "worker-5d9c",
+                    "uid": "rs-1",
+                    "controller": true,
+                }],
+            },
+            "spec": {"nodeName": "gpu-1", "containers": [{"name": "main"}]},
+            "status": {"phase": "Running"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_that_cannot_be_converted_keeps_the_node() {
+        let budgets = crate::model::Snapshot::default();
+        let movable = remaining(vec![bound_pod(Some("worker"))], &budgets).unwrap();
+        assert_eq!(movable.evict, [("ml".to_string(), "worker".to_string())]);
+        // A pod without a name does not convert: nothing tells it may be moved, so the drain
+        // may not count the node as empty once the other pod is gone.
+        let why =
+            remaining(vec![bound_pod(Some("worker")), bound_pod(None)], &budgets).unwrap_err();
+        assert!(why.contains("pod ml/ cannot be read"), "{why}");
+        let why = remaining(vec![bound_pod(None)], &budgets).unwrap_err();
+        assert!(why.contains("cannot be read"), "{why}");
     }
 }
