@@ -50,7 +50,8 @@ pub const VPC_VERSION: &str = "2016-04-28";
 pub const METADATA_LAUNCH_ID: &str = "gpu-node-autoscaler.io/launch-id";
 /// Key of the cluster's identity (the `kube-system` Namespace UID) in a scaling activity's
 /// `ActivityMetadata` and in the ECS tags of the instances launched: an instance another cluster
-/// launched (into a scaling group both were pointed at) is never listed or removed.
+/// launched (into a scaling group both were pointed at) is never listed or removed, and one
+/// without this cluster's identity is never removed.
 pub const TAG_CLUSTER_ID: &str = "gpu-node-autoscaler.io/cluster-id";
 
 /// One node pool as ESS sees it.
@@ -145,8 +146,8 @@ pub struct AlibabaConfig {
     pub vpc_endpoint: Option<String>,
     pub pools: Vec<AlibabaPool>,
     /// The cluster's identity ([`TAG_CLUSTER_ID`]), when known: written into every launch's
-    /// activity metadata and tagged on its instances; `list` leaves out, and `terminate`
-    /// refuses, instances that carry another.
+    /// activity metadata and tagged on its instances; `list` leaves out instances that carry
+    /// another, and `terminate` refuses any instance that does not carry it.
     pub cluster_id: Option<String>,
     pub rate_limits: RateLimits,
     /// Retries of throttled calls.
@@ -1039,7 +1040,7 @@ impl AlibabaProvider {
     }
 
     /// Not another cluster's: no identity, or ours (instances of older versions, and of the
-    /// group itself, carry none).
+    /// group itself, carry none: listed and counted, but not removed, see `check_owned`).
     fn may_be_ours(&self, cluster_id: Option<&str>) -> bool {
         match (self.config.cluster_id.as_deref(), cluster_id) {
             (Some(ours), Some(theirs)) => ours == theirs,
@@ -1068,11 +1069,16 @@ impl AlibabaProvider {
         Ok(())
     }
 
-    /// Refuses to remove an instance whose ECS tags name another cluster.
-    async fn check_owned(&self, id: &str) -> Result<(), ProviderError> {
-        if self.config.cluster_id.is_none() {
+    /// Refuses to remove an instance of `group` that does not carry this cluster's identity
+    /// (when known): its ECS tag, or, when none (tagging after the launch is best effort), the
+    /// metadata of the scaling activity that launched it. Instances without an identity
+    /// (launched by the group itself, by ACK, or by a version before the identity) are listed
+    /// but not removed until tagged.
+    async fn check_owned(&self, group: &str, s: &ScalingInstance) -> Result<(), ProviderError> {
+        let Some(ours) = self.config.cluster_id.as_deref() else {
             return Ok(());
-        }
+        };
+        let id = s.id.as_str();
         let p = vec![
             (
                 "InstanceIds".to_string(),
@@ -1081,23 +1087,38 @@ impl AlibabaProvider {
             ("PageSize".to_string(), "100".to_string()),
         ];
         let v = self.describe(Api::Ecs, "DescribeInstances", &p).await?;
-        for i in list_of(&v, "Instances", "Instance") {
-            let theirs = list_of(i, "Tags", "Tag")
-                .into_iter()
-                .find(|t| str_of(t, "TagKey") == TAG_CLUSTER_ID)
-                .map(|t| str_of(t, "TagValue"));
-            if !self.may_be_ours(theirs) {
-                return Err(ProviderError::InvalidRequest {
-                    message: format!(
-                        "instance {id} is tagged {TAG_CLUSTER_ID}={:?}, not this cluster's \
-                         {:?}: not removed",
-                        theirs.unwrap_or_default(),
-                        self.config.cluster_id.as_deref().unwrap_or_default()
-                    ),
-                });
-            }
+        let tagged = list_of(&v, "Instances", "Instance")
+            .into_iter()
+            .filter(|i| str_of(i, "InstanceId") == id)
+            .flat_map(|i| list_of(i, "Tags", "Tag"))
+            .find(|t| str_of(t, "TagKey") == TAG_CLUSTER_ID)
+            .map(|t| str_of(t, "TagValue").to_string());
+        let theirs = match tagged {
+            Some(t) => Some(t),
+            None if !s.activity_id.is_empty() => self
+                .activities(group, std::slice::from_ref(&s.activity_id))
+                .await
+                .map_err(ApiError::into_provider_error)?
+                .get(&s.activity_id)
+                .and_then(|a| metadata_of(a, TAG_CLUSTER_ID)),
+            None => None,
+        };
+        match theirs {
+            Some(t) if t == ours => Ok(()),
+            Some(t) => Err(ProviderError::InvalidRequest {
+                message: format!(
+                    "instance {id} has {TAG_CLUSTER_ID} {t:?}, not this cluster's {ours:?}: \
+                     not removed"
+                ),
+            }),
+            None => Err(ProviderError::InvalidRequest {
+                message: format!(
+                    "instance {id} carries no {TAG_CLUSTER_ID} (launched by its scaling group, \
+                     by ACK or by a version before the identity): not removed; tag it \
+                     {TAG_CLUSTER_ID}={ours} to hand it to this cluster"
+                ),
+            }),
         }
-        Ok(())
     }
 
     fn to_instance(
@@ -1131,15 +1152,20 @@ impl AlibabaProvider {
         }
     }
 
-    /// The group holding `instance_id` among every configured pool's groups.
-    async fn group_of(&self, instance_id: &str) -> Result<Option<String>, ProviderError> {
+    /// The group holding `instance_id` among every configured pool's groups, with the instance
+    /// as that group lists it.
+    async fn group_of(
+        &self,
+        instance_id: &str,
+    ) -> Result<Option<(String, ScalingInstance)>, ProviderError> {
         for pool in &self.config.pools {
             for (group, _, _) in pool.groups() {
                 match self.scaling_instances(group, None, Some(instance_id)).await {
-                    Ok(found) if found.iter().any(|s| s.id == instance_id) => {
-                        return Ok(Some(group.to_string()))
+                    Ok(found) => {
+                        if let Some(s) = found.into_iter().find(|s| s.id == instance_id) {
+                            return Ok(Some((group.to_string(), s)));
+                        }
                     }
-                    Ok(_) => {}
                     Err(e)
                         if e.code
                             .as_deref()
@@ -1623,10 +1649,10 @@ impl CloudProvider for AlibabaProvider {
 
     async fn terminate(&self, instance_id: &str) -> Result<(), ProviderError> {
         let id = instance_id_of(&self.config.region, instance_id);
-        let Some(group) = self.group_of(id).await? else {
+        let Some((group, listed)) = self.group_of(id).await? else {
             return Ok(()); // in none of our groups: already removed
         };
-        self.check_owned(id).await?;
+        self.check_owned(&group, &listed).await?;
         let p = vec![
             ("ScalingGroupId".to_string(), group.clone()),
             ("InstanceIds.1".to_string(), id.to_string()),

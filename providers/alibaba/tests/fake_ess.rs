@@ -656,3 +656,65 @@ async fn two_clusters_pointed_at_one_group_leave_each_others_instances_alone() {
     assert_eq!(fake.with(|s| s.calls_of("RemoveInstances")).len(), 1);
     assert_clean(&fake);
 }
+
+#[tokio::test]
+async fn an_instance_without_this_clusters_identity_is_listed_but_not_removed() {
+    let fake = Fake::start(&[("asg-spot", &ZONES), ("asg-od", &ZONES)]).await;
+    let a = provider_for(&fake, false, 50, Some("uid-a"));
+    let b = provider_for(&fake, false, 50, Some("uid-b"));
+    let mine = a.launch(&request("launch-a", 2)).await.unwrap().launched;
+    assert_eq!(mine.len(), 2);
+    // One the group launched itself (or an earlier version did), and one of A's that its
+    // tagging after the launch missed.
+    fake.with(|s| {
+        let g = s.groups.get_mut("asg-spot").unwrap();
+        let mut own = g.instances[0].clone();
+        own.id = "i-bp1groupown".into();
+        own.activity = String::new();
+        own.tags.clear();
+        g.instances.push(own);
+        let untagged = g.instances.iter_mut().find(|i| i.id == mine[1].id).unwrap();
+        untagged.tags.clear();
+    });
+    let listed = a.list("gpu").await.unwrap();
+    let own = listed
+        .iter()
+        .find(|i| i.id == "i-bp1groupown")
+        .expect("still counted")
+        .provider_id
+        .clone();
+    let removed = || fake.with(|s| s.calls_of("RemoveInstances").len());
+
+    let e = a.terminate(&own).await.unwrap_err();
+    assert!(
+        matches!(&e, ProviderError::InvalidRequest { message }
+            if message.contains("carries no gpu-node-autoscaler.io/cluster-id")),
+        "{e:?}"
+    );
+    assert_eq!(removed(), 0);
+
+    // Untagged, but its launch activity names A: A's, not B's.
+    let e = b.terminate(&mine[1].provider_id).await.unwrap_err();
+    assert!(
+        matches!(&e, ProviderError::InvalidRequest { message } if message.contains("uid-a")),
+        "{e:?}"
+    );
+    assert_eq!(removed(), 0);
+    a.terminate(&mine[1].provider_id).await.unwrap();
+    assert_eq!(removed(), 1);
+
+    // Tagged by hand with A's identity, the group's own instance is handed over.
+    fake.with(|s| {
+        let g = s.groups.get_mut("asg-spot").unwrap();
+        let i = g
+            .instances
+            .iter_mut()
+            .find(|i| i.id == "i-bp1groupown")
+            .unwrap();
+        i.tags
+            .insert("gpu-node-autoscaler.io/cluster-id".into(), "uid-a".into());
+    });
+    a.terminate(&own).await.unwrap();
+    assert_eq!(removed(), 2);
+    assert_clean(&fake);
+}
