@@ -1,6 +1,6 @@
 use serde_json::Value;
 
-use crate::{run, stderr, stdout, temp_file};
+use crate::{root, run, stderr, stdout, temp_file};
 
 const EXAMPLE: [&str; 7] = [
     "plan",
@@ -107,6 +107,30 @@ fn check_policy_summarises_each_pool() {
     let out = stdout(&o);
     assert_eq!(out.lines().count(), 4, "{out}");
     assert!(out.lines().all(|l| l.starts_with("pool ")));
+}
+
+#[test]
+fn check_policy_warns_when_cluster_name_is_left_at_its_default() {
+    let example = std::fs::read_to_string(root().join("docs/examples/policy.yaml")).unwrap();
+    assert!(example.contains("\nclusterName: ml-prod\n"));
+    let p = temp_file(
+        "default-cluster-name.yaml",
+        &example.replace("\nclusterName: ml-prod\n", "\n"),
+    );
+    let o = run(&["check-policy", p.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "warning: {}: clusterName is left at its default \"default\"",
+            p.display()
+        )),
+        "{err}"
+    );
+    // The example names its cluster: no warning.
+    let o = run(&["check-policy", "docs/examples/policy.yaml"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("clusterName"), "{}", stderr(&o));
 }
 
 #[test]
