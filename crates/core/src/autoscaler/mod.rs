@@ -914,6 +914,10 @@ impl Autoscaler {
                             capacity_failed |= !self.ice.contains_key(key);
                             self.ice.insert(key.clone(), now + ttl);
                         } else {
+                            out.push(Action::Log {
+                                level: Level::Warn,
+                                message: format!("pool {}: launching {key} failed: {err}", su.pool),
+                            });
                             other_failure = true;
                         }
                     }
