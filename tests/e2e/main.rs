@@ -8,6 +8,7 @@
 mod alibaba;
 mod cluster;
 mod kube_proxy;
+mod kwok;
 mod prometheus;
 mod support;
 
@@ -734,6 +735,7 @@ fn a_forbidden_eviction_is_reported_and_the_node_given_back() {
         Options {
             cluster: cluster::ClusterOptions {
                 drop_rule: Some(("pods/eviction", "create")),
+                ..Default::default()
             },
             ..Options::default()
         },

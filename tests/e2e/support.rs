@@ -62,7 +62,7 @@ pub struct Options {
 
 use crate::cluster::free_port;
 
-/// The pod annotation after which kwok completes a running pod (tests/e2e/kwok-stages.yaml).
+/// The pod annotation after which kwok completes a running pod (crates/test-support/kwok-stages.yaml).
 pub const RUN_DURATION: &str = "gpu-node-autoscaler.io/e2e-run-duration";
 
 /// A cloud bridge polling in a thread of its own until dropped.

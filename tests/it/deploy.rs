@@ -28,11 +28,12 @@ use serde_json::{json, Value};
 use crate::root;
 
 /// What users render: the base and each overlay, relative to `deploy/`.
-const TARGETS: [&str; 4] = [
+const TARGETS: [&str; 5] = [
     "base",
     "overlays/aws",
     "overlays/dry-run",
     "overlays/monitoring",
+    "overlays/kwok",
 ];
 
 /// Kubernetes versions the objects are validated against: kubectl's (v1.32) and the API the
@@ -587,9 +588,17 @@ fn rbac_is_least_privilege() {
         ("coordination.k8s.io", "leases", "get update patch", NAME),
         ("coordination.k8s.io", "leases", "create", ""),
     ]);
+    // The kwok provider launches by creating Nodes.
+    let mut kwok_cluster = cluster.clone();
+    kwok_cluster.extend(expand(&[("core", "nodes", "create", "")]));
     for r in render_all() {
         let t = r.target;
-        for (kind, expected) in [("ClusterRole", &cluster), ("Role", &namespaced)] {
+        let cluster = if t == "overlays/kwok" {
+            &kwok_cluster
+        } else {
+            &cluster
+        };
+        for (kind, expected) in [("ClusterRole", cluster), ("Role", &namespaced)] {
             let roles = r.all(kind);
             assert_eq!(roles.len(), 1, "{t}: one {kind}");
             assert_eq!(&rule_lines(t, roles[0]), expected, "{t}: {kind} rules");
@@ -616,12 +625,12 @@ fn rbac_is_least_privilege() {
 }
 
 #[test]
-fn the_aws_overlays_carry_the_irsa_role_and_the_base_does_not() {
+fn the_aws_overlays_carry_the_irsa_role_and_the_base_and_kwok_do_not() {
     for r in render_all() {
         let role =
             &r.one("ServiceAccount", NAME)["metadata"]["annotations"]["eks.amazonaws.com/role-arn"];
-        if r.target == "base" {
-            assert!(role.is_null(), "base: {role}");
+        if matches!(r.target, "base" | "overlays/kwok") {
+            assert!(role.is_null(), "{}: {role}", r.target);
         } else {
             assert!(
                 role.as_str().is_some_and(|s| !s.is_empty()),

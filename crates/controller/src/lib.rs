@@ -15,6 +15,7 @@ pub mod drain;
 pub mod gpu_metrics;
 pub mod instrumented;
 pub mod kube_io;
+pub mod kwok;
 pub mod leader;
 pub mod metrics;
 pub mod store;
@@ -582,6 +583,7 @@ impl Controller {
                 &self.args,
                 &self.cluster_id,
                 &self.metrics,
+                &self.client,
             )
             .await?
         };
@@ -1210,6 +1212,7 @@ async fn build_providers(
     args: &RunArgs,
     cluster_id: &str,
     metrics: &Arc<Metrics>,
+    client: &Client,
 ) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog), String> {
     let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
     let mut catalog = Catalog::default();
@@ -1243,13 +1246,23 @@ async fn build_providers(
                 config.cluster_id = Some(cluster_id.to_string());
                 Arc::new(crate::alibaba::provider(config)?)
             }
+            // Nodes on this very cluster, played by kwok: the client's credentials need
+            // create/delete on Nodes (deploy/overlays/kwok grants them).
+            "kwok" => {
+                let config = crate::kwok::config_from_policy(policy, file_catalog, cluster_id)
+                    .map_err(|e| e.join("\n"))?;
+                Arc::new(
+                    gpu_node_autoscaler_kwok::KwokProvider::new(client.clone(), config)
+                        .map_err(|e| e.to_string())?,
+                )
+            }
             other => {
                 return Err(format!(
                     "provider {other:?} cannot be run by this controller (built with: {})",
                     if cfg!(feature = "alibaba") {
-                        "aws, alibaba"
+                        "aws, alibaba, kwok"
                     } else {
-                        "aws"
+                        "aws, kwok"
                     }
                 ))
             }

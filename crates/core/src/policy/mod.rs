@@ -18,7 +18,7 @@ use source_map::{display_path, path_from_serde, PathSeg, SourceMap};
 
 pub const API_VERSION: &str = "gpu-node-autoscaler.io/v1alpha1";
 pub const KIND: &str = "ScalingPolicy";
-pub const PROVIDERS: [&str; 3] = ["aws", "alibaba", "memory"];
+pub const PROVIDERS: [&str; 4] = ["aws", "alibaba", "kwok", "memory"];
 
 /// Defaults, in one place so docs and code agree.
 pub mod defaults {
