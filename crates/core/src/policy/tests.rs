@@ -842,7 +842,7 @@ fn error_cases() -> Vec<Case> {
             "unknown provider",
             one_pool(&["    provider: gcp"]),
             (6, 5),
-            "pools[0].provider: unknown provider \"gcp\" (expected one of aws, alibaba, memory)",
+            "pools[0].provider: unknown provider \"gcp\" (expected one of aws, alibaba, kwok, memory)",
         ),
         case(
             "neither instanceTypes nor requirements",
