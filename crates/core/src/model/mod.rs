@@ -34,6 +34,14 @@ pub mod labels {
     pub const OS: &str = "kubernetes.io/os";
 
     pub const TO_BE_DELETED_TAINT: &str = "gpu-node-autoscaler.io/to-be-deleted";
+    /// Taints a joining node carries until it is Ready and initialised, which its node
+    /// lifecycle controller or cloud controller manager then takes off: a pod need not tolerate
+    /// them to be counted on a node that is still starting.
+    pub const STARTING_NODE_TAINTS: [&str; 3] = [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+        "node.cloudprovider.kubernetes.io/uninitialized",
+    ];
     pub const SAFE_TO_EVICT: &str = "gpu-node-autoscaler.io/safe-to-evict";
     pub const CA_SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
     pub const SCALE_DOWN_DISABLED: &str = "gpu-node-autoscaler.io/scale-down-disabled";

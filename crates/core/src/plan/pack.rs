@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::model::resources::{
     place_share, place_shares, share_copies, GpuShare, Resources, SharedGpu,
 };
-use crate::model::{Constraints, Pod, Snapshot, Time};
+use crate::model::{labels, Constraints, Pod, Snapshot, Taint, Time};
 use crate::policy::Policy;
 use gpu_node_autoscaler_provider::CapacityType;
 
@@ -94,6 +94,8 @@ struct Bin {
     mask: u64,
     /// No GPU of any kind left (every planned pod wants one): skipped from then on.
     full: bool,
+    /// A node still starting, counted at its template's capacity.
+    starting: bool,
 }
 
 impl Bin {
@@ -293,6 +295,7 @@ impl<'a> Packer<'a> {
                 template: usize::MAX,
                 mask: 0,
                 full: false,
+                starting: is_booting,
             };
             if is_booting {
                 booting.push(bin);
@@ -333,6 +336,7 @@ impl<'a> Packer<'a> {
                     template: ti,
                     mask: 1 << oi,
                     full: false,
+                    starting: false,
                 });
             }
         }
@@ -552,7 +556,19 @@ impl<'a> Packer<'a> {
                 let idx = cc * self.bin_compat_width + b;
                 if self.bin_compat[idx] == 0 {
                     let n = &self.snapshot.nodes[ni];
-                    let ok = self.constraints[cc].admits(&n.labels, &n.taints, Some(&n.name));
+                    let ok = if bin.starting {
+                        // What a starting node loses once it is Ready is no reason to launch
+                        // another for the pod.
+                        let lasting: Vec<Taint> = n
+                            .taints
+                            .iter()
+                            .filter(|t| !labels::STARTING_NODE_TAINTS.contains(&t.key.as_str()))
+                            .cloned()
+                            .collect();
+                        self.constraints[cc].admits(&n.labels, &lasting, Some(&n.name))
+                    } else {
+                        self.constraints[cc].admits(&n.labels, &n.taints, Some(&n.name))
+                    };
                     self.bin_compat[idx] = if ok { 1 } else { 2 };
                 }
                 self.bin_compat[idx] == 1
@@ -793,6 +809,7 @@ impl<'a> Packer<'a> {
                         template: o.template,
                         mask: o.mask,
                         full: false,
+                        starting: false,
                     });
                     let b = self.bins.len() - 1;
                     self.bins[b].update_full();

@@ -8,7 +8,7 @@ use crate::catalog;
 use crate::fixtures::{NodeBuilder, PodBuilder};
 use crate::model::constraints::Operator;
 use crate::model::resources::place_share;
-use crate::model::{labels, InFlight, Pod, Snapshot, Time};
+use crate::model::{labels, Effect, InFlight, Pod, Snapshot, Taint, Time};
 use crate::policy::{parse_policy, Policy};
 
 const NOW: Time = Time(1_800_000_000_000);
@@ -153,9 +153,16 @@ fn check_invariants(s: &Snapshot, catalog: &Catalog, policy: &Policy, plan: &Pla
         let p = by_name[&pl.pod];
         if let Some(node) = s.nodes.iter().find(|n| n.name == pl.target) {
             load.entry(node.name.as_str()).or_default().add(&p.requests);
+            // A starting node's not-ready (and the like) taints go once it is Ready.
+            let lasting: Vec<Taint> = node
+                .taints
+                .iter()
+                .filter(|t| !labels::STARTING_NODE_TAINTS.contains(&t.key.as_str()))
+                .cloned()
+                .collect();
             assert!(p
                 .constraints
-                .admits(&node.labels, &node.taints, Some(&node.name)));
+                .admits(&node.labels, &lasting, Some(&node.name)));
             if let Some(g) = &p.gang {
                 gang_zones
                     .entry(g.key.clone())
@@ -297,6 +304,27 @@ fn nodes_whose_gpus_are_not_advertised_yet_count_at_full_capacity() {
         .collect();
     let plan = run(&snap(pods.clone(), vec![joining.clone()]), POLICY);
     assert!(plan.scale_ups.is_empty());
+
+    // Its not-ready taint (which the node lifecycle controller keeps on it until it is Ready) is
+    // no reason to launch again for pods that do not tolerate it; a lasting taint is.
+    let mut tainted = joining.clone();
+    tainted.taints.push(Taint {
+        key: "node.kubernetes.io/not-ready".into(),
+        value: String::new(),
+        effect: Effect::NoSchedule,
+    });
+    let plan = run(&snap(pods.clone(), vec![tainted.clone()]), POLICY);
+    assert!(plan.scale_ups.is_empty(), "{plan:?}");
+    tainted.taints.push(Taint {
+        key: "dedicated".into(),
+        value: "team-a".into(),
+        effect: Effect::NoSchedule,
+    });
+    let plan = run(&snap(pods.clone(), vec![tainted]), POLICY);
+    assert_eq!(
+        plan.scale_ups.iter().map(|s| s.pods.len()).sum::<usize>(),
+        4
+    );
 
     // ... but not once it is older than the max node provision time.
     joining.created = NOW - std::time::Duration::from_secs(20 * 60);
