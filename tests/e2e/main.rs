@@ -6,6 +6,7 @@
 //! Timings are generous polls, never assertions on how long something took.
 
 mod alibaba;
+mod anchors;
 mod cluster;
 mod kube_proxy;
 mod kwok;

@@ -1,0 +1,294 @@
+//! Equivalent configuration for the three autoscalers, from one source: the scenario's policy and
+//! catalog, with every duration divided by the time scale.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use gpu_node_autoscaler_core::policy::{duration::parse_duration, Policy};
+use gpu_node_autoscaler_provider::{CapacityType, Catalog, GpuVendor};
+use serde_json::{json, Value};
+use serde_yaml::Value as Yaml;
+
+/// The policy keys whose values are durations (docs/policy.md).
+const DURATION_KEYS: [&str; 17] = [
+    "idle",
+    "max",
+    "maxNodeProvisionTime",
+    "insufficientCapacityTtl",
+    "gracePeriod",
+    "missingGpusGracePeriod",
+    "interval",
+    "cooldownAfterScaleUp",
+    "unneededTime",
+    "emptyUnneededTime",
+    "backoffAfterFailure",
+    "spotMaxWait",
+    "consolidateAfter",
+    "restartCost",
+    "expectedRemaining",
+    "minRemaining",
+    "xidGracePeriod",
+];
+
+/// A duration divided by the time scale, as a Go/policy duration string in milliseconds (at least
+/// 1 ms for a non-zero one).
+pub fn scaled(d: Duration, scale: f64) -> String {
+    if d.is_zero() {
+        return "0s".into();
+    }
+    let ms = (d.as_secs_f64() * 1000.0 / scale).round().max(1.0);
+    format!("{ms}ms")
+}
+
+/// A scaled duration in whole seconds, rounded up (Karpenter's `consolidateAfter` takes only
+/// `s`, `m` and `h`).
+pub fn scaled_whole_seconds(d: Duration, scale: f64) -> String {
+    format!("{}s", (d.as_secs_f64() / scale).ceil() as u64)
+}
+
+pub fn scaled_duration(d: Duration, scale: f64) -> Duration {
+    Duration::from_secs_f64(d.as_secs_f64() / scale)
+}
+
+fn scale_durations(v: &mut Yaml, scale: f64) {
+    match v {
+        Yaml::Mapping(m) => {
+            for (k, val) in m.iter_mut() {
+                let is_duration_key = k.as_str().is_some_and(|k| DURATION_KEYS.contains(&k));
+                if let (true, Some(s)) = (is_duration_key, val.as_str()) {
+                    if let Ok(d) = parse_duration(s) {
+                        *val = Yaml::String(scaled(d, scale));
+                        continue;
+                    }
+                }
+                scale_durations(val, scale);
+            }
+        }
+        Yaml::Sequence(s) => s.iter_mut().for_each(|x| scale_durations(x, scale)),
+        _ => {}
+    }
+}
+
+fn map(v: &mut Yaml) -> &mut serde_yaml::Mapping {
+    if !v.is_mapping() {
+        *v = Yaml::Mapping(Default::default());
+    }
+    v.as_mapping_mut().unwrap()
+}
+
+fn set(m: &mut serde_yaml::Mapping, key: &str, value: String) {
+    m.insert(Yaml::String(key.into()), Yaml::String(value));
+}
+
+/// Our policy: the scenario's `policy` section with every pool on the kwok provider, every
+/// duration it sets scaled, and the defaults that matter to timing written out scaled.
+pub fn our_policy(raw_policy: &Yaml, policy: &Policy, scale: f64) -> anyhow::Result<String> {
+    let mut p = raw_policy.clone();
+    scale_durations(&mut p, scale);
+    let top = map(&mut p);
+    let batching = map(top
+        .entry(Yaml::String("batching".into()))
+        .or_insert(Yaml::Null));
+    set(batching, "idle", scaled(policy.batching.idle, scale));
+    set(batching, "max", scaled(policy.batching.max, scale));
+    set(
+        top,
+        "maxNodeProvisionTime",
+        scaled(policy.max_node_provision_time, scale),
+    );
+    set(
+        top,
+        "insufficientCapacityTtl",
+        scaled(policy.insufficient_capacity_ttl, scale),
+    );
+    let pools = top
+        .get_mut("pools")
+        .and_then(Yaml::as_sequence_mut)
+        .ok_or_else(|| anyhow::anyhow!("the scenario's policy has no pools"))?;
+    for (raw, pool) in pools.iter_mut().zip(&policy.pools) {
+        let m = map(raw);
+        set(m, "provider", "kwok".into());
+        m.remove("aws");
+        m.remove("alibaba");
+        let sd = map(m
+            .entry(Yaml::String("scaleDown".into()))
+            .or_insert(Yaml::Null));
+        let s = &pool.scale_down;
+        set(
+            sd,
+            "cooldownAfterScaleUp",
+            scaled(s.cooldown_after_scale_up, scale),
+        );
+        set(sd, "unneededTime", scaled(s.unneeded_time, scale));
+        set(
+            sd,
+            "emptyUnneededTime",
+            scaled(s.empty_unneeded_time, scale),
+        );
+        set(
+            sd,
+            "backoffAfterFailure",
+            scaled(s.backoff_after_failure, scale),
+        );
+    }
+    Ok(serde_yaml::to_string(&p)?)
+}
+
+/// The extended resource a GPU of this vendor is advertised as.
+pub fn gpu_resource(vendor: GpuVendor) -> &'static str {
+    match vendor {
+        GpuVendor::Nvidia => "nvidia.com/gpu",
+        GpuVendor::Amd => "amd.com/gpu",
+    }
+}
+
+/// Karpenter's kwok instance types (`INSTANCE_TYPES_FILE_PATH`, the schema of
+/// `kwok/cloudprovider/helpers.go`): every instance type of the pools, with one offering per zone
+/// and capacity type at the catalog's price.
+pub fn karpenter_instance_types(policy: &Policy, catalog: &Catalog) -> Value {
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for pool in &policy.pools {
+        for t in pool_types(pool, catalog) {
+            if !seen.insert(t.clone()) {
+                continue;
+            }
+            let Some(it) = catalog.instance_type(&t) else {
+                continue;
+            };
+            let mut resources = json!({
+                "cpu": it.vcpu.to_string(),
+                "memory": format!("{}Mi", it.memory_mib),
+                "pods": "110",
+            });
+            if let Some(g) = &it.gpu {
+                resources[gpu_resource(g.vendor)] = json!(g.count.to_string());
+            }
+            let offerings: Vec<Value> = catalog
+                .offerings
+                .iter()
+                .filter(|o| o.key.instance_type == t)
+                .map(|o| {
+                    json!({
+                        "Price": o.price_per_hour,
+                        "Available": true,
+                        "Requirements": [
+                            {"key": "karpenter.sh/capacity-type", "operator": "In",
+                             "values": [o.key.capacity_type.as_str()]},
+                            {"key": "topology.kubernetes.io/zone", "operator": "In",
+                             "values": [o.key.zone]},
+                        ],
+                    })
+                })
+                .collect();
+            out.push(json!({
+                "name": t,
+                "architecture": "amd64",
+                "operatingSystems": ["linux"],
+                "resources": resources,
+                "offerings": offerings,
+            }));
+        }
+    }
+    Value::Array(out)
+}
+
+/// The instance types a pool may launch.
+pub fn pool_types(pool: &gpu_node_autoscaler_core::policy::Pool, catalog: &Catalog) -> Vec<String> {
+    gpu_node_autoscaler_core::plan::templates::pool_types_and_prices(pool, catalog)
+        .map(|x| x.0)
+        .unwrap_or_default()
+}
+
+/// Karpenter's objects: a KWOKNodeClass and one NodePool per pool with the pool's instance types,
+/// zones, capacity types, labels and taints; consolidation as Karpenter v1's default
+/// (WhenEmptyOrUnderutilized) after the pool's unneeded time; the GPU limit from `maxGpus`, else
+/// `maxNodes` of the pool's largest type.
+pub fn karpenter_objects(policy: &Policy, catalog: &Catalog, scale: f64) -> Value {
+    let mut items = vec![json!({
+        "apiVersion": "karpenter.kwok.sh/v1alpha1",
+        "kind": "KWOKNodeClass",
+        "metadata": {"name": "default"},
+    })];
+    for pool in &policy.pools {
+        let types = pool_types(pool, catalog);
+        let mut labels: BTreeMap<String, String> = pool.labels.clone();
+        labels.insert(
+            gpu_node_autoscaler_core::model::labels::POOL.to_string(),
+            pool.name.clone(),
+        );
+        let taints: Vec<Value> = pool
+            .taints
+            .iter()
+            .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect.as_str()}))
+            .collect();
+        let caps: Vec<&str> = pool.capacity_types.iter().map(|c| c.as_str()).collect();
+        let max_gpus_per_node = types
+            .iter()
+            .filter_map(|t| catalog.instance_type(t)?.gpu.as_ref().map(|g| g.count))
+            .max()
+            .unwrap_or(0);
+        let gpu_limit = pool
+            .max_gpus
+            .unwrap_or(pool.max_nodes.saturating_mul(max_gpus_per_node));
+        let mut spec = json!({
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default"},
+                    "requirements": [
+                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": types},
+                        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": pool.zones},
+                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": caps},
+                    ],
+                    "taints": taints,
+                    "expireAfter": "Never",
+                },
+            },
+            "disruption": {
+                "consolidationPolicy": "WhenEmptyOrUnderutilized",
+                "consolidateAfter": scaled_whole_seconds(pool.scale_down.unneeded_time, scale),
+            },
+        });
+        if gpu_limit > 0 {
+            spec["limits"] = json!({"nvidia.com/gpu": gpu_limit.to_string()});
+        }
+        items.push(json!({
+            "apiVersion": "karpenter.sh/v1",
+            "kind": "NodePool",
+            "metadata": {"name": pool.name},
+            "spec": spec,
+        }));
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+/// The price per hour of a Node of `instance_type` bought as `capacity_type` (any zone: the
+/// catalog's list prices do not vary by zone).
+pub fn price(catalog: &Catalog, instance_type: &str, capacity_type: CapacityType) -> Option<f64> {
+    catalog
+        .offerings
+        .iter()
+        .find(|o| o.key.instance_type == instance_type && o.key.capacity_type == capacity_type)
+        .map(|o| o.price_per_hour)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_scaled_and_quantities_left_alone() {
+        let mut v: Yaml = serde_yaml::from_str(
+            "batching: {idle: 2s}\npools:\n- name: a\n  reserved: {cpu: 500m}\n  scaleDown: {unneededTime: 3m}\n",
+        )
+        .unwrap();
+        scale_durations(&mut v, 60.0);
+        assert_eq!(v["batching"]["idle"].as_str(), Some("33ms"));
+        assert_eq!(
+            v["pools"][0]["scaleDown"]["unneededTime"].as_str(),
+            Some("3000ms")
+        );
+        assert_eq!(v["pools"][0]["reserved"]["cpu"].as_str(), Some("500m"));
+    }
+}

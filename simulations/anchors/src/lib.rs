@@ -1,0 +1,106 @@
+//! `anchors`: one workload, replayed on a fresh real Kubernetes control plane (etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler, kwok as the kubelets) once per
+//! autoscaler, one at a time, and measured alike from what the API server shows.
+//!
+//! - `gpu-node-autoscaler`: the `run` binary with the scenario's pools on its kwok provider, as its
+//!   ServiceAccount with the RBAC of `deploy/overlays/kwok`;
+//! - `karpenter`: Karpenter's kwok provider (`scripts/anchors.sh`), a NodePool per pool and the
+//!   catalog's shapes and prices as its instance types;
+//! - `cluster-autoscaler`: the Cluster Autoscaler's kwok provider, when `scripts/anchors.sh` could
+//!   build it (the run fails with the reason when it could not).
+//!
+//! Time is compressed by `--time-scale`: every duration of the workload (arrivals, run times), of
+//! the nodes (boot) and of the configuration (delays, cooldowns, batching) is divided by it alike;
+//! figures are reported in the scenario's own time. What a scenario holds that cannot be replayed on
+//! kwok (cloud events: capacity shortages, interruptions, broken GPUs; shared GPUs and MIG slices) is
+//! refused or listed, never silently left out.
+
+pub mod config;
+pub mod replay;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use gpu_node_autoscaler_core::catalog;
+use gpu_node_autoscaler_sim::scenario::parse_scenario;
+
+pub use replay::{Binaries, Measured, Report};
+
+pub const AUTOSCALERS: [&str; 3] = ["gpu-node-autoscaler", "karpenter", "cluster-autoscaler"];
+
+/// What to run.
+pub struct Options {
+    pub scenarios: Vec<PathBuf>,
+    /// Every duration is divided by this.
+    pub time_scale: f64,
+    pub autoscalers: Vec<String>,
+    /// The `gpu-node-autoscaler` binary (built with `--features controller`); default
+    /// `target/debug/gpu-node-autoscaler`.
+    pub ours_bin: Option<PathBuf>,
+    /// Where the clusters' directories and the autoscalers' logs go (kept).
+    pub work_dir: PathBuf,
+    /// Stop a run after this long of the scenario's time even if pods remain.
+    pub max_time: Option<Duration>,
+}
+
+/// Runs every autoscaler on every scenario, one at a time, each on a fresh cluster.
+pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
+    if o.time_scale.is_nan() || o.time_scale < 1.0 {
+        bail!("--time-scale must be at least 1 (got {})", o.time_scale);
+    }
+    for a in &o.autoscalers {
+        if !AUTOSCALERS.contains(&a.as_str()) {
+            bail!(
+                "--autoscalers: unknown {a:?} (expected {})",
+                AUTOSCALERS.join(", ")
+            );
+        }
+    }
+    std::fs::create_dir_all(&o.work_dir).with_context(|| format!("{}", o.work_dir.display()))?;
+    let bins = Binaries::find(&o.autoscalers, o.ours_bin.clone())?;
+    let mut reports = Vec::new();
+    for path in &o.scenarios {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let file = path.display().to_string();
+        let scenario = parse_scenario(&text, &file).map_err(|e| anyhow::anyhow!(e))?;
+        let raw: serde_yaml::Value = serde_yaml::from_str(&text)?;
+        let types = match &scenario.catalog {
+            None => catalog::parse_csv(catalog::BUILTIN_AWS, catalog::BUILTIN_AWS_NAME)?,
+            Some(rel) => {
+                let p = path.parent().unwrap_or(Path::new(".")).join(rel);
+                let t = std::fs::read_to_string(&p)
+                    .with_context(|| format!("reading the catalog {}", p.display()))?;
+                catalog::parse_csv(&t, &p.display().to_string())?
+            }
+        };
+        let cat = catalog::offerings_from_list_prices(&scenario.policy, types);
+        let setup = replay::Setup::new(&scenario, &raw["policy"], cat, o.time_scale, o.max_time)
+            .with_context(|| format!("{file}: cannot be replayed"))?;
+        let mut results = Vec::new();
+        for a in &o.autoscalers {
+            eprintln!(
+                "anchors: {}: {a} (time scale {}; {} pods)",
+                scenario.name,
+                o.time_scale,
+                setup.pods.len()
+            );
+            let dir = o.work_dir.join(format!("{}-{a}", scenario.name));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir)?;
+            let m = replay::run_one(&setup, a, &bins, &dir)
+                .with_context(|| format!("{}: {a} (logs in {})", scenario.name, dir.display()))?;
+            results.push(m);
+        }
+        reports.push(Report {
+            scenario: scenario.name.clone(),
+            time_scale: o.time_scale,
+            boot_s: setup.boot.as_secs_f64(),
+            not_replayed: setup.not_replayed.clone(),
+            results,
+        });
+    }
+    Ok((reports, bins))
+}

@@ -1,0 +1,75 @@
+//! `anchors`: see the library (`gpu_node_autoscaler_anchors`) and docs/kwok.md.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+
+use gpu_node_autoscaler_anchors::{measure, replay, Options, AUTOSCALERS};
+
+#[derive(Parser)]
+#[command(
+    name = "anchors",
+    about = "Runs gpu-node-autoscaler, Karpenter and the Cluster Autoscaler on one workload, each on a fresh real control plane, and measures them alike"
+)]
+struct Args {
+    /// Scenario files (the YAML that `simulate` reads).
+    #[arg(required = true)]
+    scenarios: Vec<PathBuf>,
+    /// Every duration is divided by this.
+    #[arg(long, default_value_t = 20.0)]
+    time_scale: f64,
+    /// Which autoscalers, comma-separated (default: all three).
+    #[arg(long, value_delimiter = ',', default_values_t = AUTOSCALERS.map(String::from))]
+    autoscalers: Vec<String>,
+    /// `table` or `json` (the shape of `simulate --format json`).
+    #[arg(long, default_value = "table")]
+    format: String,
+    /// The `gpu-node-autoscaler` binary (built with `--features controller`).
+    #[arg(long)]
+    ours_bin: Option<PathBuf>,
+    /// Where the clusters' directories and the autoscalers' logs go (kept).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Stop a run after this long of the scenario's time even if pods remain.
+    #[arg(long, value_parser = parse_dur)]
+    max_time: Option<Duration>,
+}
+
+fn parse_dur(s: &str) -> Result<Duration, String> {
+    gpu_node_autoscaler_core::policy::duration::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("anchors: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    if !matches!(args.format.as_str(), "table" | "json") {
+        bail!("--format: expected table or json, got {:?}", args.format);
+    }
+    let options = Options {
+        scenarios: args.scenarios,
+        time_scale: args.time_scale,
+        autoscalers: args.autoscalers,
+        ours_bin: args.ours_bin,
+        work_dir: args.work_dir.unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("gna-anchors-{}", std::process::id()))
+        }),
+        max_time: args.max_time,
+    };
+    let (reports, bins) = measure(&options)?;
+    if args.format == "json" {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&replay::to_json(&reports, &bins))?
+        );
+    } else {
+        print!("{}", replay::to_table(&reports, &bins));
+    }
+    Ok(())
+}

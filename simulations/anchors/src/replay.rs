@@ -1,0 +1,892 @@
+//! One autoscaler on one fresh cluster: set up, replay the workload, observe, measure.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+use gpu_node_autoscaler_core::model::Pod;
+use gpu_node_autoscaler_provider::{CapacityType, Catalog};
+use gpu_node_autoscaler_sim::scenario::Scenario;
+use gpu_node_autoscaler_sim::CloudEvent;
+use gpu_node_autoscaler_test_support::cluster::{
+    free_port, Cluster, ClusterOptions, KWOK_STAGES, REPO,
+};
+
+use crate::config;
+
+/// The pod annotation after which kwok completes a running pod (the kwok Stages' `pod-complete`).
+pub const RUN_DURATION: &str = "gpu-node-autoscaler.io/e2e-run-duration";
+/// The namespace of the workload.
+const NAMESPACE: &str = "default";
+/// The CPU node outside the pools.
+const SYSTEM_NODE: &str = "system-0";
+/// How often the cluster is looked at (wall time).
+const POLL: Duration = Duration::from_millis(500);
+
+/// The autoscalers' binaries and versions.
+pub struct Binaries {
+    pub ours: Option<PathBuf>,
+    pub karpenter: Option<(PathBuf, PathBuf)>,
+    pub cluster_autoscaler: Option<PathBuf>,
+    pub versions: BTreeMap<&'static str, String>,
+}
+
+fn script_value(script: &str, key: &str) -> String {
+    std::fs::read_to_string(format!("{REPO}/scripts/{script}"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+impl Binaries {
+    /// Finds what `wanted` needs; a missing one is an error that says how to build it.
+    pub fn find(wanted: &[String], ours: Option<PathBuf>) -> Result<Binaries> {
+        let mut b = Binaries {
+            ours: None,
+            karpenter: None,
+            cluster_autoscaler: None,
+            versions: BTreeMap::new(),
+        };
+        let anchors_bin = || -> Result<PathBuf> {
+            let out = Command::new("bash")
+                .arg(format!("{REPO}/scripts/anchors.sh"))
+                .arg("--print-bin")
+                .output()
+                .context("bash scripts/anchors.sh --print-bin")?;
+            Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        };
+        for w in wanted {
+            match w.as_str() {
+                "gpu-node-autoscaler" => {
+                    let target = std::env::var("CARGO_TARGET_DIR")
+                        .map(PathBuf::from)
+                        .unwrap_or_else(|_| PathBuf::from(REPO).join("target"));
+                    let p = ours
+                        .clone()
+                        .unwrap_or_else(|| target.join("debug/gpu-node-autoscaler"));
+                    if !p.is_file() {
+                        bail!(
+                            "{} is missing: build it with `cargo build --features controller` or pass --ours-bin",
+                            p.display()
+                        );
+                    }
+                    b.versions
+                        .insert("gpu-node-autoscaler", env!("CARGO_PKG_VERSION").to_string());
+                    b.ours = Some(p);
+                }
+                "karpenter" => {
+                    let bin = anchors_bin()?;
+                    let k = bin.join("karpenter-kwok");
+                    let crds = bin.parent().unwrap_or(Path::new("/")).join("crds");
+                    if !k.is_file() || !crds.join("karpenter.sh_nodepools.yaml").is_file() {
+                        bail!(
+                            "Karpenter's kwok provider is not built in {}: run `bash scripts/anchors.sh karpenter`",
+                            bin.display()
+                        );
+                    }
+                    b.versions
+                        .insert("karpenter", script_value("anchors.sh", "KARPENTER_VERSION"));
+                    b.karpenter = Some((k, crds));
+                }
+                "cluster-autoscaler" => {
+                    let c = anchors_bin()?.join("cluster-autoscaler");
+                    if !c.is_file() {
+                        bail!(
+                            "the Cluster Autoscaler is not built ({} is missing): `bash scripts/anchors.sh \
+                             cluster-autoscaler` builds it from the Go module proxy, which refuses its release \
+                             commits (403 \"This module version is not available\" for \
+                             k8s.io/autoscaler/cluster-autoscaler@{}); leave it out with \
+                             --autoscalers gpu-node-autoscaler,karpenter",
+                            c.display(),
+                            script_value("anchors.sh", "CA_PSEUDO")
+                        );
+                    }
+                    b.versions.insert(
+                        "cluster-autoscaler",
+                        script_value("anchors.sh", "CA_VERSION"),
+                    );
+                    b.cluster_autoscaler = Some(c);
+                }
+                _ => unreachable!(),
+            }
+        }
+        Ok(b)
+    }
+}
+
+/// One pod of the workload, in wall time from the start of the replay.
+pub struct WorkPod {
+    pub name: String,
+    pub object: Value,
+    pub arrival: Duration,
+    pub delete_at: Option<Duration>,
+    pub gpus: i64,
+}
+
+/// What every run of one scenario shares.
+pub struct Setup {
+    pub scale: f64,
+    pub pods: Vec<WorkPod>,
+    pub catalog: Catalog,
+    pub our_policy: String,
+    pub karpenter_types: Value,
+    pub karpenter_objects: Value,
+    /// kwok's Stages with the nodes' boot time (Ready this long after the Node is created).
+    pub stages: String,
+    /// Wall time after which the run stops whatever remains.
+    pub deadline: Duration,
+    /// The scenario's time a node takes to be Ready (boot and device plugin).
+    pub boot: Duration,
+    pub scan_interval: Duration,
+    pub not_replayed: Vec<String>,
+}
+
+fn dns_name(s: &str) -> String {
+    let mut n: String = s
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    n.truncate(63);
+    n.trim_matches(|c| c == '-' || c == '.').to_string()
+}
+
+/// The API object of a workload pod; an error for what kwok nodes of the two other products cannot
+/// offer (shared GPUs, MIG slices).
+fn pod_object(p: &Pod, name: &str, run: Option<Duration>) -> Result<Value> {
+    if p.share.is_some() {
+        bail!(
+            "pod {}: shared GPUs (aliyun.com/gpu-mem) cannot be replayed on kwok nodes",
+            p.id.name
+        );
+    }
+    if p.requests.mig_slices().next().is_some() {
+        bail!(
+            "pod {}: MIG slices cannot be replayed on kwok nodes",
+            p.id.name
+        );
+    }
+    let r = &p.requests;
+    let mut requests = json!({
+        "cpu": format!("{}m", r.cpu_milli),
+        "memory": r.memory.to_string(),
+    });
+    let mut limits = json!({});
+    for (k, v) in [("nvidia.com/gpu", r.gpu), ("amd.com/gpu", r.amd_gpu)]
+        .into_iter()
+        .chain(r.extended.iter().map(|(k, v)| (k.as_str(), *v)))
+    {
+        if v > 0 {
+            requests[k] = json!(v.to_string());
+            limits[k] = json!(v.to_string());
+        }
+    }
+    let c = &p.constraints;
+    let tolerations: Vec<Value> = c
+        .tolerations
+        .iter()
+        .map(|t| {
+            let mut v = json!({"operator": if t.exists { "Exists" } else { "Equal" }});
+            if let Some(k) = &t.key {
+                v["key"] = json!(k);
+            }
+            if !t.exists {
+                v["value"] = json!(t.value);
+            }
+            if let Some(e) = t.effect {
+                v["effect"] = json!(e.as_str());
+            }
+            v
+        })
+        .collect();
+    let mut spec = json!({
+        "containers": [{"name": "main", "image": "workload", "resources": {"requests": requests, "limits": limits}}],
+        "nodeSelector": c.node_selector,
+        "tolerations": tolerations,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+    });
+    if let Some(terms) = &c.affinity {
+        let terms: Vec<Value> = terms
+            .iter()
+            .map(|t| {
+                let exprs: Vec<Value> = t
+                    .requirements
+                    .iter()
+                    .map(|r| json!({"key": r.key, "operator": format!("{:?}", r.operator), "values": r.values}))
+                    .collect();
+                json!({"matchExpressions": exprs})
+            })
+            .collect();
+        spec["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}});
+    }
+    let mut annotations: BTreeMap<String, String> = (*p.annotations).clone();
+    if let Some(d) = run {
+        annotations.insert(RUN_DURATION.into(), format!("{}ms", d.as_millis().max(1)));
+    }
+    Ok(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": p.labels.as_ref(), "annotations": annotations},
+        "spec": spec,
+    }))
+}
+
+impl Setup {
+    pub fn new(
+        s: &Scenario,
+        raw_policy: &serde_yaml::Value,
+        catalog: Catalog,
+        scale: f64,
+        max_time: Option<Duration>,
+    ) -> Result<Setup> {
+        let wall = |ms: i64| Duration::from_secs_f64(ms.max(0) as f64 / 1000.0 / scale);
+        let mut pods = Vec::new();
+        let mut end = Duration::ZERO;
+        for (i, wp) in s.pods.iter().enumerate() {
+            let name = dns_name(&format!("{}-{i}", wp.pod.id.name));
+            let run = wp.duration.map(wall);
+            let object = pod_object(&wp.pod, &name, run)?;
+            let arrival = wall(wp.arrival);
+            let delete_at = wp.deleted_at.map(wall);
+            end = end
+                .max(arrival + run.unwrap_or_default())
+                .max(delete_at.unwrap_or_default());
+            pods.push(WorkPod {
+                name,
+                object,
+                arrival,
+                delete_at,
+                gpus: wp.pod.requests.whole_gpus(),
+            });
+        }
+        pods.sort_by_key(|p| p.arrival);
+        let not_replayed = s
+            .events
+            .iter()
+            .map(|e| match e {
+                CloudEvent::InsufficientCapacity { .. } => "insufficientCapacity (kwok has no capacity shortages for Karpenter's and the Cluster Autoscaler's providers)".to_string(),
+                CloudEvent::SpotInterruption { .. } => "spotInterruption (no interruption notices on kwok)".to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let t = &s.timing;
+        let boot_ms = (t.boot_min + t.boot_max) / 2 + t.device_plugin_delay;
+        let boot = Duration::from_millis(boot_ms.max(0) as u64);
+        let stages = std::fs::read_to_string(KWOK_STAGES).context(KWOK_STAGES)?;
+        let stages = with_node_delay(&stages, config::scaled_duration(boot, scale))?;
+        let policy = &s.policy;
+        let tail = policy
+            .pools
+            .iter()
+            .map(|p| {
+                p.scale_down
+                    .cooldown_after_scale_up
+                    .max(p.scale_down.unneeded_time)
+            })
+            .max()
+            .unwrap_or_default()
+            * 2
+            + boot
+            + Duration::from_secs(600);
+        let deadline = match max_time.or(s.until.map(|u| Duration::from_millis(u.max(0) as u64))) {
+            Some(m) => config::scaled_duration(m, scale),
+            None => end + config::scaled_duration(tail, scale),
+        };
+        Ok(Setup {
+            scale,
+            pods,
+            our_policy: config::our_policy(raw_policy, policy, scale)?,
+            karpenter_types: config::karpenter_instance_types(policy, &catalog),
+            karpenter_objects: config::karpenter_objects(policy, &catalog, scale),
+            catalog,
+            stages,
+            deadline,
+            boot,
+            scan_interval: config::scaled_duration(Duration::from_secs(10), scale)
+                .max(Duration::from_millis(500)),
+            not_replayed,
+        })
+    }
+}
+
+/// kwok's Stages with the nodes' boot time, whoever created the Node: a new Node without a Ready
+/// condition is made NotReady at once (`node-boot`, weighted over `node-initialize`, which matches it
+/// too), so that the node lifecycle controller keeps the not-ready taint on it, and `node-initialize`
+/// makes it Ready `delay` later.
+fn with_node_delay(stages: &str, delay: Duration) -> Result<String> {
+    let mut out = String::new();
+    let mut in_init = false;
+    let mut done = false;
+    for line in stages.lines() {
+        out.push_str(line);
+        out.push('\n');
+        if line.trim() == "name: node-initialize" {
+            in_init = true;
+        } else if in_init && line == "spec:" {
+            out.push_str(&format!(
+                "  delay:\n    durationMilliseconds: {}\n",
+                delay.as_millis()
+            ));
+            in_init = false;
+            done = true;
+        }
+    }
+    if !done {
+        bail!("{KWOK_STAGES}: no `node-initialize` Stage with a `spec:` to give a delay");
+    }
+    out.push_str(NODE_BOOT_STAGE);
+    Ok(out)
+}
+
+/// A Node without a Ready condition (as its creator made it) is NotReady while it boots.
+const NODE_BOOT_STAGE: &str = r#"---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: node-boot
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Node
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'DoesNotExist'
+  weight: 1
+  next:
+    statusTemplate: |
+      conditions:
+      - lastHeartbeatTime: {{ Now | Quote }}
+        lastTransitionTime: {{ Now | Quote }}
+        message: booting
+        reason: KubeletNotReady
+        status: "False"
+        type: Ready
+"#;
+
+/// One Node's life as seen.
+struct NodeSeen {
+    instance_type: String,
+    capacity_type: Option<CapacityType>,
+    gpus: i64,
+    first: Duration,
+    last: Duration,
+    gone: bool,
+}
+
+#[derive(Default)]
+struct PodSeen {
+    created: Option<Duration>,
+    running: Option<Duration>,
+    finished: Option<Duration>,
+}
+
+/// What one autoscaler did with one workload, in the scenario's time.
+pub struct Measured {
+    pub autoscaler: String,
+    pub cost_usd: f64,
+    pub wait_p50_s: f64,
+    pub wait_p95_s: f64,
+    pub wait_p99_s: f64,
+    pub gpu_allocation: f64,
+    pub first_node_s: Option<f64>,
+    pub nodes_launched: usize,
+    pub pods: usize,
+    pub pods_never_placed: usize,
+    pub cost_by_offering: BTreeMap<String, f64>,
+    pub wall_s: f64,
+    pub unpriced_nodes: Vec<String>,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<String> {
+    cluster.kubectl(args).map_err(|e| anyhow!(e))
+}
+
+fn apply_json(cluster: &Cluster, dir: &Path, name: &str, v: &Value) -> Result<()> {
+    let f = dir.join(name);
+    std::fs::write(&f, serde_json::to_string(v)?)?;
+    kubectl(cluster, &["apply", "-f", f.to_str().unwrap()])?;
+    Ok(())
+}
+
+fn http_ok(port: u16, path: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.1 200") || buf.starts_with("HTTP/1.0 200")
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_autoscaler(
+    setup: &Setup,
+    which: &str,
+    bins: &Binaries,
+    cluster: &Cluster,
+    dir: &Path,
+) -> Result<(Proc, u16, &'static str)> {
+    let log = std::fs::File::create(dir.join(format!("{which}.log")))?;
+    let port = free_port();
+    let scaled = |d: Duration| config::scaled(d, setup.scale);
+    match which {
+        "gpu-node-autoscaler" => {
+            let cm = json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "gpu-node-autoscaler-policy", "namespace": "kube-system"},
+                "data": {"policy.yaml": setup.our_policy},
+            });
+            std::fs::write(dir.join("policy.yaml"), &setup.our_policy)?;
+            apply_json(cluster, dir, "policy-configmap.json", &cm)?;
+            let child = Command::new(bins.ours.as_ref().unwrap())
+                .args([
+                    "run",
+                    "--identity",
+                    "anchors",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--scan-interval",
+                    &format!("{}ms", setup.scan_interval.as_millis()),
+                    "--lease-duration",
+                    "15s",
+                    "--lease-retry",
+                    "2s",
+                ])
+                .env("KUBECONFIG", &cluster.controller)
+                .env("RUST_LOG", "info,kube=warn,hyper=warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("starting gpu-node-autoscaler")?;
+            Ok((Proc(child), port, "/readyz"))
+        }
+        "karpenter" => {
+            let (bin, crds) = bins.karpenter.as_ref().unwrap();
+            kubectl(cluster, &["apply", "-f", crds.to_str().unwrap()])?;
+            for crd in [
+                "nodepools.karpenter.sh",
+                "nodeclaims.karpenter.sh",
+                "kwoknodeclasses.karpenter.kwok.sh",
+            ] {
+                kubectl(
+                    cluster,
+                    &[
+                        "wait",
+                        "--for=condition=Established",
+                        "--timeout=60s",
+                        &format!("crd/{crd}"),
+                    ],
+                )?;
+            }
+            apply_json(
+                cluster,
+                dir,
+                "karpenter-objects.json",
+                &setup.karpenter_objects,
+            )?;
+            let types = dir.join("instance-types.json");
+            std::fs::write(
+                &types,
+                serde_json::to_string_pretty(&setup.karpenter_types)?,
+            )?;
+            let child = Command::new(bin)
+                .env("KUBECONFIG", &cluster.admin)
+                .env("DISABLE_LEADER_ELECTION", "true")
+                .env("INSTANCE_TYPES_FILE_PATH", &types)
+                .env("SYSTEM_NAMESPACE", "kube-system")
+                .env("METRICS_PORT", free_port().to_string())
+                .env("HEALTH_PROBE_PORT", port.to_string())
+                .env("BATCH_IDLE_DURATION", scaled(Duration::from_secs(1)))
+                .env("BATCH_MAX_DURATION", scaled(Duration::from_secs(10)))
+                .env("LOG_LEVEL", "info")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting karpenter-kwok")?;
+            Ok((Proc(child), port, "/readyz"))
+        }
+        other => bail!("running {other} is not supported by this harness yet"),
+    }
+}
+
+/// Runs `which` on a fresh cluster in `dir` and measures it.
+pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Result<Measured> {
+    let started = Instant::now();
+    let stages = dir.join("kwok-stages.yaml");
+    std::fs::write(&stages, &setup.stages)?;
+    let cluster = Cluster::start(
+        dir,
+        &ClusterOptions {
+            rbac_from: Some("overlays/kwok"),
+            kwok_stages: Some(stages),
+            quiet: true,
+            // The node lifecycle controller takes the not-ready taint off a Node that turned Ready
+            // at its next look: every second instead of five.
+            controller_manager_args: vec!["--node-monitor-period=1s".into()],
+            ..Default::default()
+        },
+    );
+    // A CPU node outside every pool, for what asks for no GPU (an MPI launcher): the same for
+    // every autoscaler, and not measured.
+    apply_json(
+        &cluster,
+        dir,
+        "system-node.json",
+        &json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": SYSTEM_NODE, "labels": {"kubernetes.io/hostname": SYSTEM_NODE, "node-role": "system"},
+                         "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "status": {"capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"}},
+        }),
+    )?;
+    let (mut proc, port, ready) = start_autoscaler(setup, which, bins, &cluster, dir)?;
+    let ready_by = Instant::now() + Duration::from_secs(120);
+    while !http_ok(port, ready) {
+        if let Ok(Some(status)) = proc.0.try_wait() {
+            bail!("{which} exited ({status}) before it was ready");
+        }
+        if Instant::now() > ready_by {
+            bail!("{which} was not ready after 2 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    let t0 = Instant::now();
+    let mut next_create = 0usize;
+    let mut deleted: Vec<bool> = vec![false; setup.pods.len()];
+    let index: HashMap<&str, usize> = setup
+        .pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.name.as_str(), i))
+        .collect();
+    let mut pods: Vec<PodSeen> = (0..setup.pods.len()).map(|_| PodSeen::default()).collect();
+    let mut nodes: BTreeMap<String, NodeSeen> = BTreeMap::new();
+    loop {
+        let now = t0.elapsed();
+        if let Ok(Some(status)) = proc.0.try_wait() {
+            bail!("{which} exited ({status}) during the replay");
+        }
+        if let Some(c) = cluster.exited() {
+            bail!("the control plane's {c} exited during the replay");
+        }
+        // Arrivals, in one create per batch.
+        let mut batch = Vec::new();
+        while next_create < setup.pods.len() && setup.pods[next_create].arrival <= now {
+            batch.push(setup.pods[next_create].object.clone());
+            pods[next_create].created = Some(t0.elapsed());
+            next_create += 1;
+        }
+        if !batch.is_empty() {
+            let f = dir.join("arrivals.json");
+            std::fs::write(
+                &f,
+                json!({"apiVersion": "v1", "kind": "List", "items": batch}).to_string(),
+            )?;
+            kubectl(&cluster, &["create", "-f", f.to_str().unwrap()])?;
+        }
+        // Replicas removed (an HPA scaling in).
+        let due: Vec<usize> = (0..next_create)
+            .filter(|&i| !deleted[i] && setup.pods[i].delete_at.is_some_and(|d| d <= now))
+            .collect();
+        if !due.is_empty() {
+            let mut args = vec![
+                "delete",
+                "pod",
+                "-n",
+                NAMESPACE,
+                "--wait=false",
+                "--ignore-not-found",
+            ];
+            args.extend(due.iter().map(|&i| setup.pods[i].name.as_str()));
+            kubectl(&cluster, &args)?;
+            for i in due {
+                deleted[i] = true;
+                pods[i].finished.get_or_insert(t0.elapsed());
+            }
+        }
+        // What the API server shows.
+        let seen_at = t0.elapsed();
+        let v: Value = serde_json::from_str(&kubectl(
+            &cluster,
+            &["get", "nodes,pods", "-n", NAMESPACE, "-o", "json"],
+        )?)?;
+        let mut present = std::collections::HashSet::new();
+        for o in v["items"].as_array().into_iter().flatten() {
+            let name = o["metadata"]["name"].as_str().unwrap_or("").to_string();
+            if o["kind"] == "Node" && name != SYSTEM_NODE {
+                present.insert(name.clone());
+                let labels = &o["metadata"]["labels"];
+                let ct = [
+                    &labels["karpenter.sh/capacity-type"],
+                    &labels["gpu-node-autoscaler.io/capacity-type"],
+                    &o["metadata"]["annotations"]["kwok.gpu-node-autoscaler.io/capacity-type"],
+                ]
+                .iter()
+                .find_map(|v| v.as_str().and_then(CapacityType::parse));
+                let instance_type = labels["node.kubernetes.io/instance-type"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
+                // The instance type's GPUs (Karpenter's kwok Nodes advertise only what their
+                // NodeClaim asked for as capacity), else what the Node advertises.
+                let gpus: i64 = match setup.catalog.instance_type(&instance_type) {
+                    Some(t) => t.gpu.as_ref().map_or(0, |g| i64::from(g.count)),
+                    None => ["nvidia.com/gpu", "amd.com/gpu"]
+                        .iter()
+                        .filter_map(|r| o["status"]["capacity"][r].as_str()?.parse::<i64>().ok())
+                        .sum(),
+                };
+                let n = nodes.entry(name).or_insert_with(|| NodeSeen {
+                    instance_type,
+                    capacity_type: ct,
+                    gpus,
+                    first: seen_at,
+                    last: seen_at,
+                    gone: false,
+                });
+                n.last = seen_at;
+                n.capacity_type = n.capacity_type.or(ct);
+                n.gpus = n.gpus.max(gpus);
+            } else if o["kind"] == "Node" {
+            } else if let Some(&i) = index.get(name.as_str()) {
+                let phase = o["status"]["phase"].as_str().unwrap_or("");
+                let p = &mut pods[i];
+                if phase == "Running" || phase == "Succeeded" || phase == "Failed" {
+                    p.running.get_or_insert(seen_at);
+                }
+                if phase == "Succeeded" || phase == "Failed" {
+                    p.finished.get_or_insert(seen_at);
+                }
+            }
+        }
+        for (name, n) in nodes.iter_mut() {
+            if !present.contains(name) {
+                n.gone = true;
+            }
+        }
+        let all_done = next_create == setup.pods.len() && pods.iter().all(|p| p.finished.is_some());
+        let fleet_gone = nodes.values().all(|n| n.gone);
+        if (all_done && fleet_gone && !nodes.is_empty()) || now > setup.deadline {
+            break;
+        }
+        std::thread::sleep(
+            POLL.saturating_sub(seen_at.saturating_sub(now))
+                .max(Duration::from_millis(50)),
+        );
+    }
+    let end = t0.elapsed();
+    drop(proc);
+
+    // Measures, in the scenario's time.
+    let model = |d: Duration| d.as_secs_f64() * setup.scale;
+    let mut cost = 0.0;
+    let mut by_offering: BTreeMap<String, f64> = BTreeMap::new();
+    let mut unpriced = Vec::new();
+    let mut node_gpu_s = 0.0;
+    for (name, n) in &nodes {
+        let life = model(if n.gone { n.last } else { end }.saturating_sub(n.first));
+        node_gpu_s += life * n.gpus as f64;
+        let ct = n.capacity_type.unwrap_or(CapacityType::OnDemand);
+        match config::price(&setup.catalog, &n.instance_type, ct) {
+            Some(p) => {
+                let c = p * life / 3600.0;
+                cost += c;
+                *by_offering
+                    .entry(format!("{}/{}", n.instance_type, ct))
+                    .or_default() += c;
+            }
+            None => unpriced.push(name.clone()),
+        }
+    }
+    let mut waits: Vec<f64> = pods
+        .iter()
+        .filter_map(|p| Some(model(p.running?.saturating_sub(p.created?))))
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    let pod_gpu_s: f64 = pods
+        .iter()
+        .zip(&setup.pods)
+        .filter_map(|(p, w)| {
+            Some(model(p.finished.unwrap_or(end).saturating_sub(p.running?)) * w.gpus as f64)
+        })
+        .sum();
+    let first_pod = pods.iter().filter_map(|p| p.created).min();
+    let first_node = nodes.values().map(|n| n.first).min();
+    Ok(Measured {
+        autoscaler: which.to_string(),
+        cost_usd: cost,
+        wait_p50_s: percentile(&waits, 0.50),
+        wait_p95_s: percentile(&waits, 0.95),
+        wait_p99_s: percentile(&waits, 0.99),
+        gpu_allocation: if node_gpu_s > 0.0 {
+            pod_gpu_s / node_gpu_s
+        } else {
+            0.0
+        },
+        first_node_s: match (first_pod, first_node) {
+            (Some(p), Some(n)) => Some(model(n.saturating_sub(p))),
+            _ => None,
+        },
+        nodes_launched: nodes.len(),
+        pods: setup.pods.len(),
+        pods_never_placed: pods.iter().filter(|p| p.running.is_none()).count(),
+        cost_by_offering: by_offering,
+        wall_s: started.elapsed().as_secs_f64(),
+        unpriced_nodes: unpriced,
+    })
+}
+
+/// One scenario's results.
+pub struct Report {
+    pub scenario: String,
+    pub time_scale: f64,
+    /// The scenario's time from a Node's creation to its being Ready with its GPUs.
+    pub boot_s: f64,
+    pub not_replayed: Vec<String>,
+    pub results: Vec<Measured>,
+}
+
+fn round(x: f64, places: i32) -> f64 {
+    let f = 10f64.powi(places);
+    (x * f).round() / f
+}
+
+/// The shape of `simulate --format json`: per scenario, `"strategies"` with `cost_usd`,
+/// `wait_p95_s`, ...
+pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
+    json!({
+        "versions": bins.versions,
+        "control_plane": gpu_node_autoscaler_test_support::cluster::KUBERNETES_VERSION,
+        "scenarios": reports.iter().map(|r| json!({
+            "name": r.scenario,
+            "time_scale": r.time_scale,
+            "node_ready_after_s": r.boot_s,
+            "not_replayed": r.not_replayed,
+            "strategies": r.results.iter().map(|m| json!({
+                "strategy": m.autoscaler,
+                "cost_usd": round(m.cost_usd, 2),
+                "wait_p50_s": round(m.wait_p50_s, 1),
+                "wait_p95_s": round(m.wait_p95_s, 1),
+                "wait_p99_s": round(m.wait_p99_s, 1),
+                "gpu_allocation": round(m.gpu_allocation, 3),
+                "first_node_s": m.first_node_s.map(|x| round(x, 1)),
+                "nodes_launched": m.nodes_launched,
+                "pods": m.pods,
+                "pods_never_placed": m.pods_never_placed,
+                "cost_by_offering": m.cost_by_offering.iter().map(|(k, v)| (k.clone(), round(*v, 2))).collect::<BTreeMap<_, _>>(),
+                "unpriced_nodes": m.unpriced_nodes,
+                "wall_s": round(m.wall_s, 1),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
+    let mut out = String::new();
+    let versions: Vec<String> = bins
+        .versions
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    out.push_str(&format!(
+        "real control plane {}; {}\n",
+        gpu_node_autoscaler_test_support::cluster::KUBERNETES_VERSION,
+        versions.join(", ")
+    ));
+    for r in reports {
+        out.push_str(&format!(
+            "\n{} (time compressed {}x; nodes Ready {:.0} s after creation; figures in the scenario's time)\n",
+            r.scenario, r.time_scale, r.boot_s
+        ));
+        out.push_str(&format!(
+            "{:<22} {:>10} {:>9} {:>9} {:>9} {:>8} {:>11} {:>6} {:>8}\n",
+            "autoscaler",
+            "cost $",
+            "wait p50",
+            "wait p95",
+            "wait p99",
+            "GPU use",
+            "first node",
+            "nodes",
+            "unplaced"
+        ));
+        for m in &r.results {
+            out.push_str(&format!(
+                "{:<22} {:>10.2} {:>8.0}s {:>8.0}s {:>8.0}s {:>7.1}% {:>10} {:>6} {:>8}\n",
+                m.autoscaler,
+                m.cost_usd,
+                m.wait_p50_s,
+                m.wait_p95_s,
+                m.wait_p99_s,
+                m.gpu_allocation * 100.0,
+                m.first_node_s.map_or("-".into(), |s| format!("{s:.0}s")),
+                m.nodes_launched,
+                m.pods_never_placed,
+            ));
+        }
+        for n in &r.not_replayed {
+            out.push_str(&format!("  not replayed: {n}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_stage_gets_the_boot_delay() {
+        let s = std::fs::read_to_string(KWOK_STAGES).unwrap();
+        let out = with_node_delay(&s, Duration::from_millis(4500)).unwrap();
+        let i = out.find("name: node-initialize").unwrap();
+        assert!(out[i..].contains("spec:\n  delay:\n    durationMilliseconds: 4500\n"));
+        assert!(with_node_delay("kind: Stage\n", Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn percentiles_of_few_values() {
+        assert_eq!(percentile(&[], 0.5), 0.0);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0], 0.5), 2.0);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0], 0.99), 3.0);
+    }
+}
