@@ -54,6 +54,16 @@ impl Node {
         self.ready && !self.unschedulable && !self.is_being_deleted()
     }
 
+    /// The taints that stay once the node has started: all but the not-ready, unreachable and
+    /// cloud-uninitialized ones a starting node carries until it is Ready.
+    pub fn lasting_taints(&self) -> Vec<Taint> {
+        self.taints
+            .iter()
+            .filter(|t| !labels::STARTING_NODE_TAINTS.contains(&t.key.as_str()))
+            .cloned()
+            .collect()
+    }
+
     /// GPUs the node advertises right now, of any kind.
     pub fn advertised_gpus(&self) -> i64 {
         gpu_units(&self.allocatable, &self.shared_gpus)

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::model::resources::{
     place_share, place_shares, share_copies, GpuShare, Resources, SharedGpu,
 };
-use crate::model::{labels, Constraints, Pod, Snapshot, Taint, Time};
+use crate::model::{Constraints, Pod, Snapshot, Time};
 use crate::policy::Policy;
 use gpu_node_autoscaler_provider::CapacityType;
 
@@ -559,13 +559,7 @@ impl<'a> Packer<'a> {
                     let ok = if bin.starting {
                         // What a starting node loses once it is Ready is no reason to launch
                         // another for the pod.
-                        let lasting: Vec<Taint> = n
-                            .taints
-                            .iter()
-                            .filter(|t| !labels::STARTING_NODE_TAINTS.contains(&t.key.as_str()))
-                            .cloned()
-                            .collect();
-                        self.constraints[cc].admits(&n.labels, &lasting, Some(&n.name))
+                        self.constraints[cc].admits(&n.labels, &n.lasting_taints(), Some(&n.name))
                     } else {
                         self.constraints[cc].admits(&n.labels, &n.taints, Some(&n.name))
                     };

@@ -154,15 +154,9 @@ fn check_invariants(s: &Snapshot, catalog: &Catalog, policy: &Policy, plan: &Pla
         if let Some(node) = s.nodes.iter().find(|n| n.name == pl.target) {
             load.entry(node.name.as_str()).or_default().add(&p.requests);
             // A starting node's not-ready (and the like) taints go once it is Ready.
-            let lasting: Vec<Taint> = node
-                .taints
-                .iter()
-                .filter(|t| !labels::STARTING_NODE_TAINTS.contains(&t.key.as_str()))
-                .cloned()
-                .collect();
             assert!(p
                 .constraints
-                .admits(&node.labels, &lasting, Some(&node.name)));
+                .admits(&node.labels, &node.lasting_taints(), Some(&node.name)));
             if let Some(g) = &p.gang {
                 gang_zones
                     .entry(g.key.clone())
