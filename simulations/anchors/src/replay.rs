@@ -650,6 +650,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             &["get", "nodes,pods", "-n", NAMESPACE, "-o", "json"],
         )?)?;
         let mut present = std::collections::HashSet::new();
+        let mut pods_present = vec![false; setup.pods.len()];
         for o in v["items"].as_array().into_iter().flatten() {
             let name = o["metadata"]["name"].as_str().unwrap_or("").to_string();
             if o["kind"] == "Node" && name != SYSTEM_NODE {
@@ -688,6 +689,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 n.gpus = n.gpus.max(gpus);
             } else if o["kind"] == "Node" {
             } else if let Some(&i) = index.get(name.as_str()) {
+                pods_present[i] = true;
                 let phase = o["status"]["phase"].as_str().unwrap_or("");
                 let p = &mut pods[i];
                 if phase == "Running" || phase == "Succeeded" || phase == "Failed" {
@@ -701,6 +703,13 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         for (name, n) in nodes.iter_mut() {
             if !present.contains(name) {
                 n.gone = true;
+            }
+        }
+        // A pod that is gone (its Node deleted under it, and the pod garbage collector removed
+        // it) has stopped using its GPUs.
+        for (i, p) in pods.iter_mut().enumerate().take(next_create) {
+            if !pods_present[i] && p.created.is_some_and(|c| c < seen_at) {
+                p.finished.get_or_insert(seen_at);
             }
         }
         let all_done = next_create == setup.pods.len() && pods.iter().all(|p| p.finished.is_some());
