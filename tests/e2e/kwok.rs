@@ -75,6 +75,8 @@ fn the_kwok_provider_launches_a_node_that_runs_the_pod_and_deletes_it_when_idle(
         "{n}"
     );
     assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-A10G", "{n}");
+    // Pods may select the GPU model our templates predict: registration applies it.
+    assert_eq!(labels["gpu-node-autoscaler.io/gpu-model"], "A10G", "{n}");
     assert_eq!(n["status"]["capacity"]["nvidia.com/gpu"], "1", "{n}");
     let ours = env.pool_nodes();
     assert_eq!(ours.len(), 1, "one launch for one pod");

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hasher;
 use std::time::Duration;
 
-use gpu_node_autoscaler_provider::{Instance, InstanceState, LaunchRequest, OfferingKey};
+use gpu_node_autoscaler_provider::{Catalog, Instance, InstanceState, LaunchRequest, OfferingKey};
 
 use crate::model::snapshot::group_in_flight;
 use crate::model::{labels, InFlight, Node, Taint, Time};
@@ -195,12 +195,13 @@ pub fn adopt_nodes(nodes: &mut [Node], ours: &HashSet<&str>, pools: &[Pool]) -> 
 
 /// The registrations due: every live instance of ours whose Node lacks a label or taint of its
 /// pool. A label an operator set to another value is overwritten only for the pool label, the
-/// capacity type and the launch id (which must be true); the pool's own labels are added where
-/// missing.
+/// capacity type and the launch id (which must be true); the pool's own labels, and the GPU model
+/// label the pool's templates predict (from `catalog`), are added where missing.
 pub fn registrations<'a>(
     instances: impl IntoIterator<Item = &'a Instance>,
     nodes: &NodeIndex,
     pools: &[Pool],
+    catalog: &Catalog,
 ) -> BTreeMap<String, Registration> {
     let by_provider_id = &nodes.0;
     let mut out = BTreeMap::new();
@@ -239,6 +240,15 @@ pub fn registrations<'a>(
             if !node.labels.contains_key(k) {
                 reg.labels.insert(k.clone(), v.clone());
             }
+        }
+        // Only we put it there, and pods may select it (the templates they were planned on
+        // carry it): without it they would never fit the node launched for them.
+        let gpu = catalog
+            .instance_type(&i.offering.instance_type)
+            .and_then(|t| t.gpu.as_ref());
+        if let (Some(g), false) = (gpu, node.labels.contains_key(labels::GPU_MODEL)) {
+            reg.labels
+                .insert(labels::GPU_MODEL.to_string(), g.model.clone());
         }
         for t in &pool.taints {
             if !node
@@ -547,6 +557,18 @@ mod registration_tests {
     use crate::model::Effect;
     use gpu_node_autoscaler_provider::CapacityType;
 
+    /// The built-in catalog's instance types.
+    fn test_catalog() -> Catalog {
+        Catalog {
+            instance_types: crate::catalog::parse_csv(
+                crate::catalog::BUILTIN_AWS,
+                crate::catalog::BUILTIN_AWS_NAME,
+            )
+            .unwrap(),
+            offerings: Vec::new(),
+        }
+    }
+
     fn policy() -> crate::policy::Policy {
         crate::policy::parse_policy(
             "region: us-east-1\nzones: [us-east-1a]\npools:\n- name: a10g\n  instanceTypes: [g5.xlarge]\n  \
@@ -591,6 +613,7 @@ mod registration_tests {
             &[instance("i-1", InstanceState::Running)],
             &NodeIndex::new(nodes.values()),
             &policy.pools,
+            &test_catalog(),
         );
         assert_eq!(regs.len(), 1, "only the node of our instance: {regs:?}");
         let r = &regs["n1"];
@@ -599,6 +622,7 @@ mod registration_tests {
         assert_eq!(r.labels[labels::CAPACITY_TYPE], "spot");
         assert_eq!(r.labels[labels::LAUNCH_ID], "l-1");
         assert_eq!(r.labels["team"], "ml");
+        assert_eq!(r.labels[labels::GPU_MODEL], "A10G");
         assert_eq!(r.taints.len(), 1);
         assert_eq!(r.taints[0].effect, Effect::NoSchedule);
 
@@ -610,7 +634,8 @@ mod registration_tests {
         assert!(registrations(
             &[instance("i-1", InstanceState::Running)],
             &NodeIndex::new(nodes.values()),
-            &policy.pools
+            &policy.pools,
+            &test_catalog()
         )
         .is_empty());
     }
@@ -625,12 +650,14 @@ mod registration_tests {
             &[instance("i-1", InstanceState::Running)],
             &NodeIndex::new(nodes.values()),
             &policy.pools,
+            &test_catalog(),
         );
         assert!(!regs["n1"].labels.contains_key("team"), "{regs:?}");
         assert!(registrations(
             &[instance("i-1", InstanceState::ShuttingDown)],
             &NodeIndex::new(nodes.values()),
-            &policy.pools
+            &policy.pools,
+            &test_catalog()
         )
         .is_empty());
     }

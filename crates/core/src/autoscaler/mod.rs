@@ -597,7 +597,7 @@ impl Autoscaler {
         self.learn_templates(&obs.snapshot.nodes, &mut out);
         let index = NodeIndex::new(&obs.snapshot.nodes);
         let view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);
-        let regs = registrations(instances.iter(), &index, &policy.pools);
+        let regs = registrations(instances.iter(), &index, &policy.pools, &self.catalog);
         drop(index);
         let pod_index = if self.config.report {
             obs.snapshot

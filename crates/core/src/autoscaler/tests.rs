@@ -259,8 +259,16 @@ impl Run {
             .find(|i| i.id == instance_id)
             .unwrap()
             .clone();
+        // As registration leaves it: with the GPU model label of its type, too.
+        let model = self
+            .core
+            .catalog()
+            .instance_type(&i.offering.instance_type)
+            .and_then(|t| t.gpu.as_ref())
+            .map_or(String::new(), |g| g.model.clone());
         let mut n = NodeBuilder::new(&format!("node-{instance_id}"))
             .pool("a10g", &i.offering.instance_type, &i.offering.zone)
+            .label(labels::GPU_MODEL, &model)
             .label(labels::CAPACITY_TYPE, i.offering.capacity_type.as_str())
             .label(
                 labels::KARPENTER_CAPACITY_TYPE,
@@ -702,6 +710,7 @@ fn a_new_leader_keeps_the_last_ones_cooldowns_and_given_up_launches() {
         b.nodes.push(
             NodeBuilder::new("idle")
                 .pool("a10g", "g5.xlarge", "us-east-1a")
+                .label(labels::GPU_MODEL, "A10G")
                 .gpus(1)
                 .annotation(labels::GPUS_ADVERTISED, "true")
                 .annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339())
@@ -1249,6 +1258,7 @@ fn at_most_a_fifth_of_a_pool_is_replaced_for_health_at_once() {
         run.nodes.push(
             NodeBuilder::new(&format!("n{i}"))
                 .pool("a10g", "g5.xlarge", "us-east-1a")
+                .label(labels::GPU_MODEL, "A10G")
                 .label(labels::CAPACITY_TYPE, "on-demand")
                 .label(labels::KARPENTER_CAPACITY_TYPE, "on-demand")
                 .annotation(labels::GPUS_ADVERTISED, "true")
