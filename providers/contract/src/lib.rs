@@ -52,6 +52,16 @@ pub enum GpuVendor {
     Amd,
 }
 
+impl GpuVendor {
+    /// The extended resource its device plugin advertises whole GPUs as.
+    pub fn resource(self) -> &'static str {
+        match self {
+            GpuVendor::Nvidia => "nvidia.com/gpu",
+            GpuVendor::Amd => "amd.com/gpu",
+        }
+    }
+}
+
 /// The accelerators of an instance type.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuInfo {

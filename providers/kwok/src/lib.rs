@@ -19,8 +19,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_node_autoscaler_provider::{
-    CapacityType, Catalog, CloudProvider, GpuVendor, Instance, InstanceState, LaunchRequest,
-    LaunchResult, OfferingKey, ProviderError,
+    CapacityType, Catalog, CloudProvider, Instance, InstanceState, LaunchRequest, LaunchResult,
+    OfferingKey, ProviderError,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
@@ -155,11 +155,7 @@ impl KwokProvider {
             "ephemeral-storage": "200Gi",
         });
         if let Some(g) = &t.gpu {
-            let resource = match g.vendor {
-                GpuVendor::Nvidia => "nvidia.com/gpu",
-                GpuVendor::Amd => "amd.com/gpu",
-            };
-            capacity[resource] = json!(g.count.to_string());
+            capacity[g.vendor.resource()] = json!(g.count.to_string());
         }
         let taints: Vec<_> = self
             .config

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpu_node_autoscaler_core::policy::{duration::parse_duration, Policy};
-use gpu_node_autoscaler_provider::{CapacityType, Catalog, GpuVendor};
+use gpu_node_autoscaler_provider::{CapacityType, Catalog};
 use serde_json::{json, Value};
 use serde_yaml::Value as Yaml;
 
@@ -134,14 +134,6 @@ pub fn our_policy(raw_policy: &Yaml, policy: &Policy, scale: f64) -> anyhow::Res
     Ok(serde_yaml::to_string(&p)?)
 }
 
-/// The extended resource a GPU of this vendor is advertised as.
-pub fn gpu_resource(vendor: GpuVendor) -> &'static str {
-    match vendor {
-        GpuVendor::Nvidia => "nvidia.com/gpu",
-        GpuVendor::Amd => "amd.com/gpu",
-    }
-}
-
 /// Karpenter's kwok instance types (`INSTANCE_TYPES_FILE_PATH`, the schema of
 /// `kwok/cloudprovider/helpers.go`): every instance type of the pools, with one offering per zone
 /// and capacity type at the catalog's price.
@@ -162,7 +154,7 @@ pub fn karpenter_instance_types(policy: &Policy, catalog: &Catalog) -> Value {
                 "pods": "110",
             });
             if let Some(g) = &it.gpu {
-                resources[gpu_resource(g.vendor)] = json!(g.count.to_string());
+                resources[g.vendor.resource()] = json!(g.count.to_string());
             }
             let offerings: Vec<Value> = catalog
                 .offerings

@@ -687,8 +687,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 n.last = seen_at;
                 n.capacity_type = n.capacity_type.or(ct);
                 n.gpus = n.gpus.max(gpus);
-            } else if o["kind"] == "Node" {
-            } else if let Some(&i) = index.get(name.as_str()) {
+            } else if let (true, Some(&i)) = (o["kind"] == "Pod", index.get(name.as_str())) {
                 pods_present[i] = true;
                 let phase = o["status"]["phase"].as_str().unwrap_or("");
                 let p = &mut pods[i];

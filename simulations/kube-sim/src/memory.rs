@@ -59,13 +59,7 @@ fn types(catalog: &Catalog) -> HashMap<String, TypeInfo> {
             let info = TypeInfo {
                 vcpus: i64::from(t.vcpu),
                 memory_mib: t.memory_mib as i64,
-                gpus: gpu.map(|g| {
-                    let resource = match g.vendor {
-                        GpuVendor::Nvidia => "nvidia.com/gpu",
-                        GpuVendor::Amd => "amd.com/gpu",
-                    };
-                    (resource, i64::from(g.count))
-                }),
+                gpus: gpu.map(|g| (g.vendor.resource(), i64::from(g.count))),
                 product: gpu
                     .filter(|g| g.vendor == GpuVendor::Nvidia)
                     .map(|g| nvidia_product(&g.model, g.memory_mib as i64)),
