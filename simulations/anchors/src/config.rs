@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use gpu_node_autoscaler_core::model::labels::GPU_MODEL;
 use gpu_node_autoscaler_core::policy::{duration::parse_duration, Policy};
 use gpu_node_autoscaler_provider::{CapacityType, Catalog};
 use serde_json::{json, Value};
@@ -161,15 +162,24 @@ pub fn karpenter_instance_types(policy: &Policy, catalog: &Catalog) -> Value {
                 .iter()
                 .filter(|o| o.key.instance_type == t)
                 .map(|o| {
+                    let mut requirements = vec![
+                        json!({"key": "karpenter.sh/capacity-type", "operator": "In",
+                               "values": [o.key.capacity_type.as_str()]}),
+                        json!({"key": "topology.kubernetes.io/zone", "operator": "In",
+                               "values": [o.key.zone]}),
+                    ];
+                    // The GPU model label that pods select and our registration applies: the
+                    // kwok provider makes every offering requirement key a well-known label and
+                    // puts a single-valued one on the Node, so Karpenter launches the right type
+                    // for such pods and labels its Node as we label ours.
+                    if let Some(g) = &it.gpu {
+                        requirements.push(json!({"key": GPU_MODEL, "operator": "In",
+                                                 "values": [g.model]}));
+                    }
                     json!({
                         "Price": o.price_per_hour,
                         "Available": true,
-                        "Requirements": [
-                            {"key": "karpenter.sh/capacity-type", "operator": "In",
-                             "values": [o.key.capacity_type.as_str()]},
-                            {"key": "topology.kubernetes.io/zone", "operator": "In",
-                             "values": [o.key.zone]},
-                        ],
+                        "Requirements": requirements,
                     })
                 })
                 .collect();
@@ -268,6 +278,29 @@ pub fn price(catalog: &Catalog, instance_type: &str, capacity_type: CapacityType
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn karpenter_offerings_carry_the_gpu_model_label() {
+        use gpu_node_autoscaler_core::catalog::{
+            offerings_from_list_prices, parse_csv, BUILTIN_AWS,
+        };
+        let policy = gpu_node_autoscaler_core::policy::parse_policy(
+            "pools:\n- name: a100\n  instanceTypes: [p4d.24xlarge]\n  zones: [us-east-1a]\n  capacityTypes: [spot]\n  maxNodes: 2\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let catalog =
+            offerings_from_list_prices(&policy, parse_csv(BUILTIN_AWS, "builtin").unwrap());
+        let types = karpenter_instance_types(&policy, &catalog);
+        let reqs = &types[0]["offerings"][0]["Requirements"];
+        let model = reqs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == GPU_MODEL)
+            .expect("a GPU model requirement");
+        assert_eq!(model["values"], json!(["A100"]));
+    }
 
     #[test]
     fn durations_are_scaled_and_quantities_left_alone() {
