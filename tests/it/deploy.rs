@@ -736,6 +736,9 @@ fn the_monitoring_overlay_scrapes_alerts_and_charts_what_the_runbook_documents()
             "GpuNodeAutoscalerLaunchesFailing",
             "GpuNodeAutoscalerGpuPodsPendingTooLong",
             "GpuNodeAutoscalerPolicyInvalid",
+            "GpuNodeAutoscalerDrainsBlocked",
+            "GpuNodeAutoscalerPoolAtMaximum",
+            "GpuNodeAutoscalerRestarting",
         ] {
             assert!(alerts.contains(wanted), "no alert {wanted}: {alerts:?}");
         }
@@ -784,10 +787,8 @@ fn the_monitoring_overlay_scrapes_alerts_and_charts_what_the_runbook_documents()
     }
 }
 
-/// Prometheus' own `promtool check rules` on the PrometheusRule's groups (PromQL syntax, label
-/// and annotation templates, durations): promtool comes with the tests' Prometheus
-/// (`scripts/prometheus.sh`).
-fn promtool_checks_rules(spec: &Value) {
+/// promtool, which comes with the tests' Prometheus (`scripts/prometheus.sh`).
+fn promtool() -> PathBuf {
     let prometheus = match std::env::var_os("GNA_PROMETHEUS_BIN") {
         Some(p) => PathBuf::from(p),
         None => {
@@ -805,8 +806,14 @@ fn promtool_checks_rules(spec: &Value) {
         "{} is missing: install it with `bash scripts/prometheus.sh` (scripts/test.sh does)",
         promtool.display()
     );
+    promtool
+}
+
+/// Prometheus' own `promtool check rules` on the PrometheusRule's groups (PromQL syntax, label
+/// and annotation templates, durations).
+fn promtool_checks_rules(spec: &Value) {
     let f = crate::temp_file("rules.json", &spec.to_string());
-    let out = Command::new(&promtool)
+    let out = Command::new(promtool())
         .args(["check", "rules"])
         .arg(&f)
         .output()
@@ -815,6 +822,60 @@ fn promtool_checks_rules(spec: &Value) {
         out.status.success(),
         "promtool check rules: {}{}",
         String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The alerts evaluated by Prometheus' rule engine (`promtool test rules`) on the series of
+/// `tests/it/testdata/alerts.test.yaml`: each fires when the runbook says and stays silent where
+/// it must, among them `GpuNodeAutoscalerPolicyInvalid` while replicas start (their
+/// `policy_valid` is 0 until the policy is read) and while another replica crash-loops.
+#[test]
+fn promtool_fires_each_alert_when_the_runbook_says_and_not_while_replicas_start() {
+    let monitoring = kustomize(&deploy_dir().join("overlays/monitoring"));
+    let mut spec = monitoring
+        .iter()
+        .find(|o| kind_of(o) == "PrometheusRule")
+        .expect("a PrometheusRule")["spec"]
+        .clone();
+    let mut alerts = BTreeSet::new();
+    for group in spec["groups"].as_array_mut().expect("groups") {
+        for rule in group["rules"].as_array_mut().expect("rules") {
+            alerts.insert(rule["alert"].as_str().expect("alert").to_string());
+            // promtool compares every annotation; their templates are checked by `check rules`.
+            rule.as_object_mut().unwrap().remove("annotations");
+        }
+    }
+    let tests_path = root().join("tests/it/testdata/alerts.test.yaml");
+    let tests_text = std::fs::read_to_string(&tests_path).unwrap();
+    let tests: Value = serde_yaml::from_str(&tests_text).expect("alerts.test.yaml is YAML");
+    assert_eq!(tests["rule_files"], json!(["rules.json"]));
+    // Every alert has a case where it fires.
+    let firing: BTreeSet<String> = tests["tests"]
+        .as_array()
+        .expect("tests")
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().into_iter().flatten())
+        .filter(|a| a["exp_alerts"].as_array().is_some_and(|e| !e.is_empty()))
+        .map(|a| a["alertname"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        firing, alerts,
+        "alerts without a firing case, or cases of no alert"
+    );
+
+    let test_file = crate::temp_file("alerts.test.yaml", &tests_text);
+    let dir = test_file.parent().unwrap();
+    std::fs::write(dir.join("rules.json"), spec.to_string()).unwrap();
+    let out = Command::new(promtool())
+        .args(["test", "rules", "alerts.test.yaml"])
+        .current_dir(dir)
+        .output()
+        .expect("running promtool");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("SUCCESS"),
+        "promtool test rules: {stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
