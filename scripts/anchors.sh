@@ -18,9 +18,13 @@ set -euo pipefail
 # serves the tagged commit only as a pseudo-version: v0.0.0-<commit time, UTC>-<12 hex of the commit>.
 CA_VERSION=1.36.1
 CA_PSEUDO=v0.0.0-20260722070747-35e8a280425c # tag cluster-autoscaler-1.36.1 = 35e8a280425c76a4
-# (On 2026-11-23 the module proxy refused this version with 403 "This module version is not
-# available", as it did every other 1.36/1.37 commit tried: the Cluster Autoscaler part then stops
-# with that error; `scripts/anchors.sh karpenter` builds Karpenter alone.)
+CA_COMMIT=35e8a280425c76a4040f57ae0fa232a952c02024
+# (On 2026-11-23 and 2026-11-25 the module proxy refused this version with 403 "This module version
+# is not available", as it did every other 1.36/1.37 commit tried. The other way: GNA_CA_SOURCE=a
+# git clone of https://github.com/kubernetes/autoscaler that has this commit; its cluster-autoscaler/
+# folder at the commit is built as the main module, its dependencies from the module proxy. Without
+# either, the Cluster Autoscaler part stops with the proxy's error; `scripts/anchors.sh karpenter`
+# builds Karpenter alone.)
 # Karpenter: v1.14.1 is the newest release whose go.mod asks no more than Go 1.26.8 (v1.14.3 asks
 # 1.26.10, v1.15.0 1.26.9).
 KARPENTER_VERSION=v1.14.1
@@ -108,10 +112,31 @@ fi
 # Kubernetes staging modules (and a few others) with replace lines, which only apply inside it. The
 # wrapper requires cluster-autoscaler and cluster-autoscaler/apis at the same pseudo-version and
 # copies every replace line that names a published version (the list read from the downloaded go.mod).
+ca_ldflags="-s -w -X k8s.io/autoscaler/cluster-autoscaler/version.ClusterAutoscalerVersion=$CA_VERSION"
+if [ "$WANT_CA" = 1 ] && [ ! -x "$BIN/cluster-autoscaler" ] && [ -n "${GNA_CA_SOURCE:-}" ]; then
+  # From a clone: the release commit's cluster-autoscaler/ folder is the main module, so its own
+  # replace lines (./apis, the staging modules) apply as they do in its release build.
+  if ! git -C "$GNA_CA_SOURCE" cat-file -e "$CA_COMMIT^{commit}" 2>/dev/null; then
+    echo "error: GNA_CA_SOURCE=$GNA_CA_SOURCE is not a git clone of github.com/kubernetes/autoscaler with commit $CA_COMMIT (tag cluster-autoscaler-$CA_VERSION)" >&2
+    exit 1
+  fi
+  W="$DIR/src/ca-checkout"
+  rm -rf "$W" && mkdir -p "$W"
+  git -C "$GNA_CA_SOURCE" archive "$CA_COMMIT" cluster-autoscaler | tar -x -C "$W"
+  step "cluster-autoscaler $CA_VERSION from $GNA_CA_SOURCE at ${CA_COMMIT:0:12} (building, kwok provider only; modules from the proxy; several minutes on 2 cores)"
+  t0=$(date +%s)
+  (cd "$W/cluster-autoscaler" && quiet go build -trimpath -tags kwok -ldflags "$ca_ldflags" \
+    -o "$BIN/cluster-autoscaler.tmp" .)
+  mv "$BIN/cluster-autoscaler.tmp" "$BIN/cluster-autoscaler"
+  step "cluster-autoscaler built in $(elapsed "$t0")"
+fi
 if [ "$WANT_CA" = 1 ]; then
   if [ ! -x "$BIN/cluster-autoscaler" ]; then
     for m in k8s.io/autoscaler/cluster-autoscaler k8s.io/autoscaler/cluster-autoscaler/apis; do
-      check_proxy "$m" "$CA_PSEUDO" || exit 1
+      if ! check_proxy "$m" "$CA_PSEUDO"; then
+        echo "       or build it from a clone: GNA_CA_SOURCE=<clone of github.com/kubernetes/autoscaler with $CA_COMMIT> $0 cluster-autoscaler" >&2
+        exit 1
+      fi
     done
     step "Cluster Autoscaler $CA_VERSION (downloading modules)"
     W="$DIR/src/cluster-autoscaler"
@@ -138,8 +163,7 @@ EOF
     quiet go get "k8s.io/autoscaler/cluster-autoscaler@$CA_PSEUDO" "k8s.io/autoscaler/cluster-autoscaler/apis@$CA_PSEUDO"
     step "cluster-autoscaler $CA_VERSION (building, kwok provider only; several minutes on 2 cores)"
     t0=$(date +%s)
-    quiet go build -trimpath -tags kwok \
-      -ldflags "-s -w -X k8s.io/autoscaler/cluster-autoscaler/version.ClusterAutoscalerVersion=$CA_VERSION" \
+    quiet go build -trimpath -tags kwok -ldflags "$ca_ldflags" \
       -o "$BIN/cluster-autoscaler.tmp" k8s.io/autoscaler/cluster-autoscaler
     mv "$BIN/cluster-autoscaler.tmp" "$BIN/cluster-autoscaler"
     step "cluster-autoscaler built in $(elapsed "$t0")"

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use gpu_node_autoscaler_core::model::labels::GPU_MODEL;
+use gpu_node_autoscaler_core::model::labels::{self, GPU_MODEL};
 use gpu_node_autoscaler_core::policy::{duration::parse_duration, Policy};
 use gpu_node_autoscaler_provider::{CapacityType, Catalog};
 use serde_json::{json, Value};
@@ -265,6 +265,176 @@ pub fn karpenter_objects(policy: &Policy, catalog: &Catalog, scale: f64) -> Valu
     json!({"apiVersion": "v1", "kind": "List", "items": items})
 }
 
+/// The Cluster Autoscaler's kwok provider: its configuration and node templates (two ConfigMaps in
+/// the namespace it runs in) and its flags.
+pub struct ClusterAutoscalerSetup {
+    /// A List of the two ConfigMaps, `kwok-provider-config` and `kwok-provider-templates`.
+    pub objects: Value,
+    /// Its flags after `--kubeconfig`, `--address` and the like that belong to the run.
+    pub args: Vec<String>,
+}
+
+/// The name of the node group of one offering: the template Node's annotation, and the prefix of
+/// the names of the Nodes the Cluster Autoscaler creates in it.
+pub fn ca_node_group(pool: &str, instance_type: &str, zone: &str, ct: CapacityType) -> String {
+    format!("{pool}-{instance_type}-{zone}-{}", ct.as_str())
+        .to_ascii_lowercase()
+        .replace(['.', '_'], "-")
+}
+
+/// The Cluster Autoscaler as its users run it on a pool: one node group per instance type × zone ×
+/// capacity type of each pool (an auto-scaling group each), sized 0 to the pool's `maxNodes`, its
+/// template Node with the labels and taints our registration gives such a Node; the GPU label is
+/// our GPU model label, so that a GPU node without GPUs yet counts as unready as with the real GPU
+/// labels. Its kwok provider has no prices: it runs its default expander (least-waste). The
+/// pool's scale-down times become the global flags (the smallest where pools differ: the kwok
+/// provider has no per-group options), and every duration is scaled.
+pub fn cluster_autoscaler(
+    policy: &Policy,
+    catalog: &Catalog,
+    scale: f64,
+) -> anyhow::Result<ClusterAutoscalerSetup> {
+    let mut templates = Vec::new();
+    let mut gpu_types = serde_json::Map::new();
+    for pool in &policy.pools {
+        for t in pool_types(pool, catalog) {
+            let Some(it) = catalog.instance_type(&t) else {
+                continue;
+            };
+            let mut capacity = json!({
+                "cpu": it.vcpu.to_string(),
+                "memory": format!("{}Mi", it.memory_mib),
+                "pods": "110",
+            });
+            if let Some(g) = &it.gpu {
+                capacity[g.vendor.resource()] = json!(g.count.to_string());
+                gpu_types.insert(g.model.clone(), json!({}));
+            }
+            for o in catalog
+                .offerings
+                .iter()
+                .filter(|o| o.key.instance_type == t)
+            {
+                if !pool.zones.contains(&o.key.zone)
+                    || !pool.capacity_types.contains(&o.key.capacity_type)
+                {
+                    continue;
+                }
+                let ng = ca_node_group(&pool.name, &t, &o.key.zone, o.key.capacity_type);
+                let mut labels: BTreeMap<String, String> = pool.labels.clone();
+                for (k, v) in [
+                    (labels::POOL, pool.name.as_str()),
+                    (labels::CAPACITY_TYPE, o.key.capacity_type.as_str()),
+                    (labels::INSTANCE_TYPE, t.as_str()),
+                    (labels::ZONE, o.key.zone.as_str()),
+                    (labels::ARCH, "amd64"),
+                    (labels::OS, "linux"),
+                ] {
+                    labels.insert(k.to_string(), v.to_string());
+                }
+                if let Some(g) = &it.gpu {
+                    labels.insert(GPU_MODEL.to_string(), g.model.clone());
+                }
+                let taints: Vec<Value> = pool
+                    .taints
+                    .iter()
+                    .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect.as_str()}))
+                    .collect();
+                templates.push(json!({
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": ng,
+                        "labels": labels,
+                        "annotations": {
+                            "cluster-autoscaler.kwok.nodegroup/name": ng,
+                            "cluster-autoscaler.kwok.nodegroup/min-count": "0",
+                            "cluster-autoscaler.kwok.nodegroup/max-count": pool.max_nodes.to_string(),
+                        },
+                    },
+                    "spec": {"taints": taints},
+                    // No conditions: kwok's stages make the Node Ready after its boot time.
+                    "status": {"capacity": capacity, "allocatable": capacity},
+                }));
+            }
+        }
+    }
+    if templates.is_empty() {
+        anyhow::bail!("no pool of the policy has an offering in the catalog: no node group for the Cluster Autoscaler");
+    }
+    let config = json!({
+        "apiVersion": "v1alpha1",
+        "readNodesFrom": "configmap",
+        "nodegroups": {"fromNodeAnnotationKey": "cluster-autoscaler.kwok.nodegroup/name"},
+        // Our templates carry the pools' own taints; the provider's extra taint would keep
+        // every workload pod off its Nodes.
+        "nodes": {"skipTaint": true, "gpuConfig": {"gpuLabelKey": GPU_MODEL, "availableGPUTypes": gpu_types}},
+        "configmap": {"name": "kwok-provider-templates"},
+    });
+    let templates = json!({"apiVersion": "v1", "kind": "List", "items": templates});
+    let cm = |name: &str, key: &str, data: String| {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "kube-system"},
+            "data": {key: data},
+        })
+    };
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        cm("kwok-provider-config", "config", config.to_string()),
+        cm("kwok-provider-templates", "templates", templates.to_string()),
+    ]});
+    let smallest = |f: fn(&gpu_node_autoscaler_core::policy::Pool) -> Duration| {
+        policy.pools.iter().map(f).min().unwrap_or_default()
+    };
+    let unneeded = smallest(|p| p.scale_down.unneeded_time);
+    let after_add = smallest(|p| p.scale_down.cooldown_after_scale_up);
+    let after_failure = smallest(|p| p.scale_down.backoff_after_failure);
+    let threshold = policy
+        .pools
+        .iter()
+        .map(|p| p.scale_down.utilization_threshold)
+        .fold(f64::NAN, f64::min);
+    let minutes = |m: u64| Duration::from_secs(m * 60);
+    let mut args: Vec<String> = vec![
+        "--cloud-provider=kwok".into(),
+        "--namespace=kube-system".into(),
+        "--leader-elect=false".into(),
+        "--expander=least-waste".into(),
+        format!("--scan-interval={}", scaled(Duration::from_secs(10), scale)),
+        format!("--scale-down-unneeded-time={}", scaled(unneeded, scale)),
+        format!("--scale-down-delay-after-add={}", scaled(after_add, scale)),
+        format!(
+            "--scale-down-delay-after-failure={}",
+            scaled(after_failure, scale)
+        ),
+        format!(
+            "--max-node-provision-time={}",
+            scaled(policy.max_node_provision_time, scale)
+        ),
+        // The Cluster Autoscaler's own defaults, scaled like everything else.
+        format!("--max-node-startup-time={}", scaled(minutes(15), scale)),
+        format!("--scale-down-unready-time={}", scaled(minutes(20), scale)),
+        format!(
+            "--unremovable-node-recheck-timeout={}",
+            scaled(minutes(5), scale)
+        ),
+        format!(
+            "--node-deletion-delay-timeout={}",
+            scaled(minutes(2), scale)
+        ),
+    ];
+    if threshold.is_finite() {
+        args.push(format!(
+            "--scale-down-gpu-utilization-threshold={threshold}"
+        ));
+    }
+    if let Some(n) = policy.limits.max_nodes {
+        // The system node outside every node group counts too.
+        args.push(format!("--max-nodes-total={}", n + 1));
+    }
+    Ok(ClusterAutoscalerSetup { objects, args })
+}
+
 /// The price per hour of a Node of `instance_type` bought as `capacity_type` (any zone: the
 /// catalog's list prices do not vary by zone).
 pub fn price(catalog: &Catalog, instance_type: &str, capacity_type: CapacityType) -> Option<f64> {
@@ -300,6 +470,65 @@ mod tests {
             .find(|r| r["key"] == GPU_MODEL)
             .expect("a GPU model requirement");
         assert_eq!(model["values"], json!(["A100"]));
+    }
+
+    #[test]
+    fn cluster_autoscaler_has_a_node_group_per_offering_of_the_pool() {
+        use gpu_node_autoscaler_core::catalog::{
+            offerings_from_list_prices, parse_csv, BUILTIN_AWS,
+        };
+        let policy = gpu_node_autoscaler_core::policy::parse_policy(
+            "zones: [us-east-1a, us-east-1b]\npools:\n- name: a10g\n  instanceTypes: [g5.xlarge, g5.12xlarge]\n  capacityTypes: [spot]\n  maxNodes: 3\n  scaleDown: {unneededTime: 2m}\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let catalog =
+            offerings_from_list_prices(&policy, parse_csv(BUILTIN_AWS, "builtin").unwrap());
+        let ca = cluster_autoscaler(&policy, &catalog, 4.0).unwrap();
+        let templates: Value = serde_json::from_str(
+            ca.objects["items"][1]["data"]["templates"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let groups: Vec<&str> = templates["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                n["metadata"]["annotations"]["cluster-autoscaler.kwok.nodegroup/name"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(groups.len(), 4, "2 types x 2 zones x spot: {groups:?}");
+        assert!(
+            groups.contains(&"a10g-g5-12xlarge-us-east-1b-spot"),
+            "{groups:?}"
+        );
+        let node = templates["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["metadata"]["name"] == "a10g-g5-12xlarge-us-east-1b-spot")
+            .unwrap();
+        assert_eq!(node["metadata"]["labels"][GPU_MODEL], "A10G");
+        assert_eq!(node["metadata"]["labels"][labels::CAPACITY_TYPE], "spot");
+        assert_eq!(node["status"]["allocatable"]["nvidia.com/gpu"], "4");
+        assert_eq!(
+            node["metadata"]["annotations"]["cluster-autoscaler.kwok.nodegroup/max-count"],
+            "3"
+        );
+        assert!(
+            ca.args
+                .contains(&"--scale-down-unneeded-time=30000ms".to_string()),
+            "{:?}",
+            ca.args
+        );
+        let config: Value =
+            serde_json::from_str(ca.objects["items"][0]["data"]["config"].as_str().unwrap())
+                .unwrap();
+        assert_eq!(config["nodes"]["gpuConfig"]["gpuLabelKey"], GPU_MODEL);
     }
 
     #[test]

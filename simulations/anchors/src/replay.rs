@@ -99,12 +99,14 @@ impl Binaries {
                     if !c.is_file() {
                         bail!(
                             "the Cluster Autoscaler is not built ({} is missing): `bash scripts/anchors.sh \
-                             cluster-autoscaler` builds it from the Go module proxy, which refuses its release \
+                             cluster-autoscaler` builds it from the Go module proxy, which has refused its release \
                              commits (403 \"This module version is not available\" for \
-                             k8s.io/autoscaler/cluster-autoscaler@{}); leave it out with \
+                             k8s.io/autoscaler/cluster-autoscaler@{}), or, with GNA_CA_SOURCE set to a clone of \
+                             github.com/kubernetes/autoscaler, from commit {}; or leave it out with \
                              --autoscalers gpu-node-autoscaler,karpenter",
                             c.display(),
-                            script_value("anchors.sh", "CA_PSEUDO")
+                            script_value("anchors.sh", "CA_PSEUDO"),
+                            script_value("anchors.sh", "CA_COMMIT")
                         );
                     }
                     b.versions.insert(
@@ -137,6 +139,7 @@ pub struct Setup {
     pub our_policy: String,
     pub karpenter_types: Value,
     pub karpenter_objects: Value,
+    pub ca: config::ClusterAutoscalerSetup,
     /// kwok's Stages with the nodes' boot time (Ready this long after the Node is created).
     pub stages: String,
     /// Wall time after which the run stops whatever remains.
@@ -313,6 +316,7 @@ impl Setup {
             our_policy: config::our_policy(raw_policy, policy, scale)?,
             karpenter_types: config::karpenter_instance_types(policy, &catalog),
             karpenter_objects: config::karpenter_objects(policy, &catalog, scale),
+            ca: config::cluster_autoscaler(policy, &catalog, scale)?,
             catalog,
             stages,
             deadline,
@@ -543,7 +547,31 @@ fn start_autoscaler(
                 .context("starting karpenter-kwok")?;
             Ok((Proc(child), port, "/readyz"))
         }
-        other => bail!("running {other} is not supported by this harness yet"),
+        "cluster-autoscaler" => {
+            let bin = bins.cluster_autoscaler.as_ref().unwrap();
+            apply_json(
+                cluster,
+                dir,
+                "cluster-autoscaler-objects.json",
+                &setup.ca.objects,
+            )?;
+            let child = Command::new(bin)
+                .arg(format!("--kubeconfig={}", cluster.admin.display()))
+                .arg(format!("--address=127.0.0.1:{port}"))
+                .args(&setup.ca.args)
+                .arg("--v=2")
+                // The kwok provider reads its ConfigMaps from this namespace, through KUBECONFIG.
+                .env("POD_NAMESPACE", "kube-system")
+                .env("KWOK_PROVIDER_MODE", "local")
+                .env("KUBECONFIG", &cluster.admin)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting cluster-autoscaler")?;
+            Ok((Proc(child), port, "/health-check"))
+        }
+        other => bail!("no such autoscaler: {other}"),
     }
 }
 
