@@ -1,6 +1,6 @@
 //! Instance catalogs from CSV files (`instance_type,gpu_model,gpu_count,gpu_memory_mib,vcpu,
-//! memory_mib,on_demand_usd_per_hour`, optionally `gpu_vendor`) and the offerings a policy
-//! derives from them when no cloud is asked.
+//! memory_mib,on_demand_usd_per_hour`, optionally `gpu_vendor`, `source` and `as_of`; format in
+//! docs/catalog.md) and the offerings a policy derives from them when no cloud is asked.
 
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, GpuInfo, GpuVendor, InstanceType, Offering, OfferingKey,
@@ -10,8 +10,8 @@ use serde::Deserialize;
 use crate::model::gpu::vendor_of;
 use crate::policy::Policy;
 
-/// The built-in catalog: AWS NVIDIA GPU instance types in us-east-1 with approximate on-demand
-/// list prices.
+/// The built-in catalog: AWS NVIDIA GPU instance types in us-east-1 with their on-demand list
+/// prices, each row naming where its price was read and as of when.
 pub const BUILTIN_AWS: &str = include_str!("../../../data/aws-gpu-us-east-1.csv");
 pub const BUILTIN_AWS_NAME: &str = "<built-in aws-gpu-us-east-1.csv>";
 
@@ -34,6 +34,37 @@ struct Row {
     on_demand_usd_per_hour: f64,
     #[serde(default)]
     gpu_vendor: Option<String>,
+    // `source` (where the price was read: a URL or a document) is free text, not read here.
+    /// The day the price was read, `YYYY-MM-DD`.
+    #[serde(default)]
+    as_of: Option<String>,
+}
+
+/// Whether `s` is a calendar date `YYYY-MM-DD`.
+fn is_date(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return false;
+    }
+    let num = |r: std::ops::Range<usize>| {
+        b[r.clone()]
+            .iter()
+            .all(u8::is_ascii_digit)
+            .then(|| s[r].parse::<u32>().ok())
+            .flatten()
+    };
+    let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) else {
+        return false;
+    };
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days = match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    (1..=days).contains(&d)
 }
 
 /// Reads instance types from CSV text. Errors name the file, line and column.
@@ -67,7 +98,23 @@ pub fn parse_csv(text: &str, file: &str) -> Result<Vec<InstanceType>, CatalogErr
     for rec in rdr.records() {
         let rec = rec.map_err(|e| {
             let line = e.position().map_or(0, |p| p.line());
-            err(line, e.to_string())
+            match e.kind() {
+                csv::ErrorKind::UnequalLengths { len, .. } => {
+                    let len = *len as usize;
+                    let message = match headers.get(len) {
+                        Some(h) => format!(
+                            "field `{h}`: missing (the header has {} columns, this row {len})",
+                            headers.len()
+                        ),
+                        None => format!(
+                            "{len} fields, but the header has only {} columns",
+                            headers.len()
+                        ),
+                    };
+                    err(line, message)
+                }
+                _ => err(line, e.to_string()),
+            }
         })?;
         let line = rec.position().map_or(0, |p| p.line());
         let row: Row = rec
@@ -89,7 +136,10 @@ pub fn parse_csv(text: &str, file: &str) -> Result<Vec<InstanceType>, CatalogErr
         if out.iter().any(|t| t.name == row.instance_type) {
             return Err(err(
                 line,
-                format!("duplicate instance type {:?}", row.instance_type),
+                format!(
+                    "field `instance_type`: duplicate instance type {:?}",
+                    row.instance_type
+                ),
             ));
         }
         if !(row.on_demand_usd_per_hour.is_finite() && row.on_demand_usd_per_hour > 0.0) {
@@ -101,11 +151,21 @@ pub fn parse_csv(text: &str, file: &str) -> Result<Vec<InstanceType>, CatalogErr
                 ),
             ));
         }
-        if row.vcpu == 0 || row.memory_mib == 0 {
-            return Err(err(
-                line,
-                "fields `vcpu` and `memory_mib` must be positive".into(),
-            ));
+        for (field, value) in [
+            ("vcpu", u64::from(row.vcpu)),
+            ("memory_mib", row.memory_mib),
+        ] {
+            if value == 0 {
+                return Err(err(line, format!("field `{field}`: must be positive")));
+            }
+        }
+        if let Some(d) = row.as_of.as_deref().filter(|d| !d.is_empty()) {
+            if !is_date(d) {
+                return Err(err(
+                    line,
+                    format!("field `as_of`: expected a date YYYY-MM-DD, got {d:?}"),
+                ));
+            }
         }
         let vendor = match row.gpu_vendor.as_deref() {
             None | Some("") => vendor_of(&row.gpu_model),
@@ -207,5 +267,66 @@ mod tests {
                     g5.xlarge,A10G,1,23028,4,16384,-1\n";
         let e = parse_csv(text, "p.csv").unwrap_err().to_string();
         assert!(e.contains("p.csv:2: field `on_demand_usd_per_hour`"), "{e}");
+
+        let text = "instance_type,gpu_model,gpu_count,gpu_memory_mib,vcpu,memory_mib,on_demand_usd_per_hour\n\
+                    g5.xlarge,A10G,1,23028,0,16384,1.006\n";
+        let e = parse_csv(text, "v.csv").unwrap_err().to_string();
+        assert_eq!(e, "v.csv:2: field `vcpu`: must be positive");
+    }
+
+    const WITH_SOURCE: &str = "instance_type,gpu_model,gpu_count,gpu_memory_mib,vcpu,memory_mib,on_demand_usd_per_hour,source,as_of\n";
+
+    #[test]
+    fn source_and_as_of_are_optional_columns() {
+        let text = format!(
+            "{WITH_SOURCE}g5.xlarge,A10G,1,23028,4,16384,1.006,https://example.com/prices,2026-07-20\n\
+             g5.2xlarge,A10G,1,23028,8,32768,1.212,,\n"
+        );
+        let types = parse_csv(&text, "s.csv").unwrap();
+        assert_eq!(types.len(), 2);
+        assert_eq!(types[1].on_demand_price, Some(1.212));
+        // Without them, as before.
+        let text = "instance_type,gpu_model,gpu_count,gpu_memory_mib,vcpu,memory_mib,on_demand_usd_per_hour\n\
+                    g5.xlarge,A10G,1,23028,4,16384,1.006\n";
+        assert_eq!(parse_csv(text, "old.csv").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_malformed_as_of_or_a_short_row_names_file_line_and_field() {
+        for bad in ["2026-13-01", "2026-02-30", "20260720", "yesterday"] {
+            let text = format!(
+                "{WITH_SOURCE}g5.xlarge,A10G,1,23028,4,16384,1.006,https://example.com,{bad}\n"
+            );
+            let e = parse_csv(&text, "d.csv").unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!("d.csv:2: field `as_of`: expected a date YYYY-MM-DD, got {bad:?}")
+            );
+        }
+        assert!(is_date("2024-02-29"));
+        assert!(!is_date("2025-02-29"));
+
+        let text = format!(
+            "{WITH_SOURCE}g5.xlarge,A10G,1,23028,4,16384,1.006,https://example.com,2026-07-20\n\
+             g5.2xlarge,A10G,1,23028,8,32768,1.212,https://example.com\n"
+        );
+        let e = parse_csv(&text, "short.csv").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "short.csv:3: field `as_of`: missing (the header has 9 columns, this row 8)"
+        );
+    }
+
+    #[test]
+    fn every_builtin_row_names_its_source_and_date() {
+        let mut rdr = csv::Reader::from_reader(BUILTIN_AWS.as_bytes());
+        let headers = rdr.headers().unwrap().clone();
+        let col = |name: &str| headers.iter().position(|h| h == name).unwrap();
+        let (source, as_of) = (col("source"), col("as_of"));
+        for rec in rdr.records() {
+            let rec = rec.unwrap();
+            assert!(rec[source].starts_with("https://"), "{rec:?}");
+            assert!(is_date(&rec[as_of]), "{rec:?}");
+        }
     }
 }
