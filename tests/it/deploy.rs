@@ -28,12 +28,13 @@ use serde_json::{json, Value};
 use crate::root;
 
 /// What users render: the base and each overlay, relative to `deploy/`.
-const TARGETS: [&str; 5] = [
+const TARGETS: [&str; 6] = [
     "base",
     "overlays/aws",
     "overlays/dry-run",
     "overlays/monitoring",
     "overlays/kwok",
+    "overlays/alibaba",
 ];
 
 /// Kubernetes versions the objects are validated against: kubectl's (v1.32) and the API the
@@ -141,10 +142,13 @@ fn render_all() -> Vec<Rendered> {
         .collect()
 }
 
+/// The objects as a YAML stream of JSON documents: serde_yaml writes YAML 1.2, where a string
+/// such as `on` needs no quotes, and the YAML 1.1 readers (kubernetes-validate's PyYAML) would
+/// read it as a boolean.
 fn yaml_stream(objects: &[&Value]) -> String {
     objects
         .iter()
-        .map(|o| serde_yaml::to_string(o).expect("serialize"))
+        .map(|o| format!("{o}\n"))
         .collect::<Vec<_>>()
         .join("---\n")
 }
@@ -271,17 +275,26 @@ fn gpu_models(
         .collect()
 }
 
+/// The policy file a target's ConfigMap carries: the Alibaba overlay's own, else the base's.
+fn policy_file_of(target: &str) -> &'static str {
+    match target {
+        "overlays/alibaba" => "deploy/overlays/alibaba/policy.yaml",
+        _ => "deploy/base/policy.yaml",
+    }
+}
+
 #[test]
 fn every_target_carries_the_example_policy_and_it_is_valid() {
     let path = "deploy/base/policy.yaml";
     let text = std::fs::read_to_string(root().join(path)).unwrap();
     for r in render_all() {
+        let file = policy_file_of(r.target);
         let cm = r.one("ConfigMap", "gpu-node-autoscaler-policy");
         assert_eq!(cm["metadata"]["namespace"], NAMESPACE, "{}", r.target);
         assert_eq!(
             cm["data"]["policy.yaml"].as_str(),
-            Some(text.as_str()),
-            "{}: the ConfigMap's policy.yaml is not {path}",
+            Some(std::fs::read_to_string(root().join(file)).unwrap().as_str()),
+            "{}: the ConfigMap's policy.yaml is not {file}",
             r.target
         );
     }
@@ -629,7 +642,7 @@ fn the_aws_overlays_carry_the_irsa_role_and_the_base_and_kwok_do_not() {
     for r in render_all() {
         let role =
             &r.one("ServiceAccount", NAME)["metadata"]["annotations"]["eks.amazonaws.com/role-arn"];
-        if matches!(r.target, "base" | "overlays/kwok") {
+        if matches!(r.target, "base" | "overlays/kwok" | "overlays/alibaba") {
             assert!(role.is_null(), "{}: {role}", r.target);
         } else {
             assert!(
@@ -639,6 +652,50 @@ fn the_aws_overlays_carry_the_irsa_role_and_the_base_and_kwok_do_not() {
             );
         }
     }
+}
+
+/// The Alibaba overlay: the RAM role through ACK's RRSA (the role name on the ServiceAccount,
+/// injection asked for by the pod), and a policy whose every pool is an Alibaba one, valid as
+/// its comment tells users to check it. No other target asks for RRSA.
+#[test]
+fn the_alibaba_overlay_carries_the_rrsa_role_and_a_policy_of_alibaba_pools() {
+    const ROLE: &str = "pod-identity.alibabacloud.com/role-name";
+    const INJECTION: &str = "pod-identity.alibabacloud.com/injection";
+    for r in render_all() {
+        let role = &r.one("ServiceAccount", NAME)["metadata"]["annotations"][ROLE];
+        let injection = &r.pod_labels()[INJECTION];
+        if r.target != "overlays/alibaba" {
+            assert!(role.is_null() && injection.is_null(), "{}", r.target);
+            continue;
+        }
+        assert!(role.as_str().is_some_and(|s| !s.is_empty()), "{role}");
+        assert_eq!(injection, "on");
+        // The selectors stay the base's: the label is on the pods only.
+        let d = r.one("Deployment", NAME);
+        assert!(d["spec"]["selector"]["matchLabels"][INJECTION].is_null());
+    }
+
+    let path = policy_file_of("overlays/alibaba");
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    let policy = policy::parse_policy(&text, path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!policy.pools.is_empty());
+    for p in &policy.pools {
+        assert_eq!(p.provider, "alibaba", "pool {}", p.name);
+    }
+    assert_ne!(
+        policy.cluster_name,
+        policy::parse_policy(
+            &std::fs::read_to_string(root().join("deploy/base/policy.yaml")).unwrap(),
+            "base"
+        )
+        .unwrap()
+        .cluster_name,
+        "one clusterName per cluster"
+    );
+    let o = crate::run(&["check-policy", path]);
+    assert!(o.status.success(), "{}", crate::stderr(&o));
+    assert_eq!(crate::stdout(&o).lines().count(), policy.pools.len());
+    assert!(crate::stderr(&o).is_empty(), "{}", crate::stderr(&o));
 }
 
 /// The metric names an expression reads (histogram series folded onto their histogram).
