@@ -1254,6 +1254,85 @@ fn a_node_whose_gpu_hardware_fails_is_replaced_and_its_trainer_moves() {
     assert_eq!(env.instances().len(), 2, "exactly one replacement launched");
 }
 
+#[test]
+fn a_ready_node_advertising_fewer_gpus_than_its_instance_type_is_replaced_after_the_grace_period() {
+    let mut env = Env::start("missing-gpus", Options::default());
+    // g5.12xlarge: four A10Gs.
+    let policy = env
+        .policy(
+            &["us-east-1a"],
+            "  health:\n    missingGpusGracePeriod: 5s\n",
+        )
+        .replace("instanceTypes: [g5.xlarge]", "instanceTypes: [g5.12xlarge]");
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    let old = gpu_trainer(&env);
+    let gpus = |env: &Env, field: &str| {
+        env.get_json(&["get", "node", &old])["status"][field]["nvidia.com/gpu"]
+            .as_str()
+            .map(str::to_string)
+    };
+    env.wait_for("the node to advertise its four GPUs", MIN, || {
+        let n = env.get_json(&["get", "node", &old]);
+        let known =
+            n["metadata"]["annotations"]["gpu-node-autoscaler.io/gpus-advertised"].is_string();
+        (known && gpus(&env, "allocatable").as_deref() == Some("4")).then_some(())
+    });
+    // The device plugin reports one GPU unhealthy: the kubelet keeps it in capacity and takes it
+    // out of allocatable. The node stays Ready.
+    env.kubectl_ok(&[
+        "patch",
+        "node",
+        &old,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"allocatable":{"nvidia.com/gpu":"3"}}}"#,
+    ]);
+    let ev = env.wait_for("a ReplacingUnhealthyNode Event", MIN, || {
+        env.events("ReplacingUnhealthyNode").pop()
+    });
+    assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
+    assert!(ev.contains("advertises 3 of its 4 GPUs"), "{ev}");
+    // Measured from when the controller first saw it: at least the grace period.
+    let secs = seen_for_secs(&ev);
+    assert!(secs >= 5, "{ev}");
+    let node = env.get_json(&["get", "node", &old]);
+    assert_eq!(
+        node["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+            .map(|c| c["status"].clone()),
+        Some(serde_json::json!("True")),
+        "{node}"
+    );
+    assert_eq!(gpus(&env, "allocatable").as_deref(), Some("3"));
+    // Cordoned (tainted) and replaced: its trainer moves to the replacement, then the node is
+    // drained and its instance terminated.
+    let new = trainer_moved_and_node_removed(&env, &old);
+    assert_ne!(new, old);
+    counted_replaced(&env, "unhealthy");
+    assert_eq!(env.instances().len(), 2, "exactly one replacement launched");
+    assert!(
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_evictions_total{result=\"evicted\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "the trainer was evicted by the drain"
+    );
+}
+
+/// How long a ReplacingUnhealthyNode Event says the node had been seen unhealthy ("... for Ns").
+fn seen_for_secs(ev: &str) -> u64 {
+    ev.split(" for ")
+        .nth(1)
+        .and_then(|t| t.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {ev}"))
+}
+
 /// Sets the `AcceleratedHardwareReady` condition of `node` as the EKS node monitoring agent
 /// would (kept through kwok's heartbeats: conditions merge by type).
 fn set_hardware_ready(env: &Env, node: &str, status: &str) {
@@ -1315,12 +1394,7 @@ fn a_flapping_gpu_condition_keeps_the_clock_it_started_and_the_node_is_replaced_
     });
     assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
     // The reason counts from the first sighting: "... for Ns" with N at least the grace period.
-    let secs: u64 = ev
-        .split(" for ")
-        .nth(1)
-        .and_then(|t| t.split('s').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no duration in {ev}"));
+    let secs = seen_for_secs(&ev);
     assert!(secs >= 30, "{ev}");
     trainer_moved_and_node_removed(&env, &old);
     counted_replaced(&env, "unhealthy");

@@ -1215,6 +1215,67 @@ fn a_gpu_that_reported_a_fatal_xid_gets_its_node_replaced_after_the_xid_grace_pe
 }
 
 #[test]
+fn a_ready_node_advertising_fewer_gpus_than_its_shape_is_replaced_after_the_grace_period() {
+    // g5.12xlarge nodes: four A10Gs each.
+    let text = POLICY.replace("[g5.xlarge, g5.12xlarge]", "[g5.12xlarge]");
+    let mut run = Run::with_policy(Config::default(), &text);
+    run.pods.push(gpu_pod("p", 1));
+    run.pass(T0);
+    run.register("i-1", 4, T0);
+    run.pods[0].node_name = Some("node-i-1".into());
+    run.pods[0].phase = crate::model::PodPhase::Running;
+    // All four advertised: healthy.
+    run.pass(T0 + secs(30));
+    assert!(!run.nodes[0]
+        .annotations
+        .contains_key(labels::UNHEALTHY_SINCE));
+    // One GPU drops out of allocatable; the node stays Ready.
+    run.nodes[0].allocatable.gpu = 3;
+    assert!(run.nodes[0].ready);
+    let a = run.pass(T0 + secs(60));
+    assert!(tainted_replacing(&a).is_empty());
+    let st = status(&a).expect("a status");
+    assert!(
+        st.unhealthy_nodes["node-i-1"].starts_with("advertises 3 of its 4 GPUs since "),
+        "{st:?}"
+    );
+    // Within health.missingGpusGracePeriod (10 minutes): nothing but the clock.
+    let a = run.pass(T0 + secs(600));
+    assert!(tainted_replacing(&a).is_empty());
+    assert!(launches(&a).is_empty());
+    assert!(drains(&a).is_empty());
+    // After it: tainted (nothing new lands on it) and its pod's replacement launched; the node
+    // is not drained before the replacement is there.
+    let a = run.pass(T0 + secs(660));
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    let ev = events(&a, "ReplacingUnhealthyNode");
+    assert!(
+        ev[0].message.contains("advertises 3 of its 4 GPUs"),
+        "{ev:?}"
+    );
+    let l = launches(&a);
+    assert_eq!(l.len(), 1, "{a:?}");
+    assert_eq!(l[0].offerings[0].instance_type, "g5.12xlarge");
+    assert!(drains(&a).is_empty());
+    // The replacement registers with all its GPUs: the broken node is drained (cordoned,
+    // evicted) and its own instance terminated by the drain.
+    let new_id = run.cloud.instances.last().unwrap().id.clone();
+    run.register(&new_id, 4, T0 + secs(700));
+    let a = run.pass(T0 + secs(710));
+    let d = drains(&a);
+    assert_eq!(d.len(), 1, "{a:?}");
+    assert_eq!(d[0].node, "node-i-1");
+    assert_eq!(d[0].instance_id.as_deref(), Some("i-1"));
+    assert!(
+        d[0].reason.contains("advertises 3 of its 4 GPUs"),
+        "{}",
+        d[0].reason
+    );
+    assert!(launches(&a).is_empty(), "one replacement, not two");
+    assert_replaced_when_drained(&mut run, "node-i-1", T0 + secs(720));
+}
+
+#[test]
 fn a_flapping_condition_does_not_restart_the_clock_and_a_healthy_node_is_forgotten() {
     let mut run = run_with_busy_node();
     let set = |run: &mut Run, status: &str| {
