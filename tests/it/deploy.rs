@@ -1250,6 +1250,27 @@ fn the_dockerfile_builds_what_the_deployment_runs() {
         uid
     );
     assert!(uid > 0);
+    // Multi-arch: no architecture is named outside comments, no stage is pinned to a platform,
+    // and each target platform builds in a target directory of its own.
+    let code: Vec<&str> = docker.lines().filter(|l| !l.starts_with('#')).collect();
+    for l in &code {
+        for arch in ["amd64", "arm64", "x86_64", "aarch64", "--platform"] {
+            assert!(!l.contains(arch), "the Dockerfile names {arch}: {l}");
+        }
+    }
+    assert!(code.contains(&"ARG TARGETPLATFORM"), "{docker}");
+    let target_cache = code
+        .iter()
+        .find(|l| l.contains("--mount=type=cache,target=/src/target"))
+        .expect("a cached target directory");
+    assert!(target_cache.contains(",id=") && target_cache.contains("$TARGETPLATFORM"));
+    let build = "docker buildx build --platform linux/amd64,linux/arm64 ";
+    assert!(
+        docker.contains(build),
+        "the Dockerfile does not say how to build both"
+    );
+    let operations = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    assert!(operations.contains(build), "docs/operations.md: no {build}");
     let ignore = std::fs::read_to_string(root().join(".dockerignore")).unwrap();
     assert!(
         ignore.lines().any(|l| l == "target"),
