@@ -1159,10 +1159,13 @@ impl Autoscaler {
             let (size, busy) = sizes.get(pool.name.as_str()).copied().unwrap_or((0, 0));
             let busy = busy + started.get(&pool.name).copied().unwrap_or(0);
             let allowed = busy < replace::replacing_allowed(pool, size);
-            let Some(step) =
-                self.replace
-                    .step(n, interrupted.as_deref(), unhealthy, allowed, pass.now)
-            else {
+            let Some(step) = self.replace.step(
+                n,
+                interrupted.as_ref().map(|i| i.why.as_str()),
+                unhealthy,
+                allowed,
+                pass.now,
+            ) else {
                 continue;
             };
             let node = n.name.clone();
@@ -1175,6 +1178,11 @@ impl Autoscaler {
                 replace::Step::Start { cause, why } => {
                     if cause == replace::Cause::Unhealthy {
                         *started.entry(pool.name.clone()).or_default() += 1;
+                    }
+                    if interrupted.as_ref().is_some_and(|i| i.from_handler) {
+                        // As a queue's spot notice does: the offering being reclaimed is short
+                        // of capacity, and the replacement is planned elsewhere.
+                        self.mark_reclaimed(n, &pass.view, &pass.instances, &policy, pass.now);
                     }
                     out.push(Action::Taint {
                         node: node.clone(),
@@ -1438,6 +1446,31 @@ impl Autoscaler {
             action: "Consolidate",
             message: format!("{node} stays: {why}"),
         }));
+    }
+
+    /// An interruption handler says a spot instance of ours is being taken back: its offering
+    /// counts as short of capacity for `insufficientCapacityTtl`, as with a queue's notice.
+    fn mark_reclaimed(
+        &mut self,
+        n: &Node,
+        view: &FleetView,
+        instances: &[Instance],
+        policy: &Policy,
+        now: Time,
+    ) {
+        let Some(i) = n
+            .provider_id
+            .as_ref()
+            .and_then(|p| view.instance_of_node.get(p))
+            .and_then(|id| instances.iter().find(|i| &i.id == id))
+        else {
+            return;
+        };
+        if i.offering.capacity_type == gpu_node_autoscaler_provider::CapacityType::Spot {
+            let until = now + policy.insufficient_capacity_ttl;
+            let e = self.ice.entry(i.offering.clone()).or_insert(until);
+            *e = (*e).max(until);
+        }
     }
 
     /// Keeps the queue's notices about instances of ours (until those instances are gone), to

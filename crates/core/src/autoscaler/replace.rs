@@ -149,26 +149,50 @@ pub fn health_signal(
     signals.into_iter().find(|s| s.1 == shortest)
 }
 
-/// Why a node is about to be taken back, if it is: an interruption handler's taint, or a
-/// notice from the cloud's queue about its instance (a rebalance recommendation only where the
-/// pool replaces on one).
+/// A node about to be taken back: why, and whether an interruption handler (a taint or a
+/// condition it sets) says so rather than a notice from the cloud's queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interruption {
+    pub why: String,
+    pub from_handler: bool,
+}
+
+/// Why a node is about to be taken back, if it is: an interruption handler's taint or
+/// condition, or a notice from the cloud's queue about its instance (a rebalance recommendation
+/// only where the pool replaces on one).
 pub fn interruption_signal(
     n: &Node,
     pool: &Pool,
     policy: &Policy,
     notices: Option<&std::collections::BTreeSet<NoticeKind>>,
-) -> Option<String> {
+) -> Option<Interruption> {
+    let handler = |why: String| {
+        Some(Interruption {
+            why,
+            from_handler: true,
+        })
+    };
     if let Some(t) = n
         .taints
         .iter()
         .find(|t| policy.interruption_taints.contains(&t.key))
     {
-        return Some(t.key.clone());
+        return handler(t.key.clone());
+    }
+    if let Some(c) = policy
+        .interruption_conditions
+        .iter()
+        .find(|c| n.conditions.get(&c.type_) == Some(&c.status))
+    {
+        return handler(format!("condition {}={}", c.type_, c.status));
     }
     notices?
         .iter()
         .find(|k| **k != NoticeKind::Rebalance || pool.replace_on_rebalance)
-        .map(|k| format!("{} notice", k.describe()))
+        .map(|k| Interruption {
+            why: format!("{} notice", k.describe()),
+            from_handler: false,
+        })
 }
 
 /// A node's decision for this pass.

@@ -1375,6 +1375,57 @@ fn an_interruption_notice_drains_at_once_while_the_replacement_launches() {
     );
 }
 
+#[test]
+fn an_interruption_handlers_taint_or_condition_marks_the_reclaimed_spot_offering_short() {
+    // A handler that reports a condition (ACK's node-problem-detector, a handler of one's own).
+    let text =
+        format!("interruptionConditions: [{{type: InstanceExpired, status: \"True\"}}]\n{POLICY}");
+    fn taint(n: &mut Node) {
+        n.taints.push(crate::model::Taint {
+            key: "aws-node-termination-handler/spot-itn".into(),
+            value: "1".into(),
+            effect: Effect::NoSchedule,
+        })
+    }
+    fn condition(n: &mut Node) {
+        n.conditions.insert("InstanceExpired".into(), "True".into());
+    }
+    type Mark = fn(&mut Node);
+    let cases: [(&str, Mark); 2] = [
+        ("aws-node-termination-handler/spot-itn", taint),
+        ("condition InstanceExpired=True", condition),
+    ];
+    for (what, mark) in cases {
+        let mut run = run_with_busy_node_and_policy(&text);
+        let reclaimed = run.cloud.instances[0].offering.clone();
+        assert_eq!(reclaimed.capacity_type, CapacityType::Spot);
+        mark(&mut run.nodes[0]);
+        let a = run.pass(T0 + secs(60));
+        assert_eq!(tainted_replacing(&a), ["node-i-1"], "{what}");
+        let ev = events(&a, "ReplacingInterruptedNode");
+        assert!(ev[0].message.contains(what), "{ev:?}");
+        // Its replacement goes elsewhere, as with a notice from the queue.
+        let l = launches(&a);
+        assert_eq!(l.len(), 1, "{what}: {a:?}");
+        assert!(
+            !l[0].offerings.contains(&reclaimed),
+            "{what}: {:?}",
+            l[0].offerings
+        );
+        assert!(
+            l[0].offerings[0].capacity_type == CapacityType::Spot,
+            "{what}"
+        );
+        assert_eq!(drains(&a).len(), 1, "{what}");
+    }
+    // A condition that does not match the status the policy names: nothing.
+    let mut run = run_with_busy_node_and_policy(&text);
+    run.nodes[0]
+        .conditions
+        .insert("InstanceExpired".into(), "False".into());
+    assert!(tainted_replacing(&run.pass(T0 + secs(60))).is_empty());
+}
+
 fn acked(actions: &[Action]) -> Vec<&str> {
     actions
         .iter()

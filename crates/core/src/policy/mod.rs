@@ -81,11 +81,22 @@ pub struct Policy {
     /// Taint keys that say a node is about to be taken back (a spot interruption notice, a
     /// scheduled retirement): its replacement is launched and it is drained at once.
     pub interruption_taints: Vec<String>,
+    /// Node conditions an interruption handler sets on a node about to be taken back (as
+    /// `interruptionTaints`, for handlers that report a condition rather than a taint).
+    pub interruption_conditions: Vec<InterruptionCondition>,
     /// URL of the SQS queue EventBridge delivers EC2 interruption and maintenance notices to.
     pub interruption_queue: Option<String>,
     /// Where dcgm-exporter's metrics are read from, when set.
     pub gpu_metrics: Option<GpuMetrics>,
     pub pools: Vec<Pool>,
+}
+
+/// A Node condition that says the node is about to be taken back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InterruptionCondition {
+    pub type_: String,
+    /// The status that means it (`True`, `False` or `Unknown`).
+    pub status: String,
 }
 
 /// A Prometheus that scrapes dcgm-exporter: its XID series are a health signal.
@@ -377,6 +388,7 @@ struct RawPolicy {
     max_concurrent_drains: Option<u32>,
     spot_price_ratio: Option<f64>,
     interruption_taints: Option<Vec<String>>,
+    interruption_conditions: Option<Vec<RawInterruptionCondition>>,
     interruption_queue: Option<String>,
     gpu_metrics: Option<RawGpuMetrics>,
     /// Pools are decoded one by one so that every pool's errors are reported.
@@ -385,6 +397,14 @@ struct RawPolicy {
     /// `zones` was present but did not decode (already reported).
     #[serde(skip)]
     zones_invalid: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInterruptionCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -893,6 +913,26 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
                 .map(|t| t.to_string())
                 .collect()
         }),
+        interruption_conditions: raw
+            .interruption_conditions
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(j, ic)| {
+                let path = |f: &str| {
+                    vec![
+                        key("interruptionConditions"),
+                        PathSeg::Index(j),
+                        PathSeg::Key(f.into()),
+                    ]
+                };
+                check_condition(&path("type"), &path("status"), &ic.type_, &ic.status, c);
+                InterruptionCondition {
+                    type_: ic.type_,
+                    status: ic.status,
+                }
+            })
+            .collect(),
         gpu_metrics: raw.gpu_metrics.and_then(|g| validate_gpu_metrics(g, c)),
         interruption_queue: raw.interruption_queue.and_then(|u| {
             if u.starts_with("https://") || u.starts_with("http://") {
@@ -908,6 +948,29 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
             }
         }),
         pools,
+    }
+}
+
+/// A Node condition the policy names: a type other than Ready, a status Kubernetes uses.
+fn check_condition(
+    type_at: &[PathSeg],
+    status_at: &[PathSeg],
+    type_: &str,
+    status: &str,
+    c: &mut Collector,
+) {
+    if type_.is_empty() || type_ == "Ready" {
+        c.at(
+            type_at,
+            "a condition type other than Ready (a node not Ready is the kubelet's and the \
+             cloud's business)",
+        );
+    }
+    if !matches!(status, "True" | "False" | "Unknown") {
+        c.at(
+            status_at,
+            format!("must be True, False or Unknown, got {status:?}"),
+        );
     }
 }
 
@@ -929,23 +992,12 @@ fn validate_health(i: usize, r: RawHealth, c: &mut Collector) -> Health {
             .map(|(j, hc)| {
                 let mut path = at(&["conditions"]);
                 path.push(PathSeg::Index(j));
-                if hc.type_.is_empty() || hc.type_ == "Ready" {
-                    let mut pt = path.clone();
-                    pt.push(PathSeg::Key("type".into()));
-                    c.at(
-                        &pt,
-                        "a condition type other than Ready (a node not Ready is the kubelet's \
-                         and the cloud's business)",
-                    );
-                }
-                if !matches!(hc.status.as_str(), "True" | "False" | "Unknown") {
-                    let mut ps = path.clone();
-                    ps.push(PathSeg::Key("status".into()));
-                    c.at(
-                        &ps,
-                        format!("must be True, False or Unknown, got {:?}", hc.status),
-                    );
-                }
+                let field = |f: &str| {
+                    let mut p = path.clone();
+                    p.push(PathSeg::Key(f.into()));
+                    p
+                };
+                check_condition(&field("type"), &field("status"), &hc.type_, &hc.status, c);
                 let mut pg = path;
                 pg.push(PathSeg::Key("gracePeriod".into()));
                 HealthCondition {

@@ -407,6 +407,18 @@ fn error_cases() -> Vec<Case> {
             "must be True, False or Unknown",
         ),
         case(
+            "interruption condition status",
+            one_pool(&["interruptionConditions: [{type: InstanceExpired, status: \"Yes\"}]"]),
+            (6, 50),
+            "must be True, False or Unknown",
+        ),
+        case(
+            "interruption condition on Ready",
+            one_pool(&["interruptionConditions: [{type: Ready, status: \"True\"}]"]),
+            (6, 27),
+            "a condition type other than Ready",
+        ),
+        case(
             "health share out of range",
             one_pool(&["    health: {maxReplacingShare: 1.5}"]),
             (6, 14),
