@@ -39,7 +39,7 @@ const TARGETS: [&str; 6] = [
 
 /// Kubernetes versions the objects are validated against: kubectl's (v1.32) and the API the
 /// controller is built for (k8s-openapi `v1_33`).
-const K8S_VERSIONS: [&str; 2] = ["1.32.0", "1.33.0"];
+pub(crate) const K8S_VERSIONS: [&str; 2] = ["1.32.0", "1.33.0"];
 
 /// Custom resources kubernetes-validate has no schema for.
 const NO_SCHEMA: [&str; 2] = ["ServiceMonitor", "PrometheusRule"];
