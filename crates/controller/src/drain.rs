@@ -51,6 +51,9 @@ pub struct DrainJob {
     /// Give the node back when it is not empty by then.
     pub deadline: Time,
     pub reason: String,
+    /// The instance is taken back then (an interrupted spot node): grace periods are cut to end
+    /// before it, and at the deadline the node is not given back but removed with what is left.
+    pub reclaimed_at: Option<Time>,
 }
 
 pub use crate::autoscaler::DrainOutcome;
@@ -113,11 +116,14 @@ fn unmark(node: &mut Node) -> bool {
     changed
 }
 
+/// A pod to evict: namespace, name, and its grace period (`terminationGracePeriodSeconds`).
+type ToEvict = (String, String, u64);
+
 /// The pods still on a node being drained.
 #[derive(Debug, Default)]
 struct Remaining {
     /// To evict: bound there, not finished, not DaemonSet or mirror pods, not being deleted.
-    evict: Vec<(String, String)>,
+    evict: Vec<ToEvict>,
     /// Evicted (or deleted) and still terminating: their grace period
     /// (`terminationGracePeriodSeconds`: a training job checkpointing) is waited out before the
     /// instance goes.
@@ -172,6 +178,13 @@ fn remaining(
             p.metadata.namespace.as_deref().unwrap_or(""),
             p.metadata.name.as_deref().unwrap_or("")
         );
+        // The API server defaults it to 30 s.
+        let grace = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30)
+            .max(0) as u64;
         let p = serde_json::to_value(&p)
             .map_err(|e| e.to_string())
             .and_then(|v| conv.pod(v))
@@ -187,7 +200,7 @@ fn remaining(
         if let Some(why) = not_movable(&p, budgets) {
             return Err(why);
         }
-        out.evict.push(id);
+        out.evict.push((id.0, id.1, grace));
     }
     Ok(out)
 }
@@ -245,6 +258,7 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
         message: format!("draining {} (pool {}): {}", job.node, job.pool, job.reason),
     });
     let mut round: u32 = 0;
+    let mut cut_reported = std::collections::BTreeSet::new();
     loop {
         if !ctx.elector.is_leader() {
             return DrainOutcome::Abandoned;
@@ -260,6 +274,36 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
             }
         };
         if pods.as_ref().is_some_and(Remaining::is_empty) {
+            break;
+        }
+        if let (Some(at), true) = (job.reclaimed_at, wall_now() >= job.deadline) {
+            // The instance goes now whatever is left on it: say what, and remove it.
+            let left: Vec<(String, &str)> = match &pods {
+                Some(r) => r
+                    .evict
+                    .iter()
+                    .map(|(ns, n, _)| {
+                        (
+                            format!("{ns}/{n}"),
+                            "not evicted: PodDisruptionBudget or eviction errors",
+                        )
+                    })
+                    .chain(
+                        r.terminating
+                            .iter()
+                            .map(|(ns, n)| (format!("{ns}/{n}"), "still terminating")),
+                    )
+                    .collect(),
+                None => vec![("its pods".to_string(), "could not be listed")],
+            };
+            warn!(node = %job.node, "drain window closed with {} pod(s) left", left.len());
+            ctx.events.send(Note {
+                object: node_ref(&job.node),
+                warning: true,
+                reason: "DrainCutShort",
+                action: "Drain",
+                message: crate::autoscaler::replace::window_closed_message(&job.node, at, &left),
+            });
             break;
         }
         if wall_now() >= job.deadline {
@@ -287,9 +331,28 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
-        for (ns, name) in evict {
+        for (ns, name, grace) in evict {
             ctx.evictions.until_ready().await;
-            let result = match kube_io::evict(&ctx.client, ns, name).await {
+            let cut = job
+                .reclaimed_at
+                .and_then(|at| crate::autoscaler::replace::grace_within(*grace, wall_now(), at));
+            if let (Some(c), Some(at)) = (cut, job.reclaimed_at) {
+                if cut_reported.insert((ns.clone(), name.clone())) {
+                    ctx.events.send(Note {
+                        object: node_ref(&job.node),
+                        warning: true,
+                        reason: "GracePeriodCut",
+                        action: "Drain",
+                        message: crate::autoscaler::replace::grace_cut_message(
+                            &format!("{ns}/{name}"),
+                            &job.node,
+                            c,
+                            at,
+                        ),
+                    });
+                }
+            }
+            let result = match kube_io::evict(&ctx.client, ns, name, cut.map(|c| c.given)).await {
                 Evicted::Done => "evicted",
                 Evicted::Blocked(msg) => {
                     info!(pod = %format!("{ns}/{name}"), "eviction refused: {msg}");
@@ -406,7 +469,10 @@ mod tests {
     fn a_pod_that_cannot_be_converted_keeps_the_node() {
         let budgets = crate::model::Snapshot::default();
         let movable = remaining(vec![bound_pod(Some("worker"))], &budgets).unwrap();
-        assert_eq!(movable.evict, [("ml".to_string(), "worker".to_string())]);
+        assert_eq!(
+            movable.evict,
+            [("ml".to_string(), "worker".to_string(), 30)]
+        );
         // A pod without a name does not convert: nothing tells it may be moved, so the drain
         // may not count the node as empty once the other pod is gone.
         let why =

@@ -163,9 +163,23 @@ pub enum Evicted {
     Failed(String),
 }
 
-pub async fn evict(client: &Client, namespace: &str, name: &str) -> Evicted {
+/// Evicts a pod through the Eviction API (PodDisruptionBudgets honoured), with its own grace
+/// period or `grace_secs`.
+pub async fn evict(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    grace_secs: Option<u64>,
+) -> Evicted {
     let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
-    match api.evict(name, &EvictParams::default()).await {
+    let params = EvictParams {
+        delete_options: grace_secs.map(|g| DeleteParams {
+            grace_period_seconds: Some(g.min(u32::MAX as u64) as u32),
+            ..DeleteParams::default()
+        }),
+        ..EvictParams::default()
+    };
+    match api.evict(name, &params).await {
         Ok(_) => Evicted::Done,
         Err(kube::Error::Api(s)) if s.code == 404 => Evicted::Done,
         Err(kube::Error::Api(s)) if s.code == 429 => Evicted::Blocked(s.message),

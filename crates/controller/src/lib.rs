@@ -922,6 +922,7 @@ impl Controller {
                         instance_id: order.instance_id,
                         deadline: order.deadline,
                         reason: order.reason,
+                        reclaimed_at: order.reclaimed_at,
                     };
                     let ctx = self.drain_ctx.clone();
                     self.drains

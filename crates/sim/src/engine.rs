@@ -1001,6 +1001,7 @@ impl World {
                         message_id: format!("sim-notice-{}", h.instance_id),
                         kind: NoticeKind::SpotInterruption,
                         instance_ids: vec![h.instance_id.clone()],
+                        sent_at_ms: Some(h.notice_at_ms),
                     });
                     self.changed = true;
                     self.push(h.terminate_at_ms, Event::SpotGone(h.instance_id));

@@ -34,11 +34,22 @@ pub fn parse_event(message_id: &str, body: &str) -> Result<Parsed, String> {
             .map(|s| vec![s.to_string()])
             .ok_or_else(|| format!("{detail_type}: detail.instance-id missing"))
     };
+    // The event's time (RFC 3339); an event without a readable one is still a notice, acted on
+    // as if sent when read.
+    let sent_at_ms = v["time"].as_str().and_then(|t| {
+        aws_sdk_sqs::primitives::DateTime::from_str(
+            t,
+            aws_sdk_sqs::primitives::DateTimeFormat::DateTime,
+        )
+        .ok()
+        .and_then(|d| d.to_millis().ok())
+    });
     let notice = |kind, instance_ids| {
         Ok(Parsed::Notice(Notice {
             message_id: message_id.to_string(),
             kind,
             instance_ids,
+            sent_at_ms,
         }))
     };
     match (source, detail_type) {
@@ -212,6 +223,16 @@ mod tests {
         assert_eq!(n.kind, NoticeKind::SpotInterruption);
         assert_eq!(n.instance_ids, ["i-1234567890abcdef0"]);
         assert_eq!(n.message_id, "m-1");
+        // 2026-11-24T12:00:00Z
+        assert_eq!(n.sent_at_ms, Some(1_795_521_600_000));
+        let no_time = SPOT.replace(r#""time":"2026-11-24T12:00:00Z","#, "");
+        assert_eq!(
+            parse_event("m", &no_time).map(|p| match p {
+                Parsed::Notice(n) => n.sent_at_ms,
+                _ => Some(0),
+            }),
+            Ok(None)
+        );
         assert_eq!(notice(REBALANCE).kind, NoticeKind::Rebalance);
         assert_eq!(notice(STATE).kind, NoticeKind::Stopping);
         let h = notice(HEALTH);

@@ -254,6 +254,10 @@ pub struct Notice {
     pub kind: NoticeKind,
     /// Instances the notice is about (provider ids as the cloud names them, e.g. `i-0abc...`).
     pub instance_ids: Vec<String>,
+    /// When the cloud sent it (ms since the epoch; an EventBridge event's `time`), where it
+    /// says: a spot instance is taken back two minutes after its warning was sent, not after it
+    /// was read.
+    pub sent_at_ms: Option<i64>,
 }
 
 #[cfg(test)]

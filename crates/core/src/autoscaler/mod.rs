@@ -187,6 +187,10 @@ pub struct DrainOrder {
     pub instance_id: Option<String>,
     pub deadline: Time,
     pub reason: String,
+    /// The instance is taken back then whatever the drain does (an interrupted spot node): pods'
+    /// grace periods are cut to end before it, and a drain that runs out of time does not give
+    /// the node back (the deadline is no later than this).
+    pub reclaimed_at: Option<Time>,
 }
 
 /// An action for the executor, in order.
@@ -587,6 +591,7 @@ impl Autoscaler {
         self.record_notices(
             std::mem::take(&mut obs.notices),
             &instances,
+            now,
             now + policy.insufficient_capacity_ttl,
             &mut out,
         );
@@ -1159,13 +1164,24 @@ impl Autoscaler {
             let (size, busy) = sizes.get(pool.name.as_str()).copied().unwrap_or((0, 0));
             let busy = busy + started.get(&pool.name).copied().unwrap_or(0);
             let allowed = busy < replace::replacing_allowed(pool, size);
-            let Some(step) = self.replace.step(
+            let step = self.replace.step(
                 n,
                 interrupted.as_ref().map(|i| i.why.as_str()),
                 unhealthy,
                 allowed,
                 pass.now,
-            ) else {
+            );
+            if let (Some(i), Some(r)) = (&interrupted, self.replace.replacing.get_mut(&n.name)) {
+                if r.cause == replace::Cause::Interrupted && r.reclaimed_at.is_none() {
+                    let instance = instance_of(n, &pass.view, &pass.instances);
+                    let spot = instance.is_some_and(|i| {
+                        i.offering.capacity_type == gpu_node_autoscaler_provider::CapacityType::Spot
+                    });
+                    let warned = instance.and_then(|i| self.replace.spot_warned.get(&i.id));
+                    r.reclaimed_at = replace::reclaimed_at(i, spot, warned.copied(), pass.now);
+                }
+            }
+            let Some(step) = step else {
                 continue;
             };
             let node = n.name.clone();
@@ -1371,6 +1387,7 @@ impl Autoscaler {
                         retry_after: None,
                         started: now,
                         offerings: c.offerings.clone(),
+                        reclaimed_at: None,
                     },
                 );
                 out.push(Action::Taint {
@@ -1458,12 +1475,7 @@ impl Autoscaler {
         policy: &Policy,
         now: Time,
     ) {
-        let Some(i) = n
-            .provider_id
-            .as_ref()
-            .and_then(|p| view.instance_of_node.get(p))
-            .and_then(|id| instances.iter().find(|i| &i.id == id))
-        else {
+        let Some(i) = instance_of(n, view, instances) else {
             return;
         };
         if i.offering.capacity_type == gpu_node_autoscaler_provider::CapacityType::Spot {
@@ -1481,6 +1493,7 @@ impl Autoscaler {
         &mut self,
         notices: Vec<Notice>,
         instances: &[Instance],
+        now: Time,
         short_until: Time,
         out: &mut Vec<Action>,
     ) {
@@ -1500,6 +1513,11 @@ impl Autoscaler {
                 {
                     self.ice.insert(i.offering.clone(), short_until);
                 }
+                if n.kind == NoticeKind::SpotInterruption {
+                    let sent = n.sent_at_ms.map_or(now, Time).min(now);
+                    let w = self.replace.spot_warned.entry(id.clone()).or_insert(sent);
+                    *w = (*w).min(sent);
+                }
                 out.push(Action::Log {
                     level: Level::Info,
                     message: format!(
@@ -1518,6 +1536,9 @@ impl Autoscaler {
         }
         self.replace
             .notices
+            .retain(|id, _| ours.contains_key(id.as_str()));
+        self.replace
+            .spot_warned
             .retain(|id, _| ours.contains_key(id.as_str()));
     }
 
@@ -1561,8 +1582,17 @@ impl Autoscaler {
             let Some(n) = pass.snapshot.nodes.iter().find(|n| &n.name == node) else {
                 continue;
             };
-            let deadline = pass.now + self.config.max_graceful_termination;
-            out.push(self.drain(n, &pass.view, deadline, why));
+            let reclaimed_at = r.reclaimed_at;
+            let deadline = replace::drain_deadline(
+                pass.now,
+                self.config.max_graceful_termination,
+                reclaimed_at,
+            );
+            let mut order = self.drain(n, &pass.view, deadline, why);
+            if let Action::Drain(d) = &mut order {
+                d.reclaimed_at = reclaimed_at;
+            }
+            out.push(order);
         }
     }
 
@@ -1818,6 +1848,7 @@ impl Autoscaler {
                 .and_then(|p| view.instance_of_node.get(p).cloned()),
             deadline,
             reason,
+            reclaimed_at: None,
         })
     }
 
@@ -2034,6 +2065,14 @@ fn describe(su: &ScaleUp) -> String {
         first.map_or("-", |o| o.capacity_type.as_str()),
         su.pool
     )
+}
+
+/// The instance of ours a Node is, as the pools' listing names it.
+fn instance_of<'a>(n: &Node, view: &FleetView, instances: &'a [Instance]) -> Option<&'a Instance> {
+    n.provider_id
+        .as_ref()
+        .and_then(|p| view.instance_of_node.get(p))
+        .and_then(|id| instances.iter().find(|i| &i.id == id))
 }
 
 fn has_drain_taint(n: &Node) -> bool {

@@ -82,6 +82,8 @@ pub struct Replacing {
     pub started: Time,
     /// A consolidation's planned offerings: one running short before its launch calls it off.
     pub offerings: Vec<gpu_node_autoscaler_provider::OfferingKey>,
+    /// An interrupted spot node: when its instance is taken back (see [`reclaimed_at`]).
+    pub reclaimed_at: Option<Time>,
 }
 
 /// The replacement bookkeeping of the core.
@@ -93,6 +95,8 @@ pub struct Replacements {
     pub notices: BTreeMap<String, std::collections::BTreeSet<NoticeKind>>,
     /// Queue messages to acknowledge once what they say is recorded (the node tainted).
     pub to_ack: Vec<String>,
+    /// Instance id → when its spot interruption warning was sent (the earliest, if several).
+    pub spot_warned: BTreeMap<String, Time>,
     /// Per node, what was last reported about a replacement that waits (reported once).
     reported: BTreeMap<String, String>,
     /// Per node, the XID errors its GPUs last reported (the last reading of `gpuMetrics`).
@@ -195,6 +199,97 @@ pub fn interruption_signal(
         })
 }
 
+/// How long a spot interruption warning gives before the instance is taken back (EC2: two
+/// minutes).
+pub const SPOT_NOTICE: Duration = Duration::from_secs(120);
+
+/// What a drain within a notice window keeps, at its end, for terminating the instance and
+/// deleting the Node once the pods are gone.
+pub const WINDOW_MARGIN: Duration = Duration::from_secs(15);
+
+/// When an interrupted node's instance is taken back, where that is soon: two minutes after a
+/// spot interruption warning from the queue was sent (`warned_at`), or, for a spot instance an
+/// interruption handler marks (it relays the same warning), two minutes after `now`, when it is
+/// first seen. Other notices (a rebalance recommendation, a scheduled change days ahead, a stop)
+/// set no window: the drain has its usual deadline.
+pub fn reclaimed_at(
+    i: &Interruption,
+    spot: bool,
+    warned_at: Option<Time>,
+    now: Time,
+) -> Option<Time> {
+    match warned_at {
+        Some(t) => Some(t.min(now) + SPOT_NOTICE),
+        None if i.from_handler && spot => Some(now + SPOT_NOTICE),
+        None => None,
+    }
+}
+
+/// The deadline of a replaced node's drain: `maxGracefulTermination` from now, and never past
+/// the time its instance is taken back.
+pub fn drain_deadline(now: Time, max_graceful: Duration, reclaimed_at: Option<Time>) -> Time {
+    let usual = now + max_graceful;
+    reclaimed_at.map_or(usual, |t| usual.min(t))
+}
+
+/// A pod's termination grace period cut to end before its node's instance is taken back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraceCut {
+    /// Its own (`terminationGracePeriodSeconds`).
+    pub asked: u64,
+    /// What it is evicted with.
+    pub given: u64,
+}
+
+/// The grace period a pod evicted at `now` gets when its node's instance is taken back at
+/// `reclaimed_at`: its own (`None`) when that ends [`WINDOW_MARGIN`] before, otherwise what is
+/// left of the window less the margin (0 when nothing is).
+pub fn grace_within(asked_secs: u64, now: Time, reclaimed_at: Time) -> Option<GraceCut> {
+    let left = reclaimed_at
+        .since(now)
+        .saturating_sub(WINDOW_MARGIN)
+        .as_secs();
+    (now >= reclaimed_at || asked_secs > left).then_some(GraceCut {
+        asked: asked_secs,
+        given: left.min(asked_secs),
+    })
+}
+
+/// The Event message for a pod whose grace period was cut.
+pub fn grace_cut_message(pod: &str, node: &str, cut: GraceCut, reclaimed_at: Time) -> String {
+    format!(
+        "{pod}: termination grace period cut from {}s to {}s: the spot instance of node {node} \
+         is taken back at {}",
+        cut.asked,
+        cut.given,
+        reclaimed_at.to_rfc3339()
+    )
+}
+
+/// The Event message for a drain whose window closed with pods left on the node (a
+/// PodDisruptionBudget refused their eviction, or they were still terminating): the instance
+/// goes anyway, and the Node is deleted with them. `left` names them (`namespace/name`, why).
+pub fn window_closed_message(node: &str, reclaimed_at: Time, left: &[(String, &str)]) -> String {
+    let names: Vec<String> = left
+        .iter()
+        .take(5)
+        .map(|(p, why)| format!("{p} ({why})"))
+        .collect();
+    let more = left.len().saturating_sub(names.len());
+    format!(
+        "the spot instance of {node} is taken back at {}: {} pod(s) could not be moved before \
+         then and go with it: {}{}",
+        reclaimed_at.to_rfc3339(),
+        left.len(),
+        names.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
 /// A node's decision for this pass.
 #[derive(Debug, PartialEq)]
 pub enum Step {
@@ -221,6 +316,7 @@ impl Replacements {
                         retry_after: None,
                         started: now,
                         offerings: Vec::new(),
+                        reclaimed_at: None,
                     });
             }
         }
@@ -335,6 +431,7 @@ impl Replacements {
                 retry_after: None,
                 started: now,
                 offerings: Vec::new(),
+                reclaimed_at: None,
             },
         );
         Step::Start { cause, why }

@@ -1426,6 +1426,89 @@ fn an_interruption_handlers_taint_or_condition_marks_the_reclaimed_spot_offering
     assert!(tainted_replacing(&run.pass(T0 + secs(60))).is_empty());
 }
 
+#[test]
+fn an_interrupted_spot_nodes_drain_fits_in_the_notice_window() {
+    use replace::{grace_within, GraceCut, SPOT_NOTICE};
+    // A spot interruption warning sent 30 s before the pass reads it: the instance goes two
+    // minutes after it was sent, not after it was read.
+    let mut run = run_with_busy_node();
+    run.notices = vec![Notice {
+        message_id: "m-1".into(),
+        kind: NoticeKind::SpotInterruption,
+        instance_ids: vec!["i-1".into()],
+        sent_at_ms: Some((T0 + secs(30)).0),
+    }];
+    let now = T0 + secs(60);
+    let a = run.pass(now);
+    let goes = T0 + secs(30) + SPOT_NOTICE;
+    let d = drains(&a);
+    assert_eq!(d.len(), 1, "{a:?}");
+    assert_eq!(d[0].reclaimed_at, Some(goes));
+    assert_eq!(
+        d[0].deadline, goes,
+        "not maxGracefulTermination (10 minutes) from now"
+    );
+    // A checkpointing trainer asks for 600 s: it gets what is left less the margin for the
+    // instance's termination (150 - 60 - 15 = 75 s), and the Event says so.
+    let cut = grace_within(600, now, goes).expect("cut");
+    assert_eq!(
+        cut,
+        GraceCut {
+            asked: 600,
+            given: 75
+        }
+    );
+    let m = replace::grace_cut_message("ml/p", "node-i-1", cut, goes);
+    assert!(m.contains("cut from 600s to 75s"), "{m}");
+    assert!(m.contains(&goes.to_rfc3339()), "{m}");
+    // A pod whose grace fits keeps it; once the window is over, nothing is left.
+    assert_eq!(grace_within(30, now, goes), None);
+    assert_eq!(grace_within(75, now, goes), None);
+    assert_eq!(
+        grace_within(30, goes, goes),
+        Some(GraceCut {
+            asked: 30,
+            given: 0
+        })
+    );
+    // What a drain that runs out of window says about the pods left.
+    let left: Vec<(String, &str)> = (0..7)
+        .map(|i| (format!("ml/w{i}"), "PodDisruptionBudget"))
+        .collect();
+    let m = replace::window_closed_message("node-i-1", goes, &left);
+    assert!(m.contains("7 pod(s)"), "{m}");
+    assert!(m.contains("ml/w0 (PodDisruptionBudget)"), "{m}");
+    assert!(m.ends_with(" and 2 more"), "{m}");
+
+    // An interruption handler's taint on a spot node: the window counts from when it is seen.
+    let mut run = run_with_busy_node();
+    run.nodes[0].taints.push(crate::model::Taint {
+        key: "aws-node-termination-handler/spot-itn".into(),
+        value: "1".into(),
+        effect: Effect::NoSchedule,
+    });
+    let d = run.pass(now);
+    let d = drains(&d);
+    assert_eq!(d[0].reclaimed_at, Some(now + SPOT_NOTICE));
+    assert_eq!(d[0].deadline, now + SPOT_NOTICE);
+
+    // An on-demand node (a scheduled retirement, days ahead): the usual deadline, no window.
+    let text = POLICY.replace("[spot, on-demand]", "[on-demand]");
+    let mut run = run_with_busy_node_and_policy(&text);
+    run.nodes[0].taints.push(crate::model::Taint {
+        key: "aws-node-termination-handler/scheduled-maintenance".into(),
+        value: "1".into(),
+        effect: Effect::NoSchedule,
+    });
+    let d = run.pass(now);
+    let d = drains(&d);
+    assert_eq!(d[0].reclaimed_at, None);
+    assert_eq!(
+        d[0].deadline,
+        now + Config::default().max_graceful_termination
+    );
+}
+
 fn acked(actions: &[Action]) -> Vec<&str> {
     actions
         .iter()
@@ -1442,6 +1525,7 @@ fn a_queue_notice_replaces_the_node_and_is_acknowledged_after_the_taint() {
         message_id: id.into(),
         kind,
         instance_ids: vec![instance.into()],
+        sent_at_ms: None,
     };
     let mut run = run_with_busy_node();
     // A rebalance recommendation: the pool does not replace on one; acknowledged all the same.
@@ -1509,6 +1593,7 @@ fn dry_run_neither_acts_on_nor_acknowledges_notices() {
         message_id: "m-1".into(),
         kind: NoticeKind::SpotInterruption,
         instance_ids: vec!["i-1".into()],
+        sent_at_ms: None,
     }];
     let a = run.pass(T0 + secs(60));
     assert!(tainted_replacing(&a).is_empty());
