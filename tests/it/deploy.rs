@@ -530,6 +530,60 @@ fn the_deployment_keeps_its_security_and_scheduling_settings() {
     }
 }
 
+/// Mebibytes of a Kubernetes memory quantity in `Mi` or `Gi`.
+fn mebibytes(q: &Value) -> f64 {
+    let q = q.as_str().expect("a memory quantity");
+    if let Some(n) = q.strip_suffix("Gi") {
+        n.parse::<f64>().unwrap() * 1024.0
+    } else {
+        q.strip_suffix("Mi")
+            .unwrap_or_else(|| panic!("{q}: in Mi or Gi"))
+            .parse()
+            .unwrap()
+    }
+}
+
+/// The memory request covers the controller's measured peak (docs/benchmarks.md, 5,000 nodes
+/// and 100,000 pods) with at least a quarter to spare: a request below the peak lets the node
+/// run short while the scheduler counts the pod as fitting.
+#[test]
+fn the_memory_request_covers_the_measured_peak_with_headroom() {
+    let benchmarks = std::fs::read_to_string(root().join("docs/benchmarks.md")).unwrap();
+    let row = benchmarks
+        .lines()
+        .find(|l| l.starts_with("| controller RSS, 5,000 nodes / 100,000 pods |"))
+        .expect("the controller's memory in docs/benchmarks.md");
+    let peak: f64 = row
+        .split("peak **")
+        .nth(1)
+        .and_then(|r| r.split(" MiB").next())
+        .expect("peak **N MiB**")
+        .parse()
+        .unwrap();
+    let operations = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    for r in render_all() {
+        let resources =
+            &r.one("Deployment", NAME)["spec"]["template"]["spec"]["containers"][0]["resources"];
+        let request = mebibytes(&resources["requests"]["memory"]);
+        let limit = mebibytes(&resources["limits"]["memory"]);
+        assert!(
+            request >= peak * 1.25,
+            "{}: a request of {request} MiB leaves less than 25 % over the measured peak of \
+             {peak} MiB",
+            r.target
+        );
+        assert!(limit >= request * 2.0, "{}: limit {limit} MiB", r.target);
+        let said = format!(
+            "{} memory",
+            resources["requests"]["memory"].as_str().unwrap()
+        );
+        assert!(
+            operations.contains(&said),
+            "docs/operations.md does not say {said}"
+        );
+    }
+}
+
 /// A role's rules as `group resource verb [name]` lines.
 fn rule_lines(target: &str, role: &Value) -> BTreeSet<String> {
     let mut lines = BTreeSet::new();
