@@ -307,6 +307,8 @@ struct Pass {
     moving: BTreeMap<String, Vec<String>>,
     /// Pods planned again as pending → the node they run on and their phase.
     moved_from: HashMap<String, (String, crate::model::PodPhase)>,
+    /// Pods moving off a replaced node whose launch failed in this pass → why.
+    launch_failed: BTreeMap<String, String>,
     stage: Stage,
 }
 
@@ -625,6 +627,7 @@ impl Autoscaler {
             pod_index,
             moving: BTreeMap::new(),
             moved_from: HashMap::new(),
+            launch_failed: BTreeMap::new(),
             stage: Stage::Registering(BTreeMap::new()),
         };
         if !self.config.dry_run && !regs.is_empty() {
@@ -908,6 +911,7 @@ impl Autoscaler {
                 })
             });
             let mut other_failure = false;
+            let mut failure: Option<String> = None;
             let instances = match result {
                 Ok(res) => {
                     for (key, err) in &res.failures {
@@ -925,6 +929,7 @@ impl Autoscaler {
                             });
                             other_failure = true;
                         }
+                        failure.get_or_insert_with(|| format!("launching {key} failed: {err}"));
                     }
                     res.launched
                 }
@@ -938,10 +943,16 @@ impl Autoscaler {
                         reason: e.metric_label(),
                     }));
                     other_failure = true;
+                    failure = Some(format!("launch failed: {e}"));
                     Vec::new()
                 }
             };
             let n = instances.len() as u32;
+            if let (true, Some(why)) = (n < su.count, failure) {
+                for p in su.pods.iter().filter(|p| pass.moved_from.contains_key(&p.key)) {
+                    pass.launch_failed.insert(p.key.clone(), why.clone());
+                }
+            }
             if other_failure {
                 let failures = self.launch_backoff.get(&su.pool).map_or(0, |b| b.1) + 1;
                 self.jitter_draws += 1;
@@ -1582,6 +1593,25 @@ impl Autoscaler {
             let Some(n) = pass.snapshot.nodes.iter().find(|n| &n.name == node) else {
                 continue;
             };
+            if r.cause == replace::Cause::Interrupted {
+                // Drained all the same (the instance goes anyway): say what its pods lack.
+                if let Some(why) = replace::not_launched(pods, plan, &pass.launch_failed) {
+                    out.push(Action::Event(Note {
+                        subject: Subject::Node(node.clone()),
+                        warning: true,
+                        reason: "ReplacementNotLaunched",
+                        action: "Replace",
+                        message: format!(
+                            "{node} is drained before its instance is taken back, but its pods' \
+                             new capacity could not be launched: {why}; they wait as pending"
+                        ),
+                    }));
+                    out.push(Action::Log {
+                        level: Level::Warn,
+                        message: format!("replacing interrupted node {node}: {why}"),
+                    });
+                }
+            }
             let reclaimed_at = r.reclaimed_at;
             let deadline = replace::drain_deadline(
                 pass.now,

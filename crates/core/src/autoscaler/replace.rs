@@ -574,6 +574,26 @@ pub fn ready_to_drain(pods: &[String], plan: &Plan) -> Result<(), String> {
     Ok(())
 }
 
+/// Why the new capacity of a replaced node's pods is missing, if it is: a pod the plan found no
+/// place for, or whose launch failed in this pass (`launch_failed`: pod → why).
+pub fn not_launched(
+    pods: &[String],
+    plan: &Plan,
+    launch_failed: &BTreeMap<String, String>,
+) -> Option<String> {
+    pods.iter().find_map(|p| {
+        launch_failed
+            .get(p)
+            .map(|why| format!("pod {p}: {why}"))
+            .or_else(|| {
+                plan.unschedulable
+                    .iter()
+                    .find(|u| &u.pod == p)
+                    .map(|u| format!("pod {p} has no place: {}", u.reason))
+            })
+    })
+}
+
 /// Why a consolidation under way is given up, if it is: a pod of the node has no place any more
 /// (pods arrived and took the room), or its replacement did not come up in twice
 /// `maxNodeProvisionTime`. The node then keeps its pods and loses its taint.

@@ -1509,6 +1509,102 @@ fn an_interrupted_spot_nodes_drain_fits_in_the_notice_window() {
     );
 }
 
+/// The account's GPU quota is used up: the next `n` launches fail.
+fn quota_used_up(run: &mut Run, n: usize) {
+    run.cloud.fail_next = (0..n)
+        .map(|_| ProviderError::QuotaExceeded {
+            message: "You have requested more vCPU capacity than your current vCPU limit".into(),
+        })
+        .collect();
+}
+
+#[test]
+fn a_broken_node_is_not_drained_while_its_replacement_cannot_be_launched() {
+    let mut run = run_with_busy_node();
+    run.nodes[0]
+        .conditions
+        .insert("AcceleratedHardwareReady".into(), "False".into());
+    run.pass(T0 + secs(60));
+    quota_used_up(&mut run, 100);
+    let a = run.pass(T0 + secs(660));
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    assert_eq!(launches(&a).len(), 1, "its replacement is tried: {a:?}");
+    assert!(drains(&a).is_empty());
+    assert!(events(&a, "ReplacementNotLaunched").is_empty());
+    // Launch after launch fails: the node keeps its pod.
+    let mut tries = 1;
+    for t in (670..=2400).step_by(30) {
+        let a = run.pass(T0 + secs(t));
+        tries += launches(&a).len();
+        assert!(drains(&a).is_empty(), "drained at {t} s: {a:?}");
+    }
+    assert!(tries > 2, "launched again after the back-off ({tries})");
+    assert!(run.cloud.live().len() == 1, "nothing launched");
+    // Quota again: the replacement is launched, registers, and only then the node is drained.
+    run.cloud.fail_next.clear();
+    let mut at = 2400;
+    while run.cloud.live().len() == 1 {
+        at += 30;
+        assert!(at < 4000, "no launch after the quota came back");
+        assert!(drains(&run.pass(T0 + secs(at))).is_empty());
+    }
+    let new_id = run.cloud.instances.last().unwrap().id.clone();
+    run.register(&new_id, 1, T0 + secs(at + 30));
+    let d = run.pass(T0 + secs(at + 40));
+    assert_eq!(drains(&d).len(), 1, "{d:?}");
+}
+
+#[test]
+fn an_interrupted_node_is_drained_even_when_its_replacement_cannot_be_launched_which_is_reported() {
+    // The launch fails outright (quota).
+    let mut run = run_with_busy_node();
+    quota_used_up(&mut run, 100);
+    run.notices = vec![Notice {
+        message_id: "m-1".into(),
+        kind: NoticeKind::SpotInterruption,
+        instance_ids: vec!["i-1".into()],
+        sent_at_ms: None,
+    }];
+    let a = run.pass(T0 + secs(60));
+    assert_eq!(launches(&a).len(), 1, "its replacement is tried: {a:?}");
+    assert_eq!(
+        drains(&a).len(),
+        1,
+        "the instance goes anyway: its pods are drained"
+    );
+    let ev = events(&a, "ReplacementNotLaunched");
+    assert_eq!(ev.len(), 1, "{a:?}");
+    assert!(ev[0].message.contains("pod ml/p"), "{ev:?}");
+    assert!(ev[0].message.contains("quota exceeded"), "{ev:?}");
+    assert_eq!(ev[0].subject, Subject::Node("node-i-1".into()));
+
+    // No capacity left in any offering: the plan finds no place for the pod.
+    let mut run = run_with_busy_node();
+    let offerings: Vec<OfferingKey> = ["g5.xlarge", "g5.12xlarge"]
+        .iter()
+        .flat_map(|t| {
+            ["us-east-1a", "us-east-1b"].into_iter().flat_map(move |z| {
+                [CapacityType::Spot, CapacityType::OnDemand]
+                    .into_iter()
+                    .map(move |c| key(t, z, c))
+            })
+        })
+        .collect();
+    for k in offerings {
+        run.cloud.capacity.insert(k, 0);
+    }
+    run.nodes[0].taints.push(crate::model::Taint {
+        key: "aws-node-termination-handler/spot-itn".into(),
+        value: "1".into(),
+        effect: Effect::NoSchedule,
+    });
+    let a = run.pass(T0 + secs(60));
+    assert_eq!(drains(&a).len(), 1, "{a:?}");
+    let ev = events(&a, "ReplacementNotLaunched");
+    assert_eq!(ev.len(), 1, "{a:?}");
+    assert!(ev[0].message.contains("pod ml/p"), "{ev:?}");
+}
+
 fn acked(actions: &[Action]) -> Vec<&str> {
     actions
         .iter()
