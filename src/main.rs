@@ -58,7 +58,8 @@ enum Command {
         /// The scaling policy (`policy.yaml`).
         #[arg(long)]
         policy: PathBuf,
-        /// Instance catalog CSV; defaults to the built-in AWS us-east-1 GPU catalog.
+        /// Instance catalog CSV; defaults to the built-in catalog of the policy's region (us-east-1
+        /// for a region without one, with a warning).
         #[arg(long)]
         catalog: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "table")]
@@ -109,11 +110,16 @@ fn load_policy(path: &Path) -> Result<Policy> {
     policy::parse_policy(&text, &path.display().to_string()).map_err(anyhow::Error::new)
 }
 
+/// The catalog `path`, else the built-in one for the policy's region (a warning on stderr when
+/// that region has none and another region's prices are used).
 fn load_catalog(path: Option<&Path>, policy: &Policy) -> Result<Catalog> {
-    let types = match path {
-        Some(p) => catalog::parse_csv(&read(p)?, &p.display().to_string())?,
-        None => catalog::parse_csv(catalog::BUILTIN_AWS, catalog::BUILTIN_AWS_NAME)?,
-    };
+    let text = path.map(read).transpose()?;
+    let name = path.map(|p| p.display().to_string());
+    let file = name.as_deref().zip(text.as_deref());
+    let (types, warning) = catalog::load(file, policy.region.as_deref())?;
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
+    }
     Ok(catalog::offerings_from_list_prices(policy, types))
 }
 

@@ -134,6 +134,37 @@ fn check_policy_warns_when_cluster_name_is_left_at_its_default() {
 }
 
 #[test]
+fn check_policy_warns_when_the_region_has_no_builtin_catalog_and_names_the_fallback() {
+    let example = std::fs::read_to_string(root().join("docs/examples/policy.yaml")).unwrap();
+    assert!(example.contains("\nregion: us-east-1\n"));
+    let p = temp_file(
+        "other-region.yaml",
+        &example.replace("\nregion: us-east-1\n", "\nregion: eu-west-1\n"),
+    );
+    let o = run(&["check-policy", p.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "warning: no built-in catalog for region eu-west-1: the built-in aws us-east-1 list \
+             prices are used instead (<built-in aws-gpu-us-east-1.csv>)"
+        ),
+        "{err}"
+    );
+    // us-east-1 has its own: no warning; nor with a catalog file of one's own.
+    let o = run(&["check-policy", "docs/examples/policy.yaml"]);
+    assert!(!stderr(&o).contains("built-in catalog"), "{}", stderr(&o));
+    let o = run(&[
+        "check-policy",
+        p.to_str().unwrap(),
+        "--catalog",
+        "data/aws-gpu-us-east-1.csv",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("built-in catalog"), "{}", stderr(&o));
+}
+
+#[test]
 fn check_policy_reports_every_error_with_its_position() {
     let p = temp_file(
         "bad-policy.yaml",

@@ -15,6 +15,61 @@ use crate::policy::Policy;
 pub const BUILTIN_AWS: &str = include_str!("../../../data/aws-gpu-us-east-1.csv");
 pub const BUILTIN_AWS_NAME: &str = "<built-in aws-gpu-us-east-1.csv>";
 
+/// A built-in catalog: one cloud region's instance types and list prices.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Builtin {
+    pub cloud: &'static str,
+    pub region: &'static str,
+    /// The name its errors carry.
+    pub name: &'static str,
+    pub text: &'static str,
+}
+
+/// The built-in catalogs, one per region whose list prices are known (the regions the docs and
+/// `deploy/` use); the first is the fallback for any other region.
+pub const BUILTINS: &[Builtin] = &[Builtin {
+    cloud: "aws",
+    region: "us-east-1",
+    name: BUILTIN_AWS_NAME,
+    text: BUILTIN_AWS,
+}];
+
+/// The built-in catalog for `region` (the policy's; none: the fallback), and a warning naming
+/// the fallback when the region has no built-in catalog of its own.
+pub fn builtin_for(region: Option<&str>) -> (&'static Builtin, Option<String>) {
+    let fallback = &BUILTINS[0];
+    let Some(region) = region else {
+        return (fallback, None);
+    };
+    match BUILTINS.iter().find(|b| b.region == region) {
+        Some(b) => (b, None),
+        None => (
+            fallback,
+            Some(format!(
+                "no built-in catalog for region {region}: the built-in {} {} list prices are used \
+                 instead ({}); set prices.<type>.onDemand in the pools, or pass --catalog with \
+                 {region}'s prices",
+                fallback.cloud, fallback.region, fallback.name
+            )),
+        ),
+    }
+}
+
+/// The instance types of `file` (name, text) when one is given, else of the built-in catalog for
+/// `region`; with the warning of [`builtin_for`] when that is a fallback.
+pub fn load(
+    file: Option<(&str, &str)>,
+    region: Option<&str>,
+) -> Result<(Vec<InstanceType>, Option<String>), CatalogError> {
+    match file {
+        Some((name, text)) => Ok((parse_csv(text, name)?, None)),
+        None => {
+            let (b, warning) = builtin_for(region);
+            Ok((parse_csv(b.text, b.name)?, warning))
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("{file}:{line}: {message}")]
 pub struct CatalogError {
@@ -248,6 +303,32 @@ mod tests {
             ("A100", 8, 40960)
         );
         assert_eq!(g.vendor, GpuVendor::Nvidia);
+    }
+
+    #[test]
+    fn the_builtin_catalog_is_chosen_by_region_with_a_warning_for_a_fallback() {
+        let (b, w) = builtin_for(Some("us-east-1"));
+        assert_eq!((b.cloud, b.region, w), ("aws", "us-east-1", None));
+        let (b, w) = builtin_for(None);
+        assert_eq!((b.region, w), ("us-east-1", None));
+        let (b, w) = builtin_for(Some("cn-hangzhou"));
+        assert_eq!(b.region, "us-east-1");
+        assert_eq!(
+            w.as_deref(),
+            Some(
+                "no built-in catalog for region cn-hangzhou: the built-in aws us-east-1 list \
+                 prices are used instead (<built-in aws-gpu-us-east-1.csv>); set \
+                 prices.<type>.onDemand in the pools, or pass --catalog with cn-hangzhou's prices"
+            )
+        );
+        // A file given is read as it is, whatever the region.
+        let text = "instance_type,gpu_model,gpu_count,gpu_memory_mib,vcpu,memory_mib,on_demand_usd_per_hour\n\
+                    g5.xlarge,A10G,1,23028,4,16384,1.006\n";
+        let (types, w) = load(Some(("mine.csv", text)), Some("eu-west-1")).unwrap();
+        assert_eq!((types.len(), w), (1, None));
+        for b in BUILTINS {
+            assert!(parse_csv(b.text, b.name).is_ok(), "{}", b.name);
+        }
     }
 
     #[test]
