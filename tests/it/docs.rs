@@ -60,3 +60,168 @@ fn readme_gives_the_two_commands() {
     // The main job: the built-in simulation.
     assert!(readme.contains("\ncargo run -- simulate\n"));
 }
+
+/// The ```json blocks of a Markdown text, parsed (a block that does not parse fails the test,
+/// naming its line).
+fn json_blocks(doc: &str, file: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut block: Option<(usize, String)> = None;
+    for (i, line) in doc.lines().enumerate() {
+        match &mut block {
+            None if line.trim() == "```json" => block = Some((i + 1, String::new())),
+            Some((start, text)) if line.trim() == "```" => {
+                let v = serde_json::from_str(text).unwrap_or_else(|e| {
+                    panic!("{file}:{}: the JSON block does not parse: {e}", *start + 1)
+                });
+                out.push(v);
+                block = None;
+            }
+            Some((_, text)) => {
+                text.push_str(line);
+                text.push('\n');
+            }
+            None => {}
+        }
+    }
+    assert!(block.is_none(), "{file}: a ```json block is not closed");
+    out
+}
+
+/// The SQS operations `interruptions.rs` calls on its client, as IAM names them
+/// (`.receive_message()` → `sqs:ReceiveMessage`).
+fn sqs_calls_in(source: &str) -> std::collections::BTreeSet<String> {
+    let mut calls = std::collections::BTreeSet::new();
+    let mut rest = source;
+    while let Some(at) = rest.find(".client") {
+        rest = &rest[at + ".client".len()..];
+        let call = rest.trim_start();
+        let Some(call) = call.strip_prefix('.') else {
+            continue;
+        };
+        let name: String = call
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        if name.is_empty() || !call[name.len()..].starts_with('(') {
+            continue;
+        }
+        let camel: String = name
+            .split('_')
+            .map(|w| {
+                let mut c = w.chars();
+                c.next()
+                    .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                    .unwrap_or_default()
+            })
+            .collect();
+        calls.insert(format!("sqs:{camel}"));
+    }
+    calls
+}
+
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    match v {
+        serde_json::Value::String(s) => vec![s.clone()],
+        serde_json::Value::Array(a) => a
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+fn the_interruption_queue_set_up_matches_what_the_controller_reads_and_calls() {
+    use gpu_node_autoscaler_aws::interruptions::{parse_event, Parsed};
+    use gpu_node_autoscaler_provider::NoticeKind;
+
+    let doc = std::fs::read_to_string(root().join("docs/aws.md")).unwrap();
+    let blocks = json_blocks(&doc, "docs/aws.md");
+
+    // The controller's statement for the queue: exactly the SQS calls the code makes.
+    let source =
+        std::fs::read_to_string(root().join("providers/aws/src/interruptions.rs")).unwrap();
+    let called = sqs_calls_in(&source);
+    assert!(
+        called.contains("sqs:ReceiveMessage") && called.contains("sqs:DeleteMessage"),
+        "{called:?}"
+    );
+    let statement = blocks
+        .iter()
+        .find(|b| b["Sid"] == "ReadInterruptionQueue")
+        .expect("docs/aws.md: the ReadInterruptionQueue statement");
+    let granted: std::collections::BTreeSet<String> =
+        strings(&statement["Action"]).into_iter().collect();
+    assert_eq!(
+        granted, called,
+        "docs/aws.md: ReadInterruptionQueue grants other actions than interruptions.rs calls"
+    );
+    assert_eq!(statement["Effect"], "Allow");
+    assert!(
+        statement["Resource"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("arn:aws:sqs:")),
+        "one queue, not *: {statement}"
+    );
+
+    // The queue policy lets EventBridge send, from the rules only.
+    let queue_policy = blocks
+        .iter()
+        .flat_map(|b| b["Statement"].as_array().into_iter().flatten())
+        .find(|s| s["Principal"]["Service"] == "events.amazonaws.com")
+        .expect("docs/aws.md: a queue policy statement for events.amazonaws.com");
+    assert_eq!(strings(&queue_policy["Action"]), ["sqs:SendMessage"]);
+    assert_eq!(queue_policy["Effect"], "Allow");
+    let rules = strings(&queue_policy["Condition"]["ArnEquals"]["aws:SourceArn"]);
+    assert_eq!(rules.len(), 4, "{queue_policy}");
+    assert!(rules.iter().all(|r| r.starts_with("arn:aws:events:")));
+
+    // Each event pattern, filled in with the first value of each field it matches on, is an
+    // event the controller turns into a notice; the four kinds are covered.
+    let patterns: Vec<&serde_json::Value> = blocks
+        .iter()
+        .filter(|b| b.get("source").is_some() && b.get("detail-type").is_some())
+        .collect();
+    assert_eq!(patterns.len(), 4, "docs/aws.md: four event patterns");
+    let mut kinds = std::collections::BTreeSet::new();
+    for (i, p) in patterns.iter().enumerate() {
+        let first = |v: &serde_json::Value| strings(v).into_iter().next().unwrap_or_default();
+        let mut detail = serde_json::json!({
+            "instance-id": "i-0123456789abcdef0",
+            "affectedEntities": [{"entityValue": "i-0123456789abcdef0"}],
+        });
+        if let Some(fields) = p["detail"].as_object() {
+            for (k, v) in fields {
+                detail[k] = serde_json::Value::String(first(v));
+            }
+        }
+        let event = serde_json::json!({
+            "version": "0",
+            "id": format!("docs-{i}"),
+            "detail-type": first(&p["detail-type"]),
+            "source": first(&p["source"]),
+            "account": "123456789012",
+            "time": "2026-11-24T12:00:00Z",
+            "region": "us-east-1",
+            "resources": [],
+            "detail": detail,
+        });
+        match parse_event("m", &event.to_string()) {
+            Ok(Parsed::Notice(n)) => {
+                kinds.insert(n.kind);
+            }
+            other => panic!("docs/aws.md: the pattern {p} matches events read as {other:?}"),
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            NoticeKind::SpotInterruption,
+            NoticeKind::Rebalance,
+            NoticeKind::ScheduledChange,
+            NoticeKind::Stopping
+        ]
+        .into_iter()
+        .collect()
+    );
+}
