@@ -10,6 +10,7 @@ mod anchors;
 mod cluster;
 mod kube_proxy;
 mod kwok;
+mod prices;
 mod prometheus;
 mod support;
 

@@ -107,7 +107,8 @@ pub struct RunArgs {
     pub dry_run: bool,
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
-    /// Instance catalog CSV for on-demand prices (default: the built-in AWS us-east-1 catalog).
+    /// Instance catalog CSV for on-demand prices (default: the built-in catalog of the policy's
+    /// region; us-east-1's, with a warning, for a region without one).
     #[arg(long)]
     pub catalog: Option<PathBuf>,
     /// EC2 endpoint (for tests against an emulator); the region comes from the policy.
@@ -157,6 +158,11 @@ pub struct RunArgs {
     /// Events written per second at most.
     #[arg(long, default_value_t = 20)]
     pub events_per_second: u32,
+    /// How often the cloud's prices (spot price history) are read again while the policy stays
+    /// the same; `0` reads them only when the policy changes. A failed read keeps the last good
+    /// prices.
+    #[arg(long, default_value = "5m", value_parser = duration_arg)]
+    pub price_refresh_interval: Duration,
 }
 
 fn split_ref(s: &str, what: &str) -> Result<(String, String)> {
@@ -300,6 +306,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         notices: BTreeMap::new(),
         http: reqwest::Client::new(),
         xids_read_at: None,
+        prices: gpu_node_autoscaler_core::prices::PriceSchedule::new(args.price_refresh_interval),
     };
 
     let mut stop = stop_rx;
@@ -379,6 +386,8 @@ struct Controller {
     http: reqwest::Client,
     /// When the XID series were last read (`gpuMetrics.interval` apart).
     xids_read_at: Option<tokio::time::Instant>,
+    /// When the cloud's prices are read again (`--price-refresh-interval`).
+    prices: gpu_node_autoscaler_core::prices::PriceSchedule,
 }
 
 type LaunchTask = tokio::task::JoinHandle<std::result::Result<LaunchResult, ProviderError>>;
@@ -510,7 +519,7 @@ impl Controller {
             None => Err(format!("{file}: the key is missing")),
             Some(text) => match parse_policy(text, &file) {
                 Ok(p) => match self.apply_policy(p).await {
-                    Ok(()) => Ok(()),
+                    Ok(warning) => Ok(warning),
                     Err(e) if self.policy_apply_failed.as_deref() == rv.as_deref() => {
                         warn!("the new policy cannot be applied yet: {e}");
                         return;
@@ -536,9 +545,19 @@ impl Controller {
         self.policy_seen = rv;
         self.policy_apply_failed = None;
         match result {
-            Ok(()) => {
+            Ok(catalog_warning) => {
                 info!(resource_version = %src.resource_version, "policy in force");
                 self.set_policy_valid(true);
+                if let Some(w) = catalog_warning {
+                    warn!("{w}");
+                    self.events.send(KubeNote {
+                        object: cm,
+                        warning: true,
+                        reason: "BuiltinCatalogFallback",
+                        action: "Reload",
+                        message: w,
+                    });
+                }
             }
             Err(msg) => {
                 error!("policy rejected, the last good one stays in force:\n{msg}");
@@ -567,12 +586,16 @@ impl Controller {
         self.metrics.policy_valid.set(i64::from(ok));
     }
 
-    /// Builds providers and the catalog for a new policy; nothing changes on error.
-    async fn apply_policy(&mut self, policy: Policy) -> std::result::Result<(), String> {
+    /// Builds providers and the catalog for a new policy; nothing changes on error. Returns the
+    /// warning about the catalog, if any (no built-in catalog for the policy's region).
+    async fn apply_policy(
+        &mut self,
+        policy: Policy,
+    ) -> std::result::Result<Option<String>, String> {
         for w in policy.warnings() {
             warn!("policy: {w}");
         }
-        let file_catalog = load_catalog(self.args.catalog.as_deref(), &policy)?;
+        let (file_catalog, catalog_warning) = load_catalog(self.args.catalog.as_deref(), &policy)?;
         let (providers, catalog) = if self.args.dry_run {
             // No cloud call at all: the price file's catalog, every offering assumed available.
             (BTreeMap::new(), file_catalog)
@@ -652,7 +675,80 @@ impl Controller {
         };
         self.providers = providers;
         self.core.set_policy(Arc::new(policy), catalog);
-        Ok(())
+        self.prices.read_at(wall_now());
+        self.publish_prices();
+        Ok(catalog_warning)
+    }
+
+    /// Reads the cloud's prices again when they are due (`--price-refresh-interval`), with the
+    /// policy in force unchanged. A provider whose read fails keeps its last good prices.
+    async fn refresh_prices(&mut self) {
+        let now = wall_now();
+        if self.args.dry_run || self.providers.is_empty() || !self.prices.due(now) {
+            return;
+        }
+        let Some(policy) = self.core.policy().cloned() else {
+            return;
+        };
+        self.prices.read_at(now);
+        // Pools of one cloud share its provider: each is read once.
+        let clouds: BTreeMap<String, Arc<dyn CloudProvider>> = self
+            .providers
+            .values()
+            .map(|p| (p.name().to_string(), p.clone()))
+            .collect();
+        let mut catalog = self.core.catalog().clone();
+        let mut changed = 0;
+        for (cloud, provider) in clouds {
+            let result = match provider.catalog().await {
+                Ok(fresh) => {
+                    let (merged, changes) =
+                        gpu_node_autoscaler_core::prices::merge(&catalog, &fresh);
+                    for c in &changes {
+                        info!(
+                            offering = %format!("{}/{}/{}", c.key.instance_type, c.key.zone, c.key.capacity_type),
+                            from = c.from,
+                            to = c.to,
+                            "price changed"
+                        );
+                    }
+                    changed += changes.len();
+                    catalog = merged;
+                    "ok"
+                }
+                Err(e) => {
+                    warn!("reading the {cloud} prices: {e}; the last good prices stay in force");
+                    "error"
+                }
+            };
+            self.metrics
+                .price_refreshes
+                .get_or_create(&metrics::PriceRefresh {
+                    provider: cloud,
+                    result: result.to_string(),
+                })
+                .inc();
+        }
+        if changed > 0 {
+            info!(changed, "prices refreshed");
+            self.core.set_policy(policy, catalog);
+            self.publish_prices();
+        }
+    }
+
+    /// The prices in force, per offering.
+    fn publish_prices(&self) {
+        self.metrics.offering_price.clear();
+        for o in &self.core.catalog().offerings {
+            self.metrics
+                .offering_price
+                .get_or_create(&metrics::OfferingLabel {
+                    instance_type: o.key.instance_type.clone(),
+                    zone: o.key.zone.clone(),
+                    capacity_type: o.key.capacity_type.to_string(),
+                })
+                .set(o.price_per_hour);
+        }
     }
 
     /// Reads the interruption queue: notices are kept until the core acknowledges them; what
@@ -753,6 +849,7 @@ impl Controller {
             // Deciding without the last leader's cooldowns and back-offs could scale too early.
             return;
         }
+        self.refresh_prices().await;
         let instances = if self.core.policy().is_some() {
             match self.list_instances().await {
                 Ok(i) => Some(Arc::new(i)),
@@ -1187,22 +1284,23 @@ fn action_mutates(a: &Action) -> bool {
     )
 }
 
+/// The `--catalog` file, else the built-in catalog for the policy's region; with a warning when
+/// that region has none and another region's list prices are used.
 fn load_catalog(
     path: Option<&std::path::Path>,
     policy: &Policy,
-) -> std::result::Result<Catalog, String> {
-    let types = match path {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            crate::catalog::parse_csv(&text, &p.display().to_string()).map_err(|e| e.to_string())?
-        }
-        None => crate::catalog::parse_csv(
-            crate::catalog::BUILTIN_AWS,
-            crate::catalog::BUILTIN_AWS_NAME,
-        )
-        .map_err(|e| e.to_string())?,
-    };
-    Ok(crate::catalog::offerings_from_list_prices(policy, types))
+) -> std::result::Result<(Catalog, Option<String>), String> {
+    let text = path
+        .map(|p| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display())))
+        .transpose()?;
+    let name = path.map(|p| p.display().to_string());
+    let file = name.as_deref().zip(text.as_deref());
+    let (types, warning) =
+        crate::catalog::load(file, policy.region.as_deref()).map_err(|e| e.to_string())?;
+    Ok((
+        crate::catalog::offerings_from_list_prices(policy, types),
+        warning,
+    ))
 }
 
 /// One provider per cloud the policy's pools use, and their catalogs merged. Availability is

@@ -54,6 +54,19 @@ pub struct EvictionResult {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OfferingLabel {
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PriceRefresh {
+    pub provider: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CloudOperation {
     pub provider: String,
     pub operation: String,
@@ -105,6 +118,8 @@ pub struct Metrics {
     pub pool_max_gpus: Family<PoolLabel, Gauge>,
     pub nodes_unneeded: Family<PoolLabel, Gauge>,
     pub last_pass_timestamp_seconds: Gauge,
+    pub offering_price: Family<OfferingLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub price_refreshes: Family<PriceRefresh, Counter>,
     /// The process' own (`process_*`, without the prefix, as every exporter names them).
     process: Process,
     registry: Registry,
@@ -218,6 +233,8 @@ impl Metrics {
             pool_max_gpus: Family::default(),
             nodes_unneeded: Family::default(),
             last_pass_timestamp_seconds: Gauge::default(),
+            offering_price: Family::default(),
+            price_refreshes: Family::default(),
             process: Process::new(),
             registry: Registry::default(),
         };
@@ -350,6 +367,17 @@ impl Metrics {
             "plan_duration_seconds",
             "Time to build one plan",
             m.plan_duration_seconds.clone(),
+        );
+        registry.register(
+            "offering_price_dollars_per_hour",
+            "The price in force per offering (instance type, zone, capacity type)",
+            m.offering_price.clone(),
+        );
+        registry.register(
+            "price_refreshes",
+            "Reads of a cloud's prices while the policy stays the same, by result (ok, error: \
+             the last good prices stay)",
+            m.price_refreshes.clone(),
         );
         registry.register(
             "reaction_seconds",

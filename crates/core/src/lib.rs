@@ -2,7 +2,8 @@
 //! [`policy`] (the scaling policy, parsed and validated), [`plan`] (the planner: a pure function
 //! from a snapshot to a plan), and [`autoscaler`] (the decision core that the controller and the
 //! simulator both execute: state, passes, actions). [`convert`] turns Kubernetes objects (JSON)
-//! into model values; [`catalog`] reads instance catalogs; [`fixtures`] builds test values.
+//! into model values; [`catalog`] reads instance catalogs; [`prices`] refreshes their prices;
+//! [`fixtures`] builds test values.
 
 pub mod autoscaler;
 pub mod catalog;
@@ -11,5 +12,6 @@ pub mod fixtures;
 pub mod model;
 pub mod plan;
 pub mod policy;
+pub mod prices;
 
 pub use gpu_node_autoscaler_provider as provider;

@@ -1,7 +1,9 @@
 //! A fault-injecting HTTP/1.1 relay between the SDK and moto, for what moto cannot produce:
-//! throttling (`RequestLimitExceeded`), errors for one subnet's offerings (insufficient capacity,
-//! quotas, ...) and partial fulfilment of spot fleets. It rewrites `CreateFleet` requests and
-//! responses into the shapes EC2 documents; everything else passes through unchanged.
+//! throttling (`RequestLimitExceeded`), an API failing (`InternalError`), errors for one subnet's
+//! offerings (insufficient capacity, quotas, ...), partial fulfilment of spot fleets, and spot
+//! prices that change (moto answers `DescribeSpotPriceHistory` with one fixed price). It rewrites
+//! `CreateFleet` requests and responses into the shapes EC2 documents, and the prices of
+//! `DescribeSpotPriceHistory` responses; everything else passes through unchanged.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -14,6 +16,10 @@ use tokio::net::{TcpListener, TcpStream};
 struct Faults {
     /// Action → how many more calls get a 503 `RequestLimitExceeded`.
     throttle: BTreeMap<String, u32>,
+    /// Action → how many more calls get a 500 `InternalError`.
+    fail: BTreeMap<String, u32>,
+    /// (instance type, zone) → the spot price `DescribeSpotPriceHistory` answers.
+    spot_prices: BTreeMap<(String, String), String>,
     /// Subnet → error code for every `CreateFleet` override in it.
     fail_subnets: BTreeMap<String, String>,
     /// At most this many spot instances per `CreateFleet` (the rest: insufficient capacity).
@@ -55,6 +61,23 @@ impl FaultProxy {
             .unwrap()
             .throttle
             .insert(action.to_string(), times);
+    }
+
+    /// The next `times` calls of `action` fail with a 500 `InternalError` (0: none do).
+    pub fn fail(&self, action: &str, times: u32) {
+        self.faults
+            .lock()
+            .unwrap()
+            .fail
+            .insert(action.to_string(), times);
+    }
+
+    /// `DescribeSpotPriceHistory` answers `price` for `instance_type` in `zone`.
+    pub fn set_spot_price(&self, instance_type: &str, zone: &str, price: &str) {
+        self.faults.lock().unwrap().spot_prices.insert(
+            (instance_type.to_string(), zone.to_string()),
+            price.to_string(),
+        );
     }
 
     /// `CreateFleet` overrides in `subnet` fail with `code` instead of launching.
@@ -215,6 +238,40 @@ fn encode_form(params: &[(String, String)]) -> Vec<u8> {
 const THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
 <Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors>\
 <RequestID>fault-proxy</RequestID></Response>";
+
+const INTERNAL_ERROR: &str =
+    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
+<Code>InternalError</Code><Message>An internal error has occurred.</Message></Error></Errors>\
+<RequestID>fault-proxy</RequestID></Response>";
+
+/// The text between `<tag>` and `</tag>` in `item`.
+fn element<'a>(item: &'a str, tag: &str) -> Option<&'a str> {
+    let open = format!("<{tag}>");
+    let start = item.find(&open)? + open.len();
+    let len = item[start..].find(&format!("</{tag}>"))?;
+    Some(&item[start..start + len])
+}
+
+/// Puts the configured prices into a `DescribeSpotPriceHistory` response.
+fn rewrite_spot_prices(body: &str, prices: &BTreeMap<(String, String), String>) -> String {
+    let mut items = body.split("<item>");
+    let mut out = items.next().unwrap_or_default().to_string();
+    for item in items {
+        out.push_str("<item>");
+        let key = element(item, "instanceType")
+            .zip(element(item, "availabilityZone"))
+            .map(|(t, z)| (t.to_string(), z.to_string()));
+        match (key.and_then(|k| prices.get(&k)), element(item, "spotPrice")) {
+            (Some(price), Some(old)) => out.push_str(&item.replacen(
+                &format!("<spotPrice>{old}</spotPrice>"),
+                &format!("<spotPrice>{price}</spotPrice>"),
+                1,
+            )),
+            _ => out.push_str(item),
+        }
+    }
+    out
+}
 
 /// One error of `CreateFleet`'s `errorSet`, as EC2 documents it.
 struct FleetError {
@@ -417,12 +474,27 @@ async fn handle(
                 THROTTLED.as_bytes(),
             ));
         }
+        if let Some(n) = f.fail.get_mut(&action).filter(|n| **n > 0) {
+            *n -= 1;
+            return Ok(response(
+                500,
+                "Internal Server Error",
+                "text/xml",
+                INTERNAL_ERROR.as_bytes(),
+            ));
+        }
         if action == "CreateFleet" {
             rewrite_create_fleet(&mut params, &f)
         } else {
             (Vec::new(), true)
         }
     };
+    if action == "DescribeSpotPriceHistory" {
+        let (code, reason, ct, rbody) = forward(head, &body, upstream).await?;
+        let prices = faults.lock().unwrap().spot_prices.clone();
+        let text = rewrite_spot_prices(&String::from_utf8_lossy(&rbody), &prices);
+        return Ok(response(code, &reason, &ct, text.as_bytes()));
+    }
     if action != "CreateFleet" || errors.is_empty() {
         let (code, reason, ct, rbody) = forward(head, &body, upstream).await?;
         return Ok(response(code, &reason, &ct, &rbody));
@@ -449,4 +521,33 @@ async fn handle(
         _ => text,
     };
     Ok(response(code, &reason, &ct, text.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spot_prices_are_rewritten_for_the_configured_type_and_zone_only() {
+        let item = |t: &str, z: &str| {
+            format!(
+                "<item><instanceType>{t}</instanceType><spotPrice>0.00001</spotPrice>\
+                 <availabilityZone>{z}</availabilityZone></item>"
+            )
+        };
+        let body = format!(
+            "<R><spotPriceHistorySet>{}{}{}</spotPriceHistorySet></R>",
+            item("g5.xlarge", "us-east-1a"),
+            item("g5.xlarge", "us-east-1b"),
+            item("p4d.24xlarge", "us-east-1a")
+        );
+        let prices = BTreeMap::from([(
+            ("g5.xlarge".to_string(), "us-east-1a".to_string()),
+            "0.31".to_string(),
+        )]);
+        let out = rewrite_spot_prices(&body, &prices);
+        assert_eq!(out.matches("<spotPrice>0.31</spotPrice>").count(), 1);
+        assert_eq!(out.matches("<spotPrice>0.00001</spotPrice>").count(), 2);
+        assert_eq!(out.replace("0.31", "0.00001"), body);
+    }
 }
