@@ -1314,15 +1314,7 @@ fn a_ready_node_advertising_fewer_gpus_than_its_instance_type_is_replaced_after_
     assert_ne!(new, old);
     counted_replaced(&env, "unhealthy");
     assert_eq!(env.instances().len(), 2, "exactly one replacement launched");
-    assert!(
-        env.metric(
-            "r1",
-            "gpu_node_autoscaler_evictions_total{result=\"evicted\"}"
-        )
-        .unwrap_or(0.0)
-            >= 1.0,
-        "the trainer was evicted by the drain"
-    );
+    assert_trainer_evicted(&env);
 }
 
 /// How long a ReplacingUnhealthyNode Event says the node had been seen unhealthy ("... for Ns").
@@ -1550,6 +1542,7 @@ fn a_spot_interruption_notice_drains_the_node_at_once_and_its_trainer_moves() {
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
     env.start_controller("r1", &[]);
     let old = gpu_trainer(&env);
+    let instance = instance_of(&env, &old);
     // The AWS Node Termination Handler's taint on a spot interruption notice.
     env.kubectl_ok(&[
         "taint",
@@ -1561,8 +1554,82 @@ fn a_spot_interruption_notice_drains_the_node_at_once_and_its_trainer_moves() {
         env.events("ReplacingInterruptedNode").pop()
     });
     assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
-    trainer_moved_and_node_removed(&env, &old);
+    drained_before_its_instance_went_and_replaced_once(&env, &old, &instance);
     counted_replaced(&env, "interrupted");
+}
+
+/// The drain evicted the trainer (rather than its node vanishing under it).
+fn assert_trainer_evicted(env: &Env) {
+    let evicted = env.metric(
+        "r1",
+        "gpu_node_autoscaler_evictions_total{result=\"evicted\"}",
+    );
+    assert!(
+        evicted.unwrap_or(0.0) >= 1.0,
+        "the trainer was evicted by the drain"
+    );
+}
+
+/// The EC2 instance id of a Node (from its providerID).
+fn instance_of(env: &Env, node: &str) -> String {
+    let provider_id = env.get_json(&["get", "node", node])["spec"]["providerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    provider_id.rsplit('/').next().unwrap().to_string()
+}
+
+/// Waits until the trainer runs elsewhere and `old` is gone, checking at every look that `old`'s
+/// instance is not terminated while the trainer still runs there (the drain evicted it first),
+/// then that the drain evicted it, and that exactly one replacement was launched and stays the
+/// only one over more passes (its capacity counted in flight: the pod is not planned twice).
+fn drained_before_its_instance_went_and_replaced_once(env: &Env, old: &str, instance: &str) {
+    env.wait_for(
+        "the trainer to move, then the old node and its instance to go",
+        4 * MIN,
+        || {
+            // The instance's state first: a trainer seen on the node after it means the
+            // instance went while the trainer still ran there.
+            let state = env
+                .instances()
+                .into_iter()
+                .find(|(id, _)| id == instance)
+                .map(|(_, v)| v.state)
+                .unwrap_or_default();
+            let gone = !(state == "pending" || state == "running");
+            let v = env.get_json(&["get", "pods", "-n", "default", "-l", "app=trainer"]);
+            let pods = v["items"].as_array().cloned().unwrap_or_default();
+            let still_there: Vec<&str> = pods
+                .iter()
+                .filter(|p| p["spec"]["nodeName"] == old)
+                .filter(|p| !p["metadata"]["deletionTimestamp"].is_string())
+                .filter_map(|p| p["metadata"]["name"].as_str())
+                .collect();
+            assert!(
+                !gone || still_there.is_empty(),
+                "instance {instance} is {state} while {still_there:?} still run on {old}"
+            );
+            let moved = pods.iter().any(|p| {
+                p["status"]["phase"] == "Running"
+                    && !p["metadata"]["deletionTimestamp"].is_string()
+                    && p["spec"]["nodeName"].as_str().is_some_and(|n| n != old)
+            });
+            let node_gone = !env
+                .pool_nodes()
+                .iter()
+                .any(|n| n["metadata"]["name"] == old);
+            (gone && moved && node_gone).then_some(())
+        },
+    );
+    assert_trainer_evicted(env);
+    assert_eq!(env.instances().len(), 2, "exactly one replacement launched");
+    wait_passes(env, 3.0);
+    assert_eq!(
+        env.instances().len(),
+        2,
+        "no second replacement for the same pod"
+    );
+    assert_eq!(env.live_instances().len(), 1);
 }
 
 #[test]
@@ -1593,14 +1660,12 @@ fn a_spot_interruption_warning_from_the_sqs_queue_replaces_the_node_and_is_delet
     env.create(&env.policy_configmap(&policy));
     env.start_controller("r1", &[]);
     let old = gpu_trainer(&env);
-    let provider_id = env.get_json(&["get", "node", &old])["spec"]["providerID"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let instance = provider_id.rsplit('/').next().unwrap().to_string();
+    let instance = instance_of(&env, &old);
+    // Sent now: a spot instance goes two minutes after its warning's time.
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let event = |detail_type: &str, detail: &str| {
         format!(
-            r#"{{"version":"0","id":"7bf73129-1428-4cd3-a780-95db273d1602","detail-type":"{detail_type}","source":"aws.ec2","account":"123456789012","time":"2026-11-24T12:00:00Z","region":"us-east-1","resources":["arn:aws:ec2:us-east-1a:instance/{instance}"],"detail":{detail}}}"#
+            r#"{{"version":"0","id":"7bf73129-1428-4cd3-a780-95db273d1602","detail-type":"{detail_type}","source":"aws.ec2","account":"123456789012","time":"{now}","region":"us-east-1","resources":["arn:aws:ec2:us-east-1a:instance/{instance}"],"detail":{detail}}}"#
         )
     };
     let send = |body: String| {
@@ -1628,7 +1693,7 @@ fn a_spot_interruption_warning_from_the_sqs_queue_replaces_the_node_and_is_delet
     });
     assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
     assert!(ev.contains("spot interruption notice"), "{ev}");
-    trainer_moved_and_node_removed(&env, &old);
+    drained_before_its_instance_went_and_replaced_once(&env, &old, &instance);
     // Every message is gone from the queue, none left in flight.
     env.wait_for("the queue to be empty", MIN, || {
         let attrs = env.rt.block_on(async {
