@@ -522,32 +522,3 @@ async fn handle(
     };
     Ok(response(code, &reason, &ct, text.as_bytes()))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spot_prices_are_rewritten_for_the_configured_type_and_zone_only() {
-        let item = |t: &str, z: &str| {
-            format!(
-                "<item><instanceType>{t}</instanceType><spotPrice>0.00001</spotPrice>\
-                 <availabilityZone>{z}</availabilityZone></item>"
-            )
-        };
-        let body = format!(
-            "<R><spotPriceHistorySet>{}{}{}</spotPriceHistorySet></R>",
-            item("g5.xlarge", "us-east-1a"),
-            item("g5.xlarge", "us-east-1b"),
-            item("p4d.24xlarge", "us-east-1a")
-        );
-        let prices = BTreeMap::from([(
-            ("g5.xlarge".to_string(), "us-east-1a".to_string()),
-            "0.31".to_string(),
-        )]);
-        let out = rewrite_spot_prices(&body, &prices);
-        assert_eq!(out.matches("<spotPrice>0.31</spotPrice>").count(), 1);
-        assert_eq!(out.matches("<spotPrice>0.00001</spotPrice>").count(), 2);
-        assert_eq!(out.replace("0.31", "0.00001"), body);
-    }
-}
