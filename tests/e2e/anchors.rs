@@ -19,6 +19,7 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_on_its_kwok_provid
         max_time: None,
     })
     .unwrap_or_else(|e| panic!("anchors: {e:#}"));
+    assert!(reports[0].failed.is_empty(), "{:?}", reports[0].failed);
     let json = gpu_node_autoscaler_anchors::replay::to_json(&reports, &bins);
     let m = &json["scenarios"][0]["strategies"][0];
     assert_eq!(m["strategy"], "gpu-node-autoscaler", "{json:#}");

@@ -80,6 +80,7 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
         let setup = replay::Setup::new(&scenario, &raw["policy"], cat, o.time_scale, o.max_time)
             .with_context(|| format!("{file}: cannot be replayed"))?;
         let mut results = Vec::new();
+        let mut failed = Vec::new();
         for a in &o.autoscalers {
             eprintln!(
                 "anchors: {}: {a} (time scale {}; {} pods)",
@@ -90,9 +91,15 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
             let dir = o.work_dir.join(format!("{}-{a}", scenario.name));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir)?;
-            let m = replay::run_one(&setup, a, &bins, &dir)
-                .with_context(|| format!("{}: {a} (logs in {})", scenario.name, dir.display()))?;
-            results.push(m);
+            // One failed run (a control plane that stopped answering) does not lose the others.
+            match replay::run_one(&setup, a, &bins, &dir) {
+                Ok(m) => results.push(m),
+                Err(e) => {
+                    let e = format!("{e:#} (logs in {})", dir.display());
+                    eprintln!("anchors: {}: {a} failed: {e}", scenario.name);
+                    failed.push((a.clone(), e));
+                }
+            }
         }
         reports.push(Report {
             scenario: scenario.name.clone(),
@@ -100,6 +107,7 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
             boot_s: setup.boot.as_secs_f64(),
             not_replayed: setup.not_replayed.clone(),
             results,
+            failed,
         });
     }
     Ok((reports, bins))

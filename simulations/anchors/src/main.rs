@@ -71,5 +71,9 @@ fn run(args: Args) -> Result<()> {
     } else {
         print!("{}", replay::to_table(&reports, &bins));
     }
+    let failed = reports.iter().map(|r| r.failed.len()).sum::<usize>();
+    if failed > 0 {
+        bail!("{failed} run(s) failed (listed above)");
+    }
     Ok(())
 }

@@ -628,6 +628,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         .collect();
     let mut pods: Vec<PodSeen> = (0..setup.pods.len()).map(|_| PodSeen::default()).collect();
     let mut nodes: BTreeMap<String, NodeSeen> = BTreeMap::new();
+    let mut failed_looks = 0u32;
     loop {
         let now = t0.elapsed();
         if let Ok(Some(status)) = proc.0.try_wait() {
@@ -673,10 +674,29 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         }
         // What the API server shows.
         let seen_at = t0.elapsed();
-        let v: Value = serde_json::from_str(&kubectl(
+        // A loaded API server sometimes fails a list (a TLS handshake timeout): that look is
+        // skipped, and only a run of failures (10 s of wall time) ends the run.
+        let listed = kubectl(
             &cluster,
             &["get", "nodes,pods", "-n", NAMESPACE, "-o", "json"],
-        )?)?;
+        )
+        .and_then(|out| Ok(serde_json::from_str::<Value>(&out)?));
+        let v = match listed {
+            Ok(v) => {
+                failed_looks = 0;
+                v
+            }
+            Err(e) => {
+                failed_looks += 1;
+                if failed_looks * POLL >= Duration::from_secs(10) {
+                    return Err(e.context(format!(
+                        "{failed_looks} looks at the API server in a row failed"
+                    )));
+                }
+                std::thread::sleep(POLL);
+                continue;
+            }
+        };
         let mut present = std::collections::HashSet::new();
         let mut pods_present = vec![false; setup.pods.len()];
         for o in v["items"].as_array().into_iter().flatten() {
@@ -819,6 +839,8 @@ pub struct Report {
     pub boot_s: f64,
     pub not_replayed: Vec<String>,
     pub results: Vec<Measured>,
+    /// Autoscalers whose run failed, with the reason (the others' results are kept).
+    pub failed: Vec<(String, String)>,
 }
 
 fn round(x: f64, places: i32) -> f64 {
@@ -837,6 +859,7 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
             "time_scale": r.time_scale,
             "node_ready_after_s": r.boot_s,
             "not_replayed": r.not_replayed,
+            "failed": r.failed.iter().map(|(a, e)| json!({"strategy": a, "error": e})).collect::<Vec<_>>(),
             "strategies": r.results.iter().map(|m| json!({
                 "strategy": m.autoscaler,
                 "cost_usd": round(m.cost_usd, 2),
@@ -901,6 +924,9 @@ pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
         }
         for n in &r.not_replayed {
             out.push_str(&format!("  not replayed: {n}\n"));
+        }
+        for (a, e) in &r.failed {
+            out.push_str(&format!("  failed: {a}: {e}\n"));
         }
     }
     out
