@@ -36,6 +36,7 @@ fn every_policy_field_is_in_the_policy_reference() {
         ("scaleDown.", format!("{pool}    scaleDown: {{zzz: 1}}\n")),
         ("reserved.", format!("{pool}    reserved: {{zzz: 1}}\n")),
         ("sharedGpu.", format!("{pool}    sharedGpu: {{zzz: 1}}\n")),
+        ("dra.", format!("{pool}    dra: {{zzz: 1}}\n")),
     ];
     let mut checked = 0;
     for (prefix, yaml) in probes {

@@ -52,6 +52,7 @@ struct PodSpec {
     overhead: BTreeMap<String, Value>,
     priority: Option<i32>,
     volumes: Vec<Volume>,
+    resource_claims: Vec<dra::PodClaimRef>,
 }
 
 #[derive(Deserialize, Default)]
@@ -124,6 +125,7 @@ struct Volume {
 struct PodStatus {
     phase: String,
     conditions: Vec<Condition>,
+    resource_claim_statuses: Vec<dra::PodClaimStatus>,
 }
 
 #[derive(Deserialize, Default)]
@@ -210,6 +212,8 @@ pub const MAX_GPUS_PER_NODE: i64 = 64;
 #[derive(Default)]
 pub struct Converter {
     constraints: HashMap<Constraints, Arc<Constraints>>,
+    /// Equal claim specs are shared, so that pods of one template plan as one class.
+    claim_specs: HashMap<crate::model::dra::ClaimSpec, Arc<crate::model::dra::ClaimSpec>>,
 }
 
 fn quantity(v: &Value) -> Result<parse_q::Q, String> {
@@ -528,6 +532,12 @@ impl Converter {
                 .and_then(|v| v.parse().ok()),
             annotations: Arc::new(raw.metadata.annotations),
             problem,
+            claims: dra::pod_claims(
+                &id.namespace,
+                &id.name,
+                &raw.spec.resource_claims,
+                &raw.status.resource_claim_statuses,
+            ),
             id,
         })
     }
@@ -614,6 +624,7 @@ impl Converter {
             created: parse_time(&raw.metadata.creation_timestamp),
             provider_id: raw.spec.provider_id,
             deleting: raw.metadata.deletion_timestamp.is_some(),
+            dra_devices: 0,
         })
     }
 
@@ -674,6 +685,7 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     };
     let mut conv = Converter::new();
     let mut out = Loaded::default();
+    let mut dra = crate::model::dra::DraObjects::default();
     for (i, item) in items.iter().enumerate() {
         let kind = item.get("kind").and_then(Value::as_str).unwrap_or("");
         let name = item
@@ -703,13 +715,54 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
                 Ok(p) => out.snapshot.pdbs.push(p),
                 Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
             },
+            "ResourceClaim" => match conv.resource_claim(item.clone()) {
+                Ok((k, c)) => {
+                    dra.claims.insert(k, c);
+                }
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
+            "ResourceClaimTemplate" => match conv.resource_claim_template(item.clone()) {
+                Ok((k, t)) => {
+                    dra.templates.insert(k, t);
+                }
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
+            "DeviceClass" => match conv.device_class(item.clone()) {
+                Ok(c) => {
+                    dra.classes.insert(c.name.clone(), c);
+                }
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
+            "ResourceSlice" => match conv.resource_slice(item.clone()) {
+                Ok(Some((k, s))) => {
+                    dra.slices.insert(k, s);
+                }
+                Ok(None) => out.warnings.push(format!(
+                    "{what}: ignored (devices not bound to one node are not planned with)"
+                )),
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
             _ => out.warnings.push(format!(
-                "{what}: ignored (only Pods, Nodes and PodDisruptionBudgets are read)"
+                "{what}: ignored (only Pods, Nodes, PodDisruptionBudgets, ResourceClaims, \
+                 ResourceClaimTemplates, DeviceClasses and ResourceSlices are read)"
             )),
         }
     }
+    out.snapshot.dra = dra.join(&mut out.snapshot.pods);
+    for p in &out.snapshot.pods {
+        if let (Some(problem), false) = (&p.problem, p.claims.is_empty()) {
+            if problem.contains("does not exist") {
+                out.warnings
+                    .push(format!("{file}: Pod {}: {problem}", p.id));
+            }
+        }
+    }
+    out.snapshot.count_published_devices();
     Ok(out)
 }
+
+#[path = "convert_dra.rs"]
+mod dra;
 
 #[cfg(test)]
 #[path = "convert_tests.rs"]

@@ -1326,8 +1326,8 @@ fn unknown_kinds_and_broken_objects_are_warnings() {
     assert_eq!(
         loaded.warnings[..5],
         [
-            "c.json: items[1] Service web/svc: ignored (only Pods, Nodes and \
-             PodDisruptionBudgets are read)",
+            "c.json: items[1] Service web/svc: ignored (only Pods, Nodes, PodDisruptionBudgets, \
+             ResourceClaims, ResourceClaimTemplates, DeviceClasses and ResourceSlices are read)",
             "c.json: items[2] Pod ns/?: skipped: Pod without metadata.name",
             "c.json: items[3] Pod ns/p: spec.containers[0].resources.requests.cpu: malformed \
              quantity \"abc\": expected a number, found 'a'",
@@ -1341,7 +1341,8 @@ fn unknown_kinds_and_broken_objects_are_warnings() {
     assert!(
         kindless.starts_with("c.json: items[6] ")
             && kindless.ends_with(
-                "kindless: ignored (only Pods, Nodes and PodDisruptionBudgets are read)"
+                "kindless: ignored (only Pods, Nodes, PodDisruptionBudgets, ResourceClaims, \
+                 ResourceClaimTemplates, DeviceClasses and ResourceSlices are read)"
             ),
         "{kindless}"
     );
@@ -1366,4 +1367,206 @@ fn unknown_kinds_and_broken_objects_are_warnings() {
         names(s.pdbs.iter().map(|p| p.name.as_str()).collect()),
         "b2"
     );
+}
+
+/// Pods with claims, the claims, their template, DeviceClasses and a node's ResourceSlice, as
+/// `kubectl get ... -o yaml` prints them (`resource.k8s.io/v1`).
+const DRA_CLUSTER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: gpu.nvidia.com}
+  spec:
+    selectors:
+    - cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: h100, namespace: ml}
+  spec:
+    spec:
+      devices:
+        requests:
+        - name: gpu
+          exactly:
+            deviceClassName: gpu.nvidia.com
+            count: 2
+            selectors:
+            - cel: {expression: "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaim
+  metadata: {name: shared, namespace: ml}
+  spec:
+    devices:
+      requests:
+      - name: any
+        firstAvailable:
+        - {name: big, deviceClassName: gpu.nvidia.com, allocationMode: All}
+        - {name: one, deviceClassName: gpu.nvidia.com}
+  status:
+    allocation:
+      devices:
+        results:
+        - {request: any/one, driver: gpu.nvidia.com, pool: node-a, device: gpu-0}
+      nodeSelector:
+        nodeSelectorTerms:
+        - matchFields:
+          - {key: metadata.name, operator: In, values: [node-a]}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: node-a-gpu-xyz}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: node-a
+    pool: {name: node-a, generation: 1, resourceSliceCount: 1}
+    devices:
+    - name: gpu-0
+      attributes:
+        type: {string: gpu}
+        productName: {string: NVIDIA H100 80GB HBM3}
+        cudaComputeCapability: {version: 9.0.0}
+        resource.kubernetes.io/pcieRoot: {string: pci0000:00}
+      capacity:
+        memory: {value: 81559Mi}
+    - name: gpu-1
+      attributes:
+        type: {string: gpu}
+        productName: {string: NVIDIA H100 80GB HBM3}
+      capacity:
+        memory: {value: 81559Mi}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: node-a-gpu-old}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: node-a
+    pool: {name: node-a, generation: 0, resourceSliceCount: 1}
+    devices:
+    - name: gpu-9
+      attributes: {type: {string: gpu}}
+- apiVersion: v1
+  kind: Node
+  metadata: {name: node-a}
+  status:
+    allocatable: {cpu: "8", memory: 32Gi, pods: "110"}
+    conditions: [{type: Ready, status: "True"}]
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: train, namespace: ml}
+  spec:
+    containers: [{name: c, resources: {claims: [{name: gpus}]}}]
+    resourceClaims: [{name: gpus, resourceClaimTemplateName: h100}]
+  status:
+    phase: Pending
+    resourceClaimStatuses: [{name: gpus, resourceClaimName: train-gpus-abcde}]
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: s1, namespace: ml, creationTimestamp: "2026-01-01T00:00:00Z"}
+  spec:
+    containers: [{name: c}]
+    resourceClaims: [{name: g, resourceClaimName: shared}]
+  status: {phase: Pending}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: lost, namespace: ml}
+  spec:
+    containers: [{name: c}]
+    resourceClaims: [{name: g, resourceClaimName: nowhere}]
+  status: {phase: Pending}
+"#;
+
+#[test]
+fn dra_objects_are_read_and_joined_with_pods() {
+    use crate::model::dra::{AttrValue, DeviceCount};
+    let loaded = load_cluster_file(DRA_CLUSTER, "dra.yaml").unwrap();
+    let s = &loaded.snapshot;
+    assert_eq!(
+        loaded.warnings,
+        ["dra.yaml: Pod ml/lost: ResourceClaim ml/nowhere does not exist"]
+    );
+    let pod = |n: &str| s.pods.iter().find(|p| p.id.name == n).unwrap();
+    let train = &pod("train").claims[0];
+    assert_eq!(train.claim, "ml/train-gpus-abcde");
+    assert_eq!(train.template.as_deref(), Some("ml/h100"));
+    assert!(train.needs_devices());
+    let r = &train.spec.requests[0];
+    assert_eq!(r.alternatives[0].count, DeviceCount::Exact(2));
+    assert_eq!(r.alternatives[0].class, "gpu.nvidia.com");
+    assert_eq!(r.alternatives[0].selectors.len(), 1);
+    let shared = &pod("s1").claims[0];
+    assert_eq!(shared.spec.requests[0].alternatives.len(), 2);
+    assert_eq!(
+        shared.spec.requests[0].alternatives[0].count,
+        DeviceCount::All
+    );
+    assert_eq!(
+        shared.allocation.as_ref().unwrap().node.as_deref(),
+        Some("node-a")
+    );
+    assert!(!shared.needs_devices(), "allocated already");
+    assert!(pod("lost")
+        .problem
+        .as_deref()
+        .unwrap()
+        .contains("ml/nowhere"));
+    // Only the newest generation of the pool; attributes by domain.
+    let devices = &s.dra.slices["node-a"];
+    assert_eq!(devices.len(), 2);
+    let gpu0 = &devices[0].1;
+    assert_eq!(
+        gpu0.attribute("cudaComputeCapability"),
+        Some(&AttrValue::Version("9.0.0".into()))
+    );
+    assert_eq!(
+        gpu0.attributes["resource.kubernetes.io"]["pcieRoot"],
+        AttrValue::String("pci0000:00".into())
+    );
+    assert_eq!(
+        s.dra.allocated["node-a"],
+        [(
+            "gpu.nvidia.com".to_string(),
+            "node-a".to_string(),
+            "gpu-0".to_string()
+        )]
+    );
+    assert_eq!(s.nodes[0].dra_devices, 2);
+    assert_eq!(s.nodes[0].advertised_gpus(), 2);
+}
+
+#[test]
+fn malformed_dra_objects_say_which_field() {
+    let mut c = Converter::new();
+    let e = c
+        .resource_claim(
+            json!({"metadata": {"name": "c", "namespace": "ml"}, "spec": {"devices":
+            {"requests": [{"name": "r", "exactly": {"deviceClassName": "x", "count": 0}}]}}}),
+        )
+        .unwrap_err();
+    assert_eq!(
+        e,
+        "spec.devices.requests[0].exactly.count 0 is not a positive count"
+    );
+    let e = c
+        .resource_claim(json!({"metadata": {"name": "c"}, "spec": {"devices":
+            {"requests": [{"name": "r", "exactly": {"deviceClassName": "x",
+              "allocationMode": "Some"}}]}}}))
+        .unwrap_err();
+    assert!(e.contains("allocationMode \"Some\""), "{e}");
+    let e = c
+        .resource_slice(json!({"metadata": {"name": "s"}, "spec": {"driver": "d", "nodeName": "n",
+            "pool": {"name": "p"}, "devices": [{"name": "g", "capacity": {"memory": {"value": "lots"}}}]}}))
+        .unwrap_err();
+    assert!(
+        e.starts_with("spec.devices[0] (g): capacity memory: malformed quantity"),
+        "{e}"
+    );
+    // Devices reachable from several nodes are not read.
+    assert!(c
+        .resource_slice(
+            json!({"metadata": {"name": "s"}, "spec": {"driver": "d", "allNodes": true,
+            "pool": {"name": "p"}, "devices": []}})
+        )
+        .unwrap()
+        .is_none());
 }

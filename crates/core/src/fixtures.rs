@@ -5,10 +5,51 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::model::constraints::{Effect, Operator, Requirement, Taint, Term, Toleration};
+use crate::model::dra::{
+    ClaimSpec, DeviceClass, DeviceCount, DeviceRequest, PodClaim, SubRequest, NVIDIA_GPU_CLASS,
+    NVIDIA_MIG_CLASS,
+};
 use crate::model::resources::{GpuShare, Resources, SharedGpu, MIG_PREFIX};
 use crate::model::{
     labels, Constraints, GangRef, Node, Owner, OwnerKind, Pod, PodPhase, PodRef, Time,
 };
+
+/// The DeviceClasses NVIDIA's DRA driver installs: whole GPUs and MIG devices.
+pub fn nvidia_device_classes() -> BTreeMap<String, DeviceClass> {
+    [(NVIDIA_GPU_CLASS, "gpu"), (NVIDIA_MIG_CLASS, "mig")]
+        .into_iter()
+        .map(|(name, ty)| {
+            (
+                name.to_string(),
+                DeviceClass {
+                    name: name.to_string(),
+                    selectors: vec![format!(
+                        "device.driver == 'gpu.nvidia.com' && \
+                         device.attributes['gpu.nvidia.com'].type == '{ty}'"
+                    )],
+                },
+            )
+        })
+        .collect()
+}
+
+/// A claim spec of one `exactly` request per `(class, selectors, count)`.
+pub fn claim_spec(requests: &[(&str, &[&str], u32)]) -> Arc<ClaimSpec> {
+    Arc::new(ClaimSpec {
+        requests: requests
+            .iter()
+            .enumerate()
+            .map(|(i, (class, selectors, count))| DeviceRequest {
+                name: format!("req-{i}"),
+                alternatives: vec![SubRequest {
+                    class: class.to_string(),
+                    selectors: selectors.iter().map(|s| s.to_string()).collect(),
+                    count: DeviceCount::Exact(*count),
+                }],
+            })
+            .collect(),
+    })
+}
 
 pub const GIB: i64 = 1 << 30;
 
@@ -50,6 +91,7 @@ impl PodBuilder {
                 local_storage: false,
                 shared_gpu_index: None,
                 problem: None,
+                claims: Vec::new(),
             },
             constraints: Constraints::default(),
         }
@@ -197,6 +239,20 @@ impl PodBuilder {
         self
     }
 
+    /// Uses a ResourceClaim of its own (as from a claim template) with these requests.
+    pub fn claim(mut self, entry: &str, spec: &Arc<ClaimSpec>) -> Self {
+        let claim = format!("{}/{}-{entry}", self.pod.id.namespace, self.pod.id.name);
+        self.pod.claims.push(PodClaim {
+            name: entry.to_string(),
+            claim,
+            template: None,
+            spec: spec.clone(),
+            allocation: None,
+            counted_here: true,
+        });
+        self
+    }
+
     pub fn build(mut self) -> Pod {
         self.pod.constraints = Arc::new(self.constraints);
         self.pod
@@ -230,6 +286,7 @@ impl NodeBuilder {
                 created: Time::EPOCH,
                 provider_id: Some(format!("aws:///zone/i-{name}")),
                 deleting: false,
+                dra_devices: 0,
             },
         }
     }

@@ -8,6 +8,7 @@
 pub mod autoscaler;
 pub mod catalog;
 pub mod convert;
+pub mod dra;
 pub mod fixtures;
 pub mod model;
 pub mod plan;

@@ -616,6 +616,7 @@ impl World {
             created: Time(inst.launched),
             provider_id: Some(format!("memory:///{}/{id}", inst.offering.zone)),
             deleting: false,
+            dra_devices: 0,
         };
         let ni = self.nodes.len();
         self.nodes.push(SimNode {

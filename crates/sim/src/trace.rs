@@ -279,6 +279,7 @@ pub fn load_trace(
                 unschedulable: false,
                 local_storage: false,
                 shared_gpu_index: None,
+                claims: Vec::new(),
                 problem: None,
             },
             arrival,

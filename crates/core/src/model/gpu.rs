@@ -13,22 +13,27 @@ pub fn vendor_of(model: &str) -> GpuVendor {
     }
 }
 
-/// The `nvidia.com/gpu.product` value GPU feature discovery puts on a node of this model
-/// (catalog model name and per-GPU memory), so pods that select on it match new nodes.
-pub fn nvidia_product_label(model: &str, memory_mib: u64) -> String {
+/// The product name NVIDIA's driver reports for a catalog model (what `nvidia-smi` prints, and
+/// the `productName` its DRA driver publishes), from the model name and per-GPU memory.
+pub fn nvidia_product_name(model: &str, memory_mib: u64) -> String {
     let gib = memory_mib.div_ceil(1024);
     match model {
-        "T4" => "Tesla-T4".into(),
-        "V100" if gib > 16 => "Tesla-V100-SXM2-32GB".into(),
-        "V100" => "Tesla-V100-SXM2-16GB".into(),
-        "K80" => "Tesla-K80".into(),
-        "M60" => "Tesla-M60".into(),
-        "A100" if gib > 40 => "NVIDIA-A100-SXM4-80GB".into(),
-        "A100" => "NVIDIA-A100-SXM4-40GB".into(),
-        "H100" => "NVIDIA-H100-80GB-HBM3".into(),
-        "H200" => "NVIDIA-H200".into(),
-        other => format!("NVIDIA-{other}"),
+        "T4" => "Tesla T4".into(),
+        "V100" if gib > 16 => "Tesla V100-SXM2-32GB".into(),
+        "V100" => "Tesla V100-SXM2-16GB".into(),
+        "K80" => "Tesla K80".into(),
+        "M60" => "Tesla M60".into(),
+        "A100" if gib > 40 => "NVIDIA A100-SXM4-80GB".into(),
+        "A100" => "NVIDIA A100-SXM4-40GB".into(),
+        "H100" => "NVIDIA H100 80GB HBM3".into(),
+        other => format!("NVIDIA {other}"),
     }
+}
+
+/// The `nvidia.com/gpu.product` value GPU feature discovery puts on a node of this model: the
+/// product name with spaces as dashes, so pods that select on it match new nodes.
+pub fn nvidia_product_label(model: &str, memory_mib: u64) -> String {
+    nvidia_product_name(model, memory_mib).replace(' ', "-")
 }
 
 /// The `k8s.amazonaws.com/accelerator` value EKS puts on a node of this model.

@@ -2,6 +2,7 @@
 //! Nothing here does I/O.
 
 pub mod constraints;
+pub mod dra;
 pub mod gpu;
 pub mod node;
 pub mod pod;

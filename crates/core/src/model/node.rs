@@ -25,6 +25,8 @@ pub struct Node {
     pub created: Time,
     pub provider_id: Option<String>,
     pub deleting: bool,
+    /// Devices the node publishes in ResourceSlices (Dynamic Resource Allocation).
+    pub dra_devices: i64,
 }
 
 impl Node {
@@ -64,9 +66,10 @@ impl Node {
             .collect()
     }
 
-    /// GPUs the node advertises right now, of any kind.
+    /// GPUs the node advertises right now, of any kind: extended resources, or devices it
+    /// publishes through Dynamic Resource Allocation.
     pub fn advertised_gpus(&self) -> i64 {
-        gpu_units(&self.allocatable, &self.shared_gpus)
+        gpu_units(&self.allocatable, &self.shared_gpus) + self.dra_devices
     }
 }
 

@@ -126,6 +126,8 @@ pub struct Pod {
     pub shared_gpu_index: Option<usize>,
     /// Why this pod's spec cannot be planned for (a malformed quantity, ...).
     pub problem: Option<String>,
+    /// Its ResourceClaims (`spec.resourceClaims`), in the pod's order.
+    pub claims: Vec<super::dra::PodClaim>,
 }
 
 impl Pod {
@@ -133,11 +135,17 @@ impl Pod {
         matches!(&self.owner, Some(o) if o.kind == OwnerKind::DaemonSet)
     }
 
-    /// Asks for any kind of GPU: whole, MIG slice or shared.
+    /// Asks for any kind of GPU: whole, MIG slice or shared, or devices through ResourceClaims.
     pub fn wants_gpu(&self) -> bool {
         self.requests.whole_gpus() > 0
             || self.requests.mig_slices().next().is_some()
             || self.share.is_some()
+            || self.claims.iter().any(|c| !c.spec.requests.is_empty())
+    }
+
+    /// Has a ResourceClaim whose devices a plan must find (see [`super::dra::PodClaim::needs_devices`]).
+    pub fn needs_devices(&self) -> bool {
+        self.claims.iter().any(super::dra::PodClaim::needs_devices)
     }
 
     /// Waiting for a node: not bound, not finished, not being deleted.

@@ -258,6 +258,51 @@ impl PartialEq for Quantity {
 
 impl Eq for Quantity {}
 
+impl Ord for Quantity {
+    /// Numeric order (`1Ki` > `1000`, `-1` < `0`).
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        // Zero has no digits and no sign of its own.
+        let sign = |q: &Quantity| match (q.digits.is_empty(), q.negative) {
+            (true, _) => 0i8,
+            (false, true) => -1,
+            (false, false) => 1,
+        };
+        let (sa, sb) = (sign(self), sign(other));
+        if sa != sb || sa == 0 {
+            return sa.cmp(&sb);
+        }
+        // Same sign, both non-zero: compare magnitudes by their leading digit's position, then
+        // digit by digit.
+        let magnitude = {
+            let top_a = self.digits.len() as i64 + self.exp10;
+            let top_b = other.digits.len() as i64 + other.exp10;
+            top_a.cmp(&top_b).then_with(|| {
+                let n = self.digits.len().max(other.digits.len());
+                (0..n)
+                    .map(|i| {
+                        let a = self.digits.get(i).copied().unwrap_or(0);
+                        let b = other.digits.get(i).copied().unwrap_or(0);
+                        a.cmp(&b)
+                    })
+                    .find(|o| *o != Ordering::Equal)
+                    .unwrap_or(Ordering::Equal)
+            })
+        };
+        if sa < 0 {
+            magnitude.reverse()
+        } else {
+            magnitude
+        }
+    }
+}
+
+impl PartialOrd for Quantity {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl Hash for Quantity {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.negative.hash(state);
@@ -283,6 +328,20 @@ impl fmt::Display for Quantity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numeric_order() {
+        let q = |s: &str| parse_quantity(s).unwrap();
+        assert!(q("80Gi") > q("80G"));
+        assert!(q("81920Mi") == q("80Gi"));
+        assert!(q("1Ki") > q("1000"));
+        assert!(q("500m") < q("1"));
+        assert!(q("-1") < q("0"));
+        assert!(q("-2") < q("-1"));
+        assert!(q("0") == q("0Gi"));
+        assert!(q("1.5") > q("1.25"));
+        assert!(q("100") > q("99"));
+    }
 
     /// Deterministic pseudo-random strings over `alphabet`.
     fn random_strings(alphabet: &[&str], count: usize, max_len: u64) -> Vec<String> {

@@ -80,6 +80,17 @@ pub struct Snapshot {
     /// Offerings that recently failed for lack of capacity, unavailable until the given time.
     pub unavailable: BTreeMap<OfferingKey, Time>,
     pub pools: BTreeMap<String, PoolState>,
+    /// DeviceClasses, ResourceSlices and allocated devices (Dynamic Resource Allocation).
+    pub dra: super::dra::DraState,
+}
+
+impl Snapshot {
+    /// Sets every node's count of published devices from the ResourceSlices in `dra`.
+    pub fn count_published_devices(&mut self) {
+        for n in &mut self.nodes {
+            n.dra_devices = self.dra.published(&n.name) as i64;
+        }
+    }
 }
 
 impl Snapshot {

@@ -3,6 +3,7 @@
 
 pub mod bound;
 pub mod consolidate;
+mod devices;
 pub mod output;
 mod pack;
 pub mod scale_down;
@@ -199,7 +200,13 @@ pub fn plan_with(snapshot: &Snapshot, templates: &Templates, policy: &Policy, no
 
 /// The pods a plan is about: pending, GPU-requesting, not DaemonSet pods.
 pub fn is_planned_pod(p: &crate::model::Pod) -> bool {
-    p.is_pending() && !p.is_daemonset() && (p.wants_gpu() || p.problem.is_some())
+    p.is_pending()
+        && !p.is_daemonset()
+        && (p.requests.whole_gpus() > 0
+            || p.requests.mig_slices().next().is_some()
+            || p.share.is_some()
+            || p.needs_devices()
+            || p.problem.is_some())
 }
 
 /// `ns/name` of a pod, as plans print it.

@@ -23,6 +23,7 @@ use crate::model::{Constraints, Pod, Snapshot, Time};
 use crate::policy::Policy;
 use gpu_node_autoscaler_provider::CapacityType;
 
+use super::devices::{self, DeviceDemand, Devices};
 use super::templates::{template_of_node, Template};
 use super::{is_planned_pod, Placement, Plan, PlannedOffering, PlannedPod, ScaleUp, Unschedulable};
 
@@ -44,6 +45,8 @@ struct Class {
     /// wait for spot, `spotMaxWait`), and when the first of its pods may.
     spot_only: u64,
     spot_until: Option<Time>,
+    /// Devices its claims take (Dynamic Resource Allocation); `None` for most pods.
+    devices: Option<Arc<DeviceDemand>>,
 }
 
 impl Class {
@@ -56,6 +59,9 @@ impl Class {
         if let Some(s) = &self.share {
             k = k.min(share_copies(shared, s));
         }
+        if let (Some(d), true) = (&self.devices, k > 0) {
+            k = d.copies(free, k);
+        }
         k
     }
 
@@ -63,6 +69,9 @@ impl Class {
         free.add_scaled(&self.requests, -k);
         if let Some(s) = &self.share {
             place_shares(shared, s, k);
+        }
+        if let Some(d) = &self.devices {
+            d.apply(free, k);
         }
     }
 }
@@ -105,7 +114,10 @@ impl Bin {
             || !(f.gpu > 0
                 || f.amd_gpu > 0
                 || f.mig_slices().any(|(_, n)| n > 0)
-                || self.shared.iter().any(|g| g.mem_gib > 0 || g.core_pct > 0));
+                || self.shared.iter().any(|g| g.mem_gib > 0 || g.core_pct > 0)
+                || f.extended
+                    .iter()
+                    .any(|(n, v)| *v > 0 && n.starts_with(devices::DIM_PREFIX)));
     }
 }
 
@@ -151,6 +163,8 @@ struct Packer<'a> {
     available: Vec<u64>,
     /// Bins of each zone, by zone name.
     zone_bins: BTreeMap<String, Vec<usize>>,
+    /// Devices of templates and nodes, and what pods' claims take (Dynamic Resource Allocation).
+    devices: Devices,
     /// Every zone of a template or a bin, sorted.
     zones: Vec<String>,
 }
@@ -168,6 +182,9 @@ fn dominant_share(c: &Class, t: &Template) -> f64 {
         if cap > 0 {
             s = s.max(v as f64 / cap as f64);
         }
+    }
+    if let Some(d) = &c.devices {
+        s = s.max(d.share_of(&t.allocatable));
     }
     if let Some(sh) = &c.share {
         let mem: i64 = t.shared.iter().map(|g| g.mem_gib).sum();
@@ -188,8 +205,10 @@ impl<'a> Packer<'a> {
         templates: &'a [Template],
         policy: &'a Policy,
         now: Time,
+        devices: Devices,
     ) -> Packer<'a> {
         let mut p = Packer {
+            devices,
             snapshot,
             templates,
             policy,
@@ -262,10 +281,17 @@ impl<'a> Packer<'a> {
             // A node still joining or whose device plugin has not advertised its GPUs yet counts
             // at its template's capacity: it is coming, do not scale up for it again.
             let young = now.since(n.created) < self.policy.max_node_provision_time;
-            let gpus_missing =
-                tmpl.is_some_and(|t| self.templates[t].gpus > 0 && n.advertised_gpus() == 0);
+            // A node of a DRA pool has its GPUs once its ResourceSlices are published.
+            let published = self.devices.node_devices.get(&ni);
+            let gpus_missing = tmpl.is_some_and(|t| {
+                self.templates[t].gpus > 0 && n.advertised_gpus() == 0 && published.is_none()
+            });
             let (mut free, mut shared, is_booting) = if n.ready && !gpus_missing {
-                (n.allocatable.clone(), n.shared_gpus.clone(), false)
+                let mut free = n.allocatable.clone();
+                if let Some(d) = published {
+                    free.add(d);
+                }
+                (free, n.shared_gpus.clone(), false)
             } else if let (Some(t), true) = (tmpl, young) {
                 let t = &self.templates[t];
                 (t.allocatable.clone(), t.shared.clone(), true)
@@ -369,7 +395,11 @@ impl<'a> Packer<'a> {
             .pods
             .iter()
             .enumerate()
-            .filter(|(_, p)| is_planned_pod(p) && p.problem.is_none())
+            .filter(|(i, p)| {
+                is_planned_pod(p)
+                    && p.problem.is_none()
+                    && !matches!(self.devices.demands.get(i), Some(Err(_)))
+            })
             .map(|(i, _)| i)
             .collect();
         pending.sort_by(|&a, &b| {
@@ -412,7 +442,15 @@ impl<'a> Packer<'a> {
         let mut gang_of_key: BTreeMap<String, usize> = BTreeMap::new();
         // Identical pods: requests, share, constraint class, gang, priority, pools they wait
         // for spot in.
-        type ClassKey = (Resources, Option<GpuShare>, usize, Option<usize>, i32, u64);
+        type ClassKey = (
+            Resources,
+            Option<GpuShare>,
+            usize,
+            Option<usize>,
+            i32,
+            u64,
+            *const DeviceDemand,
+        );
         let mut class_of: HashMap<ClassKey, usize> = HashMap::new();
         for &pi in &pending {
             let pod: &Pod = &snap.pods[pi];
@@ -449,6 +487,11 @@ impl<'a> Packer<'a> {
                 })
             });
             let (spot_only, spot_until) = spot_wait(pod);
+            let demand = match self.devices.demands.get(&pi) {
+                Some(Ok(d)) => Some(d.clone()),
+                _ => None,
+            };
+            let gpu_eq = pod.gpu_equivalents() + demand.as_ref().map_or(0.0, |d| d.devices);
             let key = (
                 pod.requests.clone(),
                 pod.share,
@@ -456,6 +499,7 @@ impl<'a> Packer<'a> {
                 gang,
                 pod.priority,
                 spot_only,
+                demand.as_ref().map_or(std::ptr::null(), Arc::as_ptr),
             );
             let ci = *class_of.entry(key).or_insert_with(|| {
                 self.classes.push(Class {
@@ -466,11 +510,12 @@ impl<'a> Packer<'a> {
                     next: 0,
                     gang,
                     priority: pod.priority,
-                    gpu_eq: pod.gpu_equivalents(),
+                    gpu_eq,
                     tmask: Vec::new(),
                     value: 0.0,
                     spot_only,
                     spot_until,
+                    devices: demand,
                 });
                 if let Some(g) = gang {
                     self.gangs[g].classes.push(self.classes.len() - 1);
@@ -479,7 +524,7 @@ impl<'a> Packer<'a> {
             });
             self.classes[ci].pods.push(pi);
             if let Some(g) = gang {
-                self.gangs[g].gpu_eq += pod.gpu_equivalents();
+                self.gangs[g].gpu_eq += gpu_eq;
                 self.gangs[g].priority = self.gangs[g].priority.max(pod.priority);
             }
         }
@@ -491,7 +536,10 @@ impl<'a> Packer<'a> {
                 .iter()
                 .map(|t| {
                     let fits = c.requests.fits_in(&t.allocatable)
-                        && c.share.is_none_or(|s| share_copies(&t.shared, &s) > 0);
+                        && c.share.is_none_or(|s| share_copies(&t.shared, &s) > 0)
+                        && c.devices
+                            .as_ref()
+                            .is_none_or(|d| d.copies(&t.allocatable, 1) > 0);
                     if !fits || !cons.tolerates(&t.taints) {
                         return 0;
                     }
@@ -1232,12 +1280,18 @@ impl<'a> Packer<'a> {
                 });
             }
         }
-        for p in &snap.pods {
+        for (i, p) in snap.pods.iter().enumerate() {
             if is_planned_pod(p) {
                 if let Some(problem) = &p.problem {
                     plan.unschedulable.push(Unschedulable {
                         pod: p.id.to_string(),
                         reason: format!("invalid pod spec: {problem}"),
+                        permanent: true,
+                    });
+                } else if let Some(Err(why)) = self.devices.demands.get(&i) {
+                    plan.unschedulable.push(Unschedulable {
+                        pod: p.id.to_string(),
+                        reason: format!("no pool can ever host its ResourceClaims: {why}"),
                         permanent: true,
                     });
                 }
@@ -1256,7 +1310,28 @@ pub(super) fn scale_up(
     policy: &Policy,
     now: Time,
 ) -> (Plan, Vec<NodeRoom>) {
-    let mut p = Packer::new(snapshot, templates, policy, now);
+    let planned: Vec<usize> = snapshot
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| is_planned_pod(p) && p.problem.is_none())
+        .map(|(i, _)| i)
+        .collect();
+    let devices = devices::resolve(snapshot, templates, &planned);
+    // Templates offer their predicted devices as dimensions of their allocatable.
+    let with_devices: Option<Vec<Template>> = devices
+        .template_devices
+        .iter()
+        .any(|d| !d.is_zero())
+        .then(|| {
+            let mut t = templates.to_vec();
+            for (t, d) in t.iter_mut().zip(&devices.template_devices) {
+                t.allocatable.add(d);
+            }
+            t
+        });
+    let templates = with_devices.as_deref().unwrap_or(templates);
+    let mut p = Packer::new(snapshot, templates, policy, now, devices);
     p.run();
     let rooms = p.node_rooms();
     (p.into_plan(), rooms)

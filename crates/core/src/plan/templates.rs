@@ -44,6 +44,8 @@ pub struct Template {
     pub taints: Vec<Taint>,
     /// In preference order: the pool's capacity-type order, then price, then zone.
     pub offerings: Vec<TemplateOffering>,
+    /// Devices a new node publishes in ResourceSlices (pools with `dra`), predicted.
+    pub devices: Arc<Vec<crate::model::dra::Device>>,
 }
 
 impl Template {
@@ -219,6 +221,8 @@ fn base_allocatable(pool: &Pool, t: &InstanceType) -> Result<(Resources, Vec<Sha
     let mut shared = Vec::new();
     if let Some(g) = &t.gpu {
         match &pool.gpu_mode {
+            // Published as devices in ResourceSlices instead (see `dra::predicted_devices`).
+            GpuMode::Whole if pool.dra.is_some() => {}
             GpuMode::Whole => match g.vendor {
                 GpuVendor::Nvidia => r.gpu = g.count as i64,
                 GpuVendor::Amd => r.amd_gpu = g.count as i64,
@@ -242,10 +246,12 @@ fn base_allocatable(pool: &Pool, t: &InstanceType) -> Result<(Resources, Vec<Sha
                     ));
                 }
                 for (profile, n) in layout {
-                    r.set(
-                        &format!("{MIG_PREFIX}{profile}"),
-                        *n as i64 * g.count as i64,
-                    );
+                    if pool.dra.is_none() {
+                        r.set(
+                            &format!("{MIG_PREFIX}{profile}"),
+                            *n as i64 * g.count as i64,
+                        );
+                    }
                 }
             }
             GpuMode::Shared { core_percentage } => {
@@ -381,6 +387,7 @@ impl Templates {
                     gpus: t.gpu.as_ref().map_or(0, |g| g.count),
                     taints: pool.taints.clone(),
                     offerings: offerings.into_iter().map(|(_, o)| o).collect(),
+                    devices: Arc::new(crate::dra::predicted_devices(pool, t)),
                 });
             }
         }

@@ -166,6 +166,22 @@ pub struct Pool {
     pub aws: Option<AwsPoolSettings>,
     /// Alibaba Cloud settings (`alibaba:`), required for pools with `provider: alibaba`.
     pub alibaba: Option<AlibabaPoolSettings>,
+    /// The pool's GPUs are published through Dynamic Resource Allocation (`dra:`): its nodes run
+    /// a DRA driver instead of the device plugin, and pods claim them with ResourceClaims.
+    pub dra: Option<DraPool>,
+}
+
+/// A pool's `dra:` section: the driver its nodes run and what the predicted devices carry beyond
+/// what the catalog tells.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DraPool {
+    /// The DRA driver's name (`gpu.nvidia.com`).
+    pub driver: String,
+    /// Attributes of the driver's domain that every predicted device carries, replacing the
+    /// predicted ones of the same name (e.g. `driverVersion`, `productName`).
+    pub attributes: BTreeMap<String, crate::model::dra::AttrValue>,
+    /// Capacities of the driver's domain that replace the predicted ones (e.g. `memory`).
+    pub capacity: BTreeMap<String, crate::model::quantity::Quantity>,
 }
 
 /// A pool's `alibaba:` section: the ESS scaling group(s) its nodes come from.
@@ -445,6 +461,7 @@ struct RawPool {
     gpu_mode: Option<String>,
     mig_layout: Option<BTreeMap<String, u32>>,
     shared_gpu: Option<RawSharedGpu>,
+    dra: Option<RawDra>,
     #[serde(default)]
     prices: BTreeMap<String, RawPrice>,
     #[serde(default)]
@@ -523,6 +540,31 @@ struct RawTaint {
 struct RawSharedGpu {
     core_percentage: Option<u32>,
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawDra {
+    driver: Option<String>,
+    #[serde(default)]
+    attributes: BTreeMap<String, RawAttr>,
+    #[serde(default)]
+    capacity: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawAttr {
+    Bool(bool),
+    Int(i64),
+    String(String),
+}
+
+/// Attributes NVIDIA's driver publishes as versions rather than strings.
+const VERSION_ATTRIBUTES: [&str; 3] = [
+    "driverVersion",
+    "cudaDriverVersion",
+    "cudaComputeCapability",
+];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -1374,6 +1416,49 @@ fn validate_pool(
     if r.shared_gpu.is_some() && !matches!(gpu_mode, GpuMode::Shared { .. }) {
         c.at(&at(&["sharedGpu"]), "sharedGpu needs `gpuMode: shared`");
     }
+    let dra = r.dra.map(|d| {
+        if matches!(gpu_mode, GpuMode::Shared { .. }) {
+            c.at(
+                &at(&["dra"]),
+                "dra needs `gpuMode: whole` or `mig` (shared GPUs are a device plugin's)",
+            );
+        }
+        let mut attributes = BTreeMap::new();
+        for (k, v) in d.attributes {
+            let v = match v {
+                RawAttr::Bool(b) => crate::model::dra::AttrValue::Bool(b),
+                RawAttr::Int(i) => crate::model::dra::AttrValue::Int(i),
+                RawAttr::String(s) if VERSION_ATTRIBUTES.contains(&k.as_str()) => {
+                    let parts: Vec<&str> = s.split('.').collect();
+                    if parts.len() != 3 || parts.iter().any(|p| p.parse::<u64>().is_err()) {
+                        c.at(
+                            &at(&["dra", "attributes", &k]),
+                            format!("{k} is a version: expected major.minor.patch, got {s:?}"),
+                        );
+                    }
+                    crate::model::dra::AttrValue::Version(s)
+                }
+                RawAttr::String(s) => crate::model::dra::AttrValue::String(s),
+            };
+            attributes.insert(k, v);
+        }
+        let mut capacity = BTreeMap::new();
+        for (k, v) in d.capacity {
+            match crate::model::quantity::parse_quantity(&v) {
+                Ok(q) => {
+                    capacity.insert(k, q);
+                }
+                Err(e) => c.at(&at(&["dra", "capacity", &k]), e.to_string()),
+            }
+        }
+        DraPool {
+            driver: d
+                .driver
+                .unwrap_or_else(|| crate::model::dra::NVIDIA_GPU_DRIVER.to_string()),
+            attributes,
+            capacity,
+        }
+    });
     let mut prices = BTreeMap::new();
     for (t, p) in r.prices {
         for (field, v) in [("onDemand", p.on_demand), ("spot", p.spot)] {
@@ -1542,6 +1627,7 @@ fn validate_pool(
         consolidation,
         aws,
         alibaba,
+        dra,
     })
 }
 

@@ -203,6 +203,7 @@ fn example_policy_parses_with_defaults_applied() {
             },
             aws: None,
             alibaba: None,
+            dra: None,
         }
     );
 

@@ -135,6 +135,22 @@ fn check_invariants(s: &Snapshot, catalog: &Catalog, policy: &Policy, plan: &Pla
                 assert!(seen.insert(name.key.clone()), "{name} placed twice");
             }
             assert!(!free.has_negative(), "over-committed new {it}: {free:?}");
+            // Devices claimed (exact counts) within the devices the node will publish.
+            let claimed: u32 = su.pods[i..i + n]
+                .iter()
+                .flat_map(|name| by_name[name.as_str()].claims.iter())
+                .filter(|c| c.needs_devices())
+                .flat_map(|c| c.spec.requests.iter())
+                .map(|r| match r.alternatives[0].count {
+                    crate::model::dra::DeviceCount::Exact(k) => k,
+                    crate::model::dra::DeviceCount::All => 1,
+                })
+                .sum();
+            assert!(
+                claimed == 0 || claimed as usize <= t.devices.len(),
+                "{claimed} devices claimed on a new {it} publishing {}",
+                t.devices.len()
+            );
             i += n;
         }
         assert_eq!(i, su.pods.len());
@@ -1043,4 +1059,5 @@ fn lower_bound_is_exact_for_perfectly_packable_demand() {
 }
 
 mod consolidate;
+mod dra;
 mod scale_down;

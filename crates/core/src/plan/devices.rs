@@ -1,0 +1,345 @@
+//! Devices of Dynamic Resource Allocation in the planner.
+//!
+//! Devices that are alike (same driver, attributes and capacity, apart from what identifies one
+//! device: `uuid`, `index`, `minor`, `pcieBusID`, `parentUUID`) form a *kind*, and every kind is
+//! one more countable dimension of the resource vectors the packer already works with: a
+//! template offers its predicted devices by kind, a registered node what it publishes less what
+//! claims hold. A pod's claims become, per request, the kinds its selectors (the DeviceClass's and
+//! the request's) accept, in `firstAvailable` order, with the count it takes. Selectors are
+//! evaluated once per kind, not per device or pod, so pods without claims pay nothing and pods
+//! with claims a lookup.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::dra::Selectors;
+use crate::model::dra::{Device, DeviceCount, PodClaim};
+use crate::model::{Resources, Snapshot};
+
+use super::templates::Template;
+
+/// Attributes that tell one device from its siblings rather than describe it.
+const IDENTITY_ATTRIBUTES: [&str; 5] = ["uuid", "index", "minor", "pcieBusID", "parentUUID"];
+
+/// Prefix of the resource dimensions that count devices of a kind.
+pub(super) const DIM_PREFIX: &str = "dra:";
+
+/// One alternative of a request: the count, and the dimensions (kinds) that satisfy it.
+#[derive(Debug, PartialEq)]
+struct Alternative {
+    count: DeviceCount,
+    dims: Vec<String>,
+}
+
+/// What a pod's claims take from a node, request by request.
+#[derive(Debug, PartialEq)]
+pub(super) struct DeviceDemand {
+    requests: Vec<Vec<Alternative>>,
+    /// Devices taken, for ordering pods by size.
+    pub devices: f64,
+}
+
+impl DeviceDemand {
+    /// Takes one pod's devices from `free`; false (and `free` partly taken) when they do not fit.
+    fn take_one(&self, free: &mut Resources) -> bool {
+        'requests: for alts in &self.requests {
+            for alt in alts {
+                let avail: i64 = alt.dims.iter().map(|d| free.get(d).max(0)).sum();
+                let want = match alt.count {
+                    DeviceCount::Exact(n) => n as i64,
+                    DeviceCount::All => avail,
+                };
+                if avail == 0 || avail < want {
+                    continue;
+                }
+                let mut left = want;
+                for d in &alt.dims {
+                    let have = free.get(d).max(0);
+                    let t = have.min(left);
+                    if t > 0 {
+                        free.set(d, have - t);
+                        left -= t;
+                    }
+                }
+                continue 'requests;
+            }
+            return false;
+        }
+        true
+    }
+
+    /// How many pods' devices fit into `free`, up to `max`.
+    pub fn copies(&self, free: &Resources, max: i64) -> i64 {
+        let mut f = free.clone();
+        for k in 0..max {
+            let mut g = f.clone();
+            if !self.take_one(&mut g) {
+                return k;
+            }
+            f = g;
+        }
+        max
+    }
+
+    /// Takes `k` pods' devices from `free` (they fit: see [`DeviceDemand::copies`]).
+    pub fn apply(&self, free: &mut Resources, k: i64) {
+        for _ in 0..k {
+            self.take_one(free);
+        }
+    }
+
+    /// The largest share of a node's devices of the kinds it wants that one pod takes.
+    pub fn share_of(&self, allocatable: &Resources) -> f64 {
+        let mut s: f64 = 0.0;
+        for alts in &self.requests {
+            let Some(alt) = alts
+                .iter()
+                .find(|a| a.dims.iter().any(|d| allocatable.get(d) > 0))
+            else {
+                continue;
+            };
+            let total: i64 = alt.dims.iter().map(|d| allocatable.get(d)).sum();
+            let share = match alt.count {
+                DeviceCount::Exact(n) => n as f64 / total as f64,
+                DeviceCount::All => 1.0,
+            };
+            s = s.max(share);
+        }
+        s
+    }
+}
+
+/// Devices resolved for one plan.
+#[derive(Default)]
+pub(super) struct Devices {
+    /// Per template: the devices it offers, by kind dimension.
+    pub template_devices: Vec<Resources>,
+    /// Per node index with published devices: free devices by kind dimension.
+    pub node_devices: HashMap<usize, Resources>,
+    /// Per pending pod index with claims needing devices: its demand, or why none can be found.
+    pub demands: HashMap<usize, Result<Arc<DeviceDemand>, String>>,
+}
+
+/// The key of a device's kind.
+fn kind_key(d: &Device, keep_identity: bool) -> Device {
+    let mut k = d.clone();
+    k.name.clear();
+    if !keep_identity {
+        for attrs in k.attributes.values_mut() {
+            for a in IDENTITY_ATTRIBUTES {
+                attrs.remove(a);
+            }
+        }
+    }
+    k
+}
+
+struct Kinds {
+    keep_identity: bool,
+    index: HashMap<Device, usize>,
+    /// A representative device per kind (the first seen, identity and all).
+    devices: Vec<Device>,
+}
+
+impl Kinds {
+    fn of(&mut self, d: &Device) -> usize {
+        let key = kind_key(d, self.keep_identity);
+        let n = self.devices.len();
+        let k = *self.index.entry(key).or_insert(n);
+        if k == n {
+            self.devices.push(d.clone());
+        }
+        k
+    }
+}
+
+fn dim(kind: usize) -> String {
+    format!("{DIM_PREFIX}{kind}")
+}
+
+/// Whether a selector reads an identity attribute, so that devices must not be merged by kind.
+fn reads_identity(expr: &str) -> bool {
+    IDENTITY_ATTRIBUTES.iter().any(|a| expr.contains(a))
+}
+
+/// Resolves devices and claims for one plan; `pending` are the pods the plan places.
+pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[usize]) -> Devices {
+    let mut out = Devices {
+        template_devices: vec![Resources::default(); templates.len()],
+        ..Devices::default()
+    };
+    let has_templates = templates.iter().any(|t| !t.devices.is_empty());
+    let claimers: Vec<usize> = pending
+        .iter()
+        .copied()
+        .filter(|&i| snapshot.pods[i].needs_devices())
+        .collect();
+    if !has_templates && snapshot.dra.slices.is_empty() && claimers.is_empty() {
+        return out;
+    }
+    let dra = &snapshot.dra;
+    let keep_identity = dra
+        .classes
+        .values()
+        .flat_map(|c| c.selectors.iter())
+        .chain(claimers.iter().flat_map(|&i| {
+            snapshot.pods[i].claims.iter().flat_map(|c| {
+                c.spec
+                    .requests
+                    .iter()
+                    .flat_map(|r| r.alternatives.iter().flat_map(|a| a.selectors.iter()))
+            })
+        }))
+        .any(|e| reads_identity(e));
+    let mut kinds = Kinds {
+        keep_identity,
+        index: HashMap::new(),
+        devices: Vec::new(),
+    };
+    for (ti, t) in templates.iter().enumerate() {
+        let r = &mut out.template_devices[ti];
+        for d in t.devices.iter() {
+            let k = dim(kinds.of(d));
+            r.set(&k, r.get(&k) + 1);
+        }
+    }
+    let node_index: HashMap<&str, usize> = snapshot
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    for (node, devices) in &dra.slices {
+        let Some(&ni) = node_index.get(node.as_str()) else {
+            continue;
+        };
+        let allocated: Vec<&(String, String, String)> = dra
+            .allocated
+            .get(node)
+            .map(|v| v.iter().collect())
+            .unwrap_or_default();
+        let r = out.node_devices.entry(ni).or_default();
+        for (pool, d) in devices {
+            let taken = allocated
+                .iter()
+                .any(|(dr, p, n)| dr == &d.driver && p == pool && n == &d.name);
+            let k = dim(kinds.of(d));
+            if !taken {
+                r.set(&k, r.get(&k) + 1);
+            }
+        }
+    }
+    let mut selectors = Selectors::new();
+    // (selectors of class + request) → per kind: matches, or the error.
+    let mut matches: HashMap<Vec<String>, Vec<Result<bool, String>>> = HashMap::new();
+    let mut by_claims: HashMap<
+        Vec<*const crate::model::dra::ClaimSpec>,
+        Result<Arc<DeviceDemand>, String>,
+    > = HashMap::new();
+    for &pi in &claimers {
+        let pod = &snapshot.pods[pi];
+        let claims: Vec<&PodClaim> = pod.claims.iter().filter(|c| c.needs_devices()).collect();
+        let key: Vec<_> = claims.iter().map(|c| Arc::as_ptr(&c.spec)).collect();
+        let demand = by_claims
+            .entry(key)
+            .or_insert_with(|| demand_of(&claims, dra, &kinds, &mut selectors, &mut matches))
+            .clone();
+        out.demands.insert(pi, demand);
+    }
+    out
+}
+
+fn demand_of(
+    claims: &[&PodClaim],
+    dra: &crate::model::dra::DraState,
+    kinds: &Kinds,
+    selectors: &mut Selectors,
+    matches: &mut HashMap<Vec<String>, Vec<Result<bool, String>>>,
+) -> Result<Arc<DeviceDemand>, String> {
+    let mut requests = Vec::new();
+    let mut devices = 0.0;
+    for c in claims {
+        for r in &c.spec.requests {
+            let mut alts = Vec::new();
+            let mut errors: Vec<String> = Vec::new();
+            for sub in &r.alternatives {
+                let Some(class) = dra.classes.get(&sub.class) else {
+                    errors.push(format!("DeviceClass {} does not exist", sub.class));
+                    continue;
+                };
+                let exprs: Vec<String> = class
+                    .selectors
+                    .iter()
+                    .chain(sub.selectors.iter())
+                    .cloned()
+                    .collect();
+                if let Some(e) = exprs.iter().find_map(|e| selectors.check(e).err()) {
+                    errors.push(e);
+                    continue;
+                }
+                let per_kind = matches.entry(exprs.clone()).or_insert_with(|| {
+                    kinds
+                        .devices
+                        .iter()
+                        .map(|d| selectors.all_match(&exprs, d))
+                        .collect()
+                });
+                let dims: Vec<String> = per_kind
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| matches!(m, Ok(true)))
+                    .map(|(k, _)| dim(k))
+                    .collect();
+                if dims.is_empty() {
+                    if let Some(Err(e)) = per_kind.iter().find(|m| m.is_err()) {
+                        errors.push(e.clone());
+                    }
+                    continue;
+                }
+                if alts.is_empty() {
+                    devices += match sub.count {
+                        DeviceCount::Exact(n) => n as f64,
+                        DeviceCount::All => 1.0,
+                    };
+                }
+                alts.push(Alternative {
+                    count: sub.count,
+                    dims,
+                });
+            }
+            if alts.is_empty() {
+                let what = r
+                    .alternatives
+                    .iter()
+                    .map(|a| {
+                        let count = match a.count {
+                            DeviceCount::Exact(n) => n.to_string(),
+                            DeviceCount::All => "all".into(),
+                        };
+                        if a.selectors.is_empty() {
+                            format!("{count} of class {}", a.class)
+                        } else {
+                            format!(
+                                "{count} of class {} with {}",
+                                a.class,
+                                a.selectors.join(" && ")
+                            )
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", or ");
+                let why = if errors.is_empty() {
+                    "no pool's devices and no node's published devices match".to_string()
+                } else {
+                    errors.join("; ")
+                };
+                return Err(format!(
+                    "claim {} request {} ({what}): {why}",
+                    c.claim, r.name
+                ));
+            }
+            requests.push(alts);
+        }
+    }
+    Ok(Arc::new(DeviceDemand { requests, devices }))
+}

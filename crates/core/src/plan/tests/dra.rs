@@ -1,0 +1,391 @@
+//! Pods that claim devices through Dynamic Resource Allocation.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::fixtures::{claim_spec, nvidia_device_classes};
+use crate::model::dra::{AttrValue, Device, DeviceCount, DeviceRequest, SubRequest};
+use crate::model::quantity::parse_quantity;
+
+const DRA_POLICY: &str = r#"
+zones: [us-east-1a, us-east-1b]
+pools:
+  - name: h100
+    instanceTypes: [p5.48xlarge]
+    capacityTypes: [on-demand]
+    maxNodes: 4
+    dra: {attributes: {driverVersion: "580.82.07"}}
+  - name: a100
+    instanceTypes: [p4d.24xlarge, p4de.24xlarge]
+    capacityTypes: [on-demand]
+    maxNodes: 4
+    dra: {}
+  - name: a10g
+    instanceTypes: [g5.xlarge, g5.12xlarge]
+    capacityTypes: [on-demand]
+    maxNodes: 10
+    dra: {}
+  - name: mig
+    instanceTypes: [p4d.24xlarge]
+    capacityTypes: [on-demand]
+    zones: [us-east-1a]
+    gpuMode: mig
+    migLayout: {1g.5gb: 7}
+    maxNodes: 2
+    dra: {}
+"#;
+
+/// An H100 with 80 GB: NVML reports 81559 MiB, so `80Gi` (81920 MiB) would match no H100.
+const H100_80G: &[&str] = &[
+    "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')",
+    "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80G')) >= 0",
+];
+
+fn dra_snap(pods: Vec<Pod>, nodes: Vec<crate::model::Node>) -> Snapshot {
+    let mut s = snap(pods, nodes);
+    s.dra.classes = nvidia_device_classes();
+    s
+}
+
+fn claiming(name: &str, requests: &[(&str, &[&str], u32)]) -> PodBuilder {
+    PodBuilder::new("ml", name)
+        .cpu_milli(1000)
+        .memory_gib(4)
+        .claim("gpu", &claim_spec(requests))
+}
+
+fn types(plan: &Plan) -> Vec<(String, u32)> {
+    plan.scale_ups
+        .iter()
+        .map(|s| (s.offerings[0].instance_type.clone(), s.count))
+        .collect()
+}
+
+#[test]
+fn a_claim_for_an_h100_with_80gb_gets_a_p5() {
+    let s = dra_snap(
+        vec![claiming("train", &[("gpu.nvidia.com", H100_80G, 1)]).build()],
+        vec![],
+    );
+    let plan = run(&s, DRA_POLICY);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert_eq!(types(&plan), vec![("p5.48xlarge".to_string(), 1)]);
+}
+
+#[test]
+fn claims_share_a_node_up_to_its_published_devices() {
+    let pods = (0..9)
+        .map(|i| claiming(&format!("p{i}"), &[("gpu.nvidia.com", H100_80G, 1)]).build())
+        .collect();
+    let plan = run(&dra_snap(pods, vec![]), DRA_POLICY);
+    assert_eq!(types(&plan), vec![("p5.48xlarge".to_string(), 2)]);
+    assert_eq!(plan.scale_ups[0].pods_per_node, vec![8, 1]);
+}
+
+#[test]
+fn the_cheapest_offering_whose_devices_match_wins() {
+    // Any GPU with at least 20 GiB: an A10G (24 GiB) is far cheaper than an H100 or A100.
+    let s = dra_snap(
+        vec![claiming(
+            "infer",
+            &[(
+                "gpu.nvidia.com",
+                &["device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('20Gi'))"],
+                1,
+            )],
+        )
+        .build()],
+        vec![],
+    );
+    let plan = run(&s, DRA_POLICY);
+    assert_eq!(types(&plan), vec![("g5.xlarge".to_string(), 1)]);
+    // Two A100s of 80 GB: only the p4de has them.
+    let s = dra_snap(
+        vec![claiming(
+            "big",
+            &[(
+                "gpu.nvidia.com",
+                &["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-80GB'"],
+                2,
+            )],
+        )
+        .build()],
+        vec![],
+    );
+    let plan = run(&s, DRA_POLICY);
+    assert_eq!(types(&plan), vec![("p4de.24xlarge".to_string(), 1)]);
+}
+
+#[test]
+fn a_claim_no_offering_satisfies_gets_a_reason() {
+    let s = dra_snap(
+        vec![
+            claiming(
+                "b200",
+                &[(
+                    "gpu.nvidia.com",
+                    &["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"],
+                    1,
+                )],
+            )
+            .build(),
+            claiming("nine", &[("gpu.nvidia.com", H100_80G, 9)]).build(),
+            // 80 GiB is more than an H100 has (81559 MiB).
+            claiming(
+                "gibi",
+                &[(
+                    "gpu.nvidia.com",
+                    &["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0 \
+                       && device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')"],
+                    1,
+                )],
+            )
+            .build(),
+            claiming("noclass", &[("tpu.example.com", &[], 1)]).build(),
+            claiming(
+                "uneval",
+                &[(
+                    "gpu.nvidia.com",
+                    &["device.capacity['gpu.nvidia.com'].memory >= quantity('80Gi')"],
+                    1,
+                )],
+            )
+            .build(),
+            claiming(
+                "uuid",
+                &[(
+                    "gpu.nvidia.com",
+                    &["device.attributes['gpu.nvidia.com'].uuid == 'GPU-1234'"],
+                    1,
+                )],
+            )
+            .build(),
+        ],
+        vec![],
+    );
+    let plan = run(&s, DRA_POLICY);
+    assert!(plan.scale_ups.is_empty(), "{:?}", plan.scale_ups);
+    let reason = |p: &str| {
+        plan.unschedulable
+            .iter()
+            .find(|u| u.pod == format!("ml/{p}"))
+            .unwrap_or_else(|| panic!("{p} has no reason"))
+            .clone()
+    };
+    let b200 = reason("b200");
+    assert!(b200.permanent);
+    assert!(
+        b200.reason
+            .contains("no pool's devices and no node's published devices match")
+            && b200.reason.contains("NVIDIA B200"),
+        "{}",
+        b200.reason
+    );
+    assert!(
+        reason("gibi").reason.contains("no pool's devices"),
+        "{}",
+        reason("gibi").reason
+    );
+    // Nine H100s exist on no single node.
+    assert!(
+        reason("nine").reason.contains("no pool can ever host it"),
+        "{}",
+        reason("nine").reason
+    );
+    assert!(
+        reason("noclass")
+            .reason
+            .contains("DeviceClass tpu.example.com does not exist"),
+        "{}",
+        reason("noclass").reason
+    );
+    let uneval = reason("uneval").reason;
+    assert!(uneval.contains("cannot be evaluated"), "{uneval}");
+    // What only a booted node knows is not predicted: the reason says what was missing.
+    let uuid = reason("uuid").reason;
+    assert!(uuid.contains("uuid"), "{uuid}");
+}
+
+#[test]
+fn mig_claims_take_mig_devices() {
+    let pods = (0..10)
+        .map(|i| {
+            claiming(
+                &format!("m{i}"),
+                &[(
+                    "mig.nvidia.com",
+                    &["device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"],
+                    1,
+                )],
+            )
+            .build()
+        })
+        .collect();
+    let plan = run(&dra_snap(pods, vec![]), DRA_POLICY);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert_eq!(plan.scale_ups.len(), 1);
+    assert_eq!(plan.scale_ups[0].pool, "mig");
+    assert_eq!(plan.scale_ups[0].count, 1, "56 MIG devices on one p4d");
+}
+
+#[test]
+fn a_gang_of_claims_lands_in_one_zone_or_not_at_all() {
+    let pods: Vec<Pod> = (0..3)
+        .map(|i| {
+            claiming(&format!("w{i}"), &[("gpu.nvidia.com", H100_80G, 8)])
+                .gang("llm", 3)
+                .build()
+        })
+        .collect();
+    let plan = run(&dra_snap(pods.clone(), vec![]), DRA_POLICY);
+    assert_eq!(types(&plan), vec![("p5.48xlarge".to_string(), 3)]);
+    assert_eq!(plan.scale_ups[0].gang.as_deref(), Some("ml/llm"));
+    // Five members need five p5 nodes; the pool has four: none is launched.
+    let pods: Vec<Pod> = (0..5)
+        .map(|i| {
+            claiming(&format!("w{i}"), &[("gpu.nvidia.com", H100_80G, 8)])
+                .gang("llm", 5)
+                .build()
+        })
+        .collect();
+    let plan = run(&dra_snap(pods, vec![]), DRA_POLICY);
+    assert!(plan.scale_ups.is_empty());
+    assert_eq!(plan.unschedulable.len(), 5);
+}
+
+#[test]
+fn first_available_and_all_mode() {
+    let spec = std::sync::Arc::new(crate::model::dra::ClaimSpec {
+        requests: vec![DeviceRequest {
+            name: "gpu".into(),
+            alternatives: vec![
+                SubRequest {
+                    class: "gpu.nvidia.com".into(),
+                    selectors: vec![
+                        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'".into(),
+                    ],
+                    count: DeviceCount::Exact(1),
+                },
+                SubRequest {
+                    class: "gpu.nvidia.com".into(),
+                    selectors: vec![
+                        "device.attributes['gpu.nvidia.com'].architecture == 'Ampere'".into(),
+                    ],
+                    count: DeviceCount::All,
+                },
+            ],
+        }],
+    });
+    let pods = (0..2)
+        .map(|i| {
+            PodBuilder::new("ml", &format!("all{i}"))
+                .cpu_milli(1000)
+                .claim("gpu", &spec)
+                .build()
+        })
+        .collect();
+    let plan = run(&dra_snap(pods, vec![]), DRA_POLICY);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    // Every Ampere GPU of a node for each pod: the smallest such node, one per pod.
+    assert_eq!(types(&plan), vec![("g5.xlarge".to_string(), 2)]);
+}
+
+fn published(node: &str, n: usize) -> Vec<(String, Device)> {
+    (0..n)
+        .map(|i| {
+            let attrs = BTreeMap::from([
+                ("type".to_string(), AttrValue::String("gpu".into())),
+                (
+                    "productName".to_string(),
+                    AttrValue::String("NVIDIA H100 80GB HBM3".into()),
+                ),
+                (
+                    "uuid".to_string(),
+                    AttrValue::String(format!("GPU-{node}-{i}")),
+                ),
+            ]);
+            let caps = BTreeMap::from([("memory".to_string(), parse_quantity("81559Mi").unwrap())]);
+            (
+                node.to_string(),
+                Device {
+                    driver: "gpu.nvidia.com".into(),
+                    name: format!("gpu-{i}"),
+                    attributes: BTreeMap::from([("gpu.nvidia.com".to_string(), attrs)]),
+                    capacity: BTreeMap::from([("gpu.nvidia.com".to_string(), caps)]),
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn published_devices_of_existing_nodes_are_used_first() {
+    let node = NodeBuilder::new("p5-a")
+        .pool("h100", "p5.48xlarge", "us-east-1a")
+        .cpu_milli(190_000)
+        .memory_gib(2000)
+        .build();
+    let pods = (0..3)
+        .map(|i| {
+            claiming(
+                &format!("p{i}"),
+                &[(
+                    "gpu.nvidia.com",
+                    &["device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')"],
+                    1,
+                )],
+            )
+            .build()
+        })
+        .collect();
+    let mut s = dra_snap(pods, vec![node]);
+    s.dra.slices.insert("p5-a".into(), published("p5-a", 8));
+    // Six of its eight GPUs are allocated to claims.
+    s.dra.allocated.insert(
+        "p5-a".into(),
+        (0..6)
+            .map(|i| ("gpu.nvidia.com".into(), "p5-a".into(), format!("gpu-{i}")))
+            .collect(),
+    );
+    let plan = run(&s, DRA_POLICY);
+    assert_eq!(
+        plan.existing_capacity.len(),
+        2,
+        "{:?}",
+        plan.existing_capacity
+    );
+    assert!(plan.existing_capacity.iter().all(|p| p.target == "p5-a"));
+    assert_eq!(types(&plan), vec![("p5.48xlarge".to_string(), 1)]);
+}
+
+#[test]
+fn a_node_without_published_slices_is_still_coming() {
+    // Registered and Ready, but its driver has not published devices yet: it counts at its
+    // template's devices, so no second node is launched for the pod.
+    let node = NodeBuilder::new("p5-new")
+        .pool("h100", "p5.48xlarge", "us-east-1a")
+        .cpu_milli(190_000)
+        .memory_gib(2000)
+        .created(NOW)
+        .build();
+    let s = dra_snap(
+        vec![claiming("train", &[("gpu.nvidia.com", H100_80G, 1)]).build()],
+        vec![node],
+    );
+    let plan = run(&s, DRA_POLICY);
+    assert!(plan.scale_ups.is_empty(), "{:?}", plan.scale_ups);
+    assert_eq!(plan.existing_capacity.len(), 1);
+}
+
+#[test]
+fn pods_sharing_an_allocated_or_counted_claim_are_not_planned_again() {
+    let spec = claim_spec(&[("gpu.nvidia.com", H100_80G, 1)]);
+    let mut owner = claiming("a", &[]).build();
+    owner.claims[0].spec = spec.clone();
+    let mut follower = owner.clone();
+    follower.id = PodRef::new("ml", "b");
+    follower.claims[0].counted_here = false;
+    let plan = run(&dra_snap(vec![owner, follower], vec![]), DRA_POLICY);
+    assert_eq!(types(&plan), vec![("p5.48xlarge".to_string(), 1)]);
+    assert_eq!(plan.scale_ups[0].pods.len(), 1);
+}
