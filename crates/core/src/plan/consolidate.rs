@@ -361,7 +361,7 @@ fn evaluate(
             p.phase = PodPhase::Pending;
         }
     }
-    let (plan, _) = pack::scale_up(&scratch, templates, policy, now);
+    let (plan, _, _) = pack::scale_up(&scratch, templates, policy, now);
     if let Some(u) = plan.unschedulable.first() {
         return Err(format!("pod {} would have no place: {}", u.pod, u.reason));
     }

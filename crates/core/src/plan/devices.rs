@@ -118,6 +118,35 @@ pub(super) struct Devices {
     pub node_devices: HashMap<usize, Resources>,
     /// Per pending pod index with claims needing devices: its demand, or why none can be found.
     pub demands: HashMap<usize, Result<Arc<DeviceDemand>, String>>,
+    /// The kind dimension of every published device, by `(node, driver, pool, device)`.
+    pub published: HashMap<(String, String, String, String), String>,
+}
+
+impl Devices {
+    /// The devices (by kind dimension) that the claims of `pod` hold on `node`: what must be
+    /// found again on another node for the pod to move there.
+    pub fn held_on(&self, pod: &crate::model::Pod, node: &str) -> Resources {
+        let mut r = Resources::default();
+        let mut seen = std::collections::HashSet::new();
+        for c in &pod.claims {
+            let Some(a) = &c.allocation else { continue };
+            if a.node.as_deref() != Some(node) || !seen.insert(&c.claim) {
+                continue;
+            }
+            for (driver, pool, device) in &a.devices {
+                let key = (
+                    node.to_string(),
+                    driver.clone(),
+                    pool.clone(),
+                    device.clone(),
+                );
+                if let Some(d) = self.published.get(&key) {
+                    r.set(d, r.get(d) + 1);
+                }
+            }
+        }
+        r
+    }
 }
 
 /// The key of a device's kind.
@@ -227,6 +256,10 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
             if !taken {
                 r.set(&k, r.get(&k) + 1);
             }
+            out.published.insert(
+                (node.clone(), d.driver.clone(), pool.clone(), d.name.clone()),
+                k,
+            );
         }
     }
     let mut selectors = Selectors::new();

@@ -1309,7 +1309,7 @@ pub(super) fn scale_up(
     templates: &[Template],
     policy: &Policy,
     now: Time,
-) -> (Plan, Vec<NodeRoom>) {
+) -> (Plan, Vec<NodeRoom>, Devices) {
     let planned: Vec<usize> = snapshot
         .pods
         .iter()
@@ -1334,7 +1334,12 @@ pub(super) fn scale_up(
     let mut p = Packer::new(snapshot, templates, policy, now, devices);
     p.run();
     let rooms = p.node_rooms();
-    (p.into_plan(), rooms)
+    // What scale-down needs of the devices: which kind each published device is.
+    let devices = Devices {
+        published: std::mem::take(&mut p.devices.published),
+        ..Devices::default()
+    };
+    (p.into_plan(), rooms, devices)
 }
 
 /// What is free on a registered node (index into `Snapshot::nodes`).

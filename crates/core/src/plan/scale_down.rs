@@ -128,6 +128,19 @@ pub(super) fn utilization(node: &Node, template: Option<&Template>, pods: &[&Pod
             .fold((0, 0), |(m, c), s| (m + s.mem_gib, c + s.core_pct));
         return Some((um as f64 / mem.max(1) as f64).max(uc as f64 / core.max(1) as f64));
     }
+    if node.dra_devices > 0 {
+        // Devices published through DRA: the share allocated to its pods' claims.
+        let mut claims = std::collections::HashSet::new();
+        let used: usize = workload
+            .iter()
+            .flat_map(|p| p.claims.iter())
+            .filter(|c| claims.insert(&c.claim))
+            .filter_map(|c| c.allocation.as_ref())
+            .filter(|a| a.node.as_deref() == Some(node.name.as_str()))
+            .map(|a| a.devices.len())
+            .sum();
+        return Some(used as f64 / node.dra_devices as f64);
+    }
     if template.is_some_and(|t| t.gpus > 0) {
         return None; // GPUs not advertised yet: booting, never a candidate
     }
@@ -196,6 +209,7 @@ pub(super) fn scale_down(
     policy: &Policy,
     now: Time,
     mut rooms: Vec<NodeRoom>,
+    devices: &super::devices::Devices,
     targeted: &BTreeSet<&str>,
 ) -> Outcome {
     let mut out = Outcome {
@@ -423,6 +437,8 @@ pub(super) fn scale_down(
         let mut stuck = None;
         for p in &order {
             let mut placed = None;
+            // Devices its claims hold here must be found again where it goes.
+            let held = devices.held_on(p, &snapshot.nodes[c.node].name);
             for r in &rooms {
                 let dest = &snapshot.nodes[r.node];
                 let room = scratch.get(&r.node).unwrap_or(r);
@@ -436,11 +452,13 @@ pub(super) fn scale_down(
                         &dest.taints,
                         Some(&dest.name),
                     )
+                    || !held.fits_in(&room.free)
                 {
                     continue;
                 }
                 let room = scratch.entry(r.node).or_insert_with(|| r.clone());
                 room.free.sub(&p.requests);
+                room.free.sub(&held);
                 if let Some(s) = &p.share {
                     place_share(&mut room.shared, s);
                 }
@@ -452,6 +470,13 @@ pub(super) fn scale_down(
                     pod: p.id.to_string(),
                     to: snapshot.nodes[d].name.clone(),
                 }),
+                None if !held.is_zero() => {
+                    stuck = Some(format!(
+                        "{} (its ResourceClaims' devices cannot be allocated again elsewhere)",
+                        p.id
+                    ));
+                    break;
+                }
                 None => {
                     stuck = Some(p.id.to_string());
                     break;

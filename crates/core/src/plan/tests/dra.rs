@@ -389,3 +389,83 @@ fn pods_sharing_an_allocated_or_counted_claim_are_not_planned_again() {
     assert_eq!(types(&plan), vec![("p5.48xlarge".to_string(), 1)]);
     assert_eq!(plan.scale_ups[0].pods.len(), 1);
 }
+
+/// A p5 node publishing its eight H100s, `allocated` of them held by the claims of pod `pod`.
+fn dra_node_with_pod(node: &str, pod: &str, allocated: usize) -> (crate::model::Node, Pod) {
+    let n = NodeBuilder::new(node)
+        .pool("h100", "p5.48xlarge", "us-east-1a")
+        .cpu_milli(190_000)
+        .memory_gib(2000)
+        .build();
+    let mut p = claiming(pod, &[("gpu.nvidia.com", H100_80G, allocated as u32)])
+        .on(node)
+        .build();
+    p.claims[0].allocation = Some(crate::model::dra::Allocation {
+        node: Some(node.to_string()),
+        devices: (0..allocated)
+            .map(|i| ("gpu.nvidia.com".into(), node.into(), format!("gpu-{i}")))
+            .collect(),
+    });
+    (n, p)
+}
+
+fn with_slices(mut s: Snapshot) -> Snapshot {
+    for n in s.nodes.clone() {
+        s.dra.slices.insert(n.name.clone(), published(&n.name, 8));
+    }
+    for p in &s.pods {
+        for c in &p.claims {
+            if let Some(a) = &c.allocation {
+                s.dra
+                    .allocated
+                    .entry(a.node.clone().unwrap())
+                    .or_default()
+                    .extend(a.devices.iter().cloned());
+            }
+        }
+    }
+    s.count_published_devices();
+    s
+}
+
+const SCALE_DOWN: &str = "\n    scaleDown: {cooldownAfterScaleUp: 0s, unneededTime: 0s}\n";
+
+#[test]
+fn dra_nodes_are_as_used_as_their_allocated_devices_and_kept_when_claims_cannot_move() {
+    let policy = DRA_POLICY.replacen(
+        "    dra: {attributes: {driverVersion: \"580.82.07\"}}\n",
+        &format!("    dra: {{attributes: {{driverVersion: \"580.82.07\"}}}}{SCALE_DOWN}"),
+        1,
+    );
+    // One GPU of eight in use on each of two nodes: both are unneeded (12.5 %), and one pod
+    // moves to the other node, whose free H100s take its claim.
+    let (a, pa) = dra_node_with_pod("p5-a", "pa", 1);
+    let (b, pb) = dra_node_with_pod("p5-b", "pb", 1);
+    let s = with_slices(dra_snap(vec![pa, pb], vec![a, b]));
+    let plan = run(&s, &policy);
+    assert_eq!(
+        plan.scale_downs.len(),
+        1,
+        "{:?} {:?}",
+        plan.scale_downs,
+        plan.kept
+    );
+    assert_eq!(plan.scale_downs[0].evict.len(), 1);
+    // Every H100 of the other node is held: the idle node's pod could not have its claim
+    // allocated again anywhere, so the idle node stays.
+    let (a, pa) = dra_node_with_pod("p5-a", "pa", 1);
+    let (b, pb) = dra_node_with_pod("p5-b", "pb", 8);
+    let s = with_slices(dra_snap(vec![pa, pb], vec![a, b]));
+    let plan = run(&s, &policy);
+    assert!(plan.scale_downs.is_empty(), "{:?}", plan.scale_downs);
+    let kept = plan
+        .kept
+        .iter()
+        .find(|k| k.node == "p5-a")
+        .expect("p5-a kept");
+    assert!(
+        kept.reason.contains("cannot be allocated again elsewhere"),
+        "{}",
+        kept.reason
+    );
+}
