@@ -309,17 +309,15 @@ pub fn instance_id_of<'a>(region: &str, id: &'a str) -> &'a str {
 /// with other parameters with `IdempotentParameterMismatch`: so a retry asking for fewer
 /// instances (some exist already) is another token.
 pub fn client_token(launch_id: &str, role: CapacityType, count: u32) -> String {
-    // FNV-1a: stable across releases and platforms, unlike std's hasher.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let role_char = match role {
         CapacityType::Spot => 's',
         CapacityType::OnDemand => 'o',
     };
-    let key = format!("{launch_id}\n{role_char}\n{count}");
-    for b in key.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    use std::hash::Hasher;
+    // FNV-1a: stable across releases and platforms, unlike std's hasher.
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(format!("{launch_id}\n{role_char}\n{count}").as_bytes());
+    let h = hasher.finish();
     let readable: String = launch_id
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
@@ -1782,6 +1780,9 @@ mod tests {
         assert_ne!(a, client_token("launch-1", CapacityType::Spot, 1));
         let long = client_token(&"x".repeat(500), CapacityType::OnDemand, u32::MAX);
         assert!(long.len() <= 64 && long.is_ascii(), "{long}");
+        // ESS keeps a token's activity: a token must not change between releases, or a call
+        // retried across an upgrade would scale out twice.
+        assert_eq!(a, "gna-s2-launch-1-96dd2903b6a0f58f");
     }
 
     #[test]

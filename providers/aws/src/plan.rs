@@ -1,19 +1,18 @@
 //! Pure helpers for launching: idempotency tokens, grouping a request's offerings into fleets,
 //! back-off delays, provider ids. No SDK types.
 
+use std::hash::Hasher;
+
 use gpu_node_autoscaler_provider::{CapacityType, OfferingKey};
 
 /// The longest `ClientToken` EC2 accepts.
 pub const MAX_CLIENT_TOKEN: usize = 64;
 
-/// FNV-1a, 64 bits: stable across runs and platforms (unlike `DefaultHasher`).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+/// FNV-1a, 64 bits: stable across runs, platforms and Rust versions (unlike `DefaultHasher`).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h = fnv::FnvHasher::default();
+    h.write(bytes);
+    h.finish()
 }
 
 /// The `ClientToken` of one `CreateFleet` call: derived from the launch id, the capacity type,
@@ -110,6 +109,12 @@ mod tests {
         assert_ne!(t, client_token(&long, CapacityType::Spot, 3, &a[1..]));
         let t = client_token("scale-up 42/ü", CapacityType::OnDemand, 10, &[]);
         assert!(t.is_ascii() && t.starts_with("gna-scale-up42-od10-"), "{t}");
+        // EC2 keeps a token's request for hours: a token must not change between releases, or a
+        // call retried across an upgrade would launch twice.
+        assert_eq!(
+            client_token("launch-1", CapacityType::Spot, 3, &a[..1]),
+            "gna-launch-1-s3-e190fd7f5f3f8b62"
+        );
     }
 
     #[test]

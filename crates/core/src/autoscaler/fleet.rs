@@ -300,8 +300,9 @@ pub fn launch_id(su: &ScaleUp, attempt: u32) -> String {
         .collect();
     pods.sort_unstable();
     // Bytes fed explicitly (not through `Hash`, whose encoding may change between Rust
-    // versions): the id must be found again after an upgrade.
-    let mut h = Fnv::default();
+    // versions), into FNV-1a (stable, unlike std's hasher): the id must be found again after an
+    // upgrade.
+    let mut h = fnv::FnvHasher::default();
     let instance_type = su
         .offerings
         .first()
@@ -311,28 +312,7 @@ pub fn launch_id(su: &ScaleUp, attempt: u32) -> String {
         h.write(&[0]);
     }
     h.write(&attempt.to_le_bytes());
-    format!("{}-{:012x}", su.pool, h.0 & 0xffff_ffff_ffff)
-}
-
-/// FNV-1a: stable across processes and versions (std's hasher is not).
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    format!("{}-{:012x}", su.pool, h.finish() & 0xffff_ffff_ffff)
 }
 
 /// The pool's node labels and taints (startup taints included) as node-template tags, for
