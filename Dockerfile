@@ -16,10 +16,13 @@ WORKDIR /src
 COPY . .
 # Cached registry and target directory speed up rebuilds; the binary is copied out of the cache
 # in the same step. The target directory is one per platform: the platforms of a multi-arch build
-# run at once, and a shared one would let one copy out the other's binary.
+# run at once, and a shared one would let one copy out the other's binary. The image is the
+# controller's (`run`, both clouds) without the simulator: no default features, so neither its
+# charts (plotters) nor its progress bars (indicatif) are linked.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=gpu-node-autoscaler-target-$TARGETPLATFORM \
-    cargo build --release --locked --bin gpu-node-autoscaler --features controller,alibaba \
+    cargo build --release --locked --bin gpu-node-autoscaler \
+        --no-default-features --features controller,alibaba \
     && install -D -m 0755 target/release/gpu-node-autoscaler /out/gpu-node-autoscaler
 
 # glibc and libgcc, CA certificates, no shell or package manager; user nonroot (65532).

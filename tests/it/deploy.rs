@@ -1260,6 +1260,50 @@ fn kube_sim_accepts_every_object_it_serves() {
     }
 }
 
+/// The image's build (the Dockerfile's features) links neither the simulator's charts nor its
+/// progress bars.
+#[test]
+fn the_controller_build_links_no_plotting_or_progress_bars() {
+    let out = Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            "gpu-node-autoscaler",
+            "--no-default-features",
+            "--features",
+            "controller,alibaba",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let names: BTreeSet<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(
+        names.contains("kube") && names.contains("aws-sdk-ec2"),
+        "{tree}"
+    );
+    for absent in ["plotters", "indicatif", "gpu-node-autoscaler-sim"] {
+        assert!(
+            !names.contains(absent),
+            "the controller's build links {absent}"
+        );
+    }
+}
+
 #[test]
 fn the_dockerfile_builds_what_the_deployment_runs() {
     let docker = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
@@ -1280,9 +1324,10 @@ fn the_dockerfile_builds_what_the_deployment_runs() {
         "{}",
         froms[0]
     );
-    // The image is the controller's: `run` with both clouds (the default build is `simulate` only).
+    // The image is the controller's: `run` with both clouds, without the simulator (the default
+    // build is `simulate` only).
     assert!(docker.contains(
-        "cargo build --release --locked --bin gpu-node-autoscaler --features controller,alibaba"
+        "cargo build --release --locked --bin gpu-node-autoscaler \\\n        --no-default-features --features controller,alibaba"
     ));
     assert!(froms[1].starts_with("gcr.io/distroless/") && froms[1].contains(":nonroot"));
     // The image's user is the one the pod runs as (runAsNonRoot needs a numeric, non-zero uid).
