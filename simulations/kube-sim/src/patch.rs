@@ -1,27 +1,16 @@
-//! JSON merge patch (RFC 7386), JSON patch (RFC 6902) and a pragmatic strategic merge patch.
+//! JSON merge patch (RFC 7396) and JSON patch (RFC 6902) through the `json-patch` crate, and a
+//! pragmatic strategic merge patch of our own: no maintained crate implements Kubernetes'
+//! strategic merge patch (it needs each field's patch strategy and merge key, which kube-sim
+//! keeps in `merge_key`).
 
 use serde_json::{Map, Value};
 
 use crate::status::{ApiError, ApiResult};
 
-/// RFC 7386: objects merge recursively, `null` deletes, anything else replaces.
+/// RFC 7396 JSON merge patch (the `json-patch` crate): objects merge recursively, `null` deletes,
+/// anything else replaces.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
-    match patch {
-        Value::Object(p) => {
-            if !target.is_object() {
-                *target = Value::Object(Map::new());
-            }
-            let t = target.as_object_mut().expect("object");
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        _ => *target = patch.clone(),
-    }
+    json_patch::merge(target, patch);
 }
 
 /// The merge key of the lists Kubernetes merges by key (`patchMergeKey`), by field name.
@@ -162,134 +151,25 @@ fn merge_keyed_list(mut existing: Vec<Value>, patch: &[Value], key: &str) -> Api
     Ok(existing)
 }
 
-fn unescape(tok: &str) -> String {
-    tok.replace("~1", "/").replace("~0", "~")
-}
-
-fn pointer_parts(path: &str) -> ApiResult<Vec<String>> {
-    if path.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| ApiError::bad_request(format!("invalid JSON pointer {path:?}")))?;
-    Ok(rest.split('/').map(unescape).collect())
-}
-
-fn parent_mut<'a>(doc: &'a mut Value, parts: &[String], path: &str) -> ApiResult<&'a mut Value> {
-    let mut cur = doc;
-    for p in parts {
-        cur = match cur {
-            Value::Object(m) => m.get_mut(p),
-            Value::Array(a) => p.parse::<usize>().ok().and_then(move |i| a.get_mut(i)),
-            _ => None,
-        }
-        .ok_or_else(|| missing(path))?;
-    }
-    Ok(cur)
-}
-
-fn missing(path: &str) -> ApiError {
-    ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: doc is missing path: {path:?}"))
-}
-
-fn json_add(doc: &mut Value, path: &str, value: Value) -> ApiResult<()> {
-    let parts = pointer_parts(path)?;
-    let Some((last, parents)) = parts.split_last() else {
-        *doc = value;
-        return Ok(());
-    };
-    match parent_mut(doc, parents, path)? {
-        Value::Object(m) => {
-            m.insert(last.clone(), value);
-        }
-        Value::Array(a) => {
-            let idx = if last == "-" {
-                a.len()
-            } else {
-                last.parse::<usize>()
-                    .ok()
-                    .filter(|i| *i <= a.len())
-                    .ok_or_else(|| missing(path))?
-            };
-            a.insert(idx, value);
-        }
-        _ => return Err(missing(path)),
-    }
-    Ok(())
-}
-
-fn json_remove(doc: &mut Value, path: &str) -> ApiResult<Value> {
-    let parts = pointer_parts(path)?;
-    let (last, parents) = parts.split_last().ok_or_else(|| missing(path))?;
-    match parent_mut(doc, parents, path)? {
-        Value::Object(m) => m.remove(last).ok_or_else(|| missing(path)),
-        Value::Array(a) => {
-            let idx = last
-                .parse::<usize>()
-                .ok()
-                .filter(|i| *i < a.len())
-                .ok_or_else(|| missing(path))?;
-            Ok(a.remove(idx))
-        }
-        _ => Err(missing(path)),
-    }
-}
-
-/// RFC 6902 JSON patch, applied to a copy so a failing operation changes nothing.
+/// RFC 6902 JSON patch (the `json-patch` crate), applied to a copy so a failing operation changes
+/// nothing. A body that is not a list of operations is a bad request; an operation that does not
+/// apply (a missing path, a failed `test`) is invalid, as the apiserver answers.
 pub fn json_patch(target: &Value, ops: &Value) -> ApiResult<Value> {
-    let ops = ops
-        .as_array()
-        .ok_or_else(|| ApiError::bad_request("a JSON patch must be an array of operations"))?;
-    let mut doc = target.clone();
-    for op in ops {
-        let kind = op.get("op").and_then(Value::as_str).unwrap_or("");
-        let path = op.get("path").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::bad_request(format!("JSON patch operation without a path: {op}"))
-        })?;
-        let value = || {
-            op.get("value").cloned().ok_or_else(|| {
-                ApiError::bad_request(format!("JSON patch operation without a value: {op}"))
-            })
-        };
-        let from = || {
-            op.get("from").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::bad_request(format!("JSON patch operation without from: {op}"))
-            })
-        };
-        match kind {
-            "add" => json_add(&mut doc, path, value()?)?,
-            "remove" => {
-                json_remove(&mut doc, path)?;
-            }
-            "replace" => {
-                json_remove(&mut doc, path)?;
-                json_add(&mut doc, path, value()?)?;
-            }
-            "move" => {
-                let v = json_remove(&mut doc, from()?)?;
-                json_add(&mut doc, path, v)?;
-            }
-            "copy" => {
-                let v = doc.pointer(from()?).cloned().ok_or_else(|| missing(path))?;
-                json_add(&mut doc, path, v)?;
-            }
-            "test" => {
-                if doc.pointer(path) != Some(&value()?) {
-                    return Err(ApiError::new(
-                        422,
-                        "Invalid",
-                        format!("testing value {path} failed"),
-                    ));
-                }
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown JSON patch operation {other:?}"
-                )))
-            }
-        }
+    if !ops.is_array() {
+        return Err(ApiError::bad_request(
+            "a JSON patch must be an array of operations",
+        ));
     }
+    let ops: json_patch::Patch = serde_json::from_value(ops.clone())
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+    let mut doc = target.clone();
+    json_patch::patch(&mut doc, &ops).map_err(|e| {
+        ApiError::new(
+            422,
+            "Invalid",
+            format!("the server rejected our request due to an error in our request: {e}"),
+        )
+    })?;
     Ok(doc)
 }
 
@@ -381,6 +261,19 @@ mod tests {
         assert_eq!(out, json!({"a": {"b": [2, 3]}, "c": "y", "e/f": "y"}));
         let err = json_patch(&t, &json!([{"op": "replace", "path": "/c", "value": 1}, {"op": "remove", "path": "/nope"}])).unwrap_err();
         assert_eq!(err.code, 422);
+        assert!(err.message.contains("/nope"), "{}", err.message);
+        let err = json_patch(&t, &json!([{"op": "test", "path": "/c", "value": "z"}])).unwrap_err();
+        assert_eq!(err.code, 422);
         assert_eq!(json_patch(&t, &json!({"op": "add"})).unwrap_err().code, 400);
+        assert_eq!(
+            json_patch(&t, &json!([{"op": "add"}])).unwrap_err().code,
+            400
+        );
+        assert_eq!(
+            json_patch(&t, &json!([{"op": "frobnicate", "path": "/c"}]))
+                .unwrap_err()
+                .code,
+            400
+        );
     }
 }
