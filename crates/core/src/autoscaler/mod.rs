@@ -949,7 +949,11 @@ impl Autoscaler {
             };
             let n = instances.len() as u32;
             if let (true, Some(why)) = (n < su.count, failure) {
-                for p in su.pods.iter().filter(|p| pass.moved_from.contains_key(&p.key)) {
+                for p in su
+                    .pods
+                    .iter()
+                    .filter(|p| pass.moved_from.contains_key(&p.key))
+                {
                     pass.launch_failed.insert(p.key.clone(), why.clone());
                 }
             }
