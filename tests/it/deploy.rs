@@ -749,7 +749,14 @@ fn the_alibaba_overlay_carries_the_rrsa_role_and_a_policy_of_alibaba_pools() {
     let o = crate::run(&["check-policy", path]);
     assert!(o.status.success(), "{}", crate::stderr(&o));
     assert_eq!(crate::stdout(&o).lines().count(), policy.pools.len());
-    assert!(crate::stderr(&o).is_empty(), "{}", crate::stderr(&o));
+    // The one warning expected: there is no built-in Alibaba catalog (docs/catalog.md), so
+    // check-policy says which prices it falls back to; nothing else (clusterName, fields).
+    let err = crate::stderr(&o);
+    let others: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.starts_with("warning: no built-in catalog for region cn-hangzhou:"))
+        .collect();
+    assert!(others.is_empty(), "{err}");
 }
 
 /// The metric names an expression reads (histogram series folded onto their histogram).
