@@ -287,17 +287,19 @@ fn kubelet_runs_bound_pods_and_finishes_them_after_their_run_duration() {
     });
 
     let mut job = pod("job", json!({"nvidia.com/gpu": "1"}), json!({}));
-    job["metadata"]["annotations"] = json!({"kube-sim.gpu-node-autoscaler.io/run-duration": "1s"});
+    // Long enough to be seen Running by a poll on a busy machine.
+    job["metadata"]["annotations"] = json!({"kube-sim.gpu-node-autoscaler.io/run-duration": "5s"});
     create(a, PODS, &job);
+
+    eventually(20, "job Running", || {
+        (phase(a, "job") == "Running").then_some(())
+    });
+    // Created once job holds the GPU, so that the scheduler cannot give it to this one first.
     create(
         a,
         PODS,
         &pod("next", json!({"nvidia.com/gpu": "1"}), json!({})),
     );
-
-    eventually(20, "job Running", || {
-        (phase(a, "job") == "Running").then_some(())
-    });
     let p = get_pod(a, "job");
     let st = &p["status"];
     for t in ["Initialized", "Ready", "ContainersReady", "PodScheduled"] {
