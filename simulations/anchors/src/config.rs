@@ -149,14 +149,7 @@ pub fn karpenter_instance_types(policy: &Policy, catalog: &Catalog) -> Value {
             let Some(it) = catalog.instance_type(&t) else {
                 continue;
             };
-            let mut resources = json!({
-                "cpu": it.vcpu.to_string(),
-                "memory": format!("{}Mi", it.memory_mib),
-                "pods": "110",
-            });
-            if let Some(g) = &it.gpu {
-                resources[g.vendor.resource()] = json!(g.count.to_string());
-            }
+            let resources = node_resources(it);
             let offerings: Vec<Value> = catalog
                 .offerings
                 .iter()
@@ -195,6 +188,28 @@ pub fn karpenter_instance_types(policy: &Policy, catalog: &Catalog) -> Value {
     Value::Array(out)
 }
 
+/// A node's capacity of an instance type (Karpenter's instance-type resources, the Cluster
+/// Autoscaler's template Node): CPU, memory, pods and its GPUs.
+fn node_resources(it: &gpu_node_autoscaler_provider::InstanceType) -> Value {
+    let mut r = json!({
+        "cpu": it.vcpu.to_string(),
+        "memory": format!("{}Mi", it.memory_mib),
+        "pods": "110",
+    });
+    if let Some(g) = &it.gpu {
+        r[g.vendor.resource()] = json!(g.count.to_string());
+    }
+    r
+}
+
+/// A pool's taints as Node/NodePool taints.
+fn taints_json(pool: &gpu_node_autoscaler_core::policy::Pool) -> Vec<Value> {
+    pool.taints
+        .iter()
+        .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect.as_str()}))
+        .collect()
+}
+
 /// The instance types a pool may launch.
 pub fn pool_types(pool: &gpu_node_autoscaler_core::policy::Pool, catalog: &Catalog) -> Vec<String> {
     gpu_node_autoscaler_core::plan::templates::pool_types_and_prices(pool, catalog)
@@ -219,11 +234,7 @@ pub fn karpenter_objects(policy: &Policy, catalog: &Catalog, scale: f64) -> Valu
             gpu_node_autoscaler_core::model::labels::POOL.to_string(),
             pool.name.clone(),
         );
-        let taints: Vec<Value> = pool
-            .taints
-            .iter()
-            .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect.as_str()}))
-            .collect();
+        let taints = taints_json(pool);
         let caps: Vec<&str> = pool.capacity_types.iter().map(|c| c.as_str()).collect();
         let max_gpus_per_node = types
             .iter()
@@ -301,13 +312,8 @@ pub fn cluster_autoscaler(
             let Some(it) = catalog.instance_type(&t) else {
                 continue;
             };
-            let mut capacity = json!({
-                "cpu": it.vcpu.to_string(),
-                "memory": format!("{}Mi", it.memory_mib),
-                "pods": "110",
-            });
+            let capacity = node_resources(it);
             if let Some(g) = &it.gpu {
-                capacity[g.vendor.resource()] = json!(g.count.to_string());
                 gpu_types.insert(g.model.clone(), json!({}));
             }
             for o in catalog
@@ -335,11 +341,7 @@ pub fn cluster_autoscaler(
                 if let Some(g) = &it.gpu {
                     labels.insert(GPU_MODEL.to_string(), g.model.clone());
                 }
-                let taints: Vec<Value> = pool
-                    .taints
-                    .iter()
-                    .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect.as_str()}))
-                    .collect();
+                let taints = taints_json(pool);
                 templates.push(json!({
                     "apiVersion": "v1",
                     "kind": "Node",
