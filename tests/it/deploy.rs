@@ -22,7 +22,7 @@ use gpu_node_autoscaler::catalog;
 use gpu_node_autoscaler::plan::Templates;
 use gpu_node_autoscaler::policy::{self, GpuMode};
 use gpu_node_autoscaler::provider::CapacityType;
-use serde::Deserialize;
+use gpu_node_autoscaler::yaml;
 use serde_json::{json, Value};
 
 use crate::root;
@@ -124,10 +124,7 @@ fn kustomize(dir: &Path) -> Vec<Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("UTF-8 from kubectl kustomize");
-    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).expect("kubectl kustomize printed YAML"))
-        .filter(|v| !v.is_null())
-        .collect();
+    let objects = yaml::parse_all(&text).expect("kubectl kustomize printed YAML");
     assert!(!objects.is_empty(), "{} renders nothing", dir.display());
     objects
 }
@@ -142,9 +139,8 @@ fn render_all() -> Vec<Rendered> {
         .collect()
 }
 
-/// The objects as a YAML stream of JSON documents: serde_yaml writes YAML 1.2, where a string
-/// such as `on` needs no quotes, and the YAML 1.1 readers (kubernetes-validate's PyYAML) would
-/// read it as a boolean.
+/// The objects as a YAML stream of JSON documents, which YAML 1.1 readers (kubernetes-validate's
+/// PyYAML) and YAML 1.2 readers read alike.
 fn yaml_stream(objects: &[&Value]) -> String {
     objects
         .iter()
@@ -966,7 +962,7 @@ fn promtool_fires_each_alert_when_the_runbook_says_and_not_while_replicas_start(
     }
     let tests_path = root().join("tests/it/testdata/alerts.test.yaml");
     let tests_text = std::fs::read_to_string(&tests_path).unwrap();
-    let tests: Value = serde_yaml::from_str(&tests_text).expect("alerts.test.yaml is YAML");
+    let tests = yaml::parse(&tests_text).expect("alerts.test.yaml is YAML");
     assert_eq!(tests["rule_files"], json!(["rules.json"]));
     // Every alert has a case where it fires.
     let firing: BTreeSet<String> = tests["tests"]

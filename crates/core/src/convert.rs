@@ -666,12 +666,11 @@ pub struct Loaded {
 
 /// Reads what `kubectl get pods,nodes,pdb -A -o yaml` (or `-o json`) prints: a `List`.
 pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
-    let doc: Value = serde_yaml::from_str(text).map_err(|e| {
-        let at = e
-            .location()
-            .map(|l| format!(":{}:{}", l.line(), l.column()))
-            .unwrap_or_default();
-        format!("{file}{at}: not valid YAML or JSON: {e}")
+    let doc = crate::yaml::parse(text).map_err(|e| {
+        format!(
+            "{file}:{}:{}: not valid YAML or JSON: {}",
+            e.line, e.col, e.message
+        )
     })?;
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
     let items = match doc.get("items") {

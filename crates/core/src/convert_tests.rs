@@ -63,7 +63,7 @@ fn convert(v: Value) -> Pod {
 /// Converts a pod written in YAML (as a cluster file would be read), so that bare numbers are
 /// YAML numbers.
 fn convert_yaml(text: &str) -> Pod {
-    convert(serde_yaml::from_str(text).expect("valid YAML"))
+    convert(crate::yaml::parse(text).expect("valid YAML"))
 }
 
 fn node_json(patch: Value) -> Value {
@@ -1236,7 +1236,7 @@ fn example_cluster_file_loads() {
 
 #[test]
 fn json_cluster_files_load_too() {
-    let list: Value = serde_yaml::from_str(CLUSTER_EXAMPLE).unwrap();
+    let list = crate::yaml::parse(CLUSTER_EXAMPLE).unwrap();
     let text = serde_json::to_string_pretty(&list).unwrap();
     let from_json = load_cluster_file(&text, "cluster.json").unwrap();
     let from_yaml = load_cluster_file(CLUSTER_EXAMPLE, "cluster.yaml").unwrap();
@@ -1285,17 +1285,19 @@ fn non_list_documents_are_errors() {
 #[test]
 fn invalid_yaml_names_file_line_and_column() {
     let cases = [
+        // Where the unclosed sequence opens.
         (
             "kind: List\nitems: [\n",
-            "c.yaml:3:1: not valid YAML or JSON: ",
+            "c.yaml:2:8: not valid YAML or JSON: unclosed bracket",
         ),
+        // Where the key without its `:` starts.
         (
             "kind: List\nitems:\n- a: 1\n  b\n",
-            "c.yaml:5:1: not valid YAML or JSON: ",
+            "c.yaml:4:3: not valid YAML or JSON: ",
         ),
         (
             "{\"kind\": \"List\", \"items\": [}",
-            "c.yaml:1:28: not valid YAML or JSON: ",
+            "c.yaml:1:27: not valid YAML or JSON: mismatched bracket '[' closed by '}'",
         ),
     ];
     for (text, want) in cases {

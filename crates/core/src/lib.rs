@@ -3,7 +3,7 @@
 //! from a snapshot to a plan), and [`autoscaler`] (the decision core that the controller and the
 //! simulator both execute: state, passes, actions). [`convert`] turns Kubernetes objects (JSON)
 //! into model values; [`catalog`] reads instance catalogs; [`prices`] refreshes their prices;
-//! [`fixtures`] builds test values.
+//! [`fixtures`] builds test values; [`yaml`] reads and writes YAML.
 
 pub mod autoscaler;
 pub mod catalog;
@@ -14,5 +14,6 @@ pub mod model;
 pub mod plan;
 pub mod policy;
 pub mod prices;
+pub mod yaml;
 
 pub use gpu_node_autoscaler_provider as provider;

@@ -17,7 +17,7 @@ pub mod trace;
 
 #[cfg(test)]
 use gpu_node_autoscaler_core::catalog;
-use gpu_node_autoscaler_core::{autoscaler, convert, fixtures, model, plan, policy};
+use gpu_node_autoscaler_core::{autoscaler, convert, fixtures, model, plan, policy, yaml};
 use gpu_node_autoscaler_provider::Catalog;
 
 use crate::model::Pod;

@@ -12,6 +12,7 @@ use crate::convert::Converter;
 use crate::policy::duration::parse_duration;
 use crate::policy::source_map::{display_path, path_from_serde, PathSeg, SourceMap};
 use crate::policy::{parse_policy_at, Policy};
+use crate::yaml::{self, YamlError};
 
 use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE};
 
@@ -34,7 +35,7 @@ struct RawScenario {
     catalog: Option<String>,
     /// Decoded separately, with positions in this file.
     #[allow(dead_code)]
-    policy: serde_yaml::Value,
+    policy: Value,
     #[serde(default)]
     jobs: Vec<RawJob>,
     #[serde(default)]
@@ -79,13 +80,13 @@ struct RawPodGroup {
     name: String,
     #[serde(default = "one")]
     replicas: u32,
-    requests: BTreeMap<String, serde_yaml::Value>,
+    requests: BTreeMap<String, Value>,
     #[serde(default)]
     node_selector: BTreeMap<String, String>,
     #[serde(default)]
-    tolerations: Vec<serde_yaml::Value>,
+    tolerations: Vec<Value>,
     #[serde(default)]
-    affinity: Option<serde_yaml::Value>,
+    affinity: Option<Value>,
 }
 
 fn one() -> u32 {
@@ -96,11 +97,11 @@ fn one() -> u32 {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawService {
     name: String,
-    requests: BTreeMap<String, serde_yaml::Value>,
+    requests: BTreeMap<String, Value>,
     #[serde(default)]
     node_selector: BTreeMap<String, String>,
     #[serde(default)]
-    tolerations: Vec<serde_yaml::Value>,
+    tolerations: Vec<Value>,
     hpa: RawHpa,
     /// GPUs of demand over time (steps).
     load: Vec<RawLoad>,
@@ -233,14 +234,13 @@ fn path(parts: &[PathSeg]) -> Vec<PathSeg> {
 fn make_pod(
     conv: &mut Converter,
     name: &str,
-    requests: &BTreeMap<String, serde_yaml::Value>,
+    requests: &BTreeMap<String, Value>,
     node_selector: &BTreeMap<String, String>,
-    tolerations: &[serde_yaml::Value],
-    affinity: Option<&serde_yaml::Value>,
+    tolerations: &[Value],
+    affinity: Option<&Value>,
     gang: Option<(&str, usize)>,
     priority: i32,
 ) -> Result<crate::model::Pod, String> {
-    let to_json = |v: &serde_yaml::Value| serde_json::to_value(v).unwrap_or(Value::Null);
     let mut annotations = serde_json::Map::new();
     if let Some((g, n)) = gang {
         annotations.insert("gpu-node-autoscaler.io/gang".into(), json!(g));
@@ -251,16 +251,16 @@ fn make_pod(
     }
     let reqs: serde_json::Map<String, Value> = requests
         .iter()
-        .map(|(k, v)| (k.clone(), to_json(v)))
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let mut spec = json!({
         "containers": [{"name": "main", "resources": {"requests": reqs}}],
         "nodeSelector": node_selector,
-        "tolerations": tolerations.iter().map(to_json).collect::<Vec<_>>(),
+        "tolerations": tolerations,
         "priority": priority,
     });
     if let Some(a) = affinity {
-        spec["affinity"] = to_json(a);
+        spec["affinity"] = a.clone();
     }
     let obj = json!({
         "metadata": {
@@ -279,10 +279,10 @@ fn make_pod(
 
 /// Parses a scenario. Errors name the file, line, column and field; every error found is listed.
 pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
-    let map = SourceMap::parse(text)
-        .map_err(|e| format!("{file}:{}:{}: invalid YAML: {}", e.line, e.col, e.message))?;
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|e| format!("{file}: invalid YAML: {e}"))?;
+    let invalid =
+        |e: YamlError| format!("{file}:{}:{}: invalid YAML: {}", e.line, e.col, e.message);
+    let map = SourceMap::parse(text).map_err(invalid)?;
+    let doc = yaml::parse(text).map_err(invalid)?;
     let mut errs = Errs {
         file,
         map: &map,
@@ -292,9 +292,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
         Ok(r) => r,
         Err(e) => {
             let p = path_from_serde(e.path());
-            let msg = e.inner().to_string();
-            let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
-            errs.at(&p, msg);
+            errs.at(&p, e.inner().to_string());
             return Err(errs.out.join("\n"));
         }
     };

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use gpu_node_autoscaler_core::yaml;
 
 /// The repository's root (this crate is `crates/test-support`).
 pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
@@ -351,8 +351,7 @@ impl Cluster {
             .kubectl(&["kustomize", &target])
             .unwrap_or_else(|e| panic!("kubectl kustomize {target}: {e}"));
         let mut docs = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(&rendered) {
-            let mut v: Value = serde::Deserialize::deserialize(doc).expect("rendered YAML");
+        for mut v in yaml::parse_all(&rendered).expect("rendered YAML") {
             let kind = v["kind"].as_str().unwrap_or("").to_string();
             if !matches!(
                 kind.as_str(),

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use gpu_node_autoscaler_core::model::labels::{self, GPU_MODEL};
 use gpu_node_autoscaler_core::policy::{duration::parse_duration, Policy};
+use gpu_node_autoscaler_core::yaml;
 use gpu_node_autoscaler_provider::{CapacityType, Catalog};
 use serde_json::{json, Value};
-use serde_yaml::Value as Yaml;
 
 /// The policy keys whose values are durations (docs/policy.md).
 const DURATION_KEYS: [&str; 17] = [
@@ -51,45 +51,42 @@ pub fn scaled_duration(d: Duration, scale: f64) -> Duration {
     Duration::from_secs_f64(d.as_secs_f64() / scale)
 }
 
-fn scale_durations(v: &mut Yaml, scale: f64) {
+fn scale_durations(v: &mut Value, scale: f64) {
     match v {
-        Yaml::Mapping(m) => {
+        Value::Object(m) => {
             for (k, val) in m.iter_mut() {
-                let is_duration_key = k.as_str().is_some_and(|k| DURATION_KEYS.contains(&k));
-                if let (true, Some(s)) = (is_duration_key, val.as_str()) {
+                if let (true, Some(s)) = (DURATION_KEYS.contains(&k.as_str()), val.as_str()) {
                     if let Ok(d) = parse_duration(s) {
-                        *val = Yaml::String(scaled(d, scale));
+                        *val = Value::String(scaled(d, scale));
                         continue;
                     }
                 }
                 scale_durations(val, scale);
             }
         }
-        Yaml::Sequence(s) => s.iter_mut().for_each(|x| scale_durations(x, scale)),
+        Value::Array(s) => s.iter_mut().for_each(|x| scale_durations(x, scale)),
         _ => {}
     }
 }
 
-fn map(v: &mut Yaml) -> &mut serde_yaml::Mapping {
-    if !v.is_mapping() {
-        *v = Yaml::Mapping(Default::default());
+fn map(v: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !v.is_object() {
+        *v = Value::Object(Default::default());
     }
-    v.as_mapping_mut().unwrap()
+    v.as_object_mut().unwrap()
 }
 
-fn set(m: &mut serde_yaml::Mapping, key: &str, value: String) {
-    m.insert(Yaml::String(key.into()), Yaml::String(value));
+fn set(m: &mut serde_json::Map<String, Value>, key: &str, value: String) {
+    m.insert(key.into(), Value::String(value));
 }
 
 /// Our policy: the scenario's `policy` section with every pool on the kwok provider, every
 /// duration it sets scaled, and the defaults that matter to timing written out scaled.
-pub fn our_policy(raw_policy: &Yaml, policy: &Policy, scale: f64) -> anyhow::Result<String> {
+pub fn our_policy(raw_policy: &Value, policy: &Policy, scale: f64) -> anyhow::Result<String> {
     let mut p = raw_policy.clone();
     scale_durations(&mut p, scale);
     let top = map(&mut p);
-    let batching = map(top
-        .entry(Yaml::String("batching".into()))
-        .or_insert(Yaml::Null));
+    let batching = map(top.entry("batching").or_insert(Value::Null));
     set(batching, "idle", scaled(policy.batching.idle, scale));
     set(batching, "max", scaled(policy.batching.max, scale));
     set(
@@ -104,16 +101,14 @@ pub fn our_policy(raw_policy: &Yaml, policy: &Policy, scale: f64) -> anyhow::Res
     );
     let pools = top
         .get_mut("pools")
-        .and_then(Yaml::as_sequence_mut)
+        .and_then(Value::as_array_mut)
         .ok_or_else(|| anyhow::anyhow!("the scenario's policy has no pools"))?;
     for (raw, pool) in pools.iter_mut().zip(&policy.pools) {
         let m = map(raw);
         set(m, "provider", "kwok".into());
         m.remove("aws");
         m.remove("alibaba");
-        let sd = map(m
-            .entry(Yaml::String("scaleDown".into()))
-            .or_insert(Yaml::Null));
+        let sd = map(m.entry("scaleDown").or_insert(Value::Null));
         let s = &pool.scale_down;
         set(
             sd,
@@ -132,7 +127,7 @@ pub fn our_policy(raw_policy: &Yaml, policy: &Policy, scale: f64) -> anyhow::Res
             scaled(s.backoff_after_failure, scale),
         );
     }
-    Ok(serde_yaml::to_string(&p)?)
+    Ok(yaml::to_string(&p)?)
 }
 
 /// Karpenter's kwok instance types (`INSTANCE_TYPES_FILE_PATH`, the schema of
@@ -535,7 +530,7 @@ mod tests {
 
     #[test]
     fn durations_are_scaled_and_quantities_left_alone() {
-        let mut v: Yaml = serde_yaml::from_str(
+        let mut v = yaml::parse(
             "batching: {idle: 2s}\npools:\n- name: a\n  reserved: {cpu: 500m}\n  scaleDown: {unneededTime: 3m}\n",
         )
         .unwrap();

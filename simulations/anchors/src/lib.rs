@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use gpu_node_autoscaler_core::catalog;
+use gpu_node_autoscaler_core::{catalog, yaml};
 use gpu_node_autoscaler_sim::scenario::parse_scenario;
 
 pub use replay::{Binaries, Measured, Report};
@@ -66,7 +66,7 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let file = path.display().to_string();
         let scenario = parse_scenario(&text, &file).map_err(|e| anyhow::anyhow!(e))?;
-        let raw: serde_yaml::Value = serde_yaml::from_str(&text)?;
+        let raw = yaml::parse(&text)?;
         let types = match &scenario.catalog {
             None => catalog::parse_csv(catalog::BUILTIN_AWS, catalog::BUILTIN_AWS_NAME)?,
             Some(rel) => {

@@ -250,7 +250,7 @@ fn pod_object(p: &Pod, name: &str, run: Option<Duration>) -> Result<Value> {
 impl Setup {
     pub fn new(
         s: &Scenario,
-        raw_policy: &serde_yaml::Value,
+        raw_policy: &serde_json::Value,
         catalog: Catalog,
         scale: f64,
         max_time: Option<Duration>,

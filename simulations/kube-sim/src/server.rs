@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use gpu_node_autoscaler_core::yaml;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -187,7 +188,7 @@ fn parse_target(group: &str, version: &str, rest: &[&str], path: &str) -> ApiRes
 fn decode_body(bytes: &[u8], content_type: &str) -> ApiResult<Value> {
     let mime = content_type.split(';').next().unwrap_or("").trim();
     let value: Value = match mime {
-        "application/yaml" | "application/x-yaml" | "text/yaml" => serde_yaml::from_slice(bytes)
+        "application/yaml" | "application/x-yaml" | "text/yaml" => yaml::parse_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
         _ => serde_json::from_slice(bytes).map_err(|e| {
             ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))

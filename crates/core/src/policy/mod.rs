@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use gpu_node_autoscaler_provider::CapacityType;
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::model::constraints::{Effect, Taint};
 use crate::model::quantity::parse_quantity;
@@ -409,7 +410,7 @@ struct RawPolicy {
     gpu_metrics: Option<RawGpuMetrics>,
     /// Pools are decoded one by one so that every pool's errors are reported.
     #[serde(default)]
-    pools: serde_yaml::Value,
+    pools: Value,
     /// `zones` was present but did not decode (already reported).
     #[serde(skip)]
     zones_invalid: bool,
@@ -654,10 +655,10 @@ struct QuantityText(String);
 
 impl<'de> Deserialize<'de> for QuantityText {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<QuantityText, D::Error> {
-        let v = serde_yaml::Value::deserialize(d)?;
+        let v = Value::deserialize(d)?;
         match v {
-            serde_yaml::Value::String(s) => Ok(QuantityText(s)),
-            serde_yaml::Value::Number(n) => Ok(QuantityText(n.to_string())),
+            Value::String(s) => Ok(QuantityText(s)),
+            Value::Number(n) => Ok(QuantityText(n.to_string())),
             _ => Err(serde::de::Error::custom(
                 "expected a quantity such as \"500m\" or \"2Gi\"",
             )),
@@ -712,13 +713,7 @@ impl Collector<'_> {
     ) {
         let mut path = prefix.to_vec();
         path.extend(path_from_serde(e.path()));
-        let msg = e.inner().to_string();
-        // serde_yaml appends its own (meaningless for a sub-value) position; drop it.
-        let msg = match msg.find(" at line ") {
-            Some(i) => msg[..i].to_string(),
-            None => msg,
-        };
-        self.at(&path, msg);
+        self.at(&path, e.inner().to_string());
     }
 }
 
@@ -752,13 +747,12 @@ pub fn parse_policy_at(text: &str, file: &str, at: &[PathSeg]) -> Result<Policy,
             message: format!("invalid YAML: {}", e.message),
         }])
     })?;
-    let root: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| {
-        let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+    let root = crate::yaml::parse(text).map_err(|e| {
         fail(vec![PolicyError {
-            line,
-            col,
+            line: e.line,
+            col: e.col,
             path: String::new(),
-            message: format!("invalid YAML: {e}"),
+            message: format!("invalid YAML: {}", e.message),
         }])
     })?;
     let mut c = Collector {
@@ -772,9 +766,9 @@ pub fn parse_policy_at(text: &str, file: &str, at: &[PathSeg]) -> Result<Policy,
             PathSeg::Key(k) => root.get(k.as_str()).cloned(),
             PathSeg::Index(i) => root.get(*i).cloned(),
         }
-        .unwrap_or(serde_yaml::Value::Null);
+        .unwrap_or(Value::Null);
     }
-    if !root.is_mapping() {
+    if !root.is_object() {
         c.at(&[], "a policy must be a YAML mapping with a `pools` list");
         return Err(fail(c.errors));
     }
@@ -791,7 +785,7 @@ pub fn parse_policy_at(text: &str, file: &str, at: &[PathSeg]) -> Result<Policy,
 
 /// Decodes the top level. A field that does not decode is reported and left out, and the rest is
 /// decoded again, so that one bad top-level field does not hide the other errors (the pools').
-fn decode_top_level(mut root: serde_yaml::Value, c: &mut Collector) -> RawPolicy {
+fn decode_top_level(mut root: Value, c: &mut Collector) -> RawPolicy {
     let mut zones_invalid = false;
     loop {
         match serde_path_to_error::deserialize::<_, RawPolicy>(root.clone()) {
@@ -808,7 +802,7 @@ fn decode_top_level(mut root: serde_yaml::Value, c: &mut Collector) -> RawPolicy
                 };
                 c.serde_error(&[], e);
                 let removed = field.filter(|k| {
-                    root.as_mapping_mut()
+                    root.as_object_mut()
                         .is_some_and(|m| m.remove(k.as_str()).is_some())
                 });
                 match removed {
@@ -872,7 +866,7 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
 
     let mut pools = Vec::new();
     match &raw.pools {
-        serde_yaml::Value::Sequence(items) => {
+        Value::Array(items) => {
             if items.is_empty() {
                 c.at(&[key("pools")], "at least one pool is required");
             }
@@ -888,11 +882,11 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
                 }
             }
         }
-        serde_yaml::Value::Null => c.at(&[key("pools")], "missing field `pools`"),
+        Value::Null => c.at(&[key("pools")], "missing field `pools`"),
         _ => c.at(&[key("pools")], "`pools` must be a list"),
     }
     // Every later pool with a name already used, whether or not either pool has other errors.
-    if let serde_yaml::Value::Sequence(items) = &raw.pools {
+    if let Value::Array(items) = &raw.pools {
         let mut seen = BTreeSet::new();
         for (i, item) in items.iter().enumerate() {
             if let Some(name) = item.get("name").and_then(|v| v.as_str()) {
@@ -1130,9 +1124,9 @@ fn validate_gpu_metrics(r: RawGpuMetrics, c: &mut Collector) -> Option<GpuMetric
 }
 
 /// The position in the `pools` list of the pool named `name`.
-fn pool_index(pools: &serde_yaml::Value, name: &str) -> Option<usize> {
+fn pool_index(pools: &Value, name: &str) -> Option<usize> {
     pools
-        .as_sequence()?
+        .as_array()?
         .iter()
         .position(|p| p.get("name").and_then(|v| v.as_str()) == Some(name))
 }

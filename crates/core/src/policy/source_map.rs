@@ -7,8 +7,9 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
-use yaml_rust2::scanner::{Marker, ScanError, TScalarStyle};
+use serde_saphyr::granit_parser::{Event, Marker, Parser, ScalarStyle, ScanError, Span};
+
+use crate::yaml::YamlError;
 
 /// One step in a path from the document root.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -47,7 +48,7 @@ impl fmt::Display for Location {
 }
 
 impl From<Marker> for Location {
-    // yaml-rust2 markers have 1-based lines and 0-based columns.
+    // Parser markers have 1-based lines and 0-based columns.
     fn from(m: Marker) -> Self {
         Location {
             line: m.line().max(1),
@@ -56,23 +57,12 @@ impl From<Marker> for Location {
     }
 }
 
-/// A YAML syntax error; displays as `LINE:COL: message`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{line}:{col}: {message}")]
-pub struct YamlSyntaxError {
-    pub line: usize,
-    pub col: usize,
-    pub message: String,
-}
-
-impl From<ScanError> for YamlSyntaxError {
-    fn from(e: ScanError) -> Self {
-        let loc = Location::from(*e.marker());
-        YamlSyntaxError {
-            line: loc.line,
-            col: loc.col,
-            message: e.info().to_string(),
-        }
+fn syntax_error(e: ScanError) -> YamlError {
+    let loc = Location::from(*e.marker());
+    YamlError {
+        line: loc.line,
+        col: loc.col,
+        message: e.info(),
     }
 }
 
@@ -92,14 +82,14 @@ pub struct SourceMap {
 }
 
 impl SourceMap {
-    pub fn parse(text: &str) -> Result<SourceMap, YamlSyntaxError> {
+    pub fn parse(text: &str) -> Result<SourceMap, YamlError> {
         let mut builder = Builder::default();
         let mut parser = Parser::new_from_str(text);
         // Pull events directly (not `Parser::load`) to stop after the first document.
-        loop {
-            let (event, mark) = parser.next_token()?;
+        while let Some(next) = parser.next_event() {
+            let (event, span) = next.map_err(syntax_error)?;
             let done = matches!(event, Event::DocumentEnd | Event::StreamEnd);
-            builder.on_event(event, mark);
+            builder.on_event(event, span);
             if done {
                 break;
             }
@@ -214,12 +204,17 @@ enum NodeKind {
     Seq,
 }
 
-impl MarkedEventReceiver for Builder {
-    fn on_event(&mut self, event: Event, mark: Marker) {
+impl Builder {
+    fn on_event(&mut self, event: Event, span: Span) {
+        let mark = span.start;
         let kind = match event {
             Event::Scalar(text, style, ..) => {
-                let empty_plain = text.is_empty() && style == TScalarStyle::Plain;
-                NodeKind::Scalar { text, empty_plain }
+                // An implicit null has no text: its span is empty.
+                let empty_plain = span.is_empty() && style == ScalarStyle::Plain;
+                NodeKind::Scalar {
+                    text: text.into_owned(),
+                    empty_plain,
+                }
             }
             Event::Alias(_) => NodeKind::Alias,
             Event::MappingStart(..) => NodeKind::Map,
@@ -237,9 +232,7 @@ impl MarkedEventReceiver for Builder {
         };
         self.node(kind, mark);
     }
-}
 
-impl Builder {
     fn node(&mut self, kind: NodeKind, mark: Marker) {
         let loc = Location::from(mark);
         let is_collection = matches!(kind, NodeKind::Map | NodeKind::Seq);
@@ -515,9 +508,10 @@ other: *d
 
     #[test]
     fn syntax_errors() {
+        // An unclosed flow sequence: where it opens.
         let e = SourceMap::parse("a: [1, 2").unwrap_err();
-        assert_eq!((e.line, e.col), (2, 1));
-        assert!(e.message.contains("flow sequence"), "{e}");
+        assert_eq!((e.line, e.col), (1, 4));
+        assert!(e.message.contains("unclosed bracket"), "{e}");
         let e = SourceMap::parse("a:\n\tb: 1\n").unwrap_err();
         assert_eq!((e.line, e.col), (2, 2));
         assert!(e.message.contains("tabs"), "{e}");
@@ -525,8 +519,9 @@ other: *d
             e.to_string(),
             "2:2: tabs disallowed within this context (block indentation)"
         );
+        // A key without its `:`: where it starts.
         let e = SourceMap::parse("a: 1\nb\n").unwrap_err();
-        assert_eq!(e.line, 3);
+        assert_eq!((e.line, e.col), (2, 1));
         assert!(SourceMap::parse("a: \"unterminated\n").is_err());
     }
 
@@ -594,8 +589,8 @@ other: *d
         }
 
         fn error_path(text: &str) -> (Vec<PathSeg>, String) {
-            let de = serde_yaml::Deserializer::from_str(text);
-            match serde_path_to_error::deserialize::<_, Policy>(de) {
+            let doc = crate::yaml::parse(text).expect("valid YAML");
+            match serde_path_to_error::deserialize::<_, Policy>(doc) {
                 Ok(v) => panic!("expected an error, got {v:?}"),
                 Err(e) => (path_from_serde(e.path()), e.inner().to_string()),
             }

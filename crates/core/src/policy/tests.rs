@@ -773,10 +773,11 @@ fn error_cases() -> Vec<Case> {
             "must be in (0, 1], got 0",
         ),
         case(
+            // Not a number JSON can hold: a YAML error at the value.
             "spotPriceRatio NaN",
             one_pool(&["spotPriceRatio: .nan"]),
-            (6, 1),
-            "must be in (0, 1], got NaN",
+            (6, 17),
+            "invalid YAML: value `.nan` is not a finite number",
         ),
         case(
             "utilizationThreshold above 1",
@@ -806,7 +807,7 @@ fn error_cases() -> Vec<Case> {
             "out-of-range reserved.memory",
             one_pool(&["    reserved: {memory: 1e30}"]),
             (6, 16),
-            "pools[0].reserved.memory: quantity \"1e30\" is out of range",
+            "pools[0].reserved.memory: quantity \"1e+30\" is out of range",
         ),
         case(
             "reserved.memory of the wrong type",
@@ -1021,8 +1022,8 @@ fn unknown_field_message_lists_the_known_fields() {
     let msg = &e.errors[0].message;
     assert!(msg.contains("`maxNodes`"), "{msg}");
     assert!(msg.contains("`minNodes`"), "{msg}");
-    // serde_yaml's own (meaningless) position is stripped.
-    assert!(!msg.contains(" at line "), "{msg}");
+    // The position is the error's own, not repeated in its message.
+    assert!(!msg.contains(" line "), "{msg}");
     assert_eq!(e.errors[0].path, "pools[0].maxNode");
 }
 
@@ -1033,7 +1034,7 @@ fn yaml_syntax_errors_have_a_position() {
         (yaml(&["zones: [us-east-1a", "pools: []"]), 2, 6),
         // A quoted string running on into the next line, reported where it starts.
         (yaml(&["zones: [\"us-east-1a]", "pools: []"]), 1, 9),
-        // A tab where indentation is expected (yaml-rust2 reports just past the tab).
+        // A tab where indentation is expected: just past the tab.
         (yaml(&["pools:", "\t- name: a"]), 2, 2),
     ];
     for (text, line, col) in cases {
@@ -1051,21 +1052,17 @@ fn yaml_syntax_errors_have_a_position() {
 }
 
 #[test]
-fn duplicate_keys_are_yaml_errors_at_the_enclosing_mapping() {
-    // serde_yaml rejects duplicate keys but only gives the position of the mapping that holds
-    // them, not of the repeated key.
+fn duplicate_keys_are_yaml_errors_at_the_repeated_key() {
     let e = parse_err(&yaml(&["zones: [a]", "pools: []", "zones: [b]"]));
     assert_eq!(
         e.to_string(),
-        "policy.yaml:1:1: invalid YAML: duplicate entry with key \"zones\""
+        "policy.yaml:3:1: invalid YAML: duplicate mapping key `zones` is not allowed here"
     );
     let e = parse_err(&yaml(&["pools:", "  - name: a", "    name: b"]));
     assert_eq!(positions(&e).len(), 1, "{e}");
-    assert_eq!((e.errors[0].line, e.errors[0].col), (2, 5), "{e}");
+    assert_eq!((e.errors[0].line, e.errors[0].col), (3, 5), "{e}");
     assert!(
-        e.errors[0]
-            .message
-            .contains("duplicate entry with key \"name\""),
+        e.errors[0].message.contains("duplicate mapping key `name`"),
         "{e}"
     );
 }

@@ -1,6 +1,7 @@
 //! End-to-end tests that drive the machine's real `kubectl` against an in-process kube-sim.
 
 use crate::common::{start, Kubectl};
+use gpu_node_autoscaler_core::yaml;
 use serde_json::Value;
 
 const CLUSTER: &str = r#"
@@ -84,7 +85,7 @@ spec:
 "#;
 
 fn yaml(s: &str) -> Value {
-    serde_yaml::from_str(s).expect("kubectl printed YAML")
+    yaml::parse(s).expect("kubectl printed YAML")
 }
 
 /// `kubectl get WHAT -o jsonpath=PATH`.
