@@ -13,13 +13,14 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_ec2::error::DisplayErrorContext;
 use aws_sdk_ec2::types::{Filter, Instance, InstanceLifecycleType, InstanceType};
 use aws_sdk_ec2::Client;
+use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
 use tokio::time::Instant;
 
 /// The cluster identity tag (the launching cluster's kube-system Namespace UID).
 pub const TAG_CLUSTER_ID: &str = "gpu-node-autoscaler.io/cluster-id";
 
 pub use crate::nodes::{
-    delete_node_and_pods, nvidia_product, TAG_CLUSTER, TAG_LAUNCH_ID, TAG_POOL, TAG_TEMPLATE_LABEL,
+    delete_node_and_pods, TAG_CLUSTER, TAG_LAUNCH_ID, TAG_POOL, TAG_TEMPLATE_LABEL,
     TAG_TEMPLATE_TAINT,
 };
 pub use crate::nodes::{CloudBridge, NodeApi, NodeStyle};
@@ -190,7 +191,8 @@ impl Bridge {
                 };
                 if resource == "nvidia.com/gpu" {
                     let mem = g.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0);
-                    product = Some(nvidia_product(g.name().unwrap_or(""), i64::from(mem)));
+                    let mem = u64::try_from(mem).unwrap_or(0);
+                    product = Some(nvidia_product_label(g.name().unwrap_or(""), mem));
                 }
                 let (_, n) = gpus.get_or_insert((resource, 0));
                 *n += count;

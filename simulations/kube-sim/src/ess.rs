@@ -19,13 +19,14 @@ use std::time::Duration;
 use gpu_node_autoscaler_alibaba::{
     gpu_model, provider_id, AlibabaConfig, AlibabaProvider, Api, CredentialSource,
 };
+use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
 use gpu_node_autoscaler_provider::GpuVendor;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::nodes::{
-    nvidia_product, sleep_until_next_poll, CloudBridge, InstanceView, NodeApi, NodeStyle,
-    Registrar, TypeInfo, TAG_POOL,
+    sleep_until_next_poll, CloudBridge, InstanceView, NodeApi, NodeStyle, Registrar, TypeInfo,
+    TAG_POOL,
 };
 use crate::server::App;
 
@@ -180,12 +181,12 @@ pub fn parse_instance_types(v: &Value) -> BTreeMap<String, TypeInfo> {
         .map(|t| {
             let count = number(t, "GPUAmount") as i64;
             let (vendor, model) = gpu_model(&text(t, "GPUSpec"));
-            let gpu_memory_mib = (number(t, "GPUMemorySize") * 1024.0).round() as i64;
+            let gpu_memory_mib = (number(t, "GPUMemorySize") * 1024.0).round() as u64;
             let (gpus, product) = match (count, vendor) {
                 (0, _) => (None, None),
                 (n, GpuVendor::Nvidia) => (
                     Some(("nvidia.com/gpu", n)),
-                    Some(nvidia_product(&model, gpu_memory_mib)),
+                    Some(nvidia_product_label(&model, gpu_memory_mib)),
                 ),
                 (n, GpuVendor::Amd) => (Some(("amd.com/gpu", n)), None),
             };

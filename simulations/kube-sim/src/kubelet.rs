@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::resources::{NODES, PODS};
 use crate::server::App;
 use crate::store::{now_timestamp, EventType, Store, WatchEvent};
-use crate::units::parse_duration;
+use gpu_node_autoscaler_core::policy::duration::parse_duration;
 
 /// A pod with this annotation (a duration such as `30s` or `2m`) succeeds that long after it
 /// started running.

@@ -19,7 +19,6 @@ pub mod selector;
 pub mod server;
 pub mod status;
 pub mod store;
-pub mod units;
 pub mod validation;
 
 use std::net::SocketAddr;

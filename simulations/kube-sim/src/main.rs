@@ -2,8 +2,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
+use gpu_node_autoscaler_core::policy::duration::parse_duration;
 use kube_sim::faults::{check_error_code, check_error_rate};
-use kube_sim::units::parse_duration;
 
 /// An in-memory, Kubernetes-API-compatible cluster simulator (plain HTTP).
 #[derive(Parser, Debug)]

@@ -15,8 +15,9 @@ use gpu_node_autoscaler_memory::MemoryProvider;
 use gpu_node_autoscaler_provider::{CapacityType, Catalog, GpuVendor, InstanceState};
 use tokio::time::Instant;
 
-use crate::nodes::{nvidia_product, InstanceView, Registrar, TypeInfo};
+use crate::nodes::{InstanceView, Registrar, TypeInfo};
 use crate::server::App;
+use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
 
 /// The provider to follow, and the delays.
 #[derive(Debug, Clone)]
@@ -62,7 +63,7 @@ fn types(catalog: &Catalog) -> HashMap<String, TypeInfo> {
                 gpus: gpu.map(|g| (g.vendor.resource(), i64::from(g.count))),
                 product: gpu
                     .filter(|g| g.vendor == GpuVendor::Nvidia)
-                    .map(|g| nvidia_product(&g.model, g.memory_mib as i64)),
+                    .map(|g| nvidia_product_label(&g.model, g.memory_mib)),
             };
             (t.name.clone(), info)
         })

@@ -36,23 +36,6 @@ pub struct TypeInfo {
     pub product: Option<String>,
 }
 
-/// The `nvidia.com/gpu.product` value GPU feature discovery reports for an EC2 GPU model name
-/// and per-GPU memory (as the controller predicts it for its node templates).
-pub fn nvidia_product(model: &str, memory_mib: i64) -> String {
-    let gib = (memory_mib + 1023) / 1024;
-    match model {
-        "T4" => "Tesla-T4".into(),
-        "V100" if gib > 16 => "Tesla-V100-SXM2-32GB".into(),
-        "V100" => "Tesla-V100-SXM2-16GB".into(),
-        "K80" => "Tesla-K80".into(),
-        "M60" => "Tesla-M60".into(),
-        "A100" if gib > 40 => "NVIDIA-A100-SXM4-80GB".into(),
-        "A100" => "NVIDIA-A100-SXM4-40GB".into(),
-        "H100" => "NVIDIA-H100-80GB-HBM3".into(),
-        other => format!("NVIDIA-{}", other.replace(' ', "-")),
-    }
-}
-
 /// One instance as the bridge needs it.
 #[derive(Debug, Clone)]
 pub struct InstanceView {
@@ -534,6 +517,7 @@ impl Registrar {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
 
     fn inst(tags: &[(&str, &str)]) -> InstanceView {
         InstanceView {
@@ -558,7 +542,7 @@ mod tests {
             vcpus: 4,
             memory_mib: 16384,
             gpus: Some(("nvidia.com/gpu", 1)),
-            product: Some(nvidia_product("A10G", 22888)),
+            product: Some(nvidia_product_label("A10G", 22888)),
         };
         let i = inst(&[
             (TAG_POOL, "gpu"),

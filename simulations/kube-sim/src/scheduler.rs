@@ -13,12 +13,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpu_node_autoscaler_core::model::quantity::parse_quantity;
 use serde_json::{json, Value};
 
 use crate::resources::{NODES, PODS};
 use crate::server::App;
 use crate::store::{now_timestamp, Store};
-use crate::units::parse_quantity_milli;
 
 /// Resource name → amount in thousandths.
 pub type Resources = BTreeMap<String, i128>;
@@ -33,7 +33,10 @@ fn quantities(v: Option<&Value>) -> Result<Resources, String> {
         };
         out.insert(
             k.clone(),
-            parse_quantity_milli(&s).map_err(|e| format!("resource {k}: {e}"))?,
+            parse_quantity(&s)
+                .and_then(|q| q.to_milli_ceil())
+                .map(i128::from)
+                .map_err(|e| format!("resource {k}: {e}"))?,
         );
     }
     Ok(out)

@@ -4,9 +4,12 @@ use serde_json::Value;
 
 use crate::kubelet::RUN_DURATION_ANNOTATION;
 use crate::resources::ResourceDef;
-use crate::units::{parse_duration, parse_quantity_milli};
+use gpu_node_autoscaler_core::model::quantity::{parse_quantity, QuantityError};
+use gpu_node_autoscaler_core::policy::duration::parse_duration;
 
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const QUANTITY_MSG: &str =
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
 fn is_dns_label(s: &str) -> bool {
@@ -168,12 +171,16 @@ fn validate_pod_quantities(obj: &Value, causes: &mut Causes) {
                         Value::Number(n) => n.to_string(),
                         other => other.to_string(),
                     };
-                    if let Err(e) = parse_quantity_milli(&text) {
-                        causes.push((
-                            format!("spec.{list}[{i}].resources.{kind}[{r}]"),
-                            format!("Invalid value: {}: {e}", quoted(q)),
-                        ));
-                    }
+                    let e = match parse_quantity(&text) {
+                        Ok(_) => continue,
+                        // The API server's words.
+                        Err(QuantityError::Malformed { .. }) => QUANTITY_MSG.to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    causes.push((
+                        format!("spec.{list}[{i}].resources.{kind}[{r}]"),
+                        format!("Invalid value: {}: {e}", quoted(q)),
+                    ));
                 }
             }
         }
