@@ -1267,30 +1267,20 @@ fn kube_sim_accepts_every_object_it_serves() {
 /// progress bars.
 #[test]
 fn the_controller_build_links_no_plotting_or_progress_bars() {
-    let out = Command::new(env!("CARGO"))
-        .current_dir(root())
-        .args([
-            "tree",
-            "--locked",
-            "--offline",
-            "-p",
-            "gpu-node-autoscaler",
-            "--no-default-features",
-            "--features",
-            "controller,alibaba",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .output()
-        .expect("cargo tree");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tree = String::from_utf8_lossy(&out.stdout);
+    let tree = crate::cargo(&[
+        "tree",
+        "--locked",
+        "--offline",
+        "-p",
+        "gpu-node-autoscaler",
+        "--no-default-features",
+        "--features",
+        "controller,alibaba",
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+    ]);
     let names: BTreeSet<&str> = tree
         .lines()
         .filter_map(|l| l.split_whitespace().next())

@@ -1,6 +1,7 @@
 //! The documentation cannot drift from the code: every field of the policy schema is described.
 
-use crate::{root, run, stderr};
+use crate::{cargo, root, run, stderr};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// serde lists a struct's fields when it meets an unknown one; use that as the schema.
 fn fields_of(yaml_with_unknown_field: &str) -> Vec<String> {
@@ -225,4 +226,111 @@ fn the_interruption_queue_set_up_matches_what_the_controller_reads_and_calls() {
         .into_iter()
         .collect()
     );
+}
+
+/// A workspace crate's name in the dependency table: without the common prefix.
+fn short_name(package: &str) -> &str {
+    package
+        .strip_prefix("gpu-node-autoscaler-")
+        .unwrap_or(package)
+}
+
+/// What the manifests say: each crate from outside the workspace → the workspace crates that
+/// name it, as the table writes them (`core`, `core (dev)`).
+fn direct_dependencies() -> BTreeMap<String, BTreeSet<String>> {
+    let out = cargo(&[
+        "metadata",
+        "--no-deps",
+        "--offline",
+        "--format-version",
+        "1",
+    ]);
+    let meta: serde_json::Value = serde_json::from_str(&out).expect("cargo metadata JSON");
+    let packages = meta["packages"].as_array().expect("packages");
+    let members: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    // (dependency, user) → kinds (normal, dev, build).
+    let mut kinds: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for p in packages {
+        let user = short_name(p["name"].as_str().expect("package name"));
+        for d in p["dependencies"].as_array().expect("dependencies") {
+            let name = d["name"].as_str().expect("dependency name");
+            if members.contains(name) {
+                continue;
+            }
+            let kind = d["kind"].as_str().unwrap_or("normal");
+            kinds
+                .entry((name.to_string(), user.to_string()))
+                .or_default()
+                .insert(kind.to_string());
+        }
+    }
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for ((name, user), kinds) in kinds {
+        let entry = if kinds.contains("normal") {
+            user
+        } else {
+            format!(
+                "{user} ({})",
+                kinds.into_iter().collect::<Vec<_>>().join(", ")
+            )
+        };
+        out.entry(name).or_default().insert(entry);
+    }
+    out
+}
+
+/// The rows of the table under `## Dependencies`: crate → the "used by" column.
+fn dependency_table(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let section = doc
+        .split("\n## Dependencies\n")
+        .nth(1)
+        .expect("docs/architecture.md has a Dependencies section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut rows = BTreeMap::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        assert!(cells.len() >= 5, "a row without its three columns: {line}");
+        let name = cells[1].trim_matches('`').to_string();
+        assert!(!cells[3].is_empty(), "{name}: the row does not say why");
+        let users: BTreeSet<String> = cells[2].split(", ").map(str::to_string).collect();
+        assert!(
+            rows.insert(name.clone(), users).is_none(),
+            "{name} has two rows"
+        );
+    }
+    rows
+}
+
+#[test]
+fn every_direct_dependency_has_a_row_in_the_architecture_dependency_table() {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let table = dependency_table(&doc);
+    let manifests = direct_dependencies();
+    assert!(
+        manifests.len() > 20,
+        "only {} dependencies found",
+        manifests.len()
+    );
+    let missing: Vec<&String> = manifests
+        .keys()
+        .filter(|d| !table.contains_key(*d))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md has no row for {missing:?}"
+    );
+    let stale: Vec<&String> = table
+        .keys()
+        .filter(|d| !manifests.contains_key(*d))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "docs/architecture.md has rows for {stale:?}, which no workspace crate depends on"
+    );
+    for (name, users) in &manifests {
+        assert_eq!(
+            &table[name], users,
+            "docs/architecture.md: the crates that use {name}"
+        );
+    }
 }

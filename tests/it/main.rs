@@ -30,6 +30,18 @@ pub fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("run gpu-node-autoscaler")
 }
 
+/// `cargo ARGS` in the workspace, with the cargo that runs the tests: its output, or a failure
+/// with its errors.
+pub fn cargo(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .expect("run cargo");
+    assert!(out.status.success(), "cargo {args:?}: {}", stderr(&out));
+    stdout(&out)
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
