@@ -139,12 +139,12 @@ fn render_all() -> Vec<Rendered> {
         .collect()
 }
 
-/// The objects as a YAML stream of JSON documents, which YAML 1.1 readers (kubernetes-validate's
-/// PyYAML) and YAML 1.2 readers read alike.
+/// The objects as a YAML stream, with the strings YAML 1.1 readers (kubernetes-validate's PyYAML,
+/// kubectl) would take for other types quoted.
 fn yaml_stream(objects: &[&Value]) -> String {
     objects
         .iter()
-        .map(|o| format!("{o}\n"))
+        .map(|o| yaml::to_string(o).expect("an object as YAML"))
         .collect::<Vec<_>>()
         .join("---\n")
 }
