@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use base64::Engine;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use sha1::Sha1;
 
 /// Percent-encodes per RFC 3986 as the signature wants it: only `A-Z a-z 0-9 - _ . ~` stay
