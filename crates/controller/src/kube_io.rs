@@ -68,6 +68,51 @@ pub async fn watch_into<K>(
     }
 }
 
+/// Whether the API server serves Dynamic Resource Allocation (`resource.k8s.io/v1`, GA since
+/// Kubernetes 1.34) with every kind the store reads. Discovery is open to every authenticated
+/// client.
+pub async fn serves_dra(client: &Client) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(DRA_API_VERSION).await {
+        Ok(list) => Ok(DRA_KINDS
+            .iter()
+            .all(|(_, _, plural)| list.resources.iter().any(|r| r.name == *plural))),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+const DRA_API_VERSION: &str = "resource.k8s.io/v1";
+
+/// The store's kinds of `resource.k8s.io/v1`, with their object kind and resource name.
+const DRA_KINDS: [(Kind, &str, &str); 4] = [
+    (Kind::ResourceClaim, "ResourceClaim", "resourceclaims"),
+    (
+        Kind::ResourceClaimTemplate,
+        "ResourceClaimTemplate",
+        "resourceclaimtemplates",
+    ),
+    (Kind::DeviceClass, "DeviceClass", "deviceclasses"),
+    (Kind::ResourceSlice, "ResourceSlice", "resourceslices"),
+];
+
+/// The cluster-wide API of each DRA kind, read as dynamic objects: the store takes JSON, and
+/// the typed client stays at the oldest Kubernetes version supported.
+pub fn dra_apis(client: &Client) -> Vec<(Kind, Api<kube::api::DynamicObject>)> {
+    DRA_KINDS
+        .iter()
+        .map(|(kind, object_kind, plural)| {
+            let resource = kube::api::ApiResource {
+                group: "resource.k8s.io".into(),
+                version: "v1".into(),
+                api_version: DRA_API_VERSION.into(),
+                kind: (*object_kind).into(),
+                plural: (*plural).into(),
+            };
+            (*kind, Api::all_with(client.clone(), &resource))
+        })
+        .collect()
+}
+
 fn to_json<K: Serialize>(o: &K) -> serde_json::Value {
     serde_json::to_value(o).unwrap_or(serde_json::Value::Null)
 }

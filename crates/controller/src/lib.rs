@@ -249,6 +249,25 @@ async fn run_async(args: RunArgs) -> Result<()> {
         Kind::PolicyConfigMap,
         state.clone(),
     ));
+    // Dynamic Resource Allocation: pods' ResourceClaims, their templates, DeviceClasses and the
+    // devices nodes publish. On an API server without `resource.k8s.io/v1` no pod can claim
+    // devices, and those stores are complete and empty.
+    if kube_io::serves_dra(&client)
+        .await
+        .context("asking the API server whether it serves resource.k8s.io/v1")?
+    {
+        for (kind, api) in kube_io::dra_apis(&client) {
+            tokio::spawn(kube_io::watch_into(
+                api,
+                watcher::Config::default(),
+                kind,
+                state.clone(),
+            ));
+        }
+    } else {
+        info!("the API server does not serve resource.k8s.io/v1: ResourceClaims are not watched");
+        state.lock().unwrap().without_dra(wall_now());
+    }
 
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());

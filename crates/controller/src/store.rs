@@ -7,10 +7,12 @@
 //! Everything here is pure: events in, state out.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::convert::Converter;
+use crate::model::dra::{Claim, ClaimSpec, DeviceClass, DraObjects, Slice};
 use crate::model::{Node, Pdb, Pod, Time};
 
 /// One watch event, after conversion to JSON (what `kube::runtime::watcher` yields, minus the
@@ -146,6 +148,14 @@ pub struct ClusterState {
     pub nodes: KindStore<Node>,
     pub pdbs: KindStore<Pdb>,
     pub policy: KindStore<PolicySource>,
+    /// Dynamic Resource Allocation (`resource.k8s.io/v1`): ResourceClaims and their templates
+    /// by `namespace/name`, DeviceClasses by name, ResourceSlices by name (`None` for a slice
+    /// not bound to one node, which is not planned with). Marked synced and left empty when the
+    /// API server does not serve the group.
+    pub claims: KindStore<Claim>,
+    pub claim_templates: KindStore<Arc<ClaimSpec>>,
+    pub device_classes: KindStore<DeviceClass>,
+    pub slices: KindStore<Option<Slice>>,
     /// When each pending GPU pod was first seen unschedulable (for the reaction-time metric and
     /// the batching window).
     pub unschedulable_since: HashMap<String, Time>,
@@ -167,10 +177,31 @@ pub enum Kind {
     Node,
     Pdb,
     PolicyConfigMap,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    DeviceClass,
+    ResourceSlice,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Pod, Kind::Node, Kind::Pdb, Kind::PolicyConfigMap];
+    pub const ALL: [Kind; 8] = [
+        Kind::Pod,
+        Kind::Node,
+        Kind::Pdb,
+        Kind::PolicyConfigMap,
+        Kind::ResourceClaim,
+        Kind::ResourceClaimTemplate,
+        Kind::DeviceClass,
+        Kind::ResourceSlice,
+    ];
+
+    /// The kinds of `resource.k8s.io/v1` (Dynamic Resource Allocation).
+    pub const DRA: [Kind; 4] = [
+        Kind::ResourceClaim,
+        Kind::ResourceClaimTemplate,
+        Kind::DeviceClass,
+        Kind::ResourceSlice,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -178,13 +209,17 @@ impl Kind {
             Kind::Node => "nodes",
             Kind::Pdb => "poddisruptionbudgets",
             Kind::PolicyConfigMap => "policy configmap",
+            Kind::ResourceClaim => "resourceclaims",
+            Kind::ResourceClaimTemplate => "resourceclaimtemplates",
+            Kind::DeviceClass => "deviceclasses",
+            Kind::ResourceSlice => "resourceslices",
         }
     }
 }
 
 impl ClusterState {
     pub fn all_synced(&self) -> bool {
-        self.pods.synced && self.nodes.synced && self.pdbs.synced && self.policy.synced
+        Kind::ALL.iter().all(|k| self.synced(*k))
     }
 
     pub fn synced(&self, kind: Kind) -> bool {
@@ -193,6 +228,19 @@ impl ClusterState {
             Kind::Node => self.nodes.synced,
             Kind::Pdb => self.pdbs.synced,
             Kind::PolicyConfigMap => self.policy.synced,
+            Kind::ResourceClaim => self.claims.synced,
+            Kind::ResourceClaimTemplate => self.claim_templates.synced,
+            Kind::DeviceClass => self.device_classes.synced,
+            Kind::ResourceSlice => self.slices.synced,
+        }
+    }
+
+    /// For an API server that does not serve `resource.k8s.io/v1`: its DRA stores are complete
+    /// and empty (no pod can claim devices there).
+    pub fn without_dra(&mut self, now: Time) {
+        for kind in Kind::DRA {
+            self.apply(kind, WatchEvent::Init, now);
+            self.apply(kind, WatchEvent::InitDone, now);
         }
     }
 
@@ -277,24 +325,62 @@ impl ClusterState {
             Kind::PolicyConfigMap => {
                 self.policy.apply(event, |v| Ok(policy_source(&v)));
             }
+            Kind::ResourceClaim => {
+                let conv = &mut self.converter;
+                self.claims
+                    .apply(event, |v| conv.resource_claim(v).map(|(_, c)| c));
+            }
+            Kind::ResourceClaimTemplate => {
+                let conv = &mut self.converter;
+                self.claim_templates
+                    .apply(event, |v| conv.resource_claim_template(v).map(|(_, t)| t));
+            }
+            Kind::DeviceClass => {
+                let conv = &mut self.converter;
+                self.device_classes.apply(event, |v| conv.device_class(v));
+            }
+            Kind::ResourceSlice => {
+                let conv = &mut self.converter;
+                self.slices
+                    .apply(event, |v| Ok(conv.resource_slice(v)?.map(|(_, s)| s)));
+            }
         }
     }
 
-    /// What the planner reads: every converted pod, node and budget, with `in_flight`.
-    /// Sorted by key, so that the same cluster always gives the same snapshot.
+    /// What the planner reads: every converted pod, node and budget, with `in_flight`, and the
+    /// pods' ResourceClaims joined with the cluster's DRA objects (devices published and
+    /// allocated per node). Sorted by key, so that the same cluster always gives the same
+    /// snapshot.
     pub fn snapshot(&self, in_flight: Vec<crate::model::InFlight>) -> crate::model::Snapshot {
         fn sorted<T: Clone>(m: &HashMap<String, T>) -> Vec<T> {
             let mut v: Vec<(&String, &T)> = m.iter().collect();
             v.sort_unstable_by(|a, b| a.0.cmp(b.0));
             v.into_iter().map(|(_, t)| t.clone()).collect()
         }
-        crate::model::Snapshot {
+        fn by_key<T: Clone>(m: &HashMap<String, T>) -> BTreeMap<String, T> {
+            m.iter().map(|(k, t)| (k.clone(), t.clone())).collect()
+        }
+        let mut snapshot = crate::model::Snapshot {
             pods: sorted(&self.pods.items),
             nodes: sorted(&self.nodes.items),
             pdbs: sorted(&self.pdbs.items),
             in_flight,
             ..Default::default()
-        }
+        };
+        let dra = DraObjects {
+            claims: by_key(&self.claims.items),
+            templates: by_key(&self.claim_templates.items),
+            classes: by_key(&self.device_classes.items),
+            slices: self
+                .slices
+                .items
+                .iter()
+                .filter_map(|(k, s)| Some((k.clone(), s.clone()?)))
+                .collect(),
+        };
+        snapshot.dra = dra.join(&mut snapshot.pods);
+        snapshot.count_published_devices();
+        snapshot
     }
 
     /// The policy as last seen (`None` if the ConfigMap is absent).
@@ -303,9 +389,11 @@ impl ClusterState {
     }
 }
 
-/// A pending GPU pod the scheduler found no node for: what opens a batching window.
+/// A pending GPU pod the scheduler found no node for: what opens a batching window. A pod with
+/// ResourceClaims counts whatever its claims ask for (their specs are only joined in the
+/// snapshot; a claim for devices no pool offers is the planner's to report).
 fn waits_for_gpu(p: &Pod) -> bool {
-    p.is_pending() && p.unschedulable && p.wants_gpu()
+    p.is_pending() && p.unschedulable && (p.wants_gpu() || !p.claims.is_empty())
 }
 
 fn policy_source(v: &Value) -> PolicySource {
@@ -456,6 +544,103 @@ mod tests {
         assert_eq!(s.new_unschedulable, 0);
         s.apply(Kind::Pod, WatchEvent::Apply(pod("gpu", true)), Time(1));
         assert_eq!(s.new_unschedulable, 1);
+    }
+
+    #[test]
+    fn pods_claims_are_joined_with_the_dra_stores_in_the_snapshot() {
+        let mut s = ClusterState::default();
+        s.without_dra(Time(0));
+        for k in [Kind::Pod, Kind::Node, Kind::Pdb, Kind::PolicyConfigMap] {
+            s.apply(k, WatchEvent::Init, Time(0));
+            s.apply(k, WatchEvent::InitDone, Time(0));
+        }
+        assert!(
+            s.all_synced(),
+            "a cluster without DRA is complete without its kinds"
+        );
+        let mut train = pod("train", true);
+        train["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpus"}]});
+        train["spec"]["resourceClaims"] =
+            json!([{"name": "gpus", "resourceClaimTemplateName": "h100"}]);
+        train["status"]["resourceClaimStatuses"] =
+            json!([{"name": "gpus", "resourceClaimName": "train-gpus-x"}]);
+        s.apply(Kind::Pod, WatchEvent::Apply(train), Time(1));
+        // The claim's spec is not known yet, but the pod opens a batching window all the same.
+        assert_eq!(s.new_unschedulable, 1);
+        s.apply(
+            Kind::DeviceClass,
+            WatchEvent::Apply(json!({"metadata": {"name": "gpu.nvidia.com"},
+                "spec": {"selectors": [{"cel": {"expression":
+                    "device.driver == 'gpu.nvidia.com'"}}]}})),
+            Time(1),
+        );
+        s.apply(
+            Kind::ResourceClaimTemplate,
+            WatchEvent::Apply(json!({"metadata": {"name": "h100", "namespace": "ml"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
+                    "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}}})),
+            Time(1),
+        );
+        let slice = |name: &str, node: Option<&str>| {
+            let mut v = json!({"metadata": {"name": name}, "spec": {
+                "driver": "gpu.nvidia.com",
+                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}},
+                            {"name": "gpu-1", "attributes": {"type": {"string": "gpu"}}}]}});
+            match node {
+                Some(n) => v["spec"]["nodeName"] = json!(n),
+                None => v["spec"]["allNodes"] = json!(true),
+            }
+            v
+        };
+        s.apply(
+            Kind::ResourceSlice,
+            WatchEvent::Apply(slice("n1-gpus", Some("n1"))),
+            Time(1),
+        );
+        s.apply(
+            Kind::ResourceSlice,
+            WatchEvent::Apply(slice("everywhere", None)),
+            Time(1),
+        );
+        s.apply(
+            Kind::Node,
+            WatchEvent::Apply(json!({"metadata": {"name": "n1"},
+                "status": {"allocatable": {"cpu": "8", "pods": "110"}}})),
+            Time(1),
+        );
+        let snap = s.snapshot(Vec::new());
+        let claim = &snap.pods[0].claims[0];
+        assert_eq!(claim.claim, "ml/train-gpus-x");
+        assert_eq!(
+            claim.spec.requests.len(),
+            1,
+            "the template's spec is joined"
+        );
+        assert!(snap.pods[0].wants_gpu() && snap.pods[0].problem.is_none());
+        assert!(snap.dra.classes.contains_key("gpu.nvidia.com"));
+        // Only the slice bound to the node counts; the node publishes its two devices.
+        assert_eq!(snap.dra.slices.keys().collect::<Vec<_>>(), ["n1"]);
+        assert_eq!(snap.nodes[0].dra_devices, 2);
+
+        // The template goes: the pod is reported, not planned with a guess.
+        s.apply(
+            Kind::ResourceClaimTemplate,
+            WatchEvent::Delete(json!({"metadata": {"name": "h100", "namespace": "ml"}})),
+            Time(2),
+        );
+        let snap = s.snapshot(Vec::new());
+        assert_eq!(
+            snap.pods[0].problem.as_deref(),
+            Some("ResourceClaimTemplate ml/h100 does not exist")
+        );
+        // A DRA watch that fails makes the cluster incomplete until it lists again.
+        s.apply(
+            Kind::ResourceSlice,
+            WatchEvent::Lost("gone".into()),
+            Time(3),
+        );
+        assert!(!s.all_synced());
     }
 
     #[test]
