@@ -16,7 +16,8 @@ pub const DEFAULT_REGION: &str = "kwok";
 
 /// The kwok provider's configuration: the catalog's instance types of the kwok pools with their
 /// offerings (prices from the pool's `prices`, else the catalog), the GPU product label of NVIDIA
-/// types, and each pool's `startupTaints` as the taints its Nodes register with.
+/// types, each pool's `startupTaints` as the taints its Nodes register with, and which pools'
+/// Nodes publish their GPUs through DRA (`dra:`) instead of an extended resource.
 pub fn config_from_policy(
     policy: &Policy,
     catalog: &Catalog,
@@ -78,6 +79,9 @@ pub fn config_from_policy(
                 }
                 config.catalog.offerings.push(o);
             }
+        }
+        if pool.dra.is_some() {
+            config.dra_pools.insert(pool.name.clone());
         }
         config.register_taints.insert(
             pool.name.clone(),

@@ -64,6 +64,10 @@ pub struct KwokConfig {
     pub register_taints: BTreeMap<String, Vec<(String, String, String)>>,
     /// Offerings that always fail with insufficient capacity.
     pub unavailable: BTreeSet<OfferingKey>,
+    /// Pools whose nodes publish their GPUs through a Dynamic Resource Allocation driver
+    /// (ResourceSlices) instead of a device plugin: their Nodes advertise no GPU extended
+    /// resource.
+    pub dra_pools: BTreeSet<String>,
 }
 
 /// Nodes as instances, on the API server `client` talks to.
@@ -154,7 +158,11 @@ impl KwokProvider {
             "pods": MAX_PODS.to_string(),
             "ephemeral-storage": "200Gi",
         });
-        if let Some(g) = &t.gpu {
+        if let Some(g) = t
+            .gpu
+            .as_ref()
+            .filter(|_| !self.config.dra_pools.contains(&request.pool))
+        {
             capacity[g.vendor.resource()] = json!(g.count.to_string());
         }
         let taints: Vec<_> = self
