@@ -14,7 +14,8 @@ pools:\n- name: kwok-a10g\n  provider: kwok\n  instanceTypes: [g5.xlarge, g5.12x
 \x20 taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n\
 \x20 scaleDown: {cooldownAfterScaleUp: 5s, unneededTime: 5s}\n";
 
-fn kwok_env(name: &str) -> Env {
+/// A world whose controllers run with the RBAC of `deploy/overlays/kwok`.
+pub fn kwok_env(name: &str) -> Env {
     Env::start(
         name,
         Options {

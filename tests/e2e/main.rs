@@ -8,6 +8,7 @@
 mod alibaba;
 mod anchors;
 mod cluster;
+mod dra;
 mod kube_proxy;
 mod kwok;
 mod prices;
