@@ -70,13 +70,46 @@ impl DeviceDemand {
 
     /// How many pods' devices fit into `free`, up to `max`.
     pub fn copies(&self, free: &Resources, max: i64) -> i64 {
+        if max <= 0 {
+            return 0;
+        }
+        let avail =
+            |alt: &Alternative| -> i64 { alt.dims.iter().map(|d| free.get(d).max(0)).sum() };
+        // One request of one alternative of n devices (most claims): n from the kinds together.
+        if let [alts] = self.requests.as_slice() {
+            if let [alt @ Alternative {
+                count: DeviceCount::Exact(n),
+                ..
+            }] = alts.as_slice()
+            {
+                let have = avail(alt);
+                return match *n {
+                    // As `take_one`: a request fits only where a device of its kinds is left.
+                    0 if have > 0 => max,
+                    0 => 0,
+                    n => (have / n as i64).min(max),
+                };
+            }
+        }
+        // Most nodes have none of the kinds wanted: tell without a copy.
+        let one_fits = self.requests.iter().all(|alts| {
+            alts.iter().any(|a| {
+                let have = avail(a);
+                match a.count {
+                    DeviceCount::Exact(n) => have > 0 && have >= n as i64,
+                    DeviceCount::All => have > 0,
+                }
+            })
+        });
+        if !one_fits {
+            return 0;
+        }
+        // One scratch copy: what a take that fails leaves behind is never read.
         let mut f = free.clone();
         for k in 0..max {
-            let mut g = f.clone();
-            if !self.take_one(&mut g) {
+            if !self.take_one(&mut f) {
                 return k;
             }
-            f = g;
         }
         max
     }
@@ -375,4 +408,63 @@ fn demand_of(
         }
     }
     Ok(Arc::new(DeviceDemand { requests, devices }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `copies` must answer: takes one pod at a time from a copy until one fails.
+    fn one_by_one(d: &DeviceDemand, free: &Resources, max: i64) -> i64 {
+        let mut f = free.clone();
+        for k in 0..max {
+            let mut g = f.clone();
+            if !d.take_one(&mut g) {
+                return k;
+            }
+            f = g;
+        }
+        max
+    }
+
+    #[test]
+    fn copies_agree_with_taking_one_pod_at_a_time() {
+        let alt = |count, dims: &[usize]| Alternative {
+            count,
+            dims: dims.iter().map(|&k| dim(k)).collect(),
+        };
+        let demands = [
+            vec![vec![alt(DeviceCount::Exact(2), &[0, 1])]],
+            vec![vec![alt(DeviceCount::Exact(1), &[2])]],
+            vec![vec![alt(DeviceCount::All, &[0])]],
+            vec![vec![
+                alt(DeviceCount::Exact(4), &[0]),
+                alt(DeviceCount::Exact(1), &[1]),
+            ]],
+            vec![
+                vec![alt(DeviceCount::Exact(1), &[0])],
+                vec![alt(DeviceCount::Exact(2), &[0, 1])],
+            ],
+        ];
+        let mut rng = crate::fixtures::Rng::new(3);
+        for requests in demands {
+            let d = DeviceDemand {
+                requests,
+                devices: 1.0,
+            };
+            for _ in 0..200 {
+                let mut free = Resources::default();
+                free.cpu_milli = 1000;
+                for k in 0..3 {
+                    free.set(&dim(k), rng.below(9) as i64);
+                }
+                let max = rng.below(12) as i64;
+                assert_eq!(
+                    d.copies(&free, max),
+                    one_by_one(&d, &free, max),
+                    "{d:?} in {free:?} up to {max}"
+                );
+            }
+        }
+    }
 }

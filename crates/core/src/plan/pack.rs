@@ -751,6 +751,14 @@ impl<'a> Packer<'a> {
                 if base == 0 || self.room(usage, ti) == 0 {
                     continue;
                 }
+                // Templates no waiting class can use (e.g. a DRA pool's for pods without
+                // claims) are passed over before their resources are copied.
+                let usable = items.iter().enumerate().any(|(i, &(c, rem))| {
+                    rem > 0 && prio[i] == t.priority && base & self.classes[c].tmask[ti] != 0
+                });
+                if !usable {
+                    continue;
+                }
                 let mut free = t.allocatable.clone();
                 let mut shared = t.shared.clone();
                 let mut mask = base;
