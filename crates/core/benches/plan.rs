@@ -1,9 +1,15 @@
 //! `cargo bench -p gpu-node-autoscaler-core --bench plan`: the scale-up planner on generated clusters (100 / 1,000 / 10,000
-//! pending pods, 1,000 existing nodes, ~400 offerings), plus its peak heap use per run.
+//! pending pods, 1,000 existing nodes, ~400 offerings), plus its peak heap use per run; and
+//! (`plan-claims`) the same clusters with 30 % of the GPU pods asking through DRA ResourceClaims,
+//! with a DRA twin of every NVIDIA pool.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpu_node_autoscaler_core::catalog;
-use gpu_node_autoscaler_core::fixtures::{bench_policy, generated_cluster, SYNTHETIC_TYPES_CSV};
+use gpu_node_autoscaler_core::fixtures::{
+    bench_policy, bench_policy_with_dra, generated_cluster, generated_cluster_with_claims,
+    SYNTHETIC_TYPES_CSV,
+};
+use gpu_node_autoscaler_core::model::Snapshot;
 use gpu_node_autoscaler_core::model::Time;
 use gpu_node_autoscaler_core::plan;
 use gpu_node_autoscaler_core::policy::parse_policy;
@@ -14,21 +20,35 @@ use gpu_node_autoscaler_test_support::counting_alloc;
 static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 fn bench(c: &mut Criterion) {
-    let policy = parse_policy(&bench_policy(), "bench-policy").expect("bench policy");
+    group(c, "plan", &bench_policy(), |pods| {
+        generated_cluster(pods, 1_000, 42)
+    });
+    group(c, "plan-claims", &bench_policy_with_dra(), |pods| {
+        generated_cluster_with_claims(pods, 1_000, 34, 42)
+    });
+}
+
+fn group(c: &mut Criterion, name: &str, policy: &str, cluster: impl Fn(usize) -> Snapshot) {
+    let policy = parse_policy(policy, "bench-policy").expect("bench policy");
     let csv = format!("{}{}", catalog::BUILTIN_AWS, SYNTHETIC_TYPES_CSV);
     let types = catalog::parse_csv(&csv, "bench-catalog").expect("bench catalog");
     let cat = catalog::offerings_from_list_prices(&policy, types);
     let now = Time(1_800_000_000_000);
-    let mut group = c.benchmark_group("plan");
+    let mut group = c.benchmark_group(name);
     group.sample_size(10);
     for pods in [100usize, 1_000, 10_000] {
-        let snapshot = generated_cluster(pods, 1_000, 42);
+        let snapshot = cluster(pods);
+        let claiming = snapshot
+            .pods
+            .iter()
+            .filter(|p| !p.claims.is_empty())
+            .count();
         // One run outside the timer: report size, quality and peak heap above the input.
         let base = counting_alloc::start();
         let p = plan::plan(&snapshot, &cat, &policy, now);
         let peak = counting_alloc::peak_above(base);
         eprintln!(
-            "plan/{pods}: {} offerings, {} scale-ups ({} nodes, ${:.2}/h), {} on existing capacity, {} unschedulable, peak heap {:.1} MiB",
+            "{name}/{pods}: {claiming} pods with claims, {} offerings, {} scale-ups ({} nodes, ${:.2}/h), {} on existing capacity, {} unschedulable, peak heap {:.1} MiB",
             cat.offerings.len(),
             p.scale_ups.len(),
             p.scale_ups.iter().map(|s| s.count).sum::<u32>(),

@@ -399,6 +399,14 @@ mod tests {
     }
 
     #[test]
+    fn the_benchmarks_catalog_is_the_builtin_one_and_three_synthetic_types() {
+        let csv = format!("{BUILTIN_AWS}{}", crate::fixtures::SYNTHETIC_TYPES_CSV);
+        let types = parse_csv(&csv, "bench-catalog").unwrap();
+        let builtin = parse_csv(BUILTIN_AWS, "builtin").unwrap();
+        assert_eq!(types.len(), builtin.len() + 3);
+    }
+
+    #[test]
     fn every_builtin_row_names_its_source_and_date() {
         let mut rdr = csv::Reader::from_reader(BUILTIN_AWS.as_bytes());
         let headers = rdr.headers().unwrap().clone();

@@ -406,12 +406,12 @@ pub const BENCH_ZONES: [&str; 6] = [
     "us-east-1f",
 ];
 
-/// Extra synthetic instance types (CSV rows) added to the built-in catalog by the benchmark, to
-/// reach ~400 offerings.
+/// Extra synthetic instance types (CSV rows in the built-in catalog's columns) added to it by the
+/// benchmark, to reach ~400 offerings.
 pub const SYNTHETIC_TYPES_CSV: &str = "\
-x1.a10g-2,A10G,2,23028,24,98304,2.9\n\
-x1.l4-2,L4,2,23034,24,98304,2.4\n\
-x1.t4-2,T4,2,15360,16,65536,1.1\n";
+x1.a10g-2,A10G,2,23028,24,98304,2.9,synthetic type of the benchmarks,\n\
+x1.l4-2,L4,2,23034,24,98304,2.4,synthetic type of the benchmarks,\n\
+x1.t4-2,T4,2,15360,16,65536,1.1,synthetic type of the benchmarks,\n";
 
 /// A policy over every family of the built-in catalog in six zones, spot first: whole GPUs for
 /// the A10G/L4/L40S/V100/H100 families, MIG on A100-40GB, shared T4s.
@@ -529,6 +529,104 @@ pub fn generated_cluster(pods: usize, nodes: usize, seed: u64) -> crate::model::
         }
         out.pods.push(b.created(Time(i as i64)).build());
         i += 1;
+    }
+    out
+}
+
+/// `bench_policy()` with a twin of every NVIDIA pool whose nodes run NVIDIA's DRA driver
+/// (`<pool>-dra`, `dra: {}`): they offer predicted devices instead of extended resources.
+pub fn bench_policy_with_dra() -> String {
+    let mut p = bench_policy();
+    for (name, fields) in [
+        ("a10g", "    requirements: {gpuModels: [A10G]}\n"),
+        ("l4", "    requirements: {gpuModels: [L4, L40S]}\n"),
+        (
+            "big",
+            "    requirements: {gpuModels: [V100, H100, A100], gpuCount: {min: 1, max: 8}}\n    \
+             instanceTypes: [p3.2xlarge, p3.8xlarge, p3.16xlarge, p3dn.24xlarge, p5.48xlarge, p4de.24xlarge]\n",
+        ),
+        (
+            "mig",
+            "    instanceTypes: [p4d.24xlarge]\n    gpuMode: mig\n    migLayout: {1g.5gb: 7}\n",
+        ),
+    ] {
+        p += &format!(
+            "  - name: {name}-dra\n{fields}    capacityTypes: [spot, on-demand]\n    \
+             maxNodes: 20000\n    dra: {{}}\n"
+        );
+    }
+    p
+}
+
+/// [`generated_cluster`] in which about `claim_percent` % of the pending pods that ask for whole
+/// GPUs or MIG slices ask for them through a ResourceClaim instead (for a pool of
+/// [`bench_policy_with_dra`]): whole GPUs as `count` devices of `gpu.nvidia.com` (with a
+/// `productName` selector where the pod selected a GPU model), MIG slices as devices of
+/// `mig.nvidia.com` with that `profile`.
+pub fn generated_cluster_with_claims(
+    pods: usize,
+    nodes: usize,
+    claim_percent: u64,
+    seed: u64,
+) -> crate::model::Snapshot {
+    let mut out = generated_cluster(pods, nodes, seed);
+    out.dra.classes = nvidia_device_classes();
+    let mut rng = Rng::new(seed ^ 0xd7a);
+    let mut specs: BTreeMap<(String, String, u32), Arc<ClaimSpec>> = BTreeMap::new();
+    for p in out.pods.iter_mut().filter(|p| p.is_pending()) {
+        let whole = p.requests.whole_gpus();
+        let mig: Option<(String, i64)> = p
+            .requests
+            .mig_slices()
+            .next()
+            .map(|(profile, n)| (profile.to_string(), n));
+        if (whole == 0 && mig.is_none()) || rng.below(100) >= claim_percent {
+            continue;
+        }
+        let (class, selector, count) = match mig {
+            Some((profile, n)) => {
+                p.requests.set(&format!("{MIG_PREFIX}{profile}"), 0);
+                (
+                    NVIDIA_MIG_CLASS,
+                    format!("device.attributes['gpu.nvidia.com'].profile == '{profile}'"),
+                    n as u32,
+                )
+            }
+            None => {
+                p.requests.set(crate::model::resources::NVIDIA_GPU, 0);
+                let model = p
+                    .constraints
+                    .node_selector
+                    .get(labels::GPU_MODEL)
+                    .cloned()
+                    .unwrap_or_default();
+                let selector = if model.is_empty() {
+                    String::new()
+                } else {
+                    format!("device.attributes['gpu.nvidia.com'].productName.contains('{model}')")
+                };
+                (NVIDIA_GPU_CLASS, selector, whole as u32)
+            }
+        };
+        let spec = specs
+            .entry((class.to_string(), selector.clone(), count))
+            .or_insert_with(|| {
+                let selectors: Vec<&str> = [selector.as_str()]
+                    .into_iter()
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                claim_spec(&[(class, &selectors, count)])
+            })
+            .clone();
+        let claim = format!("{}/{}-gpu", p.id.namespace, p.id.name);
+        p.claims.push(PodClaim {
+            name: "gpu".into(),
+            claim,
+            template: None,
+            spec,
+            allocation: None,
+            counted_here: true,
+        });
     }
     out
 }

@@ -469,3 +469,69 @@ fn dra_nodes_are_as_used_as_their_allocated_devices_and_kept_when_claims_cannot_
         kept.reason
     );
 }
+
+#[test]
+fn the_benchmark_mix_with_claims_puts_every_claiming_pod_on_a_dra_pool() {
+    use crate::fixtures::{
+        bench_policy, bench_policy_with_dra, generated_cluster, generated_cluster_with_claims,
+    };
+    let plain = generated_cluster(600, 20, 7);
+    let s = generated_cluster_with_claims(600, 20, 30, 7);
+    let gpu_pods = plain
+        .pods
+        .iter()
+        .filter(|p| p.is_pending() && p.wants_gpu() && p.share.is_none())
+        .count();
+    let claiming: BTreeMap<String, &Pod> = s
+        .pods
+        .iter()
+        .filter(|p| !p.claims.is_empty())
+        .map(|p| (PlannedPod::of(p).key, p))
+        .collect();
+    let share = claiming.len() as f64 / gpu_pods as f64;
+    assert!(
+        (0.2..0.4).contains(&share),
+        "{} of {gpu_pods}",
+        claiming.len()
+    );
+    for p in claiming.values() {
+        assert_eq!(
+            p.requests.whole_gpus(),
+            0,
+            "{}: asks through its claim only",
+            p.id
+        );
+        assert!(p.requests.mig_slices().next().is_none(), "{}", p.id);
+    }
+    let plan = run(&s, &bench_policy_with_dra());
+    let mut planned = 0;
+    for up in &plan.scale_ups {
+        for pp in &up.pods {
+            let claims = claiming.contains_key(&pp.key);
+            planned += usize::from(claims);
+            assert_eq!(
+                up.pool.ends_with("-dra"),
+                claims,
+                "{} on pool {}",
+                pp.key,
+                up.pool
+            );
+        }
+    }
+    // Asking through a claim loses no pod: those the plan refuses are refused without claims too.
+    let refused_plain: std::collections::BTreeSet<String> = run(&plain, &bench_policy())
+        .unschedulable
+        .into_iter()
+        .map(|u| u.pod)
+        .collect();
+    let refused: Vec<&crate::plan::Unschedulable> = plan
+        .unschedulable
+        .iter()
+        .filter(|u| claiming.contains_key(&u.pod))
+        .collect();
+    for u in &refused {
+        assert!(refused_plain.contains(&u.pod), "{}: {}", u.pod, u.reason);
+    }
+    assert_eq!(planned + refused.len(), claiming.len());
+    assert!(planned > 0);
+}
