@@ -303,3 +303,94 @@ fn malformed_inputs_never_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn plan_reads_resource_claims_from_a_cluster_file_and_plans_their_devices() {
+    let cluster = temp_file(
+        "dra-cluster.yaml",
+        r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: gpu.nvidia.com}
+  spec:
+    selectors:
+    - cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: h100, namespace: ml}
+  spec:
+    spec:
+      devices:
+        requests:
+        - name: gpu
+          exactly:
+            deviceClassName: gpu.nvidia.com
+            selectors:
+            - cel: {expression: "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80G')) >= 0"}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: b200, namespace: ml}
+  spec:
+    spec:
+      devices:
+        requests:
+        - name: gpu
+          exactly:
+            deviceClassName: gpu.nvidia.com
+            selectors:
+            - cel: {expression: "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: train, namespace: ml}
+  spec:
+    containers: [{name: c, resources: {requests: {cpu: "4"}, claims: [{name: gpu}]}}]
+    resourceClaims: [{name: gpu, resourceClaimTemplateName: h100}]
+  status:
+    phase: Pending
+    conditions: [{type: PodScheduled, status: "False", reason: Unschedulable}]
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: blackwell, namespace: ml}
+  spec:
+    containers: [{name: c, resources: {claims: [{name: gpu}]}}]
+    resourceClaims: [{name: gpu, resourceClaimTemplateName: b200}]
+  status:
+    phase: Pending
+    conditions: [{type: PodScheduled, status: "False", reason: Unschedulable}]
+"#,
+    );
+    let policy = temp_file(
+        "dra-policy.yaml",
+        "zones: [us-east-1a]\npools:\n  - name: a10g\n    instanceTypes: [g5.xlarge]\n    \
+         maxNodes: 4\n    dra: {}\n  - name: h100\n    instanceTypes: [p5.48xlarge]\n    \
+         maxNodes: 2\n    dra: {}\n",
+    );
+    let o = run(&[
+        "plan",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let ups = v["scale_ups"].as_array().unwrap();
+    assert_eq!(ups.len(), 1, "{v}");
+    assert_eq!(ups[0]["pool"], "h100", "{v}");
+    assert_eq!(
+        ups[0]["offerings"][0]["instance_type"], "p5.48xlarge",
+        "{v}"
+    );
+    assert_eq!(ups[0]["pods"], serde_json::json!(["ml/train"]), "{v}");
+    let u = &v["unschedulable"][0];
+    assert_eq!(u["pod"], "ml/blackwell", "{v}");
+    let reason = u["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("request gpu") && reason.contains("no pool's devices"),
+        "{reason}"
+    );
+}
