@@ -453,8 +453,10 @@ mod tests {
                 devices: 1.0,
             };
             for _ in 0..200 {
-                let mut free = Resources::default();
-                free.cpu_milli = 1000;
+                let mut free = Resources {
+                    cpu_milli: 1000,
+                    ..Resources::default()
+                };
                 for k in 0..3 {
                     free.set(&dim(k), rng.below(9) as i64);
                 }
