@@ -354,6 +354,7 @@ fn simulate(a: SimArgs) -> Result<()> {
             until: None,
             seed: a.seed.unwrap_or(1),
             skipped: t.skipped,
+            device_classes: Default::default(),
         }
     } else {
         let (text, file, dir) = match &a.scenario {
@@ -374,17 +375,7 @@ fn simulate(a: SimArgs) -> Result<()> {
             .clone()
             .or_else(|| sc.catalog.as_ref().map(|c| dir.join(c)));
         let catalog = load_catalog(catalog_path.as_deref(), &sc.policy)?;
-        SimInput {
-            name: sc.name,
-            policy: sc.policy,
-            catalog,
-            pods: sc.pods,
-            events: sc.events,
-            timing: sc.timing,
-            until: sc.until,
-            seed: a.seed.unwrap_or(sc.seed),
-            skipped: Vec::new(),
-        }
+        sc.into_input(catalog, a.seed)
     };
     let errors = gpu_node_autoscaler::plan::Templates::new(&input.policy, &input.catalog).errors;
     if !errors.is_empty() {

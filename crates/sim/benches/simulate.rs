@@ -54,17 +54,8 @@ fn main() {
         let text = std::fs::read_to_string(&f).unwrap();
         let sc = scenario::parse_scenario(&text, &f.display().to_string()).unwrap();
         let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
-        let input = SimInput {
-            name: sc.name,
-            catalog: catalog::offerings_from_list_prices(&sc.policy, types),
-            policy: sc.policy,
-            pods: sc.pods,
-            events: sc.events,
-            timing: sc.timing,
-            until: sc.until,
-            seed: sc.seed,
-            skipped: Vec::new(),
-        };
+        let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
+        let input = sc.into_input(catalog, None);
         report(&input, filter.as_deref());
     }
     let traces =
@@ -92,6 +83,7 @@ fn main() {
             until: None,
             seed: 1,
             skipped: t.skipped,
+            device_classes: Default::default(),
         };
         report(&input, filter.as_deref());
     }

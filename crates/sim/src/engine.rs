@@ -1,5 +1,6 @@
 //! The discrete-event engine: virtual clock, cluster model, scheduler, accounting.
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use gpu_node_autoscaler_provider::{
 
 use crate::fixtures::Rng;
 use crate::model::constraints::{Effect, Taint};
+use crate::model::dra::{Allocation, Claim, Device, DraObjects, Slice};
 use crate::model::labels;
 use crate::model::node::GpuXid;
 use crate::model::resources::{place_share, Resources, SharedGpu};
@@ -22,6 +24,7 @@ use crate::plan::templates::{build_templates, Template};
 use crate::policy::defaults::HEALTH_CONDITION as HARDWARE_CONDITION;
 use crate::policy::Policy;
 
+use super::claims::{gpu_equivalent, Allocated, DeviceMatcher};
 use super::report::{Metrics, SeriesPoint};
 use super::{CloudEvent, Ms, SimInput, HOUR};
 
@@ -71,6 +74,8 @@ struct PodState {
     disrupted_since: Option<Ms>,
     /// On a node whose GPU broke: bound, but making no progress (its remaining time stands).
     stalled: bool,
+    /// The devices its claims hold on its node.
+    allocated: Allocated,
 }
 
 /// A node of the simulated cluster (registered instance).
@@ -92,6 +97,10 @@ pub struct SimNode {
     /// Since when the node, its GPUs advertised, has held no pod but DaemonSet pods.
     empty_since: Option<Ms>,
     gpus: f64,
+    /// The devices its DRA driver publishes once it runs (a pool with `dra:`), and which of them
+    /// claims hold.
+    devices: Arc<Vec<Device>>,
+    taken: Vec<bool>,
 }
 
 struct LiveInstance {
@@ -150,6 +159,10 @@ pub struct World {
     running_gpus: f64,
     lb_sums: Vec<f64>,
     last_series: Ms,
+    /// DeviceClasses, the pods' claim templates, the claims allocated and the ResourceSlices
+    /// published, as the API server holds them.
+    dra: DraObjects,
+    matcher: RefCell<DeviceMatcher>,
 }
 
 impl World {
@@ -180,8 +193,18 @@ impl World {
                 epoch: 0,
                 disrupted_since: None,
                 stalled: false,
+                allocated: Vec::new(),
             })
             .collect();
+        let mut dra = DraObjects {
+            classes: input.device_classes.clone(),
+            ..DraObjects::default()
+        };
+        for c in input.pods.iter().flat_map(|w| &w.pod.claims) {
+            if let Some(t) = &c.template {
+                dra.templates.insert(t.clone(), c.spec.clone());
+            }
+        }
         drop(model);
         let mut w = World {
             now: 0,
@@ -221,6 +244,8 @@ impl World {
             running_gpus: 0.0,
             lb_sums: vec![0.0; weights],
             last_series: i64::MIN,
+            matcher: RefCell::new(DeviceMatcher::new(input.device_classes.clone())),
+            dra,
         };
         for (i, p) in input.pods.iter().enumerate() {
             w.push(p.arrival, Event::Arrive(i));
@@ -300,6 +325,12 @@ impl World {
         }
         for &n in &self.live_nodes {
             s.nodes.push(self.nodes[n].node.clone());
+        }
+        // What the watches of ResourceClaims, templates, DeviceClasses and ResourceSlices hold,
+        // joined with the pods (skipped while there is nothing to join).
+        if !(self.dra.templates.is_empty() && self.dra.slices.is_empty()) {
+            s.dra = self.dra.join(&mut s.pods);
+            s.count_published_devices();
         }
         s.in_flight = group_in_flight(
             self.booting
@@ -559,6 +590,7 @@ impl World {
             }
         }
         self.nodes[ni].removed = true;
+        self.unpublish(ni);
         self.workload_changed(ni);
         self.live_nodes.remove(&ni);
         let id = self.nodes[ni].instance_id.clone();
@@ -567,6 +599,26 @@ impl World {
     }
 
     // ---- cluster mechanics ----
+
+    /// The node's ResourceSlices are gone (the node is, or its driver reports its GPUs unhealthy).
+    fn unpublish(&mut self, ni: usize) {
+        let name = &self.nodes[ni].node.name;
+        self.dra.slices.retain(|_, s| &s.node != name);
+        self.nodes[ni].node.dra_devices = 0;
+    }
+
+    /// The devices `p`'s claims would get on node `ni` with `taken` already allocated (`None`:
+    /// they cannot be allocated there).
+    fn allocation(&self, p: &Pod, ni: usize, taken: &[bool]) -> Option<Allocated> {
+        if !p.needs_devices() {
+            return Some(Vec::new());
+        }
+        let n = &self.nodes[ni];
+        if n.node.dra_devices == 0 {
+            return None;
+        }
+        self.matcher.borrow_mut().allocate(p, &n.devices, taken)
+    }
 
     fn mark_done(&mut self, p: usize) {
         if !self.pods[p].done {
@@ -634,6 +686,8 @@ impl World {
             broken: None,
             empty_since: None,
             gpus: inst.gpus,
+            taken: vec![false; t.devices.len()],
+            devices: t.devices.clone(),
         });
         self.node_by_name.insert(name.clone(), ni);
         self.live_nodes.insert(ni);
@@ -671,6 +725,21 @@ impl World {
         n.free_shared = shared;
         n.node.allocatable = n.full.clone();
         n.node.shared_gpus = n.full_shared.clone();
+        if let Some(driver) = n.devices.first().map(|d| d.driver.clone()) {
+            // Its DRA driver publishes the devices in a ResourceSlice, in a pool named after
+            // the node (as NVIDIA's driver does).
+            n.node.dra_devices = n.devices.len() as i64;
+            self.dra.slices.insert(
+                format!("{}-{driver}", n.node.name),
+                Slice {
+                    node: n.node.name.clone(),
+                    driver,
+                    pool: n.node.name.clone(),
+                    generation: 1,
+                    devices: n.devices.to_vec(),
+                },
+            );
+        }
         let id = n.instance_id.clone();
         if let Some(i) = self.instances.get_mut(&id) {
             i.advertised_at = Some(self.now);
@@ -720,8 +789,38 @@ impl World {
 
     fn bind(&mut self, p: usize, ni: usize) {
         let now = self.now;
+        let allocated = self
+            .allocation(&self.pods[p].pod, ni, &self.nodes[ni].taken)
+            .unwrap_or_default();
         let st = &mut self.pods[p];
         let n = &mut self.nodes[ni];
+        // The scheduler writes each claim's allocation (its devices, on this node).
+        let mut device_gpus = 0.0;
+        for (claim, devices) in &allocated {
+            let mut results = Vec::new();
+            for &d in devices {
+                n.taken[d] = true;
+                device_gpus += gpu_equivalent(&n.devices[d]);
+                let dev = &n.devices[d];
+                results.push((dev.driver.clone(), n.node.name.clone(), dev.name.clone()));
+            }
+            if let Some(c) = st.pod.claims.iter().find(|c| &c.claim == claim) {
+                self.dra.claims.insert(
+                    claim.clone(),
+                    Claim {
+                        spec: c.spec.clone(),
+                        allocation: Some(Allocation {
+                            node: Some(n.node.name.clone()),
+                            devices: results,
+                        }),
+                    },
+                );
+            }
+        }
+        if !allocated.is_empty() {
+            st.gpu_eq = st.pod.gpu_equivalents() + device_gpus;
+        }
+        st.allocated = allocated;
         n.free.sub(&st.pod.requests);
         if let Some(s) = &st.pod.share {
             st.pod.shared_gpu_index = place_share(&mut n.free_shared, s);
@@ -758,6 +857,13 @@ impl World {
         let n = &mut self.nodes[ni];
         n.pods.retain(|&x| x != p);
         n.free.add(&st.pod.requests);
+        // Its claims are deallocated (a pod that goes takes its generated claims with it).
+        for (claim, devices) in std::mem::take(&mut st.allocated) {
+            for d in devices {
+                n.taken[d] = false;
+            }
+            self.dra.claims.remove(&claim);
+        }
         if let (Some(s), Some(i)) = (&st.pod.share, st.pod.shared_gpu_index) {
             if let Some(g) = n.free_shared.get_mut(i) {
                 g.mem_gib += s.mem_gib;
@@ -784,7 +890,8 @@ impl World {
         self.workload_changed(ni);
     }
 
-    fn fits(&self, p: &Pod, n: &SimNode) -> bool {
+    fn fits(&self, p: &Pod, ni: usize) -> bool {
+        let n = &self.nodes[ni];
         !n.removed
             && n.node.is_schedulable()
             && !(n.broken.is_some() && p.wants_gpu())
@@ -795,6 +902,7 @@ impl World {
                 &n.node.taints,
                 Some(&n.node.name),
             )
+            && (!p.needs_devices() || self.allocation(p, ni, &n.taken).is_some())
     }
 
     /// kube-scheduler-like pass: binds pending pods first-fit over nodes in creation order;
@@ -824,7 +932,7 @@ impl World {
             match candidates
                 .iter()
                 .copied()
-                .find(|&n| self.fits(&self.pods[i].pod, &self.nodes[n]))
+                .find(|&n| self.fits(&self.pods[i].pod, n))
             {
                 Some(n) => self.bind(i, n),
                 None => {
@@ -855,17 +963,21 @@ impl World {
                 .count();
             let mut plan = Vec::new();
             if members.len() + bound >= min {
-                // Tentatively bind on scratch copies.
-                let mut scratch: BTreeMap<usize, (Resources, Vec<SharedGpu>)> = BTreeMap::new();
+                // Tentatively bind on scratch copies: free resources, shared GPUs, devices.
+                type Scratch = (Resources, Vec<SharedGpu>, Vec<bool>);
+                let mut scratch: BTreeMap<usize, Scratch> = BTreeMap::new();
                 for &i in &members {
                     let p = &self.pods[i].pod;
-                    let found = live.iter().copied().find(|&n| {
+                    let found = live.iter().copied().find_map(|n| {
                         let node = &self.nodes[n];
-                        let (free, shared) = scratch
-                            .get(&n)
-                            .cloned()
-                            .unwrap_or_else(|| (node.free.clone(), node.free_shared.clone()));
-                        !node.removed
+                        let (free, shared, taken) = scratch.get(&n).cloned().unwrap_or_else(|| {
+                            (
+                                node.free.clone(),
+                                node.free_shared.clone(),
+                                node.taken.clone(),
+                            )
+                        });
+                        let fits = !node.removed
                             && node.node.is_schedulable()
                             && p.fits(
                                 &free,
@@ -873,9 +985,13 @@ impl World {
                                 &node.node.labels,
                                 &node.node.taints,
                                 Some(&node.node.name),
-                            )
+                            );
+                        if !fits {
+                            return None;
+                        }
+                        self.allocation(p, n, &taken).map(|a| (n, a))
                     });
-                    let Some(n) = found else {
+                    let Some((n, allocated)) = found else {
                         plan.clear();
                         break;
                     };
@@ -883,11 +999,15 @@ impl World {
                         (
                             self.nodes[n].free.clone(),
                             self.nodes[n].free_shared.clone(),
+                            self.nodes[n].taken.clone(),
                         )
                     });
                     e.0.sub(&p.requests);
                     if let Some(s) = &p.share {
                         place_share(&mut e.1, s);
+                    }
+                    for d in allocated.iter().flat_map(|(_, d)| d) {
+                        e.2[*d] = true;
                     }
                     plan.push((i, n));
                 }
@@ -1268,3 +1388,7 @@ pub fn run_with_progress(
     m.finish();
     w.metrics
 }
+
+#[cfg(test)]
+#[path = "engine_dra_tests.rs"]
+mod dra_tests;

@@ -8,6 +8,7 @@
 //! The strategy owns the decisions and talks to the cloud through the `MemoryProvider`.
 
 pub mod baselines;
+pub mod claims;
 pub mod engine;
 pub mod ours;
 pub mod plot;
@@ -119,6 +120,8 @@ pub struct SimInput {
     pub seed: u64,
     /// Input rows that were left out, with why (for the report).
     pub skipped: Vec<(String, usize)>,
+    /// DeviceClasses the pods' ResourceClaims name (Dynamic Resource Allocation), by name.
+    pub device_classes: std::collections::BTreeMap<String, model::dra::DeviceClass>,
 }
 
 /// The strategies the simulator knows.

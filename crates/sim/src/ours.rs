@@ -46,6 +46,11 @@ impl Ours {
         Ours { core, next: None }
     }
 
+    /// The decision core's last plan (what it placed, launched and could not help).
+    pub fn last_plan(&self) -> Option<&crate::plan::Plan> {
+        self.core.last_plan()
+    }
+
     /// Carries out one step's actions on the world; the outcomes of those that have one.
     fn execute(&mut self, world: &mut World, actions: Vec<Action>) -> Vec<Feedback> {
         let now = Time(world.now);

@@ -9,10 +9,14 @@ use serde_json::{json, Value};
 use gpu_node_autoscaler_provider::CapacityType;
 
 use crate::convert::Converter;
+use crate::model::dra::{
+    DeviceClass, DraObjects, NVIDIA_GPU_CLASS, NVIDIA_GPU_DRIVER, NVIDIA_MIG_CLASS,
+};
 use crate::policy::duration::parse_duration;
 use crate::policy::source_map::{display_path, path_from_serde, PathSeg, SourceMap};
 use crate::policy::{parse_policy_at, Policy};
 use crate::yaml::{self, YamlError};
+use gpu_node_autoscaler_core::dra::Selectors;
 
 use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE};
 
@@ -42,6 +46,67 @@ struct RawScenario {
     services: Vec<RawService>,
     #[serde(default)]
     events: Vec<RawEvent>,
+    /// DeviceClasses besides (or replacing, by name) NVIDIA's two.
+    #[serde(default)]
+    device_classes: Vec<RawDeviceClass>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDeviceClass {
+    name: String,
+    #[serde(default)]
+    selectors: Vec<String>,
+}
+
+/// A ResourceClaim a pod gets from a template of its own (`spec.resourceClaims`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClaim {
+    name: String,
+    requests: Vec<RawDeviceRequest>,
+}
+
+/// A request: `exactly` (its fields given here) or `firstAvailable` (alternatives of the same
+/// form, which do not nest).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawDeviceRequest {
+    name: String,
+    device_class_name: Option<String>,
+    count: Option<i64>,
+    allocation_mode: Option<String>,
+    #[serde(default)]
+    selectors: Vec<String>,
+    #[serde(default)]
+    first_available: Vec<RawDeviceRequest>,
+}
+
+impl RawDeviceRequest {
+    /// Has fields of an `exactly` request.
+    fn is_exactly(&self) -> bool {
+        self.device_class_name.is_some()
+            || self.count.is_some()
+            || self.allocation_mode.is_some()
+            || !self.selectors.is_empty()
+    }
+
+    /// Its `exactly` fields as a Kubernetes `ExactDeviceRequest` (or `DeviceSubRequest`).
+    fn exactly_json(&self) -> Value {
+        let mut v = json!({
+            "selectors": self.selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect::<Vec<_>>(),
+        });
+        if let Some(c) = &self.device_class_name {
+            v["deviceClassName"] = json!(c);
+        }
+        if let Some(n) = self.count {
+            v["count"] = json!(n);
+        }
+        if let Some(m) = &self.allocation_mode {
+            v["allocationMode"] = json!(m);
+        }
+        v
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -87,6 +152,8 @@ struct RawPodGroup {
     tolerations: Vec<Value>,
     #[serde(default)]
     affinity: Option<Value>,
+    #[serde(default)]
+    claims: Vec<RawClaim>,
 }
 
 fn one() -> u32 {
@@ -102,6 +169,8 @@ struct RawService {
     node_selector: BTreeMap<String, String>,
     #[serde(default)]
     tolerations: Vec<Value>,
+    #[serde(default)]
+    claims: Vec<RawClaim>,
     hpa: RawHpa,
     /// GPUs of demand over time (steps).
     load: Vec<RawLoad>,
@@ -188,6 +257,8 @@ pub struct Scenario {
     pub policy: Policy,
     pub pods: Vec<WorkloadPod>,
     pub events: Vec<CloudEvent>,
+    /// DeviceClasses by name: NVIDIA's and the scenario's.
+    pub device_classes: BTreeMap<String, DeviceClass>,
 }
 
 struct Errs<'a> {
@@ -229,6 +300,157 @@ fn path(parts: &[PathSeg]) -> Vec<PathSeg> {
     parts.to_vec()
 }
 
+/// A pod's claims: its entry name → the ResourceClaimTemplate (`sim` namespace) it is made from.
+type ClaimRefs = Vec<(String, String)>;
+
+/// The DeviceClass NVIDIA's DRA driver installs for a device type (`gpu`, `mig`).
+fn nvidia_class(name: &str, device_type: &str) -> Value {
+    let expr = format!(
+        "device.driver == '{NVIDIA_GPU_DRIVER}' && \
+         device.attributes['{NVIDIA_GPU_DRIVER}'].type == '{device_type}'"
+    );
+    class_json(name, &[expr])
+}
+
+fn class_json(name: &str, selectors: &[String]) -> Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {"selectors": selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect::<Vec<_>>()},
+    })
+}
+
+/// The DeviceClasses, the templates of the pods' claims and the CEL checks, while parsing.
+struct ClaimContext {
+    classes: BTreeMap<String, DeviceClass>,
+    templates: DraObjects,
+    selectors: Selectors,
+}
+
+impl ClaimContext {
+    /// NVIDIA's classes, then the scenario's (replacing one of the same name).
+    fn new(conv: &mut Converter, raw: &[RawDeviceClass], errs: &mut Errs) -> ClaimContext {
+        let mut c = ClaimContext {
+            classes: BTreeMap::new(),
+            templates: DraObjects::default(),
+            selectors: Selectors::new(),
+        };
+        let nvidia = [
+            nvidia_class(NVIDIA_GPU_CLASS, "gpu"),
+            nvidia_class(NVIDIA_MIG_CLASS, "mig"),
+        ];
+        let given = raw.iter().map(|r| class_json(&r.name, &r.selectors));
+        for (n, v) in nvidia
+            .into_iter()
+            .map(|v| (None, v))
+            .chain(given.enumerate().map(|(n, v)| (Some(n), v)))
+        {
+            let at = |n: usize| path(&[k("deviceClasses"), i(n)]);
+            match conv.device_class(v) {
+                Ok(dc) => {
+                    for (si, e) in dc.selectors.iter().enumerate() {
+                        if let (Err(msg), Some(n)) = (c.selectors.check(e), n) {
+                            errs.at(&[at(n), path(&[k("selectors"), i(si)])].concat(), msg);
+                        }
+                    }
+                    c.classes.insert(dc.name.clone(), dc);
+                }
+                Err(e) => match n {
+                    Some(n) => errs.at(&at(n), e),
+                    None => unreachable!("NVIDIA's DeviceClasses convert: {e}"),
+                },
+            }
+        }
+        c
+    }
+
+    /// Checks the class and selectors of one way of satisfying a request.
+    fn check_sub(
+        &mut self,
+        errs: &mut Errs,
+        at: &[PathSeg],
+        class: Option<&String>,
+        selectors: &[String],
+    ) {
+        if let Some(class) = class.filter(|c| !self.classes.contains_key(*c)) {
+            let known: Vec<&str> = self.classes.keys().map(String::as_str).collect();
+            errs.at(
+                &[at, &[k("deviceClassName")]].concat(),
+                format!(
+                    "DeviceClass {class:?} is not defined (defined: {})",
+                    known.join(", ")
+                ),
+            );
+        }
+        for (si, e) in selectors.iter().enumerate() {
+            if let Err(msg) = self.selectors.check(e) {
+                errs.at(&[at, &[k("selectors"), i(si)]].concat(), msg);
+            }
+        }
+    }
+
+    /// Makes a ResourceClaimTemplate `<owner>-<claim>` for every claim of a pod type, through
+    /// the core's conversion of the Kubernetes object; the pod's references to them.
+    fn templates_of(
+        &mut self,
+        conv: &mut Converter,
+        errs: &mut Errs,
+        owner: &str,
+        claims: &[RawClaim],
+        at: &[PathSeg],
+    ) -> ClaimRefs {
+        let mut refs = Vec::new();
+        for (ci, c) in claims.iter().enumerate() {
+            let at_claim = [at, &[k("claims"), i(ci)]].concat();
+            let mut requests = Vec::new();
+            for (ri, r) in c.requests.iter().enumerate() {
+                let at_req = [&at_claim[..], &[k("requests"), i(ri)]].concat();
+                let mut v = json!({"name": r.name});
+                if r.is_exactly() || r.first_available.is_empty() {
+                    self.check_sub(errs, &at_req, r.device_class_name.as_ref(), &r.selectors);
+                    v["exactly"] = r.exactly_json();
+                }
+                if !r.first_available.is_empty() {
+                    let mut alts = Vec::new();
+                    for (ai, a) in r.first_available.iter().enumerate() {
+                        let at_alt = [&at_req[..], &[k("firstAvailable"), i(ai)]].concat();
+                        if !a.first_available.is_empty() {
+                            errs.at(
+                                &[&at_alt[..], &[k("firstAvailable")]].concat(),
+                                "firstAvailable alternatives do not nest",
+                            );
+                        }
+                        self.check_sub(errs, &at_alt, a.device_class_name.as_ref(), &a.selectors);
+                        let mut s = a.exactly_json();
+                        s["name"] = json!(a.name);
+                        alts.push(s);
+                    }
+                    v["firstAvailable"] = json!(alts);
+                }
+                requests.push(v);
+            }
+            let name = format!("{owner}-{}", c.name);
+            let obj = json!({
+                "metadata": {"name": name, "namespace": "sim"},
+                "spec": {"spec": {"devices": {"requests": requests}}},
+            });
+            match conv.resource_claim_template(obj) {
+                Ok((key, spec)) => {
+                    self.templates.templates.insert(key, spec);
+                    refs.push((c.name.clone(), name));
+                }
+                // The converter names the field of the Kubernetes object; here a request's
+                // `exactly` fields stand in the request itself.
+                Err(e) => errs.at(
+                    &at_claim,
+                    e.trim_start_matches("spec.devices.")
+                        .replace(".exactly", ""),
+                ),
+            }
+        }
+        refs
+    }
+}
+
 /// Builds a pod through the same conversion the controller uses for API objects.
 #[allow(clippy::too_many_arguments)]
 fn make_pod(
@@ -240,6 +462,8 @@ fn make_pod(
     affinity: Option<&Value>,
     gang: Option<(&str, usize)>,
     priority: i32,
+    claims: &ClaimRefs,
+    dra: &DraObjects,
 ) -> Result<crate::model::Pod, String> {
     let mut annotations = serde_json::Map::new();
     if let Some((g, n)) = gang {
@@ -262,6 +486,16 @@ fn make_pod(
     if let Some(a) = affinity {
         spec["affinity"] = a.clone();
     }
+    if !claims.is_empty() {
+        spec["resourceClaims"] = claims
+            .iter()
+            .map(|(entry, template)| json!({"name": entry, "resourceClaimTemplateName": template}))
+            .collect();
+        spec["containers"][0]["resources"]["claims"] = claims
+            .iter()
+            .map(|(entry, _)| json!({"name": entry}))
+            .collect();
+    }
     let obj = json!({
         "metadata": {
             "name": name, "namespace": "sim", "annotations": annotations,
@@ -270,7 +504,11 @@ fn make_pod(
         "spec": spec,
         "status": {"phase": "Pending"},
     });
-    let pod = conv.pod(obj)?;
+    let mut pod = conv.pod(obj)?;
+    if !claims.is_empty() {
+        // Its claims' specs, from their templates, as a watch store joins them.
+        dra.join(std::slice::from_mut(&mut pod));
+    }
     match &pod.problem {
         Some(p) => Err(p.clone()),
         None => Ok(pod),
@@ -334,6 +572,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
     }
     let until = raw.until.as_deref().map(|s| errs.dur(&[k("until")], s));
     let mut conv = Converter::new();
+    let mut dra = ClaimContext::new(&mut conv, &raw.device_classes, &mut errs);
     let mut pods = Vec::new();
     for (ji, j) in raw.jobs.iter().enumerate() {
         let at = |f: &str| path(&[k("jobs"), i(ji), k(f)]);
@@ -356,6 +595,16 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             errs.at(&at("pods"), "a job needs at least one pod group");
         }
         let size: usize = j.pods.iter().map(|g| g.replicas as usize).sum();
+        let claims: Vec<ClaimRefs> = j
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(gi, g)| {
+                let owner = format!("{}-{}", j.name, g.name);
+                let at = path(&[k("jobs"), i(ji), k("pods"), i(gi)]);
+                dra.templates_of(&mut conv, &mut errs, &owner, &g.claims, &at)
+            })
+            .collect();
         for n in 0..count {
             let instance = if count > 1 {
                 format!("{}-{n}", j.name)
@@ -374,6 +623,8 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                         g.affinity.as_ref(),
                         j.gang.then_some((instance.as_str(), size)),
                         j.priority,
+                        &claims[gi],
+                        &dra.templates,
                     ) {
                         Ok(pod) => pods.push(WorkloadPod {
                             pod,
@@ -449,6 +700,13 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             errs.at(&at("load"), "needs at least one point");
             continue;
         }
+        let claims = dra.templates_of(
+            &mut conv,
+            &mut errs,
+            &s.name,
+            &s.claims,
+            &at("requests")[..2],
+        );
         let template = match make_pod(
             &mut conv,
             &s.name,
@@ -458,6 +716,8 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             None,
             None,
             0,
+            &claims,
+            &dra.templates,
         ) {
             Ok(p) => p,
             Err(e) => {
@@ -620,8 +880,31 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             policy,
             pods,
             events,
+            device_classes: dra.classes,
         }),
         _ => Err(errs.out.join("\n")),
+    }
+}
+
+impl Scenario {
+    /// The run's input, on `catalog`, with the scenario's seed unless `seed` is given.
+    pub fn into_input(
+        self,
+        catalog: gpu_node_autoscaler_provider::Catalog,
+        seed: Option<u64>,
+    ) -> super::SimInput {
+        super::SimInput {
+            name: self.name,
+            policy: self.policy,
+            catalog,
+            pods: self.pods,
+            events: self.events,
+            timing: self.timing,
+            until: self.until,
+            seed: seed.unwrap_or(self.seed),
+            skipped: Vec::new(),
+            device_classes: self.device_classes,
+        }
     }
 }
 
@@ -637,6 +920,11 @@ fn push_replica(
     let mut pod = template.clone();
     pod.id.name = format!("{service}-{r}-{serial}");
     pod.uid = pod.id.name.clone();
+    // Each replica gets claims of its own from the templates (named as for any pod whose
+    // generated claims are not known yet).
+    for c in &mut pod.claims {
+        c.claim = format!("{}/{}/{}", pod.id.namespace, pod.id.name, c.name);
+    }
     pod.owner = Some(crate::model::Owner {
         kind: crate::model::OwnerKind::ReplicaSet,
         name: service.to_string(),
@@ -681,6 +969,76 @@ mod tests {
             .unwrap();
         assert!(
             e.starts_with("t.yaml:3:1: bogus: unknown field `bogus`"),
+            "{e}"
+        );
+    }
+
+    const CLAIMS: &str = "name: x\npolicy:\n  zones: [a]\n  pools:\n    - {name: p, instanceTypes: [p5.48xlarge], maxNodes: 2, dra: {}}\njobs:\n  - name: j\n    arrival: 0s\n    duration: 1h\n    pods:\n      - name: w\n        replicas: 2\n        requests: {cpu: \"1\"}\n        claims:\n          - name: gpu\n            requests:\n              - name: one\n                firstAvailable:\n                  - {name: h100, deviceClassName: gpu.nvidia.com, selectors: [\"device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'\"]}\n                  - {name: any, deviceClassName: gpu.nvidia.com, count: 2}\n              - name: all\n                deviceClassName: mig.nvidia.com\n                allocationMode: All\nservices:\n  - name: chat\n    requests: {cpu: \"1\"}\n    claims:\n      - name: gpu\n        requests:\n          - {name: one, deviceClassName: gpu.nvidia.com}\n    hpa: {minReplicas: 2, maxReplicas: 2, targetUtilization: 1, gpusPerReplica: 1}\n    load: [{at: 0s, gpus: 1}]\n    until: 1h\n";
+
+    #[test]
+    fn claims_are_made_from_templates_through_the_core_converter() {
+        use crate::model::dra::DeviceCount;
+        let s = parse_scenario(CLAIMS, "c.yaml").unwrap();
+        assert_eq!(
+            s.device_classes.keys().collect::<Vec<_>>(),
+            ["gpu.nvidia.com", "mig.nvidia.com"]
+        );
+        let (a, b) = (&s.pods[0].pod, &s.pods[1].pod);
+        assert!(a.wants_gpu() && a.needs_devices());
+        let c = &a.claims[0];
+        assert_eq!(c.template.as_deref(), Some("sim/j-w-gpu"));
+        // Pods of one type share their claims' spec, and each has claims of its own.
+        assert!(std::sync::Arc::ptr_eq(&c.spec, &b.claims[0].spec));
+        assert_ne!(c.claim, b.claims[0].claim);
+        let one = &c.spec.requests[0];
+        assert_eq!(one.alternatives.len(), 2);
+        assert_eq!(one.alternatives[0].selectors.len(), 1);
+        assert_eq!(one.alternatives[1].count, DeviceCount::Exact(2));
+        let all = &c.spec.requests[1].alternatives[0];
+        assert_eq!(
+            (all.class.as_str(), all.count),
+            ("mig.nvidia.com", DeviceCount::All)
+        );
+        // HPA replicas, cloned from one pod, get claims of their own too.
+        let chat: Vec<&str> = s.pods[2..]
+            .iter()
+            .map(|p| p.pod.claims[0].claim.as_str())
+            .collect();
+        assert_eq!(chat, ["sim/chat-0-0/gpu", "sim/chat-1-0/gpu"]);
+    }
+
+    #[test]
+    fn claim_errors_name_file_line_and_field() {
+        let bad = CLAIMS
+            .replace(
+                "deviceClassName: mig.nvidia.com",
+                "deviceClassName: tpu.example.com",
+            )
+            .replace("productName == ", "productName === ")
+            .replace("count: 2", "count: 0");
+        let e = parse_scenario(&bad, "c.yaml").err().unwrap();
+        assert!(
+            e.contains("c.yaml:22:17: jobs[0].pods[0].claims[0].requests[1].deviceClassName: DeviceClass \"tpu.example.com\" is not defined (defined: gpu.nvidia.com, mig.nvidia.com)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("jobs[0].pods[0].claims[0].requests[0].firstAvailable[0].selectors[0]: CEL expression"),
+            "{e}"
+        );
+        assert!(
+            e.contains("jobs[0].pods[0].claims[0]: requests[0].firstAvailable[1] (any).count 0 is not a positive count"),
+            "{e}"
+        );
+        let e = parse_scenario(
+            &CLAIMS.replace("allocationMode: All", "mode: All"),
+            "c.yaml",
+        )
+        .err()
+        .unwrap();
+        assert!(
+            e.contains(
+                "c.yaml:23:17: jobs[0].pods[0].claims[0].requests[1].mode: unknown field `mode`"
+            ),
             "{e}"
         );
     }
