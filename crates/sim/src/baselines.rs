@@ -13,7 +13,10 @@
 //! after 3 h without failure (`--initial-node-group-backoff-duration`,
 //! `--max-node-group-backoff-duration`, `--node-group-backoff-reset-timeout`). Scale-down: GPU
 //! utilisation below 0.5, unneeded 10 m, 10 m after any scale-up (the same rules as ours, through
-//! the same scale-down planner).
+//! the same scale-down planner). Pods with ResourceClaims (its `--enable-dynamic-resource-allocation`)
+//! are simulated on the devices of a group's template, and its AWS provider's templates carry no
+//! ResourceSlices: a group has devices only once it has a node, whose published devices its
+//! template copies; an empty group never gets a node for them.
 //!
 //! `karpenter-like`: batching 1 s idle / 10 s max; pods sorted by CPU then memory, descending;
 //! each goes onto existing or in-flight capacity (counted at full capacity, GPUs included), else
@@ -22,22 +25,61 @@
 //! awareness; an offering that fails is avoided for 3 m; empty nodes are consolidated after 30 s,
 //! and (Karpenter v1's default `WhenEmptyOrUnderutilized`) a node whose pods have not changed for
 //! 30 s and all fit on the other nodes is drained and deleted, at most 10 % of a pool at once;
-//! replacing a node by a cheaper one is not modelled.
+//! replacing a node by a cheaper one is not modelled. Pods with ResourceClaims are not
+//! provisioned for (its `--ignore-dra-requests`, true by default).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_node_autoscaler_provider::{Catalog, LaunchRequest, OfferingKey};
 
+use crate::model::dra::Device;
 use crate::model::resources::{place_share, Resources, SharedGpu};
 use crate::model::{Pod, Snapshot, Time};
 use crate::plan::templates::template_of_node;
 use crate::plan::{self, Template};
 use crate::policy::Policy;
 
+use super::claims::DeviceMatcher;
 use super::engine::{Strategy, World};
 use super::{earliest, Ms, SimInput, MINUTE, SECOND};
 use crate::autoscaler::Batch;
+
+/// Devices of a node (published, or of its group's template) and which of them are allocated.
+#[derive(Clone)]
+struct DeviceRoom {
+    devices: Arc<Vec<Device>>,
+    taken: Vec<bool>,
+    matcher: Rc<RefCell<DeviceMatcher>>,
+}
+
+impl DeviceRoom {
+    fn free(devices: Arc<Vec<Device>>, matcher: &Rc<RefCell<DeviceMatcher>>) -> DeviceRoom {
+        DeviceRoom {
+            taken: vec![false; devices.len()],
+            devices,
+            matcher: matcher.clone(),
+        }
+    }
+}
+
+/// What a strategy knows of devices when it simulates: its DeviceClasses, and per node group
+/// (template index) the devices a new node of it would publish (none where it cannot tell).
+struct DeviceView {
+    matcher: Rc<RefCell<DeviceMatcher>>,
+    groups: BTreeMap<usize, Arc<Vec<Device>>>,
+}
+
+impl DeviceView {
+    fn room(&self, template: usize) -> Option<DeviceRoom> {
+        self.groups
+            .get(&template)
+            .map(|d| DeviceRoom::free(d.clone(), &self.matcher))
+    }
+}
 
 /// Free room of a node (or of a node on its way).
 #[derive(Clone)]
@@ -49,6 +91,8 @@ struct Room {
     name: Option<String>,
     /// Index into the snapshot's nodes (registered nodes only).
     node: Option<usize>,
+    /// Devices claims can be allocated on (none: pods with claims do not fit).
+    devices: Option<DeviceRoom>,
 }
 
 impl Room {
@@ -62,6 +106,17 @@ impl Room {
         ) {
             return false;
         }
+        if p.needs_devices() {
+            let Some(d) = &mut self.devices else {
+                return false;
+            };
+            let Some(allocated) = d.matcher.borrow_mut().allocate(p, &d.devices, &d.taken) else {
+                return false;
+            };
+            for i in allocated.iter().flat_map(|(_, i)| i) {
+                d.taken[*i] = true;
+            }
+        }
         self.free.sub(&p.requests);
         if let Some(s) = &p.share {
             place_share(&mut self.shared, s);
@@ -70,7 +125,7 @@ impl Room {
     }
 }
 
-fn template_room(t: &Template, offering: usize) -> Room {
+fn template_room(t: &Template, offering: usize, devices: Option<DeviceRoom>) -> Room {
     Room {
         free: t.allocatable.clone(),
         shared: t.shared.clone(),
@@ -78,12 +133,13 @@ fn template_room(t: &Template, offering: usize) -> Room {
         taints: t.taints.clone(),
         name: None,
         node: None,
+        devices,
     }
 }
 
-/// Registered nodes with what they advertise now, then launches in flight at their template's
-/// capacity.
-fn rooms(s: &Snapshot, templates: &[Template]) -> Vec<Room> {
+/// Registered nodes with what they advertise now (the devices they publish, less those
+/// allocated), then launches in flight at their template's capacity.
+fn rooms(s: &Snapshot, templates: &[Template], view: &DeviceView) -> Vec<Room> {
     let mut used: BTreeMap<&str, (Resources, Vec<Pod>)> = BTreeMap::new();
     for p in &s.pods {
         if let (true, Some(n)) = (p.is_bound_active(), &p.node_name) {
@@ -107,6 +163,23 @@ fn rooms(s: &Snapshot, templates: &[Template]) -> Vec<Room> {
                 }
             }
         }
+        let devices = s.dra.slices.get(&n.name).map(|published| {
+            let allocated = s.dra.allocated.get(&n.name);
+            DeviceRoom {
+                taken: published
+                    .iter()
+                    .map(|(pool, d)| {
+                        allocated.is_some_and(|a| {
+                            a.iter().any(|(dr, p, name)| {
+                                *dr == d.driver && p == pool && *name == d.name
+                            })
+                        })
+                    })
+                    .collect(),
+                devices: Arc::new(published.iter().map(|(_, d)| d.clone()).collect()),
+                matcher: view.matcher.clone(),
+            }
+        });
         out.push(Room {
             free,
             shared,
@@ -114,16 +187,18 @@ fn rooms(s: &Snapshot, templates: &[Template]) -> Vec<Room> {
             taints: n.taints.clone(),
             name: Some(n.name.clone()),
             node: Some(ni),
+            devices,
         });
     }
     for f in &s.in_flight {
-        if let Some(t) = templates
+        if let Some(ti) = templates
             .iter()
-            .find(|t| t.pool_name == f.pool && t.instance_type == f.offering.instance_type)
+            .position(|t| t.pool_name == f.pool && t.instance_type == f.offering.instance_type)
         {
+            let t = &templates[ti];
             if let Some(oi) = t.offerings.iter().position(|o| o.key == f.offering) {
                 for _ in 0..f.count {
-                    out.push(template_room(t, oi));
+                    out.push(template_room(t, oi, view.room(ti)));
                 }
             }
         }
@@ -132,22 +207,27 @@ fn rooms(s: &Snapshot, templates: &[Template]) -> Vec<Room> {
 }
 
 /// Registered nodes (for which `counts` holds) whose template has GPUs but which advertise none
-/// yet: their rooms get the template's GPUs.
+/// yet: their rooms get the template's GPUs (and the devices the view expects of its group).
 fn count_unadvertised_at_template(
     rooms: &mut [Room],
     s: &Snapshot,
     templates: &[Template],
+    view: &DeviceView,
     counts: impl Fn(&crate::model::Node) -> bool,
 ) {
     for r in rooms.iter_mut() {
         let Some(n) = r.node.map(|i| &s.nodes[i]) else {
             continue;
         };
-        let Some(t) = template_of_node(n, templates).map(|t| &templates[t]) else {
+        let Some(ti) = template_of_node(n, templates) else {
             continue;
         };
+        let t = &templates[ti];
         if t.gpus == 0 || n.advertised_gpus() > 0 || !counts(n) {
             continue;
+        }
+        if r.devices.is_none() {
+            r.devices = view.room(ti);
         }
         r.free.gpu += t.allocatable.gpu;
         r.free.amd_gpu += t.allocatable.amd_gpu;
@@ -167,6 +247,14 @@ fn pending_gpu_pods(s: &Snapshot) -> Vec<&Pod> {
         .iter()
         .filter(|p| plan::is_planned_pod(p) && p.problem.is_none())
         .collect()
+}
+
+/// The pending GPU pods Karpenter provisions for: not those with ResourceClaims (its
+/// `--ignore-dra-requests`, true by default, makes its scheduler return an error for them).
+fn karpenter_pending(s: &Snapshot) -> Vec<&Pod> {
+    let mut pods = pending_gpu_pods(s);
+    pods.retain(|p| p.claims.is_empty());
+    pods
 }
 
 fn pool_nodes(s: &Snapshot, pool: &str) -> i64 {
@@ -246,6 +334,7 @@ fn available_catalog(input: &SimInput) -> Catalog {
 pub struct CaLike {
     policy: Policy,
     templates: plan::Templates,
+    matcher: Rc<RefCell<DeviceMatcher>>,
     next: Option<Ms>,
     /// Per group (template index): failed launches in a row, and the last one's time.
     failures: BTreeMap<usize, (u32, Ms)>,
@@ -271,11 +360,35 @@ impl CaLike {
         }
         CaLike {
             templates: plan::Templates::new(&policy, &available_catalog(input)),
+            matcher: Rc::new(RefCell::new(DeviceMatcher::new(
+                input.device_classes.clone(),
+            ))),
             policy,
             next: None,
             failures: BTreeMap::new(),
             backoff: BTreeMap::new(),
             launches: 0,
+        }
+    }
+
+    /// The devices the Cluster Autoscaler expects of a new node: its AWS provider's templates
+    /// carry no ResourceSlices, so a group's template has devices only once the group has a
+    /// node, whose published slices its sanitized copy keeps (the first such node's).
+    fn device_view(&self, s: &Snapshot, templates: &[Template]) -> DeviceView {
+        let mut groups = BTreeMap::new();
+        for n in &s.nodes {
+            let Some(published) = s.dra.slices.get(&n.name).filter(|d| !d.is_empty()) else {
+                continue;
+            };
+            if let Some(ti) = template_of_node(n, templates) {
+                groups.entry(ti).or_insert_with(|| {
+                    Arc::new(published.iter().map(|(_, d)| d.clone()).collect())
+                });
+            }
+        }
+        DeviceView {
+            matcher: self.matcher.clone(),
+            groups,
         }
     }
 
@@ -316,10 +429,11 @@ impl Strategy for CaLike {
         drop(world.take_notices());
         let templates = world.templates().to_vec();
         let snapshot = world.snapshot();
-        let mut rooms = rooms(&snapshot, &templates);
-        // A GPU node whose device plugin has not started is unready, and upcoming at its
-        // template's capacity while it is young.
-        count_unadvertised_at_template(&mut rooms, &snapshot, &templates, |n| {
+        let view = self.device_view(&snapshot, &templates);
+        let mut rooms = rooms(&snapshot, &templates, &view);
+        // A GPU node whose device plugin (or DRA driver) has not started is unready, and
+        // upcoming at its template's capacity while it is young.
+        count_unadvertised_at_template(&mut rooms, &snapshot, &templates, &view, |n| {
             n.labels.contains_key(crate::model::labels::AWS_ACCELERATOR)
                 && now - n.created.0 < CA_MAX_NODE_STARTUP
         });
@@ -367,7 +481,7 @@ impl Strategy for CaLike {
                     if nodes.len() as i64 >= room_left {
                         continue;
                     }
-                    let mut r = template_room(t, oi);
+                    let mut r = template_room(t, oi, view.room(ti));
                     if r.take(p) {
                         nodes.push(r);
                         placed += 1;
@@ -445,6 +559,8 @@ pub struct KarpenterLike {
     /// Per node with pods: those pods, and since when they are the same.
     stable_since: BTreeMap<String, (Vec<String>, Ms)>,
     launches: u64,
+    /// It predicts no devices for new nodes (pods with claims are not provisioned for).
+    devices: DeviceView,
 }
 
 /// Karpenter's node repair (`node.health`, behind the `NodeRepair` feature gate, assumed on):
@@ -492,6 +608,12 @@ impl KarpenterLike {
             empty_since: BTreeMap::new(),
             stable_since: BTreeMap::new(),
             launches: 0,
+            devices: DeviceView {
+                matcher: Rc::new(RefCell::new(DeviceMatcher::new(
+                    input.device_classes.clone(),
+                ))),
+                groups: BTreeMap::new(),
+            },
         }
     }
 }
@@ -509,7 +631,7 @@ fn fits_all(t: &Template, pods: &[Pod]) -> Option<usize> {
             p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints)
         })
     })?;
-    let mut r = template_room(t, oi);
+    let mut r = template_room(t, oi, None);
     pods.iter().all(|p| r.take(p)).then_some(oi)
 }
 
@@ -554,11 +676,11 @@ impl Strategy for KarpenterLike {
         self.ice.retain(|_, until| *until > now);
         let templates = world.templates().to_vec();
         let snapshot = world.snapshot();
-        let mut rooms = rooms(&snapshot, &templates);
+        let mut rooms = rooms(&snapshot, &templates, &self.devices);
         // Nodes whose GPUs are not advertised yet count at full capacity (node claims know
         // their instance type).
-        count_unadvertised_at_template(&mut rooms, &snapshot, &templates, |_| true);
-        let mut pods: Vec<&Pod> = pending_gpu_pods(&snapshot);
+        count_unadvertised_at_template(&mut rooms, &snapshot, &templates, &self.devices, |_| true);
+        let mut pods: Vec<&Pod> = karpenter_pending(&snapshot);
         pods.sort_by(|a, b| {
             b.requests
                 .cpu_milli
@@ -687,9 +809,10 @@ impl Strategy for KarpenterLike {
             }
         }
         // A node that a pending pod fits is nominated for it: not consolidated.
-        let pending = pending_gpu_pods(&snapshot);
+        let pending = karpenter_pending(&snapshot);
         let nominated = |n: &crate::model::Node| {
             let r = Room {
+                devices: None,
                 free: n.allocatable.clone(),
                 shared: n.shared_gpus.clone(),
                 labels: std::sync::Arc::new(n.labels.clone()),
@@ -799,7 +922,7 @@ impl KarpenterLike {
         }
         candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.name.cmp(&b.1.name)));
         let templates = world.templates().to_vec();
-        let mut rooms = rooms(snapshot, &templates);
+        let mut rooms = rooms(snapshot, &templates, &self.devices);
         let mut disrupted: BTreeMap<String, i64> = removed.clone();
         for (_, n) in candidates {
             let pool = n.pool().unwrap_or_default().to_string();

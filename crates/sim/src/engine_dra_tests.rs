@@ -5,7 +5,7 @@ use gpu_node_autoscaler_core::catalog;
 
 use super::*;
 use crate::scenario::parse_scenario;
-use crate::{ours, MINUTE, SECOND};
+use crate::{baselines, ours, MINUTE, SECOND};
 
 /// Three pools from zero: A100 80GB and H100 nodes with NVIDIA's DRA driver, A10G nodes with the
 /// device plugin. `jobs` is appended as the scenario's jobs.
@@ -46,6 +46,9 @@ fn claim_gang(name: &str, arrival: &str, product: &str, count: u32, replicas: u3
          \x20                 - device.attributes['gpu.nvidia.com'].productName.startsWith('{product}')\n"
     )
 }
+
+const PLAIN_JOB: &str = "  - name: plain\n    arrival: 0s\n    duration: 30m\n    pods:\n\
+                         \x20     - name: w\n        requests: {cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}\n";
 
 /// Handles every event up to `t`, scheduling after each instant, as `run` does without a
 /// strategy.
@@ -157,4 +160,59 @@ fn a_claim_no_pool_satisfies_is_reported_with_the_core_reason_and_never_gets_a_n
                 .contains("no pool's devices and no node's published devices match"),
         "{u:?}"
     );
+}
+
+#[test]
+fn ours_places_claim_pods_and_the_baselines_leave_them_pending_from_zero() {
+    let jobs = format!("{}{PLAIN_JOB}", claim_job("train", "0s", "NVIDIA H100", 1));
+    let input = input(&jobs);
+    let mut ours = ours::Ours::new(&input);
+    let m = run(&input, &mut ours);
+    assert_eq!(m.pods_never_placed, 0);
+    assert!(m
+        .cost_by_offering
+        .iter()
+        .any(|o| o.instance_type == "p5.48xlarge"));
+    assert!(!m
+        .cost_by_offering
+        .iter()
+        .any(|o| o.instance_type == "p4de.24xlarge"));
+    // Karpenter ignores pods with ResourceClaims; the Cluster Autoscaler's AWS templates carry
+    // no devices, so no empty group can host them. The device-plugin pod runs under both.
+    let mut karpenter = baselines::KarpenterLike::new(&input);
+    let mut ca = baselines::CaLike::new(&input);
+    for m in [run(&input, &mut karpenter), run(&input, &mut ca)] {
+        assert_eq!(m.pods_never_placed, 1, "{}", m.strategy);
+        assert!(
+            m.cost_by_offering.iter().all(|o| o.pool == "a10g"),
+            "{}: {:?}",
+            m.strategy,
+            m.cost_by_offering
+        );
+        assert!(m.nodes_launched > 0, "{}", m.strategy);
+    }
+}
+
+#[test]
+fn ca_like_scales_a_group_for_claims_once_it_has_a_node_whose_devices_it_copies() {
+    let jobs = format!(
+        "{}{}",
+        claim_job("a", "0s", "NVIDIA H100", 8),
+        claim_job("b", "5m", "NVIDIA H100", 8)
+    );
+    let input = input(&jobs);
+    let mut w = World::new(&input);
+    launch(&mut w, "h100");
+    run_until(&mut w, 5 * MINUTE);
+    assert!(w.pods[0].node.is_some() && w.pods[1].node.is_none());
+    // Karpenter does not provision for it; the Cluster Autoscaler templates the group on its
+    // node, devices included, and adds one.
+    let mut karpenter = baselines::KarpenterLike::new(&input);
+    karpenter.run(&mut w);
+    assert!(w.unregistered().is_empty());
+    let mut ca = baselines::CaLike::new(&input);
+    ca.run(&mut w);
+    let launched = w.unregistered();
+    assert_eq!(launched.len(), 1);
+    assert_eq!(launched[0].1.instance_type, "p5.48xlarge");
 }
