@@ -600,7 +600,7 @@ impl World {
 
     // ---- cluster mechanics ----
 
-    /// The node's ResourceSlices are gone (the node is, or its driver reports its GPUs unhealthy).
+    /// The node's ResourceSlices go with it.
     fn unpublish(&mut self, ni: usize) {
         let name = &self.nodes[ni].node.name;
         self.dra.slices.retain(|_, s| &s.node != name);

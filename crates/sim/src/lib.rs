@@ -2,9 +2,10 @@
 //! against a strategy (ours, or Cluster Autoscaler / Karpenter semantics), on an in-memory cloud.
 //!
 //! The engine owns the cluster side: pods arrive, a kube-scheduler-like placement binds them
-//! (whole, MIG and shared GPUs, selectors, affinity, taints; gangs all-or-nothing as coscheduling
-//! does), bound pods run for their duration, launched instances register as nodes after a boot
-//! delay and advertise their GPUs after a device-plugin delay, spot instances get interrupted.
+//! (whole, MIG and shared GPUs, ResourceClaims on published devices, selectors, affinity, taints;
+//! gangs all-or-nothing as coscheduling does), bound pods run for their duration, launched
+//! instances register as nodes after a boot delay and advertise their GPUs (or publish their
+//! devices) after a device-plugin delay, spot instances get interrupted.
 //! The strategy owns the decisions and talks to the cloud through the `MemoryProvider`.
 
 pub mod baselines;
