@@ -6,10 +6,41 @@
 //! of any feasible packing is at least `sum_p min_t price_t * sum_r w_r * req_pr / cap_tr`, the
 //! minimum taken over the offerings that can host `p` at all. This is the LP relaxation of the
 //! covering problem, evaluated at a handful of weight vectors; the best of them is returned.
+//!
+//! The devices a pod's ResourceClaims take are one more dimension, against *all* of a template's
+//! predicted devices: a device is allocated to one request only, so the pods of a node take at
+//! most its device count together, whatever kinds they select. A pod with claims counts only
+//! templates with at least that many devices (a superset of those whose devices satisfy its
+//! selectors, which keeps the minimum a lower one).
 
+use crate::model::dra::DeviceCount;
 use crate::model::Pod;
 
 use super::templates::Template;
+
+/// The dimension of the devices a pod's ResourceClaims take, against all of a template's
+/// predicted devices.
+const DEVICES: &str = "dra/devices";
+
+/// Devices a pod's claims take at the least: per request, the smallest count among its
+/// alternatives (`allocationMode: All` takes at least one). Claims already allocated, or carried
+/// by another pod, take none here.
+fn claimed_devices(p: &Pod) -> f64 {
+    p.claims
+        .iter()
+        .filter(|c| c.needs_devices())
+        .flat_map(|c| c.spec.requests.iter())
+        .filter_map(|r| {
+            r.alternatives
+                .iter()
+                .map(|a| match a.count {
+                    DeviceCount::Exact(n) => n as f64,
+                    DeviceCount::All => 1.0,
+                })
+                .min_by(f64::total_cmp)
+        })
+        .sum()
+}
 
 fn dims(p: &Pod) -> Vec<(String, f64)> {
     let mut d: Vec<(String, f64)> = p
@@ -22,6 +53,10 @@ fn dims(p: &Pod) -> Vec<(String, f64)> {
         d.push(("share/mem".into(), s.mem_gib as f64));
         d.push(("share/core".into(), s.core_pct as f64));
     }
+    let devices = claimed_devices(p);
+    if devices > 0.0 {
+        d.push((DEVICES.into(), devices));
+    }
     d
 }
 
@@ -29,6 +64,7 @@ fn cap(t: &Template, name: &str) -> f64 {
     match name {
         "share/mem" => t.shared.iter().map(|g| g.mem_gib).sum::<i64>() as f64,
         "share/core" => t.shared.iter().map(|g| g.core_pct).sum::<i64>() as f64,
+        DEVICES => t.devices.len() as f64,
         n => t.allocatable.get(n) as f64,
     }
 }
@@ -37,7 +73,8 @@ fn cap(t: &Template, name: &str) -> f64 {
 fn price_for(p: &Pod, t: &Template) -> Option<f64> {
     let fits = p.requests.fits_in(&t.allocatable)
         && p.share
-            .is_none_or(|s| crate::model::resources::share_copies(&t.shared, &s) > 0);
+            .is_none_or(|s| crate::model::resources::share_copies(&t.shared, &s) > 0)
+        && claimed_devices(p) <= t.devices.len() as f64;
     if !fits || !p.constraints.tolerates(&t.taints) {
         return None;
     }
@@ -65,10 +102,12 @@ impl<'a> BoundModel<'a> {
         names.dedup();
         let mut weights: Vec<Vec<(String, f64)>> =
             names.iter().map(|n| vec![(n.clone(), 1.0)]).collect();
-        for gpu in names
-            .iter()
-            .filter(|n| n.contains("gpu") || n.contains("mig") || n.starts_with("share/"))
-        {
+        for gpu in names.iter().filter(|n| {
+            n.contains("gpu")
+                || n.contains("mig")
+                || n.starts_with("share/")
+                || n.as_str() == DEVICES
+        }) {
             for other in ["cpu", "memory"] {
                 for a in [0.5, 0.8] {
                     weights.push(vec![(gpu.clone(), a), (other.to_string(), 1.0 - a)]);

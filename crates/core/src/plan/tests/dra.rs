@@ -535,3 +535,48 @@ fn the_benchmark_mix_with_claims_puts_every_claiming_pod_on_a_dra_pool() {
     assert_eq!(planned + refused.len(), claiming.len());
     assert!(planned > 0);
 }
+
+#[test]
+fn the_lower_bound_counts_claimed_devices_against_a_templates_devices() {
+    let p = policy(DRA_POLICY);
+    let c = catalog_for(&p);
+    // Two pods, each claiming eight H100s: two whole p5.48xlarge at least, whatever the CPU.
+    let s = dra_snap(
+        (0..2)
+            .map(|i| claiming(&format!("w{i}"), &[("gpu.nvidia.com", H100_80G, 8)]).build())
+            .collect(),
+        vec![],
+    );
+    let (templates, _) = build_templates(&p, &c, &s, NOW);
+    let refs: Vec<&Pod> = s.pods.iter().collect();
+    let lb = bound::lower_bound(&refs, &templates);
+    let plan = run(&s, DRA_POLICY);
+    assert_eq!(types(&plan), vec![("p5.48xlarge".to_string(), 2)]);
+    // Under the devices' own weight each pod costs at least its share of the devices of the
+    // cheapest template that has eight or more (MIG devices count: the bound reads no selector).
+    let per_pod = templates
+        .iter()
+        .filter(|t| t.devices.len() >= 8)
+        .flat_map(|t| {
+            let share = 8.0 / t.devices.len() as f64;
+            t.offerings
+                .iter()
+                .filter(|o| o.available)
+                .map(move |o| o.price * share)
+        })
+        .fold(f64::INFINITY, f64::min);
+    assert!(lb >= 2.0 * per_pod - 1e-9, "{lb} vs {per_pod} per pod");
+    // Without the devices' dimension, the pods' CPU on the cheapest node would be all it saw.
+    assert!(lb > 5.0, "{lb}");
+    assert!(lb <= plan.added_cost_per_hour + 1e-9);
+    // Allocated claims take nothing new.
+    let mut allocated = s.clone();
+    for pod in &mut allocated.pods {
+        pod.claims[0].allocation = Some(crate::model::dra::Allocation {
+            node: Some("n".into()),
+            devices: vec![],
+        });
+    }
+    let refs: Vec<&Pod> = allocated.pods.iter().collect();
+    assert!(bound::lower_bound(&refs, &templates) < lb / 10.0);
+}
