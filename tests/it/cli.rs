@@ -306,60 +306,55 @@ fn malformed_inputs_never_panic() {
 
 #[test]
 fn plan_reads_resource_claims_from_a_cluster_file_and_plans_their_devices() {
+    // A claim template and a pending pod claiming from it, both called `name`.
+    let claimed = |name: &str, selector: &str| {
+        format!(
+            "- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {{name: {name}, namespace: ml}}
+  spec:
+    spec:
+      devices:
+        requests:
+        - name: gpu
+          exactly:
+            deviceClassName: gpu.nvidia.com
+            selectors:
+            - cel: {{expression: \"{selector}\"}}
+- apiVersion: v1
+  kind: Pod
+  metadata: {{name: {name}, namespace: ml}}
+  spec:
+    containers: [{{name: c, resources: {{requests: {{cpu: \"4\"}}, claims: [{{name: gpu}}]}}}}]
+    resourceClaims: [{{name: gpu, resourceClaimTemplateName: {name}}}]
+  status:
+    phase: Pending
+    conditions: [{{type: PodScheduled, status: \"False\", reason: Unschedulable}}]
+"
+        )
+    };
     let cluster = temp_file(
         "dra-cluster.yaml",
-        r#"apiVersion: v1
+        &format!(
+            "apiVersion: v1
 kind: List
 items:
 - apiVersion: resource.k8s.io/v1
   kind: DeviceClass
-  metadata: {name: gpu.nvidia.com}
+  metadata: {{name: gpu.nvidia.com}}
   spec:
     selectors:
-    - cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}
-- apiVersion: resource.k8s.io/v1
-  kind: ResourceClaimTemplate
-  metadata: {name: h100, namespace: ml}
-  spec:
-    spec:
-      devices:
-        requests:
-        - name: gpu
-          exactly:
-            deviceClassName: gpu.nvidia.com
-            selectors:
-            - cel: {expression: "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80G')) >= 0"}
-- apiVersion: resource.k8s.io/v1
-  kind: ResourceClaimTemplate
-  metadata: {name: b200, namespace: ml}
-  spec:
-    spec:
-      devices:
-        requests:
-        - name: gpu
-          exactly:
-            deviceClassName: gpu.nvidia.com
-            selectors:
-            - cel: {expression: "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"}
-- apiVersion: v1
-  kind: Pod
-  metadata: {name: train, namespace: ml}
-  spec:
-    containers: [{name: c, resources: {requests: {cpu: "4"}, claims: [{name: gpu}]}}]
-    resourceClaims: [{name: gpu, resourceClaimTemplateName: h100}]
-  status:
-    phase: Pending
-    conditions: [{type: PodScheduled, status: "False", reason: Unschedulable}]
-- apiVersion: v1
-  kind: Pod
-  metadata: {name: blackwell, namespace: ml}
-  spec:
-    containers: [{name: c, resources: {claims: [{name: gpu}]}}]
-    resourceClaims: [{name: gpu, resourceClaimTemplateName: b200}]
-  status:
-    phase: Pending
-    conditions: [{type: PodScheduled, status: "False", reason: Unschedulable}]
-"#,
+    - cel: {{expression: \"device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'\"}}
+{}{}",
+            claimed(
+                "train",
+                "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80G')) >= 0"
+            ),
+            claimed(
+                "blackwell",
+                "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"
+            ),
+        ),
     );
     let policy = temp_file(
         "dra-policy.yaml",
