@@ -9,7 +9,7 @@
 //! windows, quotas, API throttling, injected failures, spot interruptions) and a log of every API
 //! call it served.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -121,6 +121,12 @@ struct State {
     throttle: Option<Bucket>,
     /// Every instance ever launched, terminated ones included, by id.
     instances: BTreeMap<String, Record>,
+    /// The ids of those not terminated (what `list` and the quota look at).
+    live: BTreeSet<String>,
+    /// The ids of interrupted instances shutting down (what `advance` looks at).
+    shutting_down: BTreeSet<String>,
+    /// Per launch id: its pool and how many instances it ever created.
+    launches: HashMap<String, (String, u32)>,
     next_id: u64,
     pick_rng: u64,
     calls: Vec<Call>,
@@ -146,15 +152,30 @@ impl State {
     /// Applies time-driven transitions: interrupted spot instances whose notice has run out.
     fn advance(&mut self) {
         let now = self.now_ms;
-        for rec in self.instances.values_mut() {
-            if rec.terminate_at_ms.is_some_and(|t| now >= t)
-                && rec.instance.state != InstanceState::Terminated
-            {
-                rec.instance.state = InstanceState::Terminated;
-                rec.terminate_at_ms = None;
-                self.terminated_total += 1;
-            }
+        let due: Vec<String> = self
+            .shutting_down
+            .iter()
+            .filter(|id| {
+                self.instances
+                    .get(*id)
+                    .is_some_and(|r| r.terminate_at_ms.is_some_and(|t| now >= t))
+            })
+            .cloned()
+            .collect();
+        for id in due {
+            self.terminated(&id);
         }
+    }
+
+    /// Marks an instance terminated (it was not).
+    fn terminated(&mut self, id: &str) {
+        if let Some(rec) = self.instances.get_mut(id) {
+            rec.instance.state = InstanceState::Terminated;
+            rec.terminate_at_ms = None;
+            self.terminated_total += 1;
+        }
+        self.live.remove(id);
+        self.shutting_down.remove(id);
     }
 
     fn take_token(&mut self) -> Result<(), ProviderError> {
@@ -226,8 +247,9 @@ impl State {
 
     /// Instances and GPUs counted against the quota (running and pending).
     fn quota_usage(&self) -> (u32, u32) {
-        self.instances
-            .values()
+        self.live
+            .iter()
+            .filter_map(|id| self.instances.get(id))
             .map(|r| &r.instance)
             .filter(|i| matches!(i.state, InstanceState::Running | InstanceState::Pending))
             .fold((0, 0), |(n, g), i| {
@@ -303,18 +325,13 @@ impl State {
         }
         // Everything ever created for this launch id counts, terminated instances included.
         let mut existing = 0u32;
-        for rec in self.instances.values() {
-            if rec.instance.launch_id == req.launch_id {
-                if rec.instance.pool != req.pool {
-                    return Err(ProviderError::InvalidRequest {
-                        message: format!(
-                            "launch id {} already used for pool {}",
-                            req.launch_id, rec.instance.pool
-                        ),
-                    });
-                }
-                existing += 1;
+        if let Some((pool, n)) = self.launches.get(&req.launch_id) {
+            if *pool != req.pool {
+                return Err(ProviderError::InvalidRequest {
+                    message: format!("launch id {} already used for pool {pool}", req.launch_id),
+                });
             }
+            existing = *n;
         }
         let mut remaining = req.count.saturating_sub(existing);
         let mut result = LaunchResult::default();
@@ -378,6 +395,11 @@ impl State {
         tags.insert(TAG_CLUSTER.into(), self.cluster.clone());
         tags.insert(TAG_POOL.into(), req.pool.clone());
         tags.insert(TAG_LAUNCH_ID.into(), req.launch_id.clone());
+        self.live.insert(id.clone());
+        self.launches
+            .entry(req.launch_id.clone())
+            .or_insert_with(|| (req.pool.clone(), 0))
+            .1 += 1;
         self.instances.insert(
             id,
             Record {
@@ -398,16 +420,15 @@ impl State {
         if rec.instance.state == InstanceState::Terminated {
             return Ok("ok (already terminated)");
         }
-        rec.instance.state = InstanceState::Terminated;
-        rec.terminate_at_ms = None;
-        self.terminated_total += 1;
+        self.terminated(id);
         Ok("ok")
     }
 
     fn list(&self, pool: &str) -> Vec<Instance> {
-        // BTreeMap iteration is already sorted by id.
-        self.instances
-            .values()
+        // BTreeSet iteration is already sorted by id.
+        self.live
+            .iter()
+            .filter_map(|id| self.instances.get(id))
             .map(|r| &r.instance)
             .filter(|i| i.pool == pool && i.state != InstanceState::Terminated)
             .cloned()
@@ -430,6 +451,9 @@ impl MemoryProvider {
                 max_gpus: None,
                 throttle: None,
                 instances: BTreeMap::new(),
+                live: BTreeSet::new(),
+                shutting_down: BTreeSet::new(),
+                launches: HashMap::new(),
                 next_id: 0,
                 pick_rng: seed ^ 0xD1B5_4A32_D192_ED03,
                 calls: Vec::new(),
@@ -556,8 +580,9 @@ impl MemoryProvider {
     pub fn interrupt_spot(&self, fraction: f64, pool: Option<&str>) -> Vec<Interruption> {
         let mut s = self.lock();
         let mut candidates: Vec<String> = s
-            .instances
-            .values()
+            .live
+            .iter()
+            .filter_map(|id| s.instances.get(id))
             .map(|r| &r.instance)
             .filter(|i| {
                 i.state == InstanceState::Running
@@ -587,6 +612,7 @@ impl MemoryProvider {
                 let rec = s.instances.get_mut(&id).expect("candidate exists");
                 rec.instance.state = InstanceState::ShuttingDown;
                 rec.terminate_at_ms = Some(now + SPOT_NOTICE_MS);
+                s.shutting_down.insert(id.clone());
                 Interruption {
                     instance_id: id,
                     notice_at_ms: now,
