@@ -1,9 +1,12 @@
 //! Baselines on the same engine: Cluster Autoscaler and Karpenter semantics as GPU users meet
 //! them today. Both are simplified, and both are given our policy's pools, prices and limits.
 //!
-//! `ca-like`: a scan every 10 s; one node group per pool × instance type (the pool's first
-//! capacity type, all its zones); pods that fit nowhere are bin-packed per group and the
-//! least-waste expander (wasted CPU + memory share) picks one group per scan; no gang awareness;
+//! `ca-like`: a scan every 10 s; one node group per pool × instance type × capacity type (all its
+//! zones, as an Auto Scaling group over the pool's subnets); pods that fit nowhere are bin-packed
+//! per group and the expanders `priority,least-waste` pick one group per scan: spot groups
+//! first (the pool's capacity types in their order, as AWS's guidance for spot with the Cluster
+//! Autoscaler configures the priority expander), least waste (wasted CPU + memory share) among
+//! them; no gang awareness;
 //! a registered node that carries the cloud's GPU label (`k8s.amazonaws.com/accelerator`) but
 //! advertises no GPU yet is not ready and, for the 15 minutes after its creation
 //! (`MaxNodeStartupTime`), counts as upcoming at its group's template capacity, as the Cluster
@@ -25,7 +28,11 @@
 //! awareness; an offering that fails is avoided for 3 m; empty nodes are consolidated after 30 s,
 //! and (Karpenter v1's default `WhenEmptyOrUnderutilized`) a node whose pods have not changed for
 //! 30 s and all fit on the other nodes is drained and deleted, at most 10 % of a pool at once;
-//! replacing a node by a cheaper one is not modelled. Pods with ResourceClaims are not
+//! an on-demand node whose pods do not all fit elsewhere is replaced by one cheaper node (spot
+//! or on-demand) launched first, the old node drained once the new one is initialised (spot
+//! nodes are not replaced: spot-to-spot consolidation is behind a feature gate, off by default);
+//! the cluster is looked at again after 5 minutes without a change; multi-node consolidation
+//! (several nodes into one new node) is not modelled. Pods with ResourceClaims are not
 //! provisioned for (its `--ignore-dra-requests`, true by default).
 
 use std::cell::RefCell;
@@ -336,9 +343,10 @@ pub struct CaLike {
     templates: plan::Templates,
     matcher: Rc<RefCell<DeviceMatcher>>,
     next: Option<Ms>,
-    /// Per group (template index): failed launches in a row, and the last one's time.
-    failures: BTreeMap<usize, (u32, Ms)>,
-    backoff: BTreeMap<usize, Ms>,
+    /// Per node group (template index, capacity type's index in the pool's list): failed
+    /// launches in a row, and the last one's time.
+    failures: BTreeMap<(usize, usize), (u32, Ms)>,
+    backoff: BTreeMap<(usize, usize), Ms>,
     launches: u64,
 }
 
@@ -392,12 +400,13 @@ impl CaLike {
         }
     }
 
-    /// The group's offerings: the pool's first capacity type, every zone.
-    fn group_offerings(&self, t: &Template) -> Vec<OfferingKey> {
-        let first = self.policy.pools[t.pool].capacity_types[0];
+    /// A node group's offerings: one capacity type (`ct`, its index in the pool's list),
+    /// every zone (an Auto Scaling group over the pool's subnets).
+    fn group_offerings(&self, t: &Template, ct: usize) -> Vec<OfferingKey> {
+        let ct = self.policy.pools[t.pool].capacity_types[ct];
         t.offerings
             .iter()
-            .filter(|o| o.key.capacity_type == first)
+            .filter(|o| o.key.capacity_type == ct)
             .map(|o| o.key.clone())
             .collect()
     }
@@ -456,12 +465,21 @@ impl Strategy for CaLike {
                     .then(a.id.cmp(&b.id))
             });
             let gpus_now = cluster_gpus(&snapshot, &templates);
-            let mut best: Option<(f64, usize, u32)> = None;
-            for (ti, t) in templates.iter().enumerate() {
-                if self.backoff.get(&ti).is_some_and(|until| *until > now) {
+            // (priority, waste, group, nodes): the priority expander first (a pool's capacity
+            // types in its order: spot groups before on-demand ones), least waste among equals.
+            let mut best: Option<(usize, f64, (usize, usize), u32)> = None;
+            let groups = templates.iter().enumerate().flat_map(|(ti, t)| {
+                (0..self.policy.pools[t.pool].capacity_types.len()).map(move |ct| (ti, t, ct))
+            });
+            for (ti, t, ct) in groups {
+                if self
+                    .backoff
+                    .get(&(ti, ct))
+                    .is_some_and(|until| *until > now)
+                {
                     continue;
                 }
-                let offers = self.group_offerings(t);
+                let offers = self.group_offerings(t, ct);
                 let Some(oi) = t
                     .offerings
                     .iter()
@@ -504,18 +522,21 @@ impl Strategy for CaLike {
                 let free_mem: i64 = nodes.iter().map(|r| r.free.memory).sum();
                 let waste =
                     free_cpu as f64 / cap(|r| r.cpu_milli) + free_mem as f64 / cap(|r| r.memory);
-                if best.as_ref().is_none_or(|(w, _, _)| waste < *w - 1e-12) {
-                    best = Some((waste, ti, n));
+                if best
+                    .as_ref()
+                    .is_none_or(|(pr, w, _, _)| ct < *pr || (ct == *pr && waste < *w - 1e-12))
+                {
+                    best = Some((ct, waste, (ti, ct), n));
                 }
             }
-            if let Some((_, ti, n)) = best {
+            if let Some((_, _, (ti, ct), n)) = best {
                 let t = &templates[ti];
                 self.launches += 1;
                 let req = LaunchRequest {
                     launch_id: format!("ca-{}-{}", t.pool_name, self.launches),
                     pool: t.pool_name.clone(),
                     count: n,
-                    offerings: self.group_offerings(t),
+                    offerings: self.group_offerings(t, ct),
                     tags: BTreeMap::new(),
                 };
                 let got = world
@@ -524,14 +545,14 @@ impl Strategy for CaLike {
                     .unwrap_or(0);
                 if got < n {
                     // Seen at the next scan from the group's failed scaling activity.
-                    let e = self.failures.entry(ti).or_insert((0, now));
+                    let e = self.failures.entry((ti, ct)).or_insert((0, now));
                     if now - e.1 >= CA_BACKOFF_RESET {
                         e.0 = 0;
                     }
                     e.0 += 1;
                     e.1 = now;
                     let wait = (CA_INITIAL_BACKOFF << (e.0 - 1).min(8)).min(CA_MAX_BACKOFF);
-                    self.backoff.insert(ti, now + 10 * SECOND + wait);
+                    self.backoff.insert((ti, ct), now + 10 * SECOND + wait);
                 }
                 scaled = true;
             }
@@ -561,6 +582,50 @@ pub struct KarpenterLike {
     launches: u64,
     /// It predicts no devices for new nodes (pods with claims are not provisioned for).
     devices: DeviceView,
+    /// Consolidation's replacements under way.
+    replacing: Vec<Replacement>,
+}
+
+/// A node being replaced by a cheaper one: the old node stays (tainted
+/// `karpenter.sh/disrupted`) until the replacement's node is initialised, then it is drained.
+struct Replacement {
+    old: String,
+    pool: String,
+    instance: String,
+    launched: Ms,
+    /// When the old node was drained (the entry is kept a minute longer, so that the new node
+    /// is not taken for empty before the old node's pods are bound to it).
+    drained: Option<Ms>,
+}
+
+/// How long a replacement may take to become an initialised node before it is given up
+/// (Karpenter's NodeClaim registration TTL).
+const REPLACEMENT_TTL: Ms = 15 * MINUTE;
+
+/// Karpenter's taint on a node it is disrupting.
+fn disrupted_taint() -> crate::model::Taint {
+    crate::model::Taint {
+        key: "karpenter.sh/disrupted".into(),
+        value: String::new(),
+        effect: crate::model::constraints::Effect::NoSchedule,
+    }
+}
+
+/// A node's price: its template's offering in its zone and capacity type.
+fn node_price(n: &crate::model::Node, templates: &[Template]) -> Option<f64> {
+    let t = &templates[template_of_node(n, templates)?];
+    let ct = node_capacity_type(n);
+    t.offerings
+        .iter()
+        .find(|o| o.key.capacity_type.as_str() == ct && Some(o.key.zone.as_str()) == n.zone())
+        .map(|o| o.price)
+}
+
+fn node_capacity_type(n: &crate::model::Node) -> &str {
+    n.labels
+        .get(crate::model::labels::CAPACITY_TYPE)
+        .or_else(|| n.labels.get(crate::model::labels::KARPENTER_CAPACITY_TYPE))
+        .map_or("on-demand", String::as_str)
 }
 
 /// Karpenter's node repair (`node.health`, behind the `NodeRepair` feature gate, assumed on):
@@ -608,6 +673,7 @@ impl KarpenterLike {
             empty_since: BTreeMap::new(),
             stable_since: BTreeMap::new(),
             launches: 0,
+            replacing: Vec::new(),
             devices: DeviceView {
                 matcher: Rc::new(RefCell::new(DeviceMatcher::new(
                     input.device_classes.clone(),
@@ -622,6 +688,19 @@ impl KarpenterLike {
 struct Claim {
     options: Vec<usize>,
     requests: Vec<Pod>,
+}
+
+/// All of `pods` on one new node of `t`'s offering `oi`.
+fn fits_offering(t: &Template, oi: usize, pods: &[Pod]) -> bool {
+    let o = &t.offerings[oi];
+    if !pods
+        .iter()
+        .all(|p| p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints))
+    {
+        return false;
+    }
+    let mut r = template_room(t, oi, None);
+    pods.iter().all(|p| r.take(p))
 }
 
 fn fits_all(t: &Template, pods: &[Pod]) -> Option<usize> {
@@ -673,6 +752,7 @@ impl Strategy for KarpenterLike {
             }
         }
         self.repair(world);
+        let replacement_nodes = self.advance_replacements(world);
         self.ice.retain(|_, until| *until > now);
         let templates = world.templates().to_vec();
         let snapshot = world.snapshot();
@@ -826,7 +906,11 @@ impl Strategy for KarpenterLike {
         let mut removed: BTreeMap<String, i64> = BTreeMap::new();
         let mut emptied: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for n in &snapshot.nodes {
-            if busy.contains_key(n.name.as_str()) || n.advertised_gpus() == 0 || nominated(n) {
+            if busy.contains_key(n.name.as_str())
+                || n.advertised_gpus() == 0
+                || nominated(n)
+                || replacement_nodes.contains(&n.name)
+            {
                 self.empty_since.remove(&n.name);
                 continue;
             }
@@ -854,6 +938,9 @@ impl Strategy for KarpenterLike {
         if waiting {
             self.next = Some(now + 10 * SECOND);
         }
+        if !self.replacing.is_empty() {
+            soonest = Some(soonest.map_or(now + 5 * SECOND, |s| s.min(now + 5 * SECOND)));
+        }
         if let Some(s) = soonest {
             self.next = Some(self.next.map_or(s, |n| n.min(s)));
         }
@@ -861,11 +948,126 @@ impl Strategy for KarpenterLike {
 }
 
 impl KarpenterLike {
+    /// Replacements under way: once the new node advertises its GPUs (initialised), the old
+    /// node is drained and deleted; a replacement whose instance is gone or that has not come in
+    /// `REPLACEMENT_TTL` is given up and the old node untainted. Returns the new nodes, which
+    /// are not taken for empty while the old node's pods move to them.
+    fn advance_replacements(&mut self, world: &mut World) -> std::collections::BTreeSet<String> {
+        let now = world.now;
+        let listed: std::collections::BTreeSet<String> =
+            world.instances().iter().map(|i| i.id.clone()).collect();
+        let mut new_nodes = std::collections::BTreeSet::new();
+        let mut keep = Vec::new();
+        for mut r in std::mem::take(&mut self.replacing) {
+            if let Some(at) = r.drained {
+                if now - at < MINUTE {
+                    if let Some(n) = world.node_of_instance(&r.instance) {
+                        new_nodes.insert(n.to_string());
+                    }
+                    keep.push(r);
+                }
+                continue;
+            }
+            let node = world.node_of_instance(&r.instance).map(str::to_string);
+            let ready = node.as_deref().is_some_and(|name| {
+                world
+                    .live_nodes()
+                    .any(|n| n.node.name == name && n.node.advertised_gpus() > 0)
+            });
+            if ready {
+                world.drain_and_remove(&r.old);
+                self.stable_since.remove(&r.old);
+                r.drained = Some(now);
+                new_nodes.extend(node);
+                keep.push(r);
+            } else if !listed.contains(&r.instance) || now - r.launched > REPLACEMENT_TTL {
+                world.set_taint(&r.old, &disrupted_taint(), false);
+                if node.is_none() {
+                    world.terminate_instance(&r.instance);
+                }
+            } else {
+                new_nodes.extend(node);
+                keep.push(r);
+            }
+        }
+        self.replacing = keep;
+        new_nodes
+    }
+
+    /// Karpenter v1's single-node consolidation, its replace half: a node whose pods do not
+    /// all fit on the other nodes is replaced by one cheaper node that takes the pods that do
+    /// not (the new node launched first; the old one tainted `karpenter.sh/disrupted` and
+    /// drained once the new one is initialised). A spot node is never replaced (spot-to-spot
+    /// consolidation is behind the `SpotToSpotConsolidation` feature gate, off by default); an
+    /// on-demand node may be replaced by spot or on-demand, the cheapest first, every offering
+    /// of its NodePool cheaper than the node. One replacement at a time.
+    fn replace_one(
+        &mut self,
+        world: &mut World,
+        templates: &[Template],
+        n: &crate::model::Node,
+        leftover: &[Pod],
+    ) -> bool {
+        if !self.replacing.iter().all(|r| r.drained.is_some()) {
+            return false;
+        }
+        if node_capacity_type(n) == "spot" {
+            return false;
+        }
+        let Some(price) = node_price(n, templates) else {
+            return false;
+        };
+        let pool = n.pool().unwrap_or_default();
+        let mut offers: Vec<(f64, OfferingKey)> = Vec::new();
+        for t in templates.iter().filter(|t| t.pool_name == pool) {
+            for (oi, o) in t.offerings.iter().enumerate() {
+                if o.price < price
+                    && !self.ice.contains_key(&o.key)
+                    && fits_offering(t, oi, leftover)
+                {
+                    offers.push((o.price, o.key.clone()));
+                }
+            }
+        }
+        if offers.is_empty() {
+            return false;
+        }
+        offers.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        self.launches += 1;
+        let req = LaunchRequest {
+            launch_id: format!("karpenter-{}", self.launches),
+            pool: pool.to_string(),
+            count: 1,
+            offerings: offers.into_iter().map(|o| o.1).collect(),
+            tags: BTreeMap::new(),
+        };
+        let Ok(res) = world.launch(&req) else {
+            return false;
+        };
+        for (k, _) in &res.failures {
+            self.ice.insert(k.clone(), world.now + 3 * MINUTE);
+        }
+        let Some(inst) = res.launched.first() else {
+            return false;
+        };
+        world.set_taint(&n.name, &disrupted_taint(), true);
+        self.replacing.push(Replacement {
+            old: n.name.clone(),
+            pool: pool.to_string(),
+            instance: inst.id.clone(),
+            launched: world.now,
+            drained: None,
+        });
+        true
+    }
+
     /// Karpenter v1's default `WhenEmptyOrUnderutilized` consolidation, its delete half: a node
     /// whose pods have not changed for 30 s and all fit on the other nodes is drained and deleted
     /// (cheapest to disrupt first: fewest pods); at most 10 % of a pool's nodes (rounded up, its
     /// default disruption budget) at once, empty nodes removed in this pass included; not while
-    /// GPU pods wait. Replacing a node by a cheaper one is not modelled.
+    /// GPU pods wait. A node whose pods do not all fit elsewhere may be replaced by a cheaper
+    /// one instead (`replace_one`). Multi-node consolidation (several nodes into one new node)
+    /// is not modelled.
     fn consolidate_underutilized(
         &mut self,
         world: &mut World,
@@ -920,11 +1122,23 @@ impl KarpenterLike {
         if candidates.is_empty() {
             return;
         }
+        // Karpenter takes the cluster for consolidated until it changes, or for 5 minutes at
+        // most (its cluster state's consolidation timeout): then it looks again, so that a
+        // replacement that could not launch (spot short) is tried again.
+        let again = now + 5 * MINUTE;
+        *soonest = Some(soonest.map_or(again, |s: Ms| s.min(again)));
         candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.name.cmp(&b.1.name)));
         let templates = world.templates().to_vec();
         let mut rooms = rooms(snapshot, &templates, &self.devices);
         let mut disrupted: BTreeMap<String, i64> = removed.clone();
+        for r in self.replacing.iter().filter(|r| r.drained.is_none()) {
+            *disrupted.entry(r.pool.clone()).or_default() += 1;
+            gone.insert(r.old.clone());
+        }
         for (_, n) in candidates {
+            if gone.contains(&n.name) {
+                continue;
+            }
             let pool = n.pool().unwrap_or_default().to_string();
             let size = pool_nodes(snapshot, &pool);
             let budget = (size as f64 * 0.1).ceil() as i64;
@@ -938,15 +1152,24 @@ impl KarpenterLike {
                     .total_cmp(&a.gpu_equivalents())
                     .then(a.id.cmp(&b.id))
             });
-            let fits = pods.iter().all(|p| {
-                trial.iter_mut().any(|r| {
-                    r.name
-                        .as_deref()
-                        .is_some_and(|x| x != n.name && !gone.contains(x))
-                        && r.take(p)
+            let leftover: Vec<Pod> = pods
+                .iter()
+                .filter(|p| {
+                    !trial.iter_mut().any(|r| {
+                        r.name
+                            .as_deref()
+                            .is_some_and(|x| x != n.name && !gone.contains(x))
+                            && r.take(p)
+                    })
                 })
-            });
-            if !fits {
+                .map(|p| (*p).clone())
+                .collect();
+            if !leftover.is_empty() {
+                if self.replace_one(world, &templates, n, &leftover) {
+                    rooms = trial;
+                    gone.insert(n.name.clone());
+                    *disrupted.entry(pool).or_default() += 1;
+                }
                 continue;
             }
             rooms = trial;

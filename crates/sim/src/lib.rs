@@ -18,6 +18,8 @@ pub mod scenario;
 pub mod trace;
 
 #[cfg(test)]
+mod spot_tests;
+#[cfg(test)]
 use gpu_node_autoscaler_core::catalog;
 use gpu_node_autoscaler_core::{autoscaler, convert, fixtures, model, plan, policy, yaml};
 use gpu_node_autoscaler_provider::Catalog;

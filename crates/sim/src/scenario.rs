@@ -129,6 +129,10 @@ struct RawJob {
     gang: bool,
     #[serde(default)]
     priority: i32,
+    /// What owns the pods: `Job` (default: a batch Job, whose pods lose their work when moved
+    /// unless they checkpoint) or `Deployment` (long-lived replicas, through a ReplicaSet,
+    /// which an autoscaler may move like any such pod).
+    kind: Option<String>,
     pods: Vec<RawPodGroup>,
 }
 
@@ -462,6 +466,7 @@ fn make_pod(
     affinity: Option<&Value>,
     gang: Option<(&str, usize)>,
     priority: i32,
+    owner_kind: &str,
     claims: &ClaimRefs,
     dra: &DraObjects,
 ) -> Result<crate::model::Pod, String> {
@@ -499,7 +504,10 @@ fn make_pod(
     let obj = json!({
         "metadata": {
             "name": name, "namespace": "sim", "annotations": annotations,
-            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": name, "controller": true}],
+            "ownerReferences": [{
+                "apiVersion": if owner_kind == "Job" { "batch/v1" } else { "apps/v1" },
+                "kind": owner_kind, "name": name, "uid": name, "controller": true,
+            }],
         },
         "spec": spec,
         "status": {"phase": "Pending"},
@@ -594,6 +602,25 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
         if j.pods.is_empty() {
             errs.at(&at("pods"), "a job needs at least one pod group");
         }
+        let owner_kind = match j.kind.as_deref() {
+            None | Some("Job") => "Job",
+            Some("Deployment") => {
+                if j.gang {
+                    errs.at(
+                        &at("kind"),
+                        "a gang is a Job's (a Deployment's replicas are not scheduled as one)",
+                    );
+                }
+                "ReplicaSet"
+            }
+            Some(other) => {
+                errs.at(
+                    &at("kind"),
+                    format!("unknown kind {other:?} (expected Job or Deployment)"),
+                );
+                "Job"
+            }
+        };
         let size: usize = j.pods.iter().map(|g| g.replicas as usize).sum();
         let claims: Vec<ClaimRefs> = j
             .pods
@@ -623,6 +650,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                         g.affinity.as_ref(),
                         j.gang.then_some((instance.as_str(), size)),
                         j.priority,
+                        owner_kind,
                         &claims[gi],
                         &dra.templates,
                     ) {
@@ -716,6 +744,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             None,
             None,
             0,
+            "ReplicaSet",
             &claims,
             &dra.templates,
         ) {
