@@ -1002,6 +1002,36 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_jobs_kind_is_job_or_deployment() {
+        let job = |kind: &str, gang: bool| {
+            format!("name: x\npolicy:\n  zones: [a]\n  pools:\n    - {{name: p, instanceTypes: [g5.xlarge], maxNodes: 2}}\njobs:\n  - name: j\n    kind: {kind}\n    gang: {gang}\n    arrival: 0s\n    duration: 1h\n    pods:\n      - name: w\n        requests: {{nvidia.com/gpu: 1}}\n")
+        };
+        let owner = |kind: &str| {
+            let sc = parse_scenario(&job(kind, false), "s.yaml").unwrap();
+            sc.pods[0].pod.owner.as_ref().map(|o| o.kind.clone())
+        };
+        assert_eq!(owner("Job"), Some(crate::model::OwnerKind::Job));
+        assert_eq!(
+            owner("Deployment"),
+            Some(crate::model::OwnerKind::ReplicaSet)
+        );
+        let e = parse_scenario(&job("StatefulSet", false), "s.yaml")
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("s.yaml:8:5: jobs[0].kind: unknown kind \"StatefulSet\" (expected Job or Deployment)"),
+            "{e}"
+        );
+        let e = parse_scenario(&job("Deployment", true), "s.yaml")
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("s.yaml:8:5: jobs[0].kind: a gang is a Job's"),
+            "{e}"
+        );
+    }
+
     const CLAIMS: &str = "name: x\npolicy:\n  zones: [a]\n  pools:\n    - {name: p, instanceTypes: [p5.48xlarge], maxNodes: 2, dra: {}}\njobs:\n  - name: j\n    arrival: 0s\n    duration: 1h\n    pods:\n      - name: w\n        replicas: 2\n        requests: {cpu: \"1\"}\n        claims:\n          - name: gpu\n            requests:\n              - name: one\n                firstAvailable:\n                  - {name: h100, deviceClassName: gpu.nvidia.com, selectors: [\"device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'\"]}\n                  - {name: any, deviceClassName: gpu.nvidia.com, count: 2}\n              - name: all\n                deviceClassName: mig.nvidia.com\n                allocationMode: All\nservices:\n  - name: chat\n    requests: {cpu: \"1\"}\n    claims:\n      - name: gpu\n        requests:\n          - {name: one, deviceClassName: gpu.nvidia.com}\n    hpa: {minReplicas: 2, maxReplicas: 2, targetUtilization: 1, gpusPerReplica: 1}\n    load: [{at: 0s, gpus: 1}]\n    until: 1h\n";
 
     #[test]
