@@ -294,6 +294,30 @@ pub struct Templates {
     /// Allocatable of each template as the catalog and the policy give it.
     from_catalog: Vec<Resources>,
     pub errors: Vec<String>,
+    /// The last plan's templates and what made them (see [`Templates::for_snapshot`]).
+    memo: Memo,
+}
+
+/// Per template, what a plan adjusts: the DaemonSet requests taken from its allocatable and
+/// the mask of its offerings that are unavailable.
+type Adjustments = Vec<(Resources, u64)>;
+
+/// The templates of the last plan, by the adjustments that made them: most passes see the same
+/// DaemonSets and unavailable offerings as the one before, and share its templates instead of
+/// copying them again. A clone starts empty (its templates may learn apart).
+#[derive(Default)]
+struct Memo(std::sync::Mutex<Option<(Adjustments, Arc<Vec<Template>>)>>);
+
+impl Clone for Memo {
+    fn clone(&self) -> Memo {
+        Memo::default()
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Memo")
+    }
 }
 
 /// What a template learned from registered nodes.
@@ -395,6 +419,7 @@ impl Templates {
             from_catalog: out.iter().map(|t| t.allocatable.clone()).collect(),
             templates: out,
             errors,
+            memo: Memo::default(),
         }
     }
 
@@ -464,35 +489,61 @@ impl Templates {
             });
             t.learned_from = learned;
         }
+        if !changed.is_empty() {
+            self.memo = Memo::default();
+        }
         changed
     }
 
     /// The templates for one plan: DaemonSet pods seen in the cluster that would land on a new
     /// node take their share first, and offerings in the insufficient-capacity cache are
     /// unavailable.
-    pub fn for_snapshot(&self, snapshot: &Snapshot, now: Time) -> Vec<Template> {
+    pub fn for_snapshot(&self, snapshot: &Snapshot, now: Time) -> Arc<Vec<Template>> {
         let daemonsets = daemonset_pods(snapshot);
+        let adjustments: Adjustments = self
+            .templates
+            .iter()
+            .map(|t| {
+                let mut unavailable = 0u64;
+                for (i, o) in t.offerings.iter().enumerate() {
+                    if snapshot.is_unavailable(&o.key, now) {
+                        unavailable |= 1u64 << i;
+                    }
+                }
+                let mut taken = Resources::default();
+                let probe = &t.offerings[0].labels;
+                for ds in &daemonsets {
+                    let c = &ds.constraints;
+                    let selects = c.node_selector.iter().all(|(k, v)| probe.get(k) == Some(v))
+                        && c.affinity.as_ref().is_none_or(|terms| {
+                            terms
+                                .iter()
+                                .any(|t| t.requirements.iter().all(|r| r.matches(probe)))
+                        });
+                    if selects && c.tolerates(&t.taints) {
+                        taken.add(&ds.requests);
+                    }
+                }
+                (taken, unavailable)
+            })
+            .collect();
+        let mut memo = self.memo.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((made_by, templates)) = memo.as_ref() {
+            if *made_by == adjustments {
+                return templates.clone();
+            }
+        }
         let mut out = self.templates.clone();
-        for t in &mut out {
-            for o in &mut t.offerings {
-                if snapshot.is_unavailable(&o.key, now) {
+        for (t, (taken, unavailable)) in out.iter_mut().zip(&adjustments) {
+            for (i, o) in t.offerings.iter_mut().enumerate() {
+                if unavailable & (1u64 << i) != 0 {
                     o.available = false;
                 }
             }
-            let probe = &t.offerings[0].labels;
-            for ds in &daemonsets {
-                let c = &ds.constraints;
-                let selects = c.node_selector.iter().all(|(k, v)| probe.get(k) == Some(v))
-                    && c.affinity.as_ref().is_none_or(|terms| {
-                        terms
-                            .iter()
-                            .any(|t| t.requirements.iter().all(|r| r.matches(probe)))
-                    });
-                if selects && c.tolerates(&t.taints) {
-                    t.allocatable.sub(&ds.requests);
-                }
-            }
+            t.allocatable.sub(taken);
         }
+        let out = Arc::new(out);
+        *memo = Some((adjustments, out.clone()));
         out
     }
 }
@@ -505,5 +556,8 @@ pub fn build_templates(
     now: Time,
 ) -> (Vec<Template>, Vec<String>) {
     let t = Templates::new(policy, catalog);
-    (t.for_snapshot(snapshot, now), t.errors)
+    (
+        Arc::unwrap_or_clone(t.for_snapshot(snapshot, now)),
+        t.errors,
+    )
 }

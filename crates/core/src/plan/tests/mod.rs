@@ -1058,6 +1058,48 @@ fn lower_bound_is_exact_for_perfectly_packable_demand() {
     assert!((lb - 8.0 * 0.4 * 0.8048).abs() < 1e-6, "{lb}");
 }
 
+#[test]
+fn a_plans_templates_are_shared_until_daemonsets_or_unavailable_offerings_change() {
+    let p = policy(POLICY);
+    let c = catalog_for(&p);
+    let mut t = Templates::new(&p, &c);
+    let s = snap(vec![], vec![]);
+    let a = t.for_snapshot(&s, NOW);
+    assert!(std::sync::Arc::ptr_eq(&a, &t.for_snapshot(&s, NOW)));
+    // An offering short of capacity: new templates, that offering unavailable.
+    let key = a[0].offerings[0].key.clone();
+    let mut short = snap(vec![], vec![]);
+    short.unavailable.insert(key.clone(), Time(NOW.0 + 60_000));
+    let b = t.for_snapshot(&short, NOW);
+    assert!(!std::sync::Arc::ptr_eq(&a, &b));
+    assert!(!b[0].offerings[0].available);
+    assert!(a[0].offerings[0].available);
+    // Its entry run out: as before.
+    assert!(t.for_snapshot(&short, Time(NOW.0 + 60_000))[0].offerings[0].available);
+    // A DaemonSet pod takes its share of every new node.
+    let ds = PodBuilder::new("kube-system", "agent-x")
+        .daemonset("agent")
+        .cpu_milli(500)
+        .on("n1")
+        .build();
+    let with_ds = snap(vec![ds], vec![]);
+    let d = t.for_snapshot(&with_ds, NOW);
+    assert_eq!(d[0].allocatable.cpu_milli, a[0].allocatable.cpu_milli - 500);
+    assert!(std::sync::Arc::ptr_eq(&d, &t.for_snapshot(&with_ds, NOW)));
+    // What registered nodes teach the templates is not hidden by the shared copy.
+    let node = NodeBuilder::new("n1")
+        .label(labels::POOL, &a[0].pool_name)
+        .label(labels::INSTANCE_TYPE, &a[0].instance_type)
+        .cpu_milli(a[0].allocatable.cpu_milli - 1000)
+        .build();
+    assert!(!t.learn_from(std::slice::from_ref(&node)).is_empty());
+    let e = t.for_snapshot(&with_ds, NOW);
+    assert_eq!(
+        e[0].allocatable.cpu_milli,
+        a[0].allocatable.cpu_milli - 1500
+    );
+}
+
 mod consolidate;
 mod dra;
 mod scale_down;
