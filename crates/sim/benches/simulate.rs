@@ -125,6 +125,18 @@ fn summary(all: &[(String, Vec<Metrics>)]) {
         let (Some(ours), Some(ca), Some(ka)) = (ours, ca, ka) else {
             continue;
         };
+        // A strategy that leaves more pods unplaced than ours is not a comparison of cost.
+        let unplaced = |s| mean(s, &|m| m.pods_never_placed as f64).unwrap_or(0.0);
+        let places_fewer = |s| unplaced(s) > unplaced("gpu-node-autoscaler");
+        if places_fewer("ca-like") && places_fewer("karpenter-like") {
+            println!(
+                "| {name} | {seeds} | {ours:.2} | {ca:.2} | {ka:.2} | not comparable: both leave pods unplaced ({:.0}, {:.0}; ours {:.0}) | | | | |",
+                unplaced("ca-like"),
+                unplaced("karpenter-like"),
+                unplaced("gpu-node-autoscaler"),
+            );
+            continue;
+        }
         let cheapest = [("ours", ours), ("ca-like", ca), ("karpenter-like", ka)]
             .into_iter()
             .min_by(|a, b| a.1.total_cmp(&b.1))
