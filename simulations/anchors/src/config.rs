@@ -292,9 +292,12 @@ pub fn ca_node_group(pool: &str, instance_type: &str, zone: &str, ct: CapacityTy
 /// capacity type of each pool (an auto-scaling group each), sized 0 to the pool's `maxNodes`, its
 /// template Node with the labels and taints our registration gives such a Node; the GPU label is
 /// our GPU model label, so that a GPU node without GPUs yet counts as unready as with the real GPU
-/// labels. Its kwok provider has no prices: it runs its default expander (least-waste). The
-/// pool's scale-down times become the global flags (the smallest where pools differ: the kwok
-/// provider has no per-group options), and every duration is scaled.
+/// labels. Its kwok provider has no prices, so the expanders are `priority,least-waste`: the
+/// priority expander ranks a pool's groups by its capacity types' order (spot groups before
+/// on-demand ones, as AWS's guidance sets it up for mixed spot and on-demand node groups; a spot
+/// group that fails is backed off and the on-demand group gets the next scale-up), least waste
+/// among equals. The pool's scale-down times become the global flags (the smallest where pools
+/// differ: the kwok provider has no per-group options), and every duration is scaled.
 pub fn cluster_autoscaler(
     policy: &Policy,
     catalog: &Catalog,
@@ -302,6 +305,8 @@ pub fn cluster_autoscaler(
 ) -> anyhow::Result<ClusterAutoscalerSetup> {
     let mut templates = Vec::new();
     let mut gpu_types = serde_json::Map::new();
+    // Priority → the node groups at it (a higher number is tried first).
+    let mut priorities: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for pool in &policy.pools {
         for t in pool_types(pool, catalog) {
             let Some(it) = catalog.instance_type(&t) else {
@@ -322,6 +327,15 @@ pub fn cluster_autoscaler(
                     continue;
                 }
                 let ng = ca_node_group(&pool.name, &t, &o.key.zone, o.key.capacity_type);
+                let rank = pool
+                    .capacity_types
+                    .iter()
+                    .position(|c| *c == o.key.capacity_type)
+                    .unwrap_or(0);
+                priorities
+                    .entry(10 * (pool.capacity_types.len() - rank))
+                    .or_default()
+                    .push(format!("^{ng}$"));
                 let mut labels: BTreeMap<String, String> = pool.labels.clone();
                 for (k, v) in [
                     (labels::POOL, pool.name.as_str()),
@@ -376,9 +390,18 @@ pub fn cluster_autoscaler(
             "data": {key: data},
         })
     };
+    // The priority expander's ConfigMap: `priorities` is YAML, priority → regexes of group names.
+    let mut ranks = String::new();
+    for (p, groups) in priorities.iter().rev() {
+        ranks.push_str(&format!("{p}:\n"));
+        for g in groups {
+            ranks.push_str(&format!("  - '{g}'\n"));
+        }
+    }
     let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
         cm("kwok-provider-config", "config", config.to_string()),
         cm("kwok-provider-templates", "templates", templates.to_string()),
+        cm("cluster-autoscaler-priority-expander", "priorities", ranks),
     ]});
     let smallest = |f: fn(&gpu_node_autoscaler_core::policy::Pool) -> Duration| {
         policy.pools.iter().map(f).min().unwrap_or_default()
@@ -396,7 +419,7 @@ pub fn cluster_autoscaler(
         "--cloud-provider=kwok".into(),
         "--namespace=kube-system".into(),
         "--leader-elect=false".into(),
-        "--expander=least-waste".into(),
+        "--expander=priority,least-waste".into(),
         format!("--scan-interval={}", scaled(Duration::from_secs(10), scale)),
         format!("--scale-down-unneeded-time={}", scaled(unneeded, scale)),
         format!("--scale-down-delay-after-add={}", scaled(after_add, scale)),
@@ -526,6 +549,35 @@ mod tests {
             serde_json::from_str(ca.objects["items"][0]["data"]["config"].as_str().unwrap())
                 .unwrap();
         assert_eq!(config["nodes"]["gpuConfig"]["gpuLabelKey"], GPU_MODEL);
+        assert!(ca
+            .args
+            .contains(&"--expander=priority,least-waste".to_string()));
+    }
+
+    #[test]
+    fn the_cluster_autoscaler_tries_a_pools_spot_groups_before_its_on_demand_ones() {
+        use gpu_node_autoscaler_core::catalog::{
+            offerings_from_list_prices, parse_csv, BUILTIN_AWS,
+        };
+        let policy = gpu_node_autoscaler_core::policy::parse_policy(
+            "zones: [us-east-1a]\npools:\n- name: a10g\n  instanceTypes: [g5.xlarge]\n  capacityTypes: [spot, on-demand]\n  maxNodes: 3\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let catalog =
+            offerings_from_list_prices(&policy, parse_csv(BUILTIN_AWS, "builtin").unwrap());
+        let ca = cluster_autoscaler(&policy, &catalog, 4.0).unwrap();
+        let cm = &ca.objects["items"][2];
+        assert_eq!(
+            cm["metadata"]["name"],
+            "cluster-autoscaler-priority-expander"
+        );
+        assert_eq!(cm["metadata"]["namespace"], "kube-system");
+        let ranks = yaml::parse(cm["data"]["priorities"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            ranks,
+            json!({"20": ["^a10g-g5-xlarge-us-east-1a-spot$"], "10": ["^a10g-g5-xlarge-us-east-1a-on-demand$"]})
+        );
     }
 
     #[test]
