@@ -981,8 +981,10 @@ impl KarpenterLike {
                 new_nodes.extend(node);
                 keep.push(r);
             } else if !listed.contains(&r.instance) || now - r.launched > REPLACEMENT_TTL {
+                // Given up: the old node keeps its pods, the new instance (a node that never
+                // advertised its GPUs, or none) goes.
                 world.set_taint(&r.old, &disrupted_taint(), false);
-                if node.is_none() {
+                if listed.contains(&r.instance) {
                     world.terminate_instance(&r.instance);
                 }
             } else {
