@@ -350,7 +350,13 @@ pub fn cluster_autoscaler(
                 if let Some(g) = &it.gpu {
                     labels.insert(GPU_MODEL.to_string(), g.model.clone());
                 }
-                let taints = taints_json(pool);
+                // A Node its kwok provider creates is there at once, not when a kubelet has
+                // booted and registered it: without the not-ready taint (which a booting node
+                // has until the node lifecycle controller sees it Ready, and which the Cluster
+                // Autoscaler leaves out of its templates), the scheduler would bind pods to it
+                // before its boot time has passed.
+                let mut taints = taints_json(pool);
+                taints.push(json!({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}));
                 templates.push(json!({
                     "apiVersion": "v1",
                     "kind": "Node",
@@ -535,6 +541,11 @@ mod tests {
         assert_eq!(node["metadata"]["labels"][GPU_MODEL], "A10G");
         assert_eq!(node["metadata"]["labels"][labels::CAPACITY_TYPE], "spot");
         assert_eq!(node["status"]["allocatable"]["nvidia.com/gpu"], "4");
+        // A Node it creates takes no pod before it is Ready (its boot time).
+        assert_eq!(
+            node["spec"]["taints"],
+            json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}])
+        );
         assert_eq!(
             node["metadata"]["annotations"]["cluster-autoscaler.kwok.nodegroup/max-count"],
             "3"
