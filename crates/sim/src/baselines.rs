@@ -465,9 +465,10 @@ impl Strategy for CaLike {
                     .then(a.id.cmp(&b.id))
             });
             let gpus_now = cluster_gpus(&snapshot, &templates);
-            // (priority, waste, group, nodes): the priority expander first (a pool's capacity
-            // types in its order: spot groups before on-demand ones), least waste among equals.
-            let mut best: Option<(usize, f64, (usize, usize), u32)> = None;
+            // (capacity type's rank, waste, template, nodes): the priority expander first (a
+            // pool's capacity types in its order: spot groups before on-demand ones), least waste
+            // among equals.
+            let mut best: Option<(usize, f64, usize, u32)> = None;
             let groups = templates.iter().enumerate().flat_map(|(ti, t)| {
                 (0..self.policy.pools[t.pool].capacity_types.len()).map(move |ct| (ti, t, ct))
             });
@@ -526,10 +527,10 @@ impl Strategy for CaLike {
                     .as_ref()
                     .is_none_or(|(pr, w, _, _)| ct < *pr || (ct == *pr && waste < *w - 1e-12))
                 {
-                    best = Some((ct, waste, (ti, ct), n));
+                    best = Some((ct, waste, ti, n));
                 }
             }
-            if let Some((_, _, (ti, ct), n)) = best {
+            if let Some((ct, _, ti, n)) = best {
                 let t = &templates[ti];
                 self.launches += 1;
                 let req = LaunchRequest {
@@ -611,23 +612,6 @@ fn disrupted_taint() -> crate::model::Taint {
     }
 }
 
-/// A node's price: its template's offering in its zone and capacity type.
-fn node_price(n: &crate::model::Node, templates: &[Template]) -> Option<f64> {
-    let t = &templates[template_of_node(n, templates)?];
-    let ct = node_capacity_type(n);
-    t.offerings
-        .iter()
-        .find(|o| o.key.capacity_type.as_str() == ct && Some(o.key.zone.as_str()) == n.zone())
-        .map(|o| o.price)
-}
-
-fn node_capacity_type(n: &crate::model::Node) -> &str {
-    n.labels
-        .get(crate::model::labels::CAPACITY_TYPE)
-        .or_else(|| n.labels.get(crate::model::labels::KARPENTER_CAPACITY_TYPE))
-        .map_or("on-demand", String::as_str)
-}
-
 /// Karpenter's node repair (`node.health`, behind the `NodeRepair` feature gate, assumed on):
 /// a node whose `AcceleratedHardwareReady` condition has been `False` for its 10-minute
 /// toleration (from the condition's transition time) has its NodeClaim deleted at once, pods'
@@ -690,28 +674,26 @@ struct Claim {
     requests: Vec<Pod>,
 }
 
+/// Every one of `pods` accepts `t`'s offering `oi` (its labels and the template's taints).
+fn accepted(t: &Template, oi: usize, pods: &[Pod]) -> bool {
+    let o = &t.offerings[oi];
+    pods.iter()
+        .all(|p| p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints))
+}
+
 /// All of `pods` on one new node of `t`'s offering `oi`.
 fn fits_offering(t: &Template, oi: usize, pods: &[Pod]) -> bool {
-    let o = &t.offerings[oi];
-    if !pods
-        .iter()
-        .all(|p| p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints))
-    {
+    if !accepted(t, oi, pods) {
         return false;
     }
     let mut r = template_room(t, oi, None);
     pods.iter().all(|p| r.take(p))
 }
 
+/// The first offering of `t` every pod accepts, if all of them fit one new node of it.
 fn fits_all(t: &Template, pods: &[Pod]) -> Option<usize> {
-    // An offering every pod accepts, and room for all of them.
-    let oi = t.offerings.iter().position(|o| {
-        pods.iter().all(|p| {
-            p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints)
-        })
-    })?;
-    let mut r = template_room(t, oi, None);
-    pods.iter().all(|p| r.take(p)).then_some(oi)
+    let oi = (0..t.offerings.len()).find(|&oi| accepted(t, oi, pods))?;
+    fits_offering(t, oi, pods).then_some(oi)
 }
 
 impl Strategy for KarpenterLike {
@@ -1013,12 +995,11 @@ impl KarpenterLike {
         if !self.replacing.iter().all(|r| r.drained.is_some()) {
             return false;
         }
-        if node_capacity_type(n) == "spot" {
+        if n.capacity_type() == "spot" {
             return false;
         }
-        let Some(price) = node_price(n, templates) else {
-            return false;
-        };
+        let price =
+            plan::scale_down::price_of(n, template_of_node(n, templates).map(|i| &templates[i]));
         let pool = n.pool().unwrap_or_default();
         let mut offers: Vec<(f64, OfferingKey)> = Vec::new();
         for t in templates.iter().filter(|t| t.pool_name == pool) {

@@ -425,12 +425,12 @@ impl State {
     }
 
     fn list(&self, pool: &str) -> Vec<Instance> {
-        // BTreeSet iteration is already sorted by id.
+        // BTreeSet iteration is already sorted by id; `live` holds no terminated instance.
         self.live
             .iter()
             .filter_map(|id| self.instances.get(id))
             .map(|r| &r.instance)
-            .filter(|i| i.pool == pool && i.state != InstanceState::Terminated)
+            .filter(|i| i.pool == pool)
             .cloned()
             .collect()
     }

@@ -397,13 +397,7 @@ pub fn cluster_autoscaler(
         })
     };
     // The priority expander's ConfigMap: `priorities` is YAML, priority → regexes of group names.
-    let mut ranks = String::new();
-    for (p, groups) in priorities.iter().rev() {
-        ranks.push_str(&format!("{p}:\n"));
-        for g in groups {
-            ranks.push_str(&format!("  - '{g}'\n"));
-        }
-    }
+    let ranks = yaml::to_string(&priorities)?;
     let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
         cm("kwok-provider-config", "config", config.to_string()),
         cm("kwok-provider-templates", "templates", templates.to_string()),

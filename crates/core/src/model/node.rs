@@ -42,6 +42,25 @@ impl Node {
         self.labels.get(labels::ZONE).map(String::as_str)
     }
 
+    /// `spot` or `on-demand`, from our label, Karpenter's or EKS's (`SPOT`/`ON_DEMAND`);
+    /// on-demand when none says.
+    pub fn capacity_type(&self) -> &str {
+        self.labels
+            .get(labels::CAPACITY_TYPE)
+            .or_else(|| self.labels.get(labels::KARPENTER_CAPACITY_TYPE))
+            .map(String::as_str)
+            .or_else(|| {
+                self.labels.get("eks.amazonaws.com/capacityType").map(|v| {
+                    if v == "SPOT" {
+                        "spot"
+                    } else {
+                        "on-demand"
+                    }
+                })
+            })
+            .unwrap_or("on-demand")
+    }
+
     /// Marked for deletion by us (the to-be-deleted taint).
     pub fn is_being_deleted(&self) -> bool {
         self.deleting

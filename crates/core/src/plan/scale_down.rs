@@ -162,23 +162,9 @@ fn gpus_of(node: &Node) -> f64 {
 }
 
 /// $/hour of a node, from its pool template's offering (zone and capacity type labels).
-pub(super) fn price_of(node: &Node, template: Option<&Template>) -> f64 {
+pub fn price_of(node: &Node, template: Option<&Template>) -> f64 {
     let Some(t) = template else { return 0.0 };
-    let ct = node
-        .labels
-        .get(labels::CAPACITY_TYPE)
-        .or_else(|| node.labels.get(labels::KARPENTER_CAPACITY_TYPE))
-        .map(String::as_str)
-        .or_else(|| {
-            node.labels.get("eks.amazonaws.com/capacityType").map(|v| {
-                if v == "SPOT" {
-                    "spot"
-                } else {
-                    "on-demand"
-                }
-            })
-        })
-        .unwrap_or("on-demand");
+    let ct = node.capacity_type();
     let zone = node.zone().unwrap_or("");
     t.offerings
         .iter()
