@@ -19,7 +19,6 @@ use crate::model::node::GpuXid;
 use crate::model::resources::{place_share, Resources, SharedGpu};
 use crate::model::snapshot::group_in_flight;
 use crate::model::{Node, Pod, PodPhase, Snapshot, Time};
-use crate::plan::bound::BoundModel;
 use crate::plan::templates::{build_templates, Template};
 use crate::policy::defaults::HEALTH_CONDITION as HARDWARE_CONDITION;
 use crate::policy::Policy;
@@ -49,6 +48,8 @@ enum Event {
     Delete(usize),
     Register(String),
     Advertise(String),
+    /// When the pod would start and end had it started on arrival: they keep the run going
+    /// until the last of those (the lower bound's span).
     IdealStart(usize),
     IdealEnd(usize),
     Cloud(usize),
@@ -68,7 +69,6 @@ struct PodState {
     done: bool,
     epoch: u32,
     gpu_eq: f64,
-    lb_costs: Vec<f64>,
     /// Since when the pod's work is disrupted (an interruption notice for its node, a broken
     /// GPU), until it runs again.
     disrupted_since: Option<Ms>,
@@ -157,7 +157,6 @@ pub struct World {
     live_price: f64,
     live_gpus: f64,
     running_gpus: f64,
-    lb_sums: Vec<f64>,
     last_series: Ms,
     /// DeviceClasses, the pods' claim templates, the claims allocated and the ResourceSlices
     /// published, as the API server holds them.
@@ -174,14 +173,11 @@ impl World {
         );
         let (templates, _) =
             build_templates(&input.policy, &input.catalog, &Snapshot::default(), Time(0));
-        let model = BoundModel::new(input.pods.iter().map(|w| &w.pod), &templates);
-        let weights = model.weight_count();
         let pods: Vec<PodState> = input
             .pods
             .iter()
             .map(|w| PodState {
                 gpu_eq: w.pod.gpu_equivalents(),
-                lb_costs: model.pod_costs(&w.pod),
                 pod: w.pod.clone(),
                 arrival: w.arrival,
                 remaining: w.duration,
@@ -205,7 +201,6 @@ impl World {
                 dra.templates.insert(t.clone(), c.spec.clone());
             }
         }
-        drop(model);
         let mut w = World {
             now: 0,
             policy: input.policy.clone(),
@@ -242,7 +237,6 @@ impl World {
             live_price: 0.0,
             live_gpus: 0.0,
             running_gpus: 0.0,
-            lb_sums: vec![0.0; weights],
             last_series: i64::MIN,
             matcher: RefCell::new(DeviceMatcher::new(input.device_classes.clone())),
             dra,
@@ -284,7 +278,7 @@ impl World {
         self.events.peek().map(|Reverse((t, _, _))| *t)
     }
 
-    /// Moves the clock to `t`, integrating cost, GPU-hours and the lower bound.
+    /// Moves the clock to `t`, integrating cost and GPU-hours.
     fn advance(&mut self, t: Ms) {
         if t <= self.now {
             return;
@@ -293,7 +287,6 @@ impl World {
         self.metrics.cost_usd += self.live_price * h;
         self.metrics.gpu_hours_provisioned += self.live_gpus * h;
         self.metrics.gpu_hours_requested += self.running_gpus * h;
-        self.metrics.lower_bound_usd += self.lb_sums.iter().copied().fold(0.0, f64::max) * h;
         self.now = t;
         self.provider.set_now(t);
     }
@@ -1064,16 +1057,7 @@ impl World {
             }
             Event::Register(id) => self.register(&id),
             Event::Advertise(name) => self.advertise(&name),
-            Event::IdealStart(i) => {
-                for (s, c) in self.lb_sums.iter_mut().zip(&self.pods[i].lb_costs) {
-                    *s += c;
-                }
-            }
-            Event::IdealEnd(i) => {
-                for (s, c) in self.lb_sums.iter_mut().zip(&self.pods[i].lb_costs) {
-                    *s -= c;
-                }
-            }
+            Event::IdealStart(_) | Event::IdealEnd(_) => {}
             Event::Cloud(k) => self.cloud_event(k),
             Event::Wake => self.dirty = true,
             Event::SpotGone(id) => match self.instances.get(&id).and_then(|i| i.node) {
@@ -1334,7 +1318,7 @@ pub fn run_with_progress(
                 .iter()
                 .all(|Reverse((_, _, e))| matches!(e, Event::IdealEnd(_) | Event::IdealStart(_)))
         {
-            // Every pod is done: drain the ideal-schedule events so the bound is complete.
+            // Every pod is done: drain the ideal-schedule events so the run spans the lower bound's time.
             while let Some(Reverse((t, _, e))) = w.events.pop() {
                 w.advance(t);
                 w.handle(e);
@@ -1381,6 +1365,7 @@ pub fn run_with_progress(
         }
     }
     let m = &mut w.metrics;
+    m.lower_bound_usd = crate::bound::lower_bound_usd(input, w.now);
     m.span_s = (w.now - start) as f64 / 1000.0;
     m.pods_never_placed = w.pods.iter().filter(|p| p.first_bound.is_none()).count();
     m.wall_s = started.elapsed().as_secs_f64();

@@ -9,6 +9,7 @@
 //! The strategy owns the decisions and talks to the cloud through the `MemoryProvider`.
 
 pub mod baselines;
+pub mod bound;
 pub mod claims;
 pub mod engine;
 pub mod ours;

@@ -1036,6 +1036,11 @@ proptest! {
         let refs: Vec<&Pod> = s.pods.iter().filter(|p| planned.contains(p.id.to_string().as_str())).collect();
         let lb = bound::lower_bound(&refs, &templates);
         prop_assert!(lb > 0.0);
+        // A bound: no packing costs less (the plan's is one).
+        prop_assert!(
+            lb <= plan.added_cost_per_hour * (1.0 + 1e-9),
+            "lower bound {} above the plan's cost {}", lb, plan.added_cost_per_hour
+        );
         prop_assert!(
             plan.added_cost_per_hour <= 1.10 * lb,
             "cost {} vs lower bound {} ({:.3}x)", plan.added_cost_per_hour, lb, plan.added_cost_per_hour / lb
@@ -1056,6 +1061,50 @@ fn lower_bound_is_exact_for_perfectly_packable_demand() {
     let lb = bound::lower_bound(&refs, &templates);
     // Cheapest per GPU: g6.xlarge spot at 0.4 × 0.8048.
     assert!((lb - 8.0 * 0.4 * 0.8048).abs() < 1e-6, "{lb}");
+}
+
+#[test]
+fn the_lower_bound_knows_two_pods_of_three_gpus_never_share_a_four_gpu_node() {
+    let p = policy(
+        "zones: [us-east-1a]\npools:\n  - {name: a, instanceTypes: [g5.12xlarge], capacityTypes: [on-demand], maxNodes: 9}\n",
+    );
+    let c = catalog_for(&p);
+    let pods: Vec<Pod> = (0..2)
+        .map(|i| gpu_pod(&format!("p{i}"), 3).build())
+        .collect();
+    let s = snap(pods, vec![]);
+    let (templates, _) = build_templates(&p, &c, &s, NOW);
+    let price = templates[0].offerings[0].price;
+    let refs: Vec<&Pod> = s.pods.iter().collect();
+    // Fractionally 1.5 nodes; the half-node cut makes it 2.
+    let lb = bound::lower_bound(&refs, &templates);
+    assert!((lb - 2.0 * price).abs() < 1e-6, "{lb} vs {price}");
+    // And one such pod needs a whole node, not three quarters of one.
+    let lb = bound::lower_bound(&refs[..1], &templates);
+    assert!((lb - price).abs() < 1e-6, "{lb} vs {price}");
+}
+
+#[test]
+fn the_lower_bound_adds_demands_that_need_different_node_types() {
+    // 4 one-GPU pods only the L4 pool can host, 4 only the A10G pool: the bound is the sum of
+    // both pools' cheapest nodes for them, not the larger of the two.
+    let p = policy(
+        "zones: [us-east-1a]\npools:\n  - {name: a, instanceTypes: [g5.12xlarge], capacityTypes: [on-demand], maxNodes: 9, labels: {pool: a}}\n  - {name: l, instanceTypes: [g6.12xlarge], capacityTypes: [on-demand], maxNodes: 9, labels: {pool: l}}\n",
+    );
+    let c = catalog_for(&p);
+    let pods: Vec<Pod> = (0..8)
+        .map(|i| {
+            gpu_pod(&format!("p{i}"), 1)
+                .selector("pool", if i < 4 { "a" } else { "l" })
+                .build()
+        })
+        .collect();
+    let s = snap(pods, vec![]);
+    let (templates, _) = build_templates(&p, &c, &s, NOW);
+    let both: f64 = templates.iter().map(|t| t.offerings[0].price).sum();
+    let refs: Vec<&Pod> = s.pods.iter().collect();
+    let lb = bound::lower_bound(&refs, &templates);
+    assert!((lb - both).abs() < 1e-6, "{lb} vs {both}");
 }
 
 #[test]
