@@ -351,10 +351,12 @@ pub fn cluster_autoscaler(
                     labels.insert(GPU_MODEL.to_string(), g.model.clone());
                 }
                 // A Node its kwok provider creates is there at once, not when a kubelet has
-                // booted and registered it: without the not-ready taint (which a booting node
-                // has until the node lifecycle controller sees it Ready, and which the Cluster
-                // Autoscaler leaves out of its templates), the scheduler would bind pods to it
-                // before its boot time has passed.
+                // booted and registered it. A kubelet registers NotReady, with the not-ready
+                // taint; the template says the same (the Cluster Autoscaler leaves condition
+                // taints out of what it simulates). The condition matters as much as the taint:
+                // on a Node with no Ready condition the node lifecycle controller takes the taint
+                // off at once, and the scheduler bound pods to it before its boot time (until
+                // 2026-11-26, with the taint alone).
                 let mut taints = taints_json(pool);
                 taints.push(json!({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}));
                 templates.push(json!({
@@ -370,8 +372,17 @@ pub fn cluster_autoscaler(
                         },
                     },
                     "spec": {"taints": taints},
-                    // No conditions: kwok's stages make the Node Ready after its boot time.
-                    "status": {"capacity": capacity, "allocatable": capacity},
+                    // kwok's `node-initialize` Stage makes it Ready after its boot time.
+                    "status": {
+                        "capacity": capacity,
+                        "allocatable": capacity,
+                        "conditions": [{
+                            "type": "Ready",
+                            "status": "False",
+                            "reason": "KubeletNotReady",
+                            "message": "booting",
+                        }],
+                    },
                 }));
             }
         }
@@ -540,6 +551,8 @@ mod tests {
             node["spec"]["taints"],
             json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}])
         );
+        assert_eq!(node["status"]["conditions"][0]["type"], "Ready");
+        assert_eq!(node["status"]["conditions"][0]["status"], "False");
         assert_eq!(
             node["metadata"]["annotations"]["cluster-autoscaler.kwok.nodegroup/max-count"],
             "3"
