@@ -1,4 +1,4 @@
-//! `cargo bench -p gpu-node-autoscaler-sim --bench simulate -- [STRATEGY] [--seeds 1,2,3] [--only INPUT]`:
+//! `cargo bench -p gpu-node-autoscaler-sim --bench simulate -- [STRATEGY] [--seeds 1,2,3] [--only INPUT] [--without-consolidation] [--detail]`:
 //! replays the shipped scenarios and the Alibaba GPU traces (from `../shared/traces`; missing
 //! traces are an error) with every strategy, once per seed, printing wall time, peak heap and
 //! the headline numbers per run, then per input the mean over the seeds: who is cheapest, and
@@ -23,6 +23,8 @@ struct Args {
     seeds: Vec<u64>,
     /// Every pool's consolidation off, to measure what it does.
     without_consolidation: bool,
+    /// Per run, also where the money goes: launches, idle GPU-hours and cost per offering.
+    detail: bool,
 }
 
 fn args() -> Args {
@@ -31,6 +33,7 @@ fn args() -> Args {
         only: None,
         seeds: Vec::new(),
         without_consolidation: false,
+        detail: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -44,6 +47,7 @@ fn args() -> Args {
             }
             "--only" => a.only = Some(it.next().expect("--only needs an input name substring")),
             "--without-consolidation" => a.without_consolidation = true,
+            "--detail" => a.detail = true,
             // cargo bench passes --bench to the binary
             s if s.starts_with('-') => {}
             s => a.strategy = Some(s.to_string()),
@@ -86,6 +90,28 @@ fn report(input: &SimInput, a: &Args) -> Vec<Metrics> {
             m.gpu_allocation_ratio * 100.0,
             m.lower_bound_usd,
         );
+        if a.detail {
+            eprintln!(
+                "  {} {}: {} scale-ups, {} nodes launched, {} removed, {} evictions; GPU-hours provisioned {:.0}, requested {:.0}, idle booting {:.0}, empty {:.0}, fragmented {:.0}",
+                input.name,
+                m.strategy,
+                m.scale_ups,
+                m.nodes_launched,
+                m.nodes_removed,
+                m.evictions,
+                m.gpu_hours_provisioned,
+                m.gpu_hours_requested,
+                m.idle_gpu_hours_booting,
+                m.idle_gpu_hours_empty,
+                m.idle_gpu_hours_fragmented,
+            );
+            for o in &m.cost_by_offering {
+                eprintln!(
+                    "    {} {} {}: {} nodes, {:.2} USD, {:.0} GPU-hours",
+                    o.pool, o.instance_type, o.capacity_type, o.nodes, o.cost_usd, o.gpu_hours
+                );
+            }
+        }
         runs.push(m);
     }
     runs

@@ -331,6 +331,9 @@ pub struct Autoscaler {
     /// Launch ids given up (never registered in time, a gang's partial launch given back, or
     /// their instances gone), with when: a re-plan uses a new id.
     given_up: HashMap<String, Time>,
+    /// Per launch id issued here: when, and the pods planned for each of its nodes (for
+    /// [`crate::model::Snapshot::planned`]), kept for the longest a node may take to come.
+    planned: BTreeMap<String, (Time, crate::model::snapshot::PlannedNodes)>,
     /// Live instances seen (listed or launched here) → their launch id.
     seen: HashMap<String, String>,
     /// Instances seen with a Node; and since when those without one any more lost it.
@@ -389,6 +392,7 @@ impl Autoscaler {
             history: BTreeMap::new(),
             recent: HashMap::new(),
             given_up: HashMap::new(),
+            planned: BTreeMap::new(),
             seen: HashMap::new(),
             registered: HashSet::new(),
             lost: HashMap::new(),
@@ -769,6 +773,13 @@ impl Autoscaler {
             self.call_off_short_consolidations(&mut pass, out);
         }
         pass.snapshot.in_flight = pass.view.in_flight.clone();
+        let keep = pass.policy.max_node_provision_time;
+        self.planned.retain(|_, (at, _)| now.since(*at) < keep);
+        pass.snapshot.planned = self
+            .planned
+            .iter()
+            .map(|(id, (_, lists))| (id.clone(), lists.clone()))
+            .collect();
         pass.snapshot.unavailable = self.ice.clone();
         pass.snapshot.pools = self
             .history
@@ -848,6 +859,24 @@ impl Autoscaler {
                 level: Level::Info,
                 message: format!("launching {what} (launch id {})", req.launch_id),
             });
+            // Pending pods only: pods moving off a node being replaced stay where they run
+            // until it is drained, and are planned afresh at every pass.
+            if !su.pods_per_node.is_empty() {
+                let mut pods = su.pods.iter();
+                let lists = su
+                    .pods_per_node
+                    .iter()
+                    .map(|&n| {
+                        pods.by_ref()
+                            .take(n)
+                            .filter(|p| !pass.moved_from.contains_key(&p.key))
+                            .map(|p| p.key.clone())
+                            .collect()
+                    })
+                    .collect();
+                self.planned
+                    .insert(req.launch_id.clone(), (now, Arc::new(lists)));
+            }
             issued.push(Issued {
                 launch_id: req.launch_id.clone(),
                 launched: true,

@@ -889,6 +889,52 @@ fn a_launch_whose_capacity_goes_to_other_pods_is_not_asked_for_again_under_its_i
 }
 
 #[test]
+fn pods_planned_onto_launches_in_flight_stay_planned_there() {
+    // Five pods of two shapes on two instance types: the next pass, with both launches in
+    // flight and nothing registered, puts each pod back on its launch and launches nothing.
+    let mut run = Run::new(Config::default());
+    for i in 0..3 {
+        run.pods.push(
+            PodBuilder::new("ml", &format!("small-{i}"))
+                .gpus(1)
+                .created(Time(T0.0 - 60_000 + i))
+                .build(),
+        );
+    }
+    for i in 0..2 {
+        run.pods.push(
+            PodBuilder::new("ml", &format!("wide-{i}"))
+                .gpus(1)
+                .cpu_milli(6000)
+                .created(Time(T0.0 - 1_000 + i))
+                .build(),
+        );
+    }
+    let first = run.pass(T0);
+    let first: Vec<LaunchRequest> = launches(&first).into_iter().cloned().collect();
+    assert!(first.len() >= 2, "{first:?}");
+    let again = run.pass(T0 + secs(10));
+    assert!(launches(&again).is_empty(), "{again:?}");
+    let plan = run.core.last_plan().unwrap();
+    assert_eq!(plan.existing_capacity.len(), 5, "{plan:?}");
+    let wide_launches: BTreeSet<&str> = plan
+        .existing_capacity
+        .iter()
+        .filter(|p| p.pod.starts_with("ml/wide"))
+        .map(|p| p.target.as_str())
+        .collect();
+    for l in &first {
+        let target = format!("launch/{}", l.launch_id);
+        let it = &l.offerings[0].instance_type;
+        assert_eq!(
+            wide_launches.contains(target.as_str()),
+            it != "g5.xlarge",
+            "{it}"
+        );
+    }
+}
+
+#[test]
 fn a_startup_taint_goes_once_the_node_is_registered_in_its_pool() {
     let text = POLICY.replace(
         "    maxNodes: 20\n",

@@ -1,6 +1,7 @@
 //! The one value the planner reads: everything it needs to know about the cluster and the cloud.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::OfferingKey;
 
@@ -64,6 +65,9 @@ pub fn group_in_flight<'a>(
     out
 }
 
+/// A launch's pods as planned, one list of pod keys per node.
+pub type PlannedNodes = Arc<Vec<Vec<String>>>;
+
 /// What the autoscaler remembers about a pool between decisions.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PoolState {
@@ -77,6 +81,10 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     pub pdbs: Vec<Pdb>,
     pub in_flight: Vec<InFlight>,
+    /// Per launch id: the pods the plan that launched it meant for each of its nodes (pod keys,
+    /// `namespace/name`), while its nodes are on their way, so that a later plan puts them
+    /// back there instead of packing them again from scratch.
+    pub planned: BTreeMap<String, PlannedNodes>,
     /// Offerings that recently failed for lack of capacity, unavailable until the given time.
     pub unavailable: BTreeMap<OfferingKey, Time>,
     pub pools: BTreeMap<String, PoolState>,

@@ -105,6 +105,9 @@ struct Bin {
     full: bool,
     /// A node still starting, counted at its template's capacity.
     starting: bool,
+    /// Pending pods (indices into `snapshot.pods`) the launch of this starting or in-flight
+    /// node was for.
+    reserved: Vec<usize>,
 }
 
 impl Bin {
@@ -167,6 +170,49 @@ struct Packer<'a> {
     devices: Devices,
     /// Every zone of a template or a bin, sorted.
     zones: Vec<String>,
+}
+
+/// Hands out each launch's planned node lists ([`Snapshot::planned`]), one per node of the
+/// launch, as pod indices of the pods still pending.
+struct PlannedLists<'a> {
+    snapshot: &'a Snapshot,
+    index: HashMap<String, usize>,
+    next: HashMap<&'a str, usize>,
+}
+
+impl<'a> PlannedLists<'a> {
+    fn new(snapshot: &'a Snapshot) -> Self {
+        let index = if snapshot.planned.is_empty() {
+            HashMap::new()
+        } else {
+            snapshot
+                .pods
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| is_planned_pod(p))
+                .map(|(i, p)| (p.id.to_string(), i))
+                .collect()
+        };
+        PlannedLists {
+            snapshot,
+            index,
+            next: HashMap::new(),
+        }
+    }
+
+    fn next(&mut self, launch: &str) -> Vec<usize> {
+        let Some((id, lists)) = self.snapshot.planned.get_key_value(launch) else {
+            return Vec::new();
+        };
+        let i = self.next.entry(id.as_str()).or_default();
+        let Some(list) = lists.get(*i) else {
+            return Vec::new();
+        };
+        *i += 1;
+        list.iter()
+            .filter_map(|k| self.index.get(k).copied())
+            .collect()
+    }
 }
 
 fn gpu_count_of_node(n: &crate::model::Node, templates: &[Template]) -> i64 {
@@ -262,6 +308,7 @@ impl<'a> Packer<'a> {
                 }
             }
         }
+        let mut planned = PlannedLists::new(snap);
         let mut ready = Vec::new();
         let mut booting = Vec::new();
         for (ni, n) in snap.nodes.iter().enumerate() {
@@ -322,6 +369,14 @@ impl<'a> Packer<'a> {
                 mask: 0,
                 full: false,
                 starting: is_booting,
+                reserved: if is_booting {
+                    n.labels
+                        .get(crate::model::labels::LAUNCH_ID)
+                        .map(|l| planned.next(l))
+                        .unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
             };
             if is_booting {
                 booting.push(bin);
@@ -363,6 +418,7 @@ impl<'a> Packer<'a> {
                     mask: 1 << oi,
                     full: false,
                     starting: false,
+                    reserved: planned.next(&f.launch_id),
                 });
             }
         }
@@ -629,36 +685,83 @@ impl<'a> Packer<'a> {
             if left == 0 {
                 break;
             }
-            if !self.compat(c, b) {
-                continue;
-            }
-            let bin = &self.bins[b];
-            let k = self.classes[c].copies(&bin.free, &bin.shared).min(left);
-            if k <= 0 {
-                continue;
-            }
-            let bin = &mut self.bins[b];
-            self.classes[c].apply(&mut bin.free, &mut bin.shared, k);
-            bin.update_full();
-            if matches!(bin.kind, BinKind::New(_)) {
-                bin.mask &= self.classes[c].tmask[bin.template];
-            }
-            let kind = bin.kind;
-            for _ in 0..k {
-                let cl = &mut self.classes[c];
-                let pod = cl.pods[cl.next];
-                cl.next += 1;
-                match kind {
-                    BinKind::New(n) => {
-                        self.new_nodes[n].pods.push(pod);
-                        self.new_nodes[n].mask = self.bins[b].mask;
-                    }
-                    _ => self.placed.push((pod, kind)),
-                }
-            }
-            left -= k;
+            left -= self.place_on_bin(c, b, left);
         }
         want - left
+    }
+
+    /// Up to `want` pods of class `c` onto bin `b`. Returns how many were placed.
+    fn place_on_bin(&mut self, c: usize, b: usize, want: i64) -> i64 {
+        if !self.compat(c, b) {
+            return 0;
+        }
+        let bin = &self.bins[b];
+        let k = self.classes[c].copies(&bin.free, &bin.shared).min(want);
+        if k <= 0 {
+            return 0;
+        }
+        let bin = &mut self.bins[b];
+        self.classes[c].apply(&mut bin.free, &mut bin.shared, k);
+        bin.update_full();
+        if matches!(bin.kind, BinKind::New(_)) {
+            bin.mask &= self.classes[c].tmask[bin.template];
+        }
+        let kind = bin.kind;
+        for _ in 0..k {
+            let cl = &mut self.classes[c];
+            let pod = cl.pods[cl.next];
+            cl.next += 1;
+            match kind {
+                BinKind::New(n) => {
+                    self.new_nodes[n].pods.push(pod);
+                    self.new_nodes[n].mask = self.bins[b].mask;
+                }
+                _ => self.placed.push((pod, kind)),
+            }
+        }
+        k
+    }
+
+    /// Pods of priority `priority` that a launch still on its way was for go back onto its
+    /// nodes, before other pods of that priority are placed (pods of a higher priority have
+    /// been: they may take the capacity). Packed again from scratch, first-fit onto the launched
+    /// nodes, the same pods need not fit them (the packing that chose those nodes is not
+    /// first-fit), and the plan would launch again for the rest. Gangs' pods are left to the
+    /// gang's own all-or-nothing placement.
+    fn place_reserved(&mut self, priority: i32, class_of: &HashMap<usize, usize>) {
+        for b in 0..self.bins.len() {
+            if self.bins[b].reserved.is_empty() {
+                continue;
+            }
+            let mut want: BTreeMap<usize, i64> = BTreeMap::new();
+            for p in &self.bins[b].reserved {
+                if let Some(&c) = class_of.get(p) {
+                    if self.classes[c].priority == priority {
+                        *want.entry(c).or_default() += 1;
+                    }
+                }
+            }
+            for (c, k) in want {
+                let k = k.min(self.classes[c].remaining());
+                if k > 0 {
+                    self.place_on_bin(c, b, k);
+                }
+            }
+        }
+    }
+
+    /// Class of each pending pod not in a gang, when some bin has reserved pods.
+    fn reserved_classes(&self) -> HashMap<usize, usize> {
+        let mut class_of = HashMap::new();
+        if self.bins.iter().all(|b| b.reserved.is_empty()) {
+            return class_of;
+        }
+        for (c, cl) in self.classes.iter().enumerate() {
+            if cl.gang.is_none() {
+                class_of.extend(cl.pods.iter().map(|&p| (p, c)));
+            }
+        }
+        class_of
     }
 
     /// Takes off `items` what would fit on the bins of `zone`, without changing the bins.
@@ -860,6 +963,7 @@ impl<'a> Packer<'a> {
                         mask: o.mask,
                         full: false,
                         starting: false,
+                        reserved: Vec::new(),
                     });
                     let b = self.bins.len() - 1;
                     self.bins[b].update_full();
@@ -993,7 +1097,13 @@ impl<'a> Packer<'a> {
             units.push((g.priority, g.gpu_eq, Unit::Gang(gi)));
         }
         units.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
-        for (_, _, u) in &units {
+        let class_of = self.reserved_classes();
+        let mut reserved_for: Option<i32> = None;
+        for (priority, _, u) in &units {
+            if !class_of.is_empty() && reserved_for != Some(*priority) {
+                self.place_reserved(*priority, &class_of);
+                reserved_for = Some(*priority);
+            }
             match *u {
                 Unit::Class(c) => {
                     let want = self.classes[c].remaining();

@@ -375,6 +375,58 @@ fn launches_in_flight_absorb_pending_pods() {
 }
 
 #[test]
+fn pods_go_back_to_the_in_flight_nodes_their_launch_was_for() {
+    // A g5.2xlarge was launched for `wide` (6 vCPU) and, later, a g5.xlarge for `small`. Packed
+    // again first-fit, `small` (the older pod) takes the g5.2xlarge and `wide` fits nothing in
+    // flight: another launch. With the launches' plans, each goes back where it was planned.
+    let small = gpu_pod("small", 1)
+        .selector(labels::POOL, "a10g")
+        .created(Time(NOW.0 - 60_000))
+        .build();
+    let wide = gpu_pod("wide", 1)
+        .selector(labels::POOL, "a10g")
+        .cpu_milli(6000)
+        .created(Time(NOW.0 - 1_000))
+        .build();
+    let mut s = snap(vec![small, wide], vec![]);
+    for (id, it, at) in [
+        ("l-wide", "g5.2xlarge", 10_000),
+        ("l-small", "g5.xlarge", 0),
+    ] {
+        s.in_flight.push(InFlight {
+            launch_id: id.into(),
+            pool: "a10g".into(),
+            offering: OfferingKey {
+                instance_type: it.into(),
+                zone: "us-east-1a".into(),
+                capacity_type: CapacityType::Spot,
+            },
+            count: 1,
+            launched_at: Time(NOW.0 - at),
+        });
+    }
+    let first_fit = run(&s, POLICY);
+    assert_eq!(first_fit.scale_ups.len(), 1, "{first_fit:?}");
+    s.planned.insert(
+        "l-wide".into(),
+        std::sync::Arc::new(vec![vec!["default/wide".to_string()]]),
+    );
+    s.planned.insert(
+        "l-small".into(),
+        std::sync::Arc::new(vec![vec!["default/small".to_string()]]),
+    );
+    let plan = run(&s, POLICY);
+    assert!(plan.scale_ups.is_empty(), "{plan:?}");
+    let targets: BTreeMap<&str, &str> = plan
+        .existing_capacity
+        .iter()
+        .map(|p| (p.pod.as_str(), p.target.as_str()))
+        .collect();
+    assert_eq!(targets["default/wide"], "launch/l-wide");
+    assert_eq!(targets["default/small"], "launch/l-small");
+}
+
+#[test]
 fn chooses_the_cheapest_mix_of_sizes() {
     // Eight 1-GPU pods: eight g5.xlarge spot ($0.40 each) beat one g5.48xlarge ($6.52).
     let a10g = |p: PodBuilder| p.selector(labels::POOL, "a10g").build();
