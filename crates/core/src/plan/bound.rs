@@ -441,9 +441,18 @@ impl BoundModel {
 /// solved for them (see the module's documentation). Pods no template can host are left out.
 pub fn lower_bound(pods: &[&Pod], templates: &[Template]) -> f64 {
     let mut model = BoundModel::new(pods.iter().copied(), templates);
-    let mut classes: HashMap<Profile, f64> = HashMap::new();
+    // Classes in the pods' order, so that the LP is the same from run to run.
+    let mut index: HashMap<Profile, usize> = HashMap::new();
+    let mut classes: Vec<(Profile, f64)> = Vec::new();
     for p in pods {
-        *classes.entry(model.profile(p, templates)).or_default() += 1.0;
+        let profile = model.profile(p, templates);
+        match index.get(&profile) {
+            Some(&i) => classes[i].1 += 1.0,
+            None => {
+                index.insert(profile.clone(), classes.len());
+                classes.push((profile, 1.0));
+            }
+        }
     }
     let list: Vec<(&Profile, f64)> = classes.iter().map(|(p, c)| (p, *c)).collect();
     model.add_dual_for(&list);
