@@ -305,6 +305,9 @@ struct Pass {
     pod_index: HashMap<String, usize>,
     /// Nodes being replaced → their GPU pods, planned again as pending.
     moving: BTreeMap<String, Vec<String>>,
+    /// Nodes kept free for spot whose taint this pass planned without (a pending pod needs
+    /// them): the pass takes the taint off.
+    released: BTreeSet<String>,
     /// Pods planned again as pending → the node they run on and their phase.
     moved_from: HashMap<String, (String, crate::model::PodPhase)>,
     /// Pods moving off a replaced node whose launch failed in this pass → why.
@@ -630,6 +633,7 @@ impl Autoscaler {
             policy_valid: obs.policy_valid,
             pod_index,
             moving: BTreeMap::new(),
+            released: BTreeSet::new(),
             moved_from: HashMap::new(),
             launch_failed: BTreeMap::new(),
             stage: Stage::Registering(BTreeMap::new()),
@@ -792,6 +796,13 @@ impl Autoscaler {
                 (pool.clone(), state)
             })
             .collect();
+        let now_templates = templates.for_snapshot(&pass.snapshot, now);
+        pass.released
+            .extend(plan::consolidate::release_for_on_demand(
+                &mut pass.snapshot,
+                &now_templates,
+                &pass.policy,
+            ));
         let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
         // A launch whose capacity went to other pods is done with: its capacity given to them by
         // this plan (in flight), or its instance already a Node (the scheduler placed pods on
@@ -1114,6 +1125,7 @@ impl Autoscaler {
         self.drain_replaced(&pass, &plan, out);
         self.scale_down(&pass, &plan, out);
         self.keep_unneeded(&pass, &plan, out);
+        self.keep_free_for_spot(&pass, &plan, out);
         if self.config.report {
             self.publish(&pass, &plan, out);
         }
@@ -2017,6 +2029,54 @@ impl Autoscaler {
     }
 
     /// Keeps "unneeded since" on the nodes (the annotation; in memory in dry-run).
+    /// Taints the empty on-demand nodes new pods should stay off while spot is to be had
+    /// ([`plan::consolidate::keep_free_for_spot`]), and untaints those that no longer qualify.
+    fn keep_free_for_spot(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
+        if self.config.dry_run {
+            return;
+        }
+        let Some(templates) = pass.templates.as_ref() else {
+            return;
+        };
+        let templates = templates.for_snapshot(&pass.snapshot, pass.now);
+        let keep =
+            plan::consolidate::keep_free_for_spot(&pass.snapshot, &templates, &pass.policy, plan);
+        let draining: BTreeSet<&str> = plan.scale_downs.iter().map(|d| d.node.as_str()).collect();
+        for n in &pass.snapshot.nodes {
+            let tainted = pass.released.contains(&n.name)
+                || n.taints
+                    .iter()
+                    .any(|t| t.key == labels::SPOT_AVAILABLE_TAINT);
+            // Only a node whose instance is ours: one we would not remove would sit idle.
+            let ours = n
+                .provider_id
+                .as_ref()
+                .is_some_and(|p| pass.view.instance_of_node.contains_key(p));
+            let wanted = ours && keep.contains(&n.name);
+            if tainted == wanted || (tainted && draining.contains(n.name.as_str())) {
+                continue;
+            }
+            out.push(Action::Taint {
+                node: n.name.clone(),
+                taint: plan::consolidate::spot_available_taint(),
+                present: wanted,
+            });
+            if wanted {
+                out.push(Action::Event(Note {
+                    subject: Subject::Node(n.name.clone()),
+                    warning: false,
+                    reason: "KeptFreeForSpot",
+                    action: "Consolidate",
+                    message: format!(
+                        "{} is an empty on-demand node and spot is to be had again in its pool: \
+                         new pods get spot nodes, and it is removed as an empty node",
+                        n.name
+                    ),
+                }));
+            }
+        }
+    }
+
     fn keep_unneeded(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
         let now_unneeded: BTreeMap<&str, &str> = plan
             .unneeded

@@ -934,6 +934,71 @@ fn pods_planned_onto_launches_in_flight_stay_planned_there() {
     }
 }
 
+fn spot_available_taint(actions: &[Action], node: &str) -> Option<bool> {
+    actions.iter().rev().find_map(|a| match a {
+        Action::Taint {
+            node: n,
+            taint,
+            present,
+        } if n == node && taint.key == labels::SPOT_AVAILABLE_TAINT => Some(*present),
+        _ => None,
+    })
+}
+
+#[test]
+fn an_empty_on_demand_node_is_kept_free_while_spot_is_to_be_had() {
+    // A pool that prefers spot and consolidates: its empty on-demand node (bought while spot
+    // was short) would take the next pods the scheduler binds, and a Job's pod never leaves.
+    let text = POLICY.replace(
+        "    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}\n",
+        "    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}\n    consolidation: {enabled: true}\n",
+    );
+    let mut run = Run::with_policy(Config::default(), &text);
+    run.nodes.push(
+        NodeBuilder::new("od")
+            .pool("a10g", "g5.12xlarge", "us-east-1a")
+            .label(labels::CAPACITY_TYPE, "on-demand")
+            .cpu_milli(48_000)
+            .memory_gib(192)
+            .gpus(4)
+            .created(Time(T0.0 - 3_600_000))
+            .build(),
+    );
+    run.with_our_instance();
+    // The same, but adopted (its instance is not ours): never kept free, it would sit idle.
+    run.nodes.push(
+        NodeBuilder::new("adopted")
+            .pool("a10g", "g5.12xlarge", "us-east-1a")
+            .label(labels::CAPACITY_TYPE, "on-demand")
+            .cpu_milli(48_000)
+            .memory_gib(192)
+            .gpus(4)
+            .created(Time(T0.0 - 3_600_000))
+            .build(),
+    );
+    run.pass(T0); // registers it in its pool
+    let a = run.pass(T0 + secs(10));
+    assert_eq!(spot_available_taint(&a, "od"), Some(true), "{a:?}");
+    assert_eq!(spot_available_taint(&a, "adopted"), None, "{a:?}");
+    assert!(launches(&a).is_empty());
+    // Nothing new while it qualifies.
+    let a = run.pass(T0 + secs(20));
+    assert_eq!(spot_available_taint(&a, "od"), None, "{a:?}");
+    // A pod that must run on on-demand: the node is for it, untainted, and nothing is launched.
+    run.pods.push(
+        PodBuilder::new("ml", "on-demand-only")
+            .gpus(1)
+            .selector(labels::CAPACITY_TYPE, "on-demand")
+            .build(),
+    );
+    let a = run.pass(T0 + secs(30));
+    assert_eq!(spot_available_taint(&a, "od"), Some(false), "{a:?}");
+    assert!(launches(&a).is_empty(), "{a:?}");
+    let a = run.pass(T0 + secs(40));
+    assert!(launches(&a).is_empty(), "{a:?}");
+    assert_eq!(spot_available_taint(&a, "od"), None, "{a:?}");
+}
+
 #[test]
 fn a_startup_taint_goes_once_the_node_is_registered_in_its_pool() {
     let text = POLICY.replace(

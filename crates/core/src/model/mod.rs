@@ -64,6 +64,9 @@ pub mod labels {
     /// On a Node being replaced (NoSchedule; the value says why: `unhealthy`, `interrupted` or
     /// `consolidating`): no new pod lands while its pods get a place elsewhere.
     pub const REPLACING_TAINT: &str = "gpu-node-autoscaler.io/replacing";
+    /// On an empty on-demand Node of a pool that prefers spot, while its spot is to be had
+    /// (NoSchedule): new pods get spot nodes instead of refilling it, and it is removed.
+    pub const SPOT_AVAILABLE_TAINT: &str = "gpu-node-autoscaler.io/spot-available";
     /// On a pod of a batch Job or training operator: it checkpoints and may be moved by
     /// consolidation (`"true"`), whatever the pool's `consolidation.moveJobs`.
     pub const RESTARTABLE: &str = "gpu-node-autoscaler.io/restartable";

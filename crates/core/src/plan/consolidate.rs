@@ -30,6 +30,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use gpu_node_autoscaler_provider::CapacityType;
+
 use crate::model::constraints::{Effect, Taint};
 use crate::model::{labels, OwnerKind, Pod, PodPhase, Snapshot, Time};
 use crate::policy::{Policy, Pool};
@@ -415,4 +417,156 @@ fn evaluate(
         ));
     }
     Ok((net, c))
+}
+
+/// Empty on-demand nodes to keep new pods off while their pool's spot is to be had again: in a
+/// pool that prefers spot and consolidates, an on-demand node bought while spot was short and
+/// emptied since would otherwise be refilled by the next pods the scheduler binds first-fit (a
+/// batch Job's pod is never moved off it later), and stay on-demand for as long as pods keep
+/// coming. Kept free (tainted), it is removed as an empty node, and new pods get spot nodes.
+///
+/// A node qualifies when it is a Ready, schedulable on-demand node of such a pool holding no pod
+/// but DaemonSet pods, the plan finds it unneeded, some template of its pool has a spot
+/// offering available now, the plan buys no on-demand node in its pool, and no pending GPU pod
+/// could use it but none of those spot offerings (a pod that must run on on-demand keeps it).
+/// A node the plan means pods for is needed, so one just launched for a pod is not kept free.
+pub fn keep_free_for_spot(
+    snapshot: &Snapshot,
+    templates: &[Template],
+    policy: &Policy,
+    plan: &super::Plan,
+) -> BTreeSet<String> {
+    let unneeded: BTreeSet<&str> = plan.unneeded.iter().map(|u| u.node.as_str()).collect();
+    let buys_on_demand: BTreeSet<&str> = plan
+        .scale_ups
+        .iter()
+        .filter(|u| {
+            u.offerings
+                .first()
+                .is_some_and(|o| o.capacity_type == CapacityType::OnDemand)
+        })
+        .map(|u| u.pool.as_str())
+        .collect();
+    let mut out = BTreeSet::new();
+    let prefers_spot = |pool: &Pool| {
+        let at = |c: CapacityType| pool.capacity_types.iter().position(|x| *x == c);
+        matches!((at(CapacityType::Spot), at(CapacityType::OnDemand)), (Some(s), Some(o)) if s < o)
+    };
+    let busy: BTreeSet<&str> = snapshot
+        .pods
+        .iter()
+        .filter(|p| p.is_bound_active() && !p.is_daemonset())
+        .filter_map(|p| p.node_name.as_deref())
+        .collect();
+    let pending: Vec<&Pod> = snapshot.pods.iter().filter(|p| is_planned_pod(p)).collect();
+    for n in &snapshot.nodes {
+        let Some(pool) = n
+            .pool()
+            .and_then(|name| policy.pools.iter().find(|p| p.name == name))
+        else {
+            continue;
+        };
+        if !pool.consolidation.enabled
+            || !prefers_spot(pool)
+            || n.capacity_type() != CapacityType::OnDemand.as_str()
+            || !n.ready
+            || n.unschedulable
+            || n.is_being_deleted()
+            || busy.contains(n.name.as_str())
+            || !unneeded.contains(n.name.as_str())
+            || buys_on_demand.contains(pool.name.as_str())
+        {
+            continue;
+        }
+        let spot = available_spot(templates, &pool.name);
+        if spot.is_empty() {
+            continue;
+        }
+        let needs_it = needs_on_demand(n, &pending, &spot);
+        if !needs_it {
+            out.insert(n.name.clone());
+        }
+    }
+    out
+}
+
+/// The labels of the spot offerings of `pool` available now.
+fn available_spot<'a>(templates: &'a [Template], pool: &str) -> Vec<&'a BTreeMap<String, String>> {
+    templates
+        .iter()
+        .filter(|t| t.pool_name == pool)
+        .flat_map(|t| &t.offerings)
+        .filter(|o| o.available && o.key.capacity_type == CapacityType::Spot)
+        .map(|o| o.labels.as_ref())
+        .collect()
+}
+
+/// Whether a pending pod could use node `n` (were it not kept free) but none of `spot`.
+fn needs_on_demand(
+    n: &crate::model::Node,
+    pending: &[&Pod],
+    spot: &[&BTreeMap<String, String>],
+) -> bool {
+    let untainted: Vec<Taint> = n
+        .taints
+        .iter()
+        .filter(|t| t.key != labels::SPOT_AVAILABLE_TAINT)
+        .cloned()
+        .collect();
+    pending.iter().any(|p| {
+        p.constraints.admits(&n.labels, &untainted, Some(&n.name))
+            && !spot.iter().any(|l| p.constraints.matches_node(l, None))
+    })
+}
+
+/// Before planning: a node kept free for spot ([`keep_free_for_spot`]) that a pending pod needs
+/// (it cannot use the pool's spot) is planned without its taint, so that the plan puts the pod
+/// there instead of buying another on-demand node; the pass then takes the taint off. Returns
+/// those nodes.
+pub fn release_for_on_demand(
+    snapshot: &mut Snapshot,
+    templates: &[Template],
+    policy: &Policy,
+) -> Vec<String> {
+    let mut released = Vec::new();
+    let pending: Vec<Pod> = snapshot
+        .pods
+        .iter()
+        .filter(|p| is_planned_pod(p))
+        .cloned()
+        .collect();
+    if pending.is_empty() {
+        return released;
+    }
+    let pending: Vec<&Pod> = pending.iter().collect();
+    for n in &mut snapshot.nodes {
+        if !n
+            .taints
+            .iter()
+            .any(|t| t.key == labels::SPOT_AVAILABLE_TAINT)
+        {
+            continue;
+        }
+        let Some(pool) = n
+            .pool()
+            .and_then(|name| policy.pools.iter().find(|p| p.name == name))
+        else {
+            continue;
+        };
+        let spot = available_spot(templates, &pool.name);
+        if spot.is_empty() || needs_on_demand(n, &pending, &spot) {
+            n.taints.retain(|t| t.key != labels::SPOT_AVAILABLE_TAINT);
+            released.push(n.name.clone());
+        }
+    }
+    released
+}
+
+/// The taint [`keep_free_for_spot`]'s nodes carry.
+pub fn spot_available_taint() -> Taint {
+    Taint {
+        key: labels::SPOT_AVAILABLE_TAINT.into(),
+        value: String::new(),
+        effect: Effect::NoSchedule,
+    }
 }
