@@ -954,28 +954,20 @@ fn an_empty_on_demand_node_is_kept_free_while_spot_is_to_be_had() {
         "    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}\n    consolidation: {enabled: true}\n",
     );
     let mut run = Run::with_policy(Config::default(), &text);
-    run.nodes.push(
-        NodeBuilder::new("od")
+    let empty_on_demand = |name: &str| {
+        NodeBuilder::new(name)
             .pool("a10g", "g5.12xlarge", "us-east-1a")
             .label(labels::CAPACITY_TYPE, "on-demand")
             .cpu_milli(48_000)
             .memory_gib(192)
             .gpus(4)
             .created(Time(T0.0 - 3_600_000))
-            .build(),
-    );
+            .build()
+    };
+    run.nodes.push(empty_on_demand("od"));
     run.with_our_instance();
     // The same, but adopted (its instance is not ours): never kept free, it would sit idle.
-    run.nodes.push(
-        NodeBuilder::new("adopted")
-            .pool("a10g", "g5.12xlarge", "us-east-1a")
-            .label(labels::CAPACITY_TYPE, "on-demand")
-            .cpu_milli(48_000)
-            .memory_gib(192)
-            .gpus(4)
-            .created(Time(T0.0 - 3_600_000))
-            .build(),
-    );
+    run.nodes.push(empty_on_demand("adopted"));
     run.pass(T0); // registers it in its pool
     let a = run.pass(T0 + secs(10));
     assert_eq!(spot_available_taint(&a, "od"), Some(true), "{a:?}");

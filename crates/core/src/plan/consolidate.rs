@@ -460,10 +460,7 @@ pub fn keep_free_for_spot(
         .collect();
     let pending: Vec<&Pod> = snapshot.pods.iter().filter(|p| is_planned_pod(p)).collect();
     for n in &snapshot.nodes {
-        let Some(pool) = n
-            .pool()
-            .and_then(|name| policy.pools.iter().find(|p| p.name == name))
-        else {
+        let Some(pool) = n.pool().and_then(|name| policy.pool(name)) else {
             continue;
         };
         if !pool.consolidation.enabled
@@ -529,16 +526,10 @@ pub fn release_for_on_demand(
     policy: &Policy,
 ) -> Vec<String> {
     let mut released = Vec::new();
-    let pending: Vec<Pod> = snapshot
-        .pods
-        .iter()
-        .filter(|p| is_planned_pod(p))
-        .cloned()
-        .collect();
+    let pending: Vec<&Pod> = snapshot.pods.iter().filter(|p| is_planned_pod(p)).collect();
     if pending.is_empty() {
         return released;
     }
-    let pending: Vec<&Pod> = pending.iter().collect();
     for n in &mut snapshot.nodes {
         if !n
             .taints
@@ -547,10 +538,7 @@ pub fn release_for_on_demand(
         {
             continue;
         }
-        let Some(pool) = n
-            .pool()
-            .and_then(|name| policy.pools.iter().find(|p| p.name == name))
-        else {
+        let Some(pool) = n.pool().and_then(|name| policy.pool(name)) else {
             continue;
         };
         let spot = available_spot(templates, &pool.name);
