@@ -49,7 +49,7 @@ if [ "$WANT_CA$WANT_KARPENTER" = 00 ]; then
   WANT_KARPENTER=1
 fi
 
-if [ -f "$DIR/.complete" ]; then
+if [ -f "$DIR/.complete" ] && [ -f "$BIN/.cluster-autoscaler-holds-scaled" ] && [ -f "$BIN/.karpenter-waits-scaled" ]; then
   echo "anchors: cached in $BIN" >&2
   echo "$BIN"
   exit 0
@@ -70,6 +70,54 @@ built_version() { # binary module
 
 # --- Karpenter's kwok provider: a package of sigs.k8s.io/karpenter, which has no replace lines; a
 # wrapper module only so that the binary can be named karpenter-kwok.
+# Its disruption controller's timers are constants no setting reaches: it looks for nodes to
+# disrupt every 10 s, waits 15 s before it validates a consolidation or emptiness command, and
+# retries its queue after 1 s doubling to 10 s (pkg/controllers/disruption). `anchors` compresses
+# time, so this build turns them into variables divided by the environment's GNA_TIME_SCALE (unset
+# or 1: the release's values), as the harness divides every other duration. The stamp marks a
+# binary built so; one built without it is rebuilt.
+KARPENTER_STAMP="$BIN/.karpenter-waits-scaled"
+scale_karpenter_waits() { # the directory of the sigs.k8s.io/karpenter module's source (writable)
+  local d="$1/pkg/controllers/disruption" n
+  n="$(cat "$d/consolidation.go" "$d/controller.go" "$d/queue.go" |
+    grep -cE '^[[:space:]]*(const )?(commandValidationDelay|pollingPeriod|queueBaseDelay|queueMaxDelay)[[:space:]]+= ' || true)"
+  if [ "$n" != 4 ]; then
+    echo "error: $d: expected the constants commandValidationDelay, pollingPeriod, queueBaseDelay and queueMaxDelay (found $n); the time-scale patch no longer applies" >&2
+    exit 1
+  fi
+  sed -i -E '/^[[:space:]]*(const )?(commandValidationDelay|pollingPeriod|queueBaseDelay|queueMaxDelay)[[:space:]]+= /d' \
+    "$d/consolidation.go" "$d/controller.go" "$d/queue.go"
+  cat >"$d/gna_time_scale.go" <<'GO'
+package disruption
+
+import (
+	"os"
+	"strconv"
+	"time"
+)
+
+// Built for gpu-node-autoscaler's anchors harness: the release's disruption timers, divided by
+// GNA_TIME_SCALE (the harness's time compression; unset or below 1: the release's values).
+var (
+	commandValidationDelay = gnaScaled(15 * time.Second)
+	pollingPeriod          = gnaScaled(10 * time.Second)
+	queueBaseDelay         = gnaScaled(1 * time.Second)
+	queueMaxDelay          = gnaScaled(10 * time.Second)
+)
+
+func gnaScaled(d time.Duration) time.Duration {
+	s, err := strconv.ParseFloat(os.Getenv("GNA_TIME_SCALE"), 64)
+	if err != nil || s < 1 {
+		return d
+	}
+	return time.Duration(float64(d) / s)
+}
+GO
+}
+if [ "$WANT_KARPENTER" = 1 ] && [ -x "$BIN/karpenter-kwok" ] && [ ! -f "$KARPENTER_STAMP" ]; then
+  step "karpenter-kwok was built without its disruption timers scaled: building it again"
+  rm -f "$BIN/karpenter-kwok" "$DIR/.complete"
+fi
 if [ "$WANT_KARPENTER" = 1 ]; then
   MOD="$(go env GOMODCACHE)/sigs.k8s.io/karpenter@$KARPENTER_VERSION"
   if [ ! -x "$BIN/karpenter-kwok" ] || [ ! -f "$CRDS/.complete" ]; then
@@ -80,12 +128,17 @@ if [ "$WANT_KARPENTER" = 1 ]; then
     quiet go mod init gna-karpenter-build
     # The package with the version: a bare package path would ask for the newest release instead.
     quiet go get "sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION"
+    # Its source, copied out of the (read-only) module cache, with the disruption timers scaled.
+    cp -r "$MOD" karpenter-src && chmod -R u+w karpenter-src
+    scale_karpenter_waits karpenter-src
+    quiet go mod edit -replace=sigs.k8s.io/karpenter=./karpenter-src
     if [ ! -x "$BIN/karpenter-kwok" ]; then
       step "karpenter-kwok $KARPENTER_VERSION (building; a few minutes on 2 cores)"
       t0=$(date +%s)
       quiet go build -trimpath -ldflags "-s -w -X sigs.k8s.io/karpenter/pkg/operator.Version=$KARPENTER_VERSION" \
         -o "$BIN/karpenter-kwok.tmp" sigs.k8s.io/karpenter/kwok
       mv "$BIN/karpenter-kwok.tmp" "$BIN/karpenter-kwok"
+      touch "$KARPENTER_STAMP"
       step "karpenter-kwok built in $(elapsed "$t0")"
     fi
     # The CRDs, from the module (read-only in the module cache): kwok/charts/crds has NodePool,
@@ -113,6 +166,49 @@ fi
 # wrapper requires cluster-autoscaler and cluster-autoscaler/apis at the same pseudo-version and
 # copies every replace line that names a published version (the list read from the downloaded go.mod).
 ca_ldflags="-s -w -X k8s.io/autoscaler/cluster-autoscaler/version.ClusterAutoscalerVersion=$CA_VERSION"
+# The Cluster Autoscaler holds a scale-up while the oldest unschedulable pod is younger than 2 s (30 s
+# when it asks for a GPU): constants of core/static_autoscaler.go that no flag sets. `anchors`
+# compresses time, so this build turns the two into variables divided by the environment's
+# GNA_TIME_SCALE (unset or 1: the release's values), as the harness divides every other duration.
+# The stamp marks a binary built so; one built without it is rebuilt.
+CA_STAMP="$BIN/.cluster-autoscaler-holds-scaled"
+scale_ca_holds() { # the directory of the cluster-autoscaler module's source (writable)
+  local f="$1/core/static_autoscaler.go" n
+  n="$(grep -cE '^[[:space:]]*unschedulablePod(WithGpu)?TimeBuffer = ' "$f" || true)"
+  if [ "$n" != 2 ]; then
+    echo "error: $f: expected the constants unschedulablePodTimeBuffer and unschedulablePodWithGpuTimeBuffer (found $n); the time-scale patch no longer applies" >&2
+    exit 1
+  fi
+  sed -i -E '/^[[:space:]]*unschedulablePod(WithGpu)?TimeBuffer = /d' "$f"
+  cat >"$1/core/gna_time_scale.go" <<'GO'
+package core
+
+import (
+	"os"
+	"strconv"
+	"time"
+)
+
+// Built for gpu-node-autoscaler's anchors harness: the release's two scale-up holds, divided by
+// GNA_TIME_SCALE (the harness's time compression; unset or below 1: the release's values).
+var (
+	unschedulablePodTimeBuffer        = gnaScaled(2 * time.Second)
+	unschedulablePodWithGpuTimeBuffer = gnaScaled(30 * time.Second)
+)
+
+func gnaScaled(d time.Duration) time.Duration {
+	s, err := strconv.ParseFloat(os.Getenv("GNA_TIME_SCALE"), 64)
+	if err != nil || s < 1 {
+		return d
+	}
+	return time.Duration(float64(d) / s)
+}
+GO
+}
+if [ "$WANT_CA" = 1 ] && [ -x "$BIN/cluster-autoscaler" ] && [ ! -f "$CA_STAMP" ]; then
+  step "cluster-autoscaler was built without its scale-up holds scaled: building it again"
+  rm -f "$BIN/cluster-autoscaler" "$DIR/.complete"
+fi
 if [ "$WANT_CA" = 1 ] && [ ! -x "$BIN/cluster-autoscaler" ] && [ -n "${GNA_CA_SOURCE:-}" ]; then
   # From a clone: the release commit's cluster-autoscaler/ folder is the main module, so its own
   # replace lines (./apis, the staging modules) apply as they do in its release build.
@@ -123,11 +219,13 @@ if [ "$WANT_CA" = 1 ] && [ ! -x "$BIN/cluster-autoscaler" ] && [ -n "${GNA_CA_SO
   W="$DIR/src/ca-checkout"
   rm -rf "$W" && mkdir -p "$W"
   git -C "$GNA_CA_SOURCE" archive "$CA_COMMIT" cluster-autoscaler | tar -x -C "$W"
+  scale_ca_holds "$W/cluster-autoscaler"
   step "cluster-autoscaler $CA_VERSION from $GNA_CA_SOURCE at ${CA_COMMIT:0:12} (building, kwok provider only; modules from the proxy; several minutes on 2 cores)"
   t0=$(date +%s)
   (cd "$W/cluster-autoscaler" && quiet go build -trimpath -tags kwok -ldflags "$ca_ldflags" \
     -o "$BIN/cluster-autoscaler.tmp" .)
   mv "$BIN/cluster-autoscaler.tmp" "$BIN/cluster-autoscaler"
+  touch "$CA_STAMP"
   step "cluster-autoscaler built in $(elapsed "$t0")"
 fi
 if [ "$WANT_CA" = 1 ]; then
@@ -161,11 +259,17 @@ EOF
       done
     # What the kwok build tag needs beyond this is resolved by go build (-mod=mod).
     quiet go get "k8s.io/autoscaler/cluster-autoscaler@$CA_PSEUDO" "k8s.io/autoscaler/cluster-autoscaler/apis@$CA_PSEUDO"
+    # Its source, copied out of the (read-only) module cache, with the holds scaled.
+    SRC="$(go mod download -json "k8s.io/autoscaler/cluster-autoscaler@$CA_PSEUDO" | sed -nE 's/^[[:space:]]*"Dir": "(.*)",?$/\1/p')"
+    cp -r "$SRC" ca-src && chmod -R u+w ca-src && rm -f ca-src/go.mod.orig
+    scale_ca_holds ca-src
+    quiet go mod edit -replace=k8s.io/autoscaler/cluster-autoscaler=./ca-src
     step "cluster-autoscaler $CA_VERSION (building, kwok provider only; several minutes on 2 cores)"
     t0=$(date +%s)
     quiet go build -trimpath -tags kwok -ldflags "$ca_ldflags" \
       -o "$BIN/cluster-autoscaler.tmp" k8s.io/autoscaler/cluster-autoscaler
     mv "$BIN/cluster-autoscaler.tmp" "$BIN/cluster-autoscaler"
+    touch "$CA_STAMP"
     step "cluster-autoscaler built in $(elapsed "$t0")"
   fi
   # No --version flag (it logs the -X version, "Cluster Autoscaler X.Y.Z", at --v=1 on start).
@@ -173,7 +277,7 @@ EOF
 fi
 
 rm -rf "$DIR/src"
-if [ -x "$BIN/cluster-autoscaler" ] && [ -x "$BIN/karpenter-kwok" ] && [ -f "$CRDS/.complete" ]; then
+if [ -f "$CA_STAMP" ] && [ -f "$KARPENTER_STAMP" ] && [ -x "$BIN/cluster-autoscaler" ] && [ -x "$BIN/karpenter-kwok" ] && [ -f "$CRDS/.complete" ]; then
   touch "$DIR/.complete"
 fi
 echo "$BIN"

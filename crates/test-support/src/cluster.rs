@@ -126,6 +126,9 @@ pub struct ClusterOptions {
     pub quiet: bool,
     /// More flags for kube-controller-manager (e.g. `--node-monitor-period=1s`).
     pub controller_manager_args: Vec<String>,
+    /// kube-scheduler's `podInitialBackoffSeconds` and `podMaxBackoffSeconds` (default 1 and 10):
+    /// how long a pod that did not fit waits before its next try once the cluster changed.
+    pub scheduler_backoff_s: Option<(u32, u32)>,
 }
 
 /// A running control plane.
@@ -246,11 +249,23 @@ impl Cluster {
                 ])
                 .args(&opts.controller_manager_args),
         );
+        // kube-scheduler, from a KubeSchedulerConfiguration (its --kubeconfig and --leader-elect
+        // flags are ignored once --config is given).
+        let mut sched = format!(
+            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n\
+             clientConnection:\n  kubeconfig: {admin}\nleaderElection:\n  leaderElect: false\n"
+        );
+        if let Some((initial, max)) = opts.scheduler_backoff_s {
+            sched.push_str(&format!(
+                "podInitialBackoffSeconds: {initial}\npodMaxBackoffSeconds: {max}\n"
+            ));
+        }
+        let sched_config = c.dir.join("kube-scheduler.yaml");
+        std::fs::write(&sched_config, sched).unwrap();
         c.spawn(
             "kube-scheduler",
             Command::new(bin.join("kube-scheduler")).args([
-                &format!("--kubeconfig={admin}"),
-                "--leader-elect=false",
+                &format!("--config={}", sched_config.display()),
                 "--secure-port=0",
                 "--v=1",
             ]),

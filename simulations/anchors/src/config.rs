@@ -47,6 +47,13 @@ pub fn scaled_whole_seconds(d: Duration, scale: f64) -> String {
     format!("{}s", (d.as_secs_f64() / scale).ceil() as u64)
 }
 
+/// kube-scheduler's `podInitialBackoffSeconds` and `podMaxBackoffSeconds` (1 s and 10 s by default)
+/// divided by the time scale, in the whole seconds they take: at least 1 s each.
+pub fn scheduler_backoff_s(scale: f64) -> (u32, u32) {
+    let s = |d: f64| ((d / scale).round() as u32).max(1);
+    (s(1.0), s(10.0))
+}
+
 pub fn scaled_duration(d: Duration, scale: f64) -> Duration {
     Duration::from_secs_f64(d.as_secs_f64() / scale)
 }
@@ -479,6 +486,13 @@ pub fn price(catalog: &Catalog, instance_type: &str, capacity_type: CapacityType
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scheduler_backoff_is_scaled_to_whole_seconds() {
+        assert_eq!(scheduler_backoff_s(1.0), (1, 10));
+        assert_eq!(scheduler_backoff_s(4.0), (1, 3));
+        assert_eq!(scheduler_backoff_s(20.0), (1, 1));
+    }
 
     #[test]
     fn karpenter_offerings_carry_the_gpu_model_label() {

@@ -45,6 +45,33 @@ pub struct Options {
     pub max_time: Option<Duration>,
 }
 
+/// A scenario file and what replaying it takes: an error naming the file (and the pod) when it
+/// holds what kwok nodes cannot offer.
+pub fn load(
+    path: &Path,
+    time_scale: f64,
+    max_time: Option<Duration>,
+) -> Result<(gpu_node_autoscaler_sim::scenario::Scenario, replay::Setup)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = path.display().to_string();
+    let scenario = parse_scenario(&text, &file).map_err(|e| anyhow::anyhow!(e))?;
+    let raw = yaml::parse(&text)?;
+    let types = match &scenario.catalog {
+        None => catalog::parse_csv(catalog::BUILTIN_AWS, catalog::BUILTIN_AWS_NAME)?,
+        Some(rel) => {
+            let p = path.parent().unwrap_or(Path::new(".")).join(rel);
+            let t = std::fs::read_to_string(&p)
+                .with_context(|| format!("reading the catalog {}", p.display()))?;
+            catalog::parse_csv(&t, &p.display().to_string())?
+        }
+    };
+    let cat = catalog::offerings_from_list_prices(&scenario.policy, types);
+    let setup = replay::Setup::new(&scenario, &raw["policy"], cat, time_scale, max_time)
+        .with_context(|| format!("{file}: cannot be replayed"))?;
+    Ok((scenario, setup))
+}
+
 /// Runs every autoscaler on every scenario, one at a time, each on a fresh cluster.
 pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
     if o.time_scale.is_nan() || o.time_scale < 1.0 {
@@ -62,31 +89,16 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
     let bins = Binaries::find(&o.autoscalers, o.ours_bin.clone())?;
     let mut reports = Vec::new();
     for path in &o.scenarios {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let file = path.display().to_string();
-        let scenario = parse_scenario(&text, &file).map_err(|e| anyhow::anyhow!(e))?;
-        let raw = yaml::parse(&text)?;
-        let types = match &scenario.catalog {
-            None => catalog::parse_csv(catalog::BUILTIN_AWS, catalog::BUILTIN_AWS_NAME)?,
-            Some(rel) => {
-                let p = path.parent().unwrap_or(Path::new(".")).join(rel);
-                let t = std::fs::read_to_string(&p)
-                    .with_context(|| format!("reading the catalog {}", p.display()))?;
-                catalog::parse_csv(&t, &p.display().to_string())?
-            }
-        };
-        let cat = catalog::offerings_from_list_prices(&scenario.policy, types);
-        let setup = replay::Setup::new(&scenario, &raw["policy"], cat, o.time_scale, o.max_time)
-            .with_context(|| format!("{file}: cannot be replayed"))?;
+        let (scenario, setup) = load(path, o.time_scale, o.max_time)?;
         let mut results = Vec::new();
         let mut failed = Vec::new();
         for a in &o.autoscalers {
             eprintln!(
-                "anchors: {}: {a} (time scale {}; {} pods)",
+                "anchors: {}: {a} (time scale {}; {} pods; at most {:.0} min of wall time)",
                 scenario.name,
                 o.time_scale,
-                setup.pods.len()
+                setup.pods.len(),
+                setup.deadline.as_secs_f64() / 60.0
             );
             let dir = o.work_dir.join(format!("{}-{a}", scenario.name));
             let _ = std::fs::remove_dir_all(&dir);
@@ -111,4 +123,43 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
         });
     }
     Ok((reports, bins))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every scenario of `simulations/scenarios` is replayed but those whose pods ask for what no
+    /// kwok node advertises, which are refused with the reason.
+    #[test]
+    fn every_scenario_is_replayed_or_refused_with_the_reason() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_stem().unwrap().to_string_lossy().to_string();
+            let got = load(&path, 10.0, None);
+            match name.as_str() {
+                "mig-shared-mix" => {
+                    let e = format!("{:#}", got.err().expect("refused"));
+                    assert!(e.contains("cannot be replayed on kwok nodes"), "{e}");
+                }
+                "dra-claims" => {
+                    let e = format!("{:#}", got.err().expect("refused"));
+                    assert!(e.contains("DRA ResourceClaims"), "{e}");
+                }
+                _ => {
+                    let (_, setup) = got.unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                    assert!(!setup.pods.is_empty(), "{name}");
+                    eprintln!(
+                        "{name}: {} pods, {:.0} min of wall time at 10x",
+                        setup.pods.len(),
+                        setup.deadline.as_secs_f64() / 60.0
+                    );
+                }
+            }
+            seen += 1;
+        }
+        assert_eq!(seen, 10);
+    }
 }

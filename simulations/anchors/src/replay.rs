@@ -90,6 +90,15 @@ impl Binaries {
                             bin.display()
                         );
                     }
+                    // Its disruption timers are constants; the harness's build divides them by
+                    // GNA_TIME_SCALE and marks the binary so (scripts/anchors.sh).
+                    if !anchors_bin()?.join(".karpenter-waits-scaled").is_file() {
+                        bail!(
+                            "{} was built without its disruption timers scaled by the time scale: \
+                             `bash scripts/anchors.sh karpenter` builds it again",
+                            k.display()
+                        );
+                    }
                     b.versions
                         .insert("karpenter", script_value("anchors.sh", "KARPENTER_VERSION"));
                     b.karpenter = Some((k, crds));
@@ -107,6 +116,18 @@ impl Binaries {
                             c.display(),
                             script_value("anchors.sh", "CA_PSEUDO"),
                             script_value("anchors.sh", "CA_COMMIT")
+                        );
+                    }
+                    // Its two scale-up holds are constants; the harness's build divides them by
+                    // GNA_TIME_SCALE and marks the binary so (scripts/anchors.sh).
+                    if !anchors_bin()?
+                        .join(".cluster-autoscaler-holds-scaled")
+                        .is_file()
+                    {
+                        bail!(
+                            "{} was built without its scale-up holds scaled by the time scale: \
+                             `bash scripts/anchors.sh cluster-autoscaler` builds it again",
+                            c.display()
                         );
                     }
                     b.versions.insert(
@@ -178,6 +199,13 @@ fn pod_object(p: &Pod, name: &str, run: Option<Duration>) -> Result<Value> {
     if p.requests.mig_slices().next().is_some() {
         bail!(
             "pod {}: MIG slices cannot be replayed on kwok nodes",
+            p.id.name
+        );
+    }
+    if !p.claims.is_empty() {
+        bail!(
+            "pod {}: DRA ResourceClaims cannot be replayed on kwok nodes (no DRA driver publishes \
+             devices for them)",
             p.id.name
         );
     }
@@ -539,6 +567,9 @@ fn start_autoscaler(
                 .env("HEALTH_PROBE_PORT", port.to_string())
                 .env("BATCH_IDLE_DURATION", scaled(Duration::from_secs(1)))
                 .env("BATCH_MAX_DURATION", scaled(Duration::from_secs(10)))
+                // Its disruption controller's polling, validation and retry waits, divided like
+                // every other duration.
+                .env("GNA_TIME_SCALE", setup.scale.to_string())
                 .env("LOG_LEVEL", "info")
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
@@ -563,6 +594,8 @@ fn start_autoscaler(
                 // The kwok provider reads its ConfigMaps from this namespace, through KUBECONFIG.
                 .env("POD_NAMESPACE", "kube-system")
                 .env("KWOK_PROVIDER_MODE", "local")
+                // Its 2 s and 30 s scale-up holds, divided like every other duration.
+                .env("GNA_TIME_SCALE", setup.scale.to_string())
                 .env("KUBECONFIG", &cluster.admin)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
@@ -589,6 +622,9 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             // The node lifecycle controller takes the not-ready taint off a Node that turned Ready
             // at its next look: every second instead of five.
             controller_manager_args: vec!["--node-monitor-period=1s".into()],
+            // kube-scheduler's retry back-off (1 s, doubling to 10 s) scaled like every other
+            // duration, as far as its whole seconds allow (1 s at the least).
+            scheduler_backoff_s: Some(config::scheduler_backoff_s(setup.scale)),
             ..Default::default()
         },
     );
