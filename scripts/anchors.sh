@@ -70,6 +70,25 @@ built_version() { # binary module
 
 # --- Karpenter's kwok provider: a package of sigs.k8s.io/karpenter, which has no replace lines; a
 # wrapper module only so that the binary can be named karpenter-kwok.
+# A Go file of package $2 declaring, as variables, durations (name, seconds) that the products'
+# source declares as constants, each divided by the environment's GNA_TIME_SCALE (the harness's time
+# compression; unset or below 1: the release's values).
+write_scaled_go() { # file package what name seconds [name seconds ...]
+  local file="$1" pkg="$2" what="$3"
+  shift 3
+  {
+    printf 'package %s\n\nimport (\n\t"os"\n\t"strconv"\n\t"time"\n)\n\n' "$pkg"
+    printf '// Built for gpu-node-autoscaler'"'"'s anchors harness: %s, divided by GNA_TIME_SCALE.\nvar (\n' "$what"
+    while [ $# -gt 0 ]; do
+      printf '\t%s = gnaScaled(%s * time.Second)\n' "$1" "$2"
+      shift 2
+    done
+    printf ')\n\nfunc gnaScaled(d time.Duration) time.Duration {\n'
+    printf '\ts, err := strconv.ParseFloat(os.Getenv("GNA_TIME_SCALE"), 64)\n'
+    printf '\tif err != nil || s < 1 {\n\t\treturn d\n\t}\n\treturn time.Duration(float64(d) / s)\n}\n'
+  } >"$file"
+}
+
 # Its disruption controller's timers are constants no setting reaches: it looks for nodes to
 # disrupt every 10 s, waits 15 s before it validates a consolidation or emptiness command, and
 # retries its queue after 1 s doubling to 10 s (pkg/controllers/disruption). `anchors` compresses
@@ -87,32 +106,8 @@ scale_karpenter_waits() { # the directory of the sigs.k8s.io/karpenter module's 
   fi
   sed -i -E '/^[[:space:]]*(const )?(commandValidationDelay|pollingPeriod|queueBaseDelay|queueMaxDelay)[[:space:]]+= /d' \
     "$d/consolidation.go" "$d/controller.go" "$d/queue.go"
-  cat >"$d/gna_time_scale.go" <<'GO'
-package disruption
-
-import (
-	"os"
-	"strconv"
-	"time"
-)
-
-// Built for gpu-node-autoscaler's anchors harness: the release's disruption timers, divided by
-// GNA_TIME_SCALE (the harness's time compression; unset or below 1: the release's values).
-var (
-	commandValidationDelay = gnaScaled(15 * time.Second)
-	pollingPeriod          = gnaScaled(10 * time.Second)
-	queueBaseDelay         = gnaScaled(1 * time.Second)
-	queueMaxDelay          = gnaScaled(10 * time.Second)
-)
-
-func gnaScaled(d time.Duration) time.Duration {
-	s, err := strconv.ParseFloat(os.Getenv("GNA_TIME_SCALE"), 64)
-	if err != nil || s < 1 {
-		return d
-	}
-	return time.Duration(float64(d) / s)
-}
-GO
+  write_scaled_go "$d/gna_time_scale.go" disruption "the release's disruption timers" \
+    commandValidationDelay 15 pollingPeriod 10 queueBaseDelay 1 queueMaxDelay 10
 }
 if [ "$WANT_KARPENTER" = 1 ] && [ -x "$BIN/karpenter-kwok" ] && [ ! -f "$KARPENTER_STAMP" ]; then
   step "karpenter-kwok was built without its disruption timers scaled: building it again"
@@ -180,30 +175,8 @@ scale_ca_holds() { # the directory of the cluster-autoscaler module's source (wr
     exit 1
   fi
   sed -i -E '/^[[:space:]]*unschedulablePod(WithGpu)?TimeBuffer = /d' "$f"
-  cat >"$1/core/gna_time_scale.go" <<'GO'
-package core
-
-import (
-	"os"
-	"strconv"
-	"time"
-)
-
-// Built for gpu-node-autoscaler's anchors harness: the release's two scale-up holds, divided by
-// GNA_TIME_SCALE (the harness's time compression; unset or below 1: the release's values).
-var (
-	unschedulablePodTimeBuffer        = gnaScaled(2 * time.Second)
-	unschedulablePodWithGpuTimeBuffer = gnaScaled(30 * time.Second)
-)
-
-func gnaScaled(d time.Duration) time.Duration {
-	s, err := strconv.ParseFloat(os.Getenv("GNA_TIME_SCALE"), 64)
-	if err != nil || s < 1 {
-		return d
-	}
-	return time.Duration(float64(d) / s)
-}
-GO
+  write_scaled_go "$1/core/gna_time_scale.go" core "the release's two scale-up holds" \
+    unschedulablePodTimeBuffer 2 unschedulablePodWithGpuTimeBuffer 30
 }
 if [ "$WANT_CA" = 1 ] && [ -x "$BIN/cluster-autoscaler" ] && [ ! -f "$CA_STAMP" ]; then
   step "cluster-autoscaler was built without its scale-up holds scaled: building it again"
