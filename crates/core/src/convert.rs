@@ -124,6 +124,7 @@ struct Volume {
 #[serde(default, rename_all = "camelCase")]
 struct PodStatus {
     phase: String,
+    start_time: Option<String>,
     conditions: Vec<Condition>,
     resource_claim_statuses: Vec<dra::PodClaimStatus>,
 }
@@ -523,6 +524,11 @@ impl Converter {
             gang,
             priority: raw.spec.priority.unwrap_or(0),
             created: parse_time(&m.creation_timestamp),
+            started: raw
+                .status
+                .start_time
+                .as_deref()
+                .and_then(|s| Time::parse_rfc3339(s).ok()),
             deleting: m.deletion_timestamp.is_some(),
             unschedulable,
             local_storage,

@@ -894,9 +894,10 @@ fn phase_deletion_binding_and_metadata() {
             "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "1", "note": "x"},
         },
         "spec": {"nodeName": "n1", "priority": -5},
-        "status": {"phase": "Running"},
+        "status": {"phase": "Running", "startTime": "2026-11-21T10:02:00Z"},
     })));
     assert!(p.deleting);
+    assert_eq!(p.started, Time::parse_rfc3339("2026-11-21T10:02:00Z").ok());
     assert_eq!(
         p.created,
         Time::parse_rfc3339("2026-11-21T10:00:00Z").unwrap()
@@ -913,6 +914,7 @@ fn phase_deletion_binding_and_metadata() {
     assert!(!p.deleting);
     assert_eq!(p.node_name, None);
     assert_eq!(p.created, Time::EPOCH);
+    assert_eq!(p.started, None);
     assert_eq!(p.priority, 0);
     assert!(p.is_pending());
 }

@@ -86,6 +86,7 @@ impl PodBuilder {
                 gang: None,
                 priority: 0,
                 created: Time::EPOCH,
+                started: None,
                 deleting: false,
                 unschedulable: true,
                 local_storage: false,
@@ -190,6 +191,12 @@ impl PodBuilder {
 
     pub fn created(mut self, t: Time) -> Self {
         self.pod.created = t;
+        self
+    }
+
+    /// When its node's kubelet started it (`status.startTime`).
+    pub fn started(mut self, t: Time) -> Self {
+        self.pod.started = Some(t);
         self
     }
 

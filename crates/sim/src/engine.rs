@@ -824,6 +824,7 @@ impl World {
         st.pod.node_name = Some(n.node.name.clone());
         st.pod.phase = PodPhase::Running;
         st.pod.unschedulable = false;
+        st.pod.started = Some(Time(now));
         st.bound_at = Some(now);
         if st.first_bound.is_none() {
             st.first_bound = Some(now);
@@ -877,6 +878,7 @@ impl World {
         self.grown.insert(ni);
         st.pod.node_name = None;
         st.pod.phase = PodPhase::Pending;
+        st.pod.started = None;
         st.pod.shared_gpu_index = None;
         self.running_gpus -= st.gpu_eq;
         self.dirty = true;

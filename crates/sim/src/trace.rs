@@ -275,6 +275,7 @@ pub fn load_trace(
                 gang: None,
                 priority: 0,
                 created: Time(arrival),
+                started: None,
                 deleting: false,
                 unschedulable: false,
                 local_storage: false,

@@ -117,6 +117,9 @@ pub struct Pod {
     pub gang: Option<GangRef>,
     pub priority: i32,
     pub created: Time,
+    /// When its node's kubelet accepted it (`status.startTime`); `None` while it is not on a
+    /// node. A pod that moves is a new pod, or (in the simulator) starts again.
+    pub started: Option<Time>,
     pub deleting: bool,
     /// The scheduler tried and found no node (`PodScheduled=False`, reason `Unschedulable`).
     pub unschedulable: bool,

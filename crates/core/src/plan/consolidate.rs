@@ -197,7 +197,7 @@ pub fn consolidate(
                 .is_some_and(|v| v == "true");
             if p.deleting
                 || !p.wants_gpu()
-                || !old_enough(p.created)
+                || !old_enough(p.started.unwrap_or(p.created))
                 || not_movable(p, snapshot).is_some()
                 || (is_job(p) && !cfg.move_jobs && !restartable)
             {
@@ -358,7 +358,7 @@ fn evaluate(
         let on_set = p.node_name.as_deref().is_some_and(|n| nodes.contains(n));
         if on_set && p.is_bound_active() && !dies_with_node(p) {
             moved.push(p.id.to_string());
-            ages.push(now.since(p.created));
+            ages.push(now.since(p.started.unwrap_or(p.created)));
             p.node_name = None;
             p.phase = PodPhase::Pending;
         }

@@ -91,6 +91,18 @@ fn pods_that_have_not_run_long_enough_stay() {
     assert!(why.contains("run long enough"), "{why}");
 }
 
+/// A pod created long ago that started on its node only lately (it waited, or it was placed again
+/// after its node went) has not run long enough, and its run so far counts from its start.
+#[test]
+fn a_pods_run_counts_from_its_start_on_its_node() {
+    let s = four_alone(|p, n| server(p, n).started(NOW - 20 * MIN));
+    let why = run_consolidate(&s, POLICY).unwrap_err();
+    assert!(why.contains("run long enough"), "{why}");
+    let s = four_alone(|p, n| server(p, n).started(NOW - 100 * MIN));
+    let c = run_consolidate(&s, POLICY).unwrap();
+    assert_eq!(c.horizon, 100 * MIN);
+}
+
 #[test]
 fn job_pods_move_only_if_the_pool_moves_jobs_or_they_are_restartable() {
     let job = |p: &str, n: &str| server(p, n).owner(OwnerKind::Job, "train");
