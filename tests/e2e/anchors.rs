@@ -46,7 +46,10 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_and_karpenter() {
         // Some cost, and less than eight g5.12xlarge on-demand ($5.672/h) for the 20 minutes.
         let cost = m["cost_usd"].as_f64().unwrap();
         assert!(cost > 0.1 && cost < 8.0 * 5.672 / 3.0, "{json:#}");
-        assert!(m["unpriced_nodes"].as_array().unwrap().is_empty(), "{json:#}");
+        assert!(
+            m["unpriced_nodes"].as_array().unwrap().is_empty(),
+            "{json:#}"
+        );
         assert!(
             m["cost_by_offering"]
                 .as_object()

@@ -168,6 +168,8 @@ struct Packer<'a> {
     zone_bins: BTreeMap<String, Vec<usize>>,
     /// Devices of templates and nodes, and what pods' claims take (Dynamic Resource Allocation).
     devices: Devices,
+    /// Spare nodes added to gangs' launches in this plan ([`Packer::spare_for_gang`]).
+    spares: i64,
     /// Every zone of a template or a bin, sorted.
     zones: Vec<String>,
 }
@@ -275,6 +277,7 @@ impl<'a> Packer<'a> {
             available: templates.iter().map(Template::available_mask).collect(),
             zone_bins: BTreeMap::new(),
             zones: Vec::new(),
+            spares: 0,
         };
         p.build_bins(now);
         for b in 0..p.bins.len() {
@@ -750,6 +753,46 @@ impl<'a> Packer<'a> {
         }
     }
 
+    /// Single pods of priority `priority` go first-fit onto registered nodes (Ready ones, then
+    /// those still starting, the earliest created first) before the gangs of that priority. The
+    /// scheduler binds a single pod to the first node that has room for it, while a gang waits
+    /// until all its members fit: a pod waiting for a launch not registered yet takes the first
+    /// node of a gang's launch to advertise its GPUs, not its own. Planned so, the gang's missing
+    /// node is launched as soon as its first node registers, not after the pod took it.
+    fn place_singles_before_gangs(&mut self, priority: i32) {
+        if !self
+            .gangs
+            .iter()
+            .any(|g| g.priority == priority && g.incomplete.is_none())
+        {
+            return;
+        }
+        let snap = self.snapshot;
+        let mut nodes: Vec<usize> = (0..self.bins.len())
+            .filter(|&b| matches!(self.bins[b].kind, BinKind::Node(_)))
+            .collect();
+        // Ready nodes first (as built), then starting ones by creation.
+        nodes.sort_by_key(|&b| match self.bins[b].kind {
+            BinKind::Node(n) if self.bins[b].starting => (1, snap.nodes[n].created),
+            _ => (0, Time(0)),
+        });
+        for c in 0..self.classes.len() {
+            let cl = &self.classes[c];
+            if cl.gang.is_some() || cl.priority != priority {
+                continue;
+            }
+            let mut left = cl.remaining();
+            for &b in &nodes {
+                if left == 0 {
+                    break;
+                }
+                if !self.bins[b].full {
+                    left -= self.place_on_bin(c, b, left);
+                }
+            }
+        }
+    }
+
     /// Class of each pending pod not in a gang, when some bin has reserved pods.
     fn reserved_classes(&self) -> HashMap<usize, usize> {
         let mut class_of = HashMap::new();
@@ -1078,7 +1121,57 @@ impl<'a> Packer<'a> {
                     .fold(0, |m, (i, _)| m | (1u64 << i));
             }
         }
+        let spare = self.spare_for_gang(&opened);
         self.commit_opened(opened, Some(g), true);
+        if let Some((template, mask)) = spare {
+            self.new_nodes.push(NewNode {
+                template,
+                mask,
+                gang: Some(g),
+                pods: Vec::new(),
+            });
+            let mut usage = self.usage.clone();
+            self.add_usage(&mut usage, template, 1);
+            self.usage = usage;
+            self.spares += 1;
+        }
+    }
+
+    /// One node more for a gang whose nodes are launched while single pods wait for nodes not
+    /// registered yet (launched in this plan or before) and would fit the gang's: the scheduler
+    /// binds a single pod to the first node that has room for it, which is the gang's first node
+    /// as often as not, and the gang waits for all its nodes. The node the gang does not need
+    /// (the one the single left, or the spare) is scaled down once empty. Only for a launch
+    /// planned on spot: an on-demand spare that later pods fill stays, at on-demand prices.
+    fn spare_for_gang(&self, opened: &[Opened]) -> Option<(usize, u64)> {
+        let o = opened.first()?;
+        let preferred = self.templates[o.template]
+            .offerings_in(o.mask & self.available[o.template])
+            .next()?;
+        if preferred.key.capacity_type != CapacityType::Spot
+            || self.room(&self.usage, o.template) == 0
+        {
+            return None;
+        }
+        let on_new: BTreeSet<usize> = self
+            .placed
+            .iter()
+            .filter(|(_, k)| !matches!(k, BinKind::Node(_)))
+            .map(|(p, _)| *p)
+            .collect();
+        let singles: i64 = self
+            .classes
+            .iter()
+            .filter(|c| c.gang.is_none() && c.tmask[o.template] & o.mask != 0)
+            .map(|c| {
+                c.remaining()
+                    + c.pods[..c.next]
+                        .iter()
+                        .filter(|p| on_new.contains(p))
+                        .count() as i64
+            })
+            .sum();
+        (singles > self.spares).then_some((o.template, o.mask))
     }
 
     fn run(&mut self) {
@@ -1100,8 +1193,11 @@ impl<'a> Packer<'a> {
         let class_of = self.reserved_classes();
         let mut reserved_for: Option<i32> = None;
         for (priority, _, u) in &units {
-            if !class_of.is_empty() && reserved_for != Some(*priority) {
-                self.place_reserved(*priority, &class_of);
+            if reserved_for != Some(*priority) {
+                self.place_singles_before_gangs(*priority);
+                if !class_of.is_empty() {
+                    self.place_reserved(*priority, &class_of);
+                }
                 reserved_for = Some(*priority);
             }
             match *u {

@@ -426,6 +426,104 @@ fn pods_go_back_to_the_in_flight_nodes_their_launch_was_for() {
     assert_eq!(targets["default/small"], "launch/l-small");
 }
 
+/// One A10G pool of 1- and 4-GPU nodes, spot, for the gang-and-single-pod tests.
+const A10G: &str = r#"
+zones: [us-east-1a, us-east-1b]
+pools:
+  - name: a10g
+    instanceTypes: [g5.xlarge, g5.12xlarge]
+    capacityTypes: [spot]
+    maxNodes: 20
+"#;
+
+fn spot(instance_type: &str, zone: &str) -> OfferingKey {
+    OfferingKey {
+        instance_type: instance_type.into(),
+        zone: zone.into(),
+        capacity_type: CapacityType::Spot,
+    }
+}
+
+#[test]
+fn a_gang_launched_while_a_single_pod_waits_for_a_new_node_gets_one_node_more() {
+    // The scheduler binds `serve` to the first node that has room for it; two times in three
+    // that is one of the gang's, and the gang would wait for another launch and boot.
+    let mut pods: Vec<Pod> = (0..2)
+        .map(|i| gpu_pod(&format!("w{i}"), 4).gang("train", 2).build())
+        .collect();
+    pods.push(gpu_pod("serve", 1).build());
+    let plan = run(&snap(pods.clone(), vec![]), A10G);
+    let gang = plan
+        .scale_ups
+        .iter()
+        .find(|s| s.gang.is_some())
+        .expect("a launch for the gang");
+    assert_eq!(first(gang).0, "g5.12xlarge");
+    assert_eq!(gang.count, 3, "{plan:?}");
+    assert_eq!(gang.pods_per_node, vec![1, 1, 0]);
+    let single = plan.scale_ups.iter().find(|s| s.gang.is_none()).unwrap();
+    assert_eq!((first(single).0, single.count), ("g5.xlarge", 1));
+
+    // Alone, the gang gets what it needs and no more.
+    let plan = run(&snap(pods[..2].to_vec(), vec![]), A10G);
+    assert_eq!(plan.scale_ups.len(), 1);
+    assert_eq!(plan.scale_ups[0].count, 2);
+}
+
+#[test]
+fn a_single_pod_is_expected_on_the_first_registered_node_of_a_gangs_launch() {
+    // The gang's launch was for two g5.12xlarge: one has registered (its GPUs are not
+    // advertised yet), the other is still booting; `serve`'s g5.xlarge is still booting too.
+    // `serve` will be bound to the registered node as soon as it advertises its GPUs, so the
+    // gang needs another node now.
+    let mut pods: Vec<Pod> = (0..2)
+        .map(|i| gpu_pod(&format!("w{i}"), 4).gang("train", 2).build())
+        .collect();
+    pods.push(gpu_pod("serve", 1).build());
+    let registered = NodeBuilder::new("g1")
+        .pool("a10g", "g5.12xlarge", "us-east-1b")
+        .label(labels::LAUNCH_ID, "l-gang")
+        .cpu_milli(47_000)
+        .memory_gib(180)
+        .created(Time(NOW.0 - 100_000))
+        .build();
+    let mut s = snap(pods, vec![registered]);
+    for (id, it, count) in [("l-gang", "g5.12xlarge", 1), ("l-serve", "g5.xlarge", 1)] {
+        s.in_flight.push(InFlight {
+            launch_id: id.into(),
+            pool: "a10g".into(),
+            offering: spot(it, "us-east-1b"),
+            count,
+            launched_at: Time(NOW.0 - 100_000),
+        });
+    }
+    s.planned.insert(
+        "l-gang".into(),
+        std::sync::Arc::new(vec![
+            vec!["default/w0".to_string()],
+            vec!["default/w1".to_string()],
+        ]),
+    );
+    s.planned.insert(
+        "l-serve".into(),
+        std::sync::Arc::new(vec![vec!["default/serve".to_string()]]),
+    );
+    let plan = run(&s, A10G);
+    let targets: BTreeMap<&str, &str> = plan
+        .existing_capacity
+        .iter()
+        .map(|p| (p.pod.as_str(), p.target.as_str()))
+        .collect();
+    assert_eq!(targets["default/serve"], "g1", "{plan:?}");
+    assert_eq!(plan.scale_ups.len(), 1, "{plan:?}");
+    let su = &plan.scale_ups[0];
+    assert_eq!(su.gang.as_deref(), Some("default/train"));
+    assert_eq!(
+        (first(su).0, first(su).1, su.count),
+        ("g5.12xlarge", "us-east-1b", 1)
+    );
+}
+
 #[test]
 fn chooses_the_cheapest_mix_of_sizes() {
     // Eight 1-GPU pods: eight g5.xlarge spot ($0.40 each) beat one g5.48xlarge ($6.52).
