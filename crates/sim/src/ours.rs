@@ -155,15 +155,63 @@ impl Strategy for Ours {
             });
             actions = self.core.resume(feedback);
         }
-        // When to look again: while pods wait, launches are short or instances boot, at the
-        // resync period; otherwise when a timer of the core runs out, or after a long idle.
+        // When to look again: while pods wait, launches are short, instances boot or nodes wait
+        // for a drain slot, at the resync period; otherwise when a timer of the core runs out,
+        // or after a long idle.
         let pending = self.core.last_plan().is_none_or(|p| {
             !p.scale_ups.is_empty() || p.unschedulable.iter().any(|u| !u.permanent)
         });
         let mut next = self.core.next_change(Time(now)).map(|t| t.0);
-        if pending || short || !world.unregistered().is_empty() {
+        if pending || short || self.core.scale_down_held() || !world.unregistered().is_empty() {
             next = Some(next.map_or(now + RESYNC, |t| t.min(now + RESYNC)));
         }
         self.next = Some(next.unwrap_or(now + IDLE_LOOK));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_node_autoscaler_core::catalog;
+
+    use crate::scenario::parse_scenario;
+    use crate::{engine, StrategyKind};
+
+    /// Six one-GPU nodes emptied together, two drains at a time, and a seventh busy for hours:
+    /// the nodes held back by `maxConcurrentDrains` go at the next resyncs, as the controller's
+    /// periodic pass removes them, not at the core's next timer (none here) or an idle look.
+    #[test]
+    fn nodes_held_back_for_a_drain_slot_go_at_the_next_resyncs() {
+        let text = "name: t\n\
+             timing: {bootMin: 60s, bootMax: 60s, devicePluginDelay: 30s}\n\
+             policy:\n\
+             \x20 clusterName: sim\n\
+             \x20 zones: [us-east-1a]\n\
+             \x20 maxConcurrentDrains: 2\n\
+             \x20 pools:\n\
+             \x20   - name: a10g\n\
+             \x20     instanceTypes: [g5.xlarge]\n\
+             \x20     capacityTypes: [on-demand]\n\
+             \x20     maxNodes: 10\n\
+             \x20     scaleDown: {unneededTime: 1m, cooldownAfterScaleUp: 1m}\n\
+             jobs:\n\
+             \x20 - name: short\n    arrival: 0s\n    duration: 10m\n    pods:\n\
+             \x20     - name: w\n        replicas: 6\n        requests: {cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}\n\
+             \x20 - name: long\n    arrival: 0s\n    duration: 3h\n    pods:\n\
+             \x20     - name: w\n        requests: {cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}\n";
+        let sc = parse_scenario(text, "t.yaml").unwrap();
+        let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
+        let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
+        let input = sc.into_input(catalog, None);
+        let mut s = StrategyKind::Ours.build(&input);
+        let m = engine::run(&input, s.as_mut());
+        assert_eq!((m.nodes_launched, m.nodes_removed), (7, 6));
+        // Each empty node waits its minute, the resync that sees it empty and at most two more
+        // (two drains a pass): 6 × 90 s at most. Passes only at the core's timers would leave
+        // four of them for another 10 minutes or more.
+        assert!(
+            m.idle_gpu_hours_empty <= 6.0 * 90.0 / 3600.0,
+            "{} GPU-hours empty",
+            m.idle_gpu_hours_empty
+        );
     }
 }

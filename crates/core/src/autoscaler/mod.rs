@@ -287,7 +287,7 @@ enum Stage {
     /// Launches asked for in round `round` of `plan`.
     Launching {
         round: u32,
-        plan: Plan,
+        plan: Box<Plan>,
         issued: Vec<Issued>,
     },
 }
@@ -492,6 +492,16 @@ impl Autoscaler {
         self.batch.deadline(idle, max)
     }
 
+    /// Whether the last pass kept nodes it would have removed but for `maxConcurrentDrains`:
+    /// once drains end, the next pass removes more of them. No timer says when, so a loop that
+    /// skips the passes which cannot change the decision ([`Autoscaler::next_change`]) must not
+    /// skip the next one.
+    pub fn scale_down_held(&self) -> bool {
+        self.last_plan
+            .as_ref()
+            .is_some_and(|p| p.held_for_drains > 0)
+    }
+
     /// The plan of the last finished pass.
     pub fn last_plan(&self) -> Option<&Plan> {
         self.last_plan.as_ref()
@@ -679,7 +689,7 @@ impl Autoscaler {
                 plan,
                 issued,
             } => {
-                self.after_launches(pass, round, plan, issued, feedback, &mut out);
+                self.after_launches(pass, round, *plan, issued, feedback, &mut out);
             }
         }
         out
@@ -900,7 +910,7 @@ impl Autoscaler {
         let waiting = issued.iter().any(|i| i.launched);
         pass.stage = Stage::Launching {
             round,
-            plan,
+            plan: Box::new(plan),
             issued,
         };
         if waiting {
@@ -914,7 +924,7 @@ impl Autoscaler {
             else {
                 unreachable!("set above")
             };
-            self.after_launches(pass, round, plan, issued, Vec::new(), out);
+            self.after_launches(pass, round, *plan, issued, Vec::new(), out);
         }
     }
 

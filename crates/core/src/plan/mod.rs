@@ -164,6 +164,10 @@ pub struct Plan {
     /// Every node unneeded now and since when: the controller keeps this in the node annotation
     /// `gpu-node-autoscaler.io/unneeded-since` and clears it from nodes not listed.
     pub unneeded: Vec<Unneeded>,
+    /// Nodes that every other rule lets go but that are kept for want of a drain slot
+    /// (`maxConcurrentDrains`): a pass after drains have ended removes them.
+    #[serde(skip)]
+    pub held_for_drains: usize,
     pub added_cost_per_hour: f64,
     /// Configuration problems met while planning (e.g. a pool naming an unknown instance type);
     /// the other pools still planned.
@@ -195,6 +199,7 @@ pub fn plan_with(snapshot: &Snapshot, templates: &Templates, policy: &Policy, no
     plan.scale_downs = down.scale_downs;
     plan.kept = down.kept;
     plan.unneeded = down.unneeded;
+    plan.held_for_drains = down.held_for_drains;
     plan.added_cost_per_hour = plan.scale_ups.iter().map(ScaleUp::cost_per_hour).sum();
     plan.warnings = warnings;
     plan

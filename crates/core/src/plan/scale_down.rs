@@ -42,6 +42,8 @@ pub(super) struct Outcome {
     pub scale_downs: Vec<ScaleDown>,
     pub kept: Vec<Kept>,
     pub unneeded: Vec<Unneeded>,
+    /// Candidates kept only because `maxConcurrentDrains` drains run or are planned.
+    pub held_for_drains: usize,
 }
 
 fn annotation_true(map: &BTreeMap<String, String>, keys: &[&str]) -> bool {
@@ -202,6 +204,7 @@ pub(super) fn scale_down(
         scale_downs: Vec::new(),
         kept: Vec::new(),
         unneeded: Vec::new(),
+        held_for_drains: 0,
     };
     let mut pods_on: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
     for p in &snapshot.pods {
@@ -381,6 +384,7 @@ pub(super) fn scale_down(
             continue;
         }
         if draining + out.scale_downs.len() as u32 >= policy.max_concurrent_drains {
+            out.held_for_drains += 1;
             out.kept.push(keep(format!(
                 "{} drains are already running or planned (maxConcurrentDrains {})",
                 draining + out.scale_downs.len() as u32,

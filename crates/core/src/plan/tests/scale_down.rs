@@ -351,6 +351,10 @@ fn never_below_min_and_at_most_max_concurrent_drains() {
     assert_eq!(p.scale_downs.len(), 2);
     assert_eq!(p.kept.len(), 2);
     assert!(p.kept[0].reason.contains("at its minimum of 2 nodes"));
+    assert_eq!(
+        p.held_for_drains, 0,
+        "kept for the minimum, not for a drain slot"
+    );
 
     // One drain already running (tainted), at most 2: one more.
     let mut nodes = nodes;
@@ -366,6 +370,8 @@ fn never_below_min_and_at_most_max_concurrent_drains() {
     let p = run(&snap(vec![], nodes), &text);
     assert_eq!(p.scale_downs.len(), 1);
     assert!(kept_reason(&p, "n3").contains("2 drains are already running or planned"));
+    // The three others wait for a drain slot only: a later pass removes them.
+    assert_eq!(p.held_for_drains, 3);
 }
 
 #[test]
