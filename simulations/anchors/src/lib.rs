@@ -2,6 +2,8 @@
 //! kube-apiserver, kube-controller-manager, kube-scheduler, kwok as the kubelets) once per
 //! autoscaler, one at a time, and measured alike from what the API server shows.
 //!
+//! Each workload pod is created by a controller (a Job, or a ReplicaSet for a Deployment's replica).
+//!
 //! - `gpu-node-autoscaler`: the `run` binary with the scenario's pools on its kwok provider, as its
 //!   ServiceAccount with the RBAC of `deploy/overlays/kwok`;
 //! - `karpenter`: Karpenter's kwok provider (`scripts/anchors.sh`), a NodePool per pool and the

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use gpu_node_autoscaler_core::model::Pod;
+use gpu_node_autoscaler_core::model::{OwnerKind, Pod};
 use gpu_node_autoscaler_provider::{CapacityType, Catalog};
 use gpu_node_autoscaler_sim::scenario::Scenario;
 use gpu_node_autoscaler_sim::CloudEvent;
@@ -146,9 +146,14 @@ impl Binaries {
 /// One pod of the workload, in wall time from the start of the replay.
 pub struct WorkPod {
     pub name: String,
+    /// Its controller: a Job, or a ReplicaSet for a Deployment's replica.
     pub object: Value,
+    /// `job/NAME` or `replicaset/NAME`, for kubectl.
+    pub resource: String,
     pub arrival: Duration,
     pub delete_at: Option<Duration>,
+    /// A ReplicaSet's: deleted once its pods have run this long in all.
+    pub run_for: Option<Duration>,
     pub gpus: i64,
 }
 
@@ -187,9 +192,39 @@ fn dns_name(s: &str) -> String {
     n.trim_matches(|c| c == '-' || c == '.').to_string()
 }
 
-/// The API object of a workload pod; an error for what kwok nodes of the two other products cannot
-/// offer (shared GPUs, MIG slices).
-fn pod_object(p: &Pod, name: &str, run: Option<Duration>) -> Result<Value> {
+/// The label that ties a workload's pods to it.
+const WORKLOAD: &str = "anchors.gpu-node-autoscaler.io/workload";
+
+/// The controller of one workload pod, as users run them (a bare Pod is one no autoscaler may
+/// drain): a `batch/v1` Job of one pod (completed by kwok after its run time), or for a
+/// Deployment's replica a ReplicaSet of one (deleted when its time is up). An error for what kwok
+/// nodes of the two other products cannot offer (shared GPUs, MIG slices, ResourceClaims).
+fn workload_object(p: &Pod, name: &str, run: Option<Duration>, replica_set: bool) -> Result<Value> {
+    let mut pod = pod_object(p, if replica_set { None } else { run })?;
+    pod["metadata"]["labels"][WORKLOAD] = json!(name);
+    let selector = json!({"matchLabels": {WORKLOAD: name}});
+    Ok(if replica_set {
+        pod["spec"]["restartPolicy"] = json!("Always");
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"replicas": 1, "selector": selector, "template": pod},
+        })
+    } else {
+        json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            // A pod evicted from a node being removed is a failure to the Job controller, which
+            // makes a new one (after its back-off, 10 s doubling, not scaled).
+            "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 1000, "template": pod},
+        })
+    })
+}
+
+/// The pod template of a workload pod.
+fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
     if p.share.is_some() {
         bail!(
             "pod {}: shared GPUs (aliyun.com/gpu-mem) cannot be replayed on kwok nodes",
@@ -268,9 +303,7 @@ fn pod_object(p: &Pod, name: &str, run: Option<Duration>) -> Result<Value> {
         annotations.insert(RUN_DURATION.into(), format!("{}ms", d.as_millis().max(1)));
     }
     Ok(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": p.labels.as_ref(), "annotations": annotations},
+        "metadata": {"labels": p.labels.as_ref(), "annotations": annotations},
         "spec": spec,
     }))
 }
@@ -289,17 +322,25 @@ impl Setup {
         for (i, wp) in s.pods.iter().enumerate() {
             let name = dns_name(&format!("{}-{i}", wp.pod.id.name));
             let run = wp.duration.map(wall);
-            let object = pod_object(&wp.pod, &name, run)?;
+            let replica_set = wp
+                .pod
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.kind == OwnerKind::ReplicaSet);
+            let object = workload_object(&wp.pod, &name, run, replica_set)?;
             let arrival = wall(wp.arrival);
             let delete_at = wp.deleted_at.map(wall);
             end = end
                 .max(arrival + run.unwrap_or_default())
                 .max(delete_at.unwrap_or_default());
             pods.push(WorkPod {
+                resource: format!("{}/{name}", if replica_set { "replicaset" } else { "job" }),
                 name,
                 object,
                 arrival,
                 delete_at,
+                // A replica runs until its ReplicaSet is deleted: once it has run its time.
+                run_for: run.filter(|_| replica_set),
                 gpus: wp.pod.requests.whole_gpus(),
             });
         }
@@ -424,8 +465,13 @@ struct NodeSeen {
 #[derive(Default)]
 struct PodSeen {
     created: Option<Duration>,
+    /// The first look that found one of its pods running.
     running: Option<Duration>,
     finished: Option<Duration>,
+    /// How long its pods ran in all (an evicted pod's replacement runs again), and whether one
+    /// ran at the last look.
+    ran: Duration,
+    running_at: Option<Duration>,
 }
 
 /// What one autoscaler did with one workload, in the scenario's time.
@@ -688,20 +734,24 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             )?;
             kubectl(&cluster, &["create", "-f", f.to_str().unwrap()])?;
         }
-        // Replicas removed (an HPA scaling in).
+        // Replicas removed (an HPA scaling in, or a replica that has run its time).
         let due: Vec<usize> = (0..next_create)
-            .filter(|&i| !deleted[i] && setup.pods[i].delete_at.is_some_and(|d| d <= now))
+            .filter(|&i| {
+                let w = &setup.pods[i];
+                !deleted[i]
+                    && (w.delete_at.is_some_and(|d| d <= now)
+                        || w.run_for.is_some_and(|r| pods[i].ran >= r))
+            })
             .collect();
         if !due.is_empty() {
             let mut args = vec![
                 "delete",
-                "pod",
                 "-n",
                 NAMESPACE,
                 "--wait=false",
                 "--ignore-not-found",
             ];
-            args.extend(due.iter().map(|&i| setup.pods[i].name.as_str()));
+            args.extend(due.iter().map(|&i| setup.pods[i].resource.as_str()));
             kubectl(&cluster, &args)?;
             for i in due {
                 deleted[i] = true;
@@ -734,7 +784,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             }
         };
         let mut present = std::collections::HashSet::new();
-        let mut pods_present = vec![false; setup.pods.len()];
+        let mut running_now = vec![false; setup.pods.len()];
         for o in v["items"].as_array().into_iter().flatten() {
             let name = o["metadata"]["name"].as_str().unwrap_or("").to_string();
             if o["kind"] == "Node" && name != SYSTEM_NODE {
@@ -771,14 +821,22 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 n.last = seen_at;
                 n.capacity_type = n.capacity_type.or(ct);
                 n.gpus = n.gpus.max(gpus);
-            } else if let (true, Some(&i)) = (o["kind"] == "Pod", index.get(name.as_str())) {
-                pods_present[i] = true;
+            } else if let (true, Some(&i)) = (
+                o["kind"] == "Pod",
+                o["metadata"]["labels"][WORKLOAD]
+                    .as_str()
+                    .and_then(|w| index.get(w)),
+            ) {
                 let phase = o["status"]["phase"].as_str().unwrap_or("");
                 let p = &mut pods[i];
-                if phase == "Running" || phase == "Succeeded" || phase == "Failed" {
+                if phase == "Running" || phase == "Succeeded" {
                     p.running.get_or_insert(seen_at);
                 }
-                if phase == "Succeeded" || phase == "Failed" {
+                if phase == "Running" && o["metadata"]["deletionTimestamp"].is_null() {
+                    running_now[i] = true;
+                }
+                // A Job's pod that completed ends the Job (an evicted one is replaced).
+                if phase == "Succeeded" {
                     p.finished.get_or_insert(seen_at);
                 }
             }
@@ -788,11 +846,14 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 n.gone = true;
             }
         }
-        // A pod that is gone (its Node deleted under it, and the pod garbage collector removed
-        // it) has stopped using its GPUs.
         for (i, p) in pods.iter_mut().enumerate().take(next_create) {
-            if !pods_present[i] && p.created.is_some_and(|c| c < seen_at) {
-                p.finished.get_or_insert(seen_at);
+            if running_now[i] && p.finished.is_none() {
+                if let Some(t) = p.running_at {
+                    p.ran += seen_at.saturating_sub(t);
+                }
+                p.running_at = Some(seen_at);
+            } else {
+                p.running_at = None;
             }
         }
         let all_done = next_create == setup.pods.len() && pods.iter().all(|p| p.finished.is_some());
@@ -837,9 +898,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
     let pod_gpu_s: f64 = pods
         .iter()
         .zip(&setup.pods)
-        .filter_map(|(p, w)| {
-            Some(model(p.finished.unwrap_or(end).saturating_sub(p.running?)) * w.gpus as f64)
-        })
+        .map(|(p, w)| model(p.ran) * w.gpus as f64)
         .sum();
     let first_pod = pods.iter().filter_map(|p| p.created).min();
     let first_node = nodes.values().map(|n| n.first).min();
@@ -979,6 +1038,40 @@ mod tests {
         let i = out.find("name: node-initialize").unwrap();
         assert!(out[i..].contains("spec:\n  delay:\n    durationMilliseconds: 4500\n"));
         assert!(with_node_delay("kind: Stage\n", Duration::ZERO).is_err());
+    }
+
+    /// Each workload pod is owned by a controller, as users run them: the Cluster Autoscaler
+    /// drains no node with a bare Pod, and our consolidation moves only controller-owned pods.
+    #[test]
+    fn workload_pods_are_owned_by_a_job_or_a_replica_set() {
+        let text = std::fs::read_to_string(
+            Path::new(REPO).join("simulations/scenarios/bursty-inference-hpa.yaml"),
+        )
+        .unwrap();
+        let s = gpu_node_autoscaler_sim::scenario::parse_scenario(&text, "b.yaml").unwrap();
+        let job = s
+            .pods
+            .iter()
+            .find(|w| w.pod.owner.as_ref().unwrap().kind == OwnerKind::Job)
+            .unwrap();
+        let o = workload_object(&job.pod, "j-0", Some(Duration::from_secs(30)), false).unwrap();
+        assert_eq!(o["kind"], "Job");
+        let t = &o["spec"]["template"];
+        assert_eq!(t["metadata"]["labels"][WORKLOAD], "j-0");
+        assert_eq!(t["metadata"]["annotations"][RUN_DURATION], "30000ms");
+        assert_eq!(t["spec"]["restartPolicy"], "Never");
+        let replica = s
+            .pods
+            .iter()
+            .find(|w| w.pod.owner.as_ref().unwrap().kind == OwnerKind::ReplicaSet)
+            .unwrap();
+        let o = workload_object(&replica.pod, "r-0", Some(Duration::from_secs(30)), true).unwrap();
+        assert_eq!(o["kind"], "ReplicaSet");
+        assert_eq!(o["spec"]["selector"]["matchLabels"][WORKLOAD], "r-0");
+        let t = &o["spec"]["template"];
+        assert_eq!(t["metadata"]["labels"][WORKLOAD], "r-0");
+        assert!(t["metadata"]["annotations"][RUN_DURATION].is_null());
+        assert_eq!(t["spec"]["restartPolicy"], "Always");
     }
 
     #[test]
