@@ -91,14 +91,13 @@ impl Binaries {
                         );
                     }
                     // Its disruption timers are constants; the harness's build divides them by
-                    // GNA_TIME_SCALE and marks the binary so (scripts/anchors.sh).
-                    if !anchors_bin()?.join(".karpenter-waits-scaled").is_file() {
-                        bail!(
-                            "{} was built without its disruption timers scaled by the time scale: \
-                             `bash scripts/anchors.sh karpenter` builds it again",
-                            k.display()
-                        );
-                    }
+                    // GNA_TIME_SCALE (scripts/anchors.sh).
+                    require_scaled(
+                        &k,
+                        ".karpenter-waits-scaled",
+                        "disruption timers",
+                        "karpenter",
+                    )?;
                     b.versions
                         .insert("karpenter", script_value("anchors.sh", "KARPENTER_VERSION"));
                     b.karpenter = Some((k, crds));
@@ -119,17 +118,13 @@ impl Binaries {
                         );
                     }
                     // Its two scale-up holds are constants; the harness's build divides them by
-                    // GNA_TIME_SCALE and marks the binary so (scripts/anchors.sh).
-                    if !anchors_bin()?
-                        .join(".cluster-autoscaler-holds-scaled")
-                        .is_file()
-                    {
-                        bail!(
-                            "{} was built without its scale-up holds scaled by the time scale: \
-                             `bash scripts/anchors.sh cluster-autoscaler` builds it again",
-                            c.display()
-                        );
-                    }
+                    // GNA_TIME_SCALE (scripts/anchors.sh).
+                    require_scaled(
+                        &c,
+                        ".cluster-autoscaler-holds-scaled",
+                        "scale-up holds",
+                        "cluster-autoscaler",
+                    )?;
                     b.versions.insert(
                         "cluster-autoscaler",
                         script_value("anchors.sh", "CA_VERSION"),
@@ -141,6 +136,19 @@ impl Binaries {
         }
         Ok(b)
     }
+}
+
+/// A product's binary must be the harness's build, whose hard-coded timers read the time scale:
+/// `scripts/anchors.sh` marks it with a stamp file beside it.
+fn require_scaled(bin: &Path, stamp: &str, timers: &str, script_arg: &str) -> Result<()> {
+    if !bin.with_file_name(stamp).is_file() {
+        bail!(
+            "{} was built without its {timers} scaled by the time scale: \
+             `bash scripts/anchors.sh {script_arg}` builds it again",
+            bin.display()
+        );
+    }
+    Ok(())
 }
 
 /// One pod of the workload, in wall time from the start of the replay.
@@ -1072,6 +1080,23 @@ mod tests {
         assert_eq!(t["metadata"]["labels"][WORKLOAD], "r-0");
         assert!(t["metadata"]["annotations"][RUN_DURATION].is_null());
         assert_eq!(t["spec"]["restartPolicy"], "Always");
+    }
+
+    #[test]
+    fn a_product_built_without_its_timers_scaled_is_refused() {
+        let dir = std::env::temp_dir().join(format!("gna-anchors-stamp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("karpenter-kwok");
+        std::fs::write(&bin, "").unwrap();
+        let e = require_scaled(&bin, ".stamp", "disruption timers", "karpenter").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("without its disruption timers scaled by the time scale: `bash scripts/anchors.sh karpenter`"),
+            "{e}"
+        );
+        std::fs::write(dir.join(".stamp"), "").unwrap();
+        require_scaled(&bin, ".stamp", "disruption timers", "karpenter").unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
