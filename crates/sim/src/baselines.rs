@@ -357,14 +357,36 @@ const CA_BACKOFF_RESET: Ms = 3 * 60 * MINUTE;
 /// How long a registered node that is not ready counts as still starting (`NotStarted`).
 const CA_MAX_NODE_STARTUP: Ms = 15 * MINUTE;
 
+/// The Cluster Autoscaler's one set of scale-down settings for the whole cluster: the smallest
+/// of the pools' (none without pools).
+fn ca_scale_down(policy: &Policy) -> Option<crate::policy::ScaleDown> {
+    let mut pools = policy.pools.iter().map(|p| &p.scale_down);
+    let first = pools.next()?.clone();
+    Some(pools.fold(first, |mut g, s| {
+        g.cooldown_after_scale_up = g.cooldown_after_scale_up.min(s.cooldown_after_scale_up);
+        g.unneeded_time = g.unneeded_time.min(s.unneeded_time);
+        g.backoff_after_failure = g.backoff_after_failure.min(s.backoff_after_failure);
+        g.utilization_threshold = g.utilization_threshold.min(s.utilization_threshold);
+        g
+    }))
+}
+
 impl CaLike {
     pub fn new(input: &SimInput) -> CaLike {
-        // The Cluster Autoscaler's own scale-down settings, whatever the policy says.
+        // The Cluster Autoscaler's scale-down flags are global: each takes the smallest of the
+        // pools' settings, as `anchors` passes them to the real one
+        // (`--scale-down-unneeded-time`, `--scale-down-delay-after-add`,
+        // `--scale-down-delay-after-failure`, `--scale-down-utilization-threshold`). It has no
+        // separate time for empty nodes.
         let mut policy = input.policy.clone();
-        for p in &mut policy.pools {
-            p.scale_down.cooldown_after_scale_up = std::time::Duration::from_secs(600);
-            p.scale_down.unneeded_time = std::time::Duration::from_secs(600);
-            p.scale_down.utilization_threshold = 0.5;
+        if let Some(global) = ca_scale_down(&policy) {
+            for p in &mut policy.pools {
+                p.scale_down.cooldown_after_scale_up = global.cooldown_after_scale_up;
+                p.scale_down.unneeded_time = global.unneeded_time;
+                p.scale_down.empty_unneeded_time = global.unneeded_time;
+                p.scale_down.backoff_after_failure = global.backoff_after_failure;
+                p.scale_down.utilization_threshold = global.utilization_threshold;
+            }
         }
         CaLike {
             templates: plan::Templates::new(&policy, &available_catalog(input)),
@@ -668,6 +690,15 @@ impl KarpenterLike {
     }
 }
 
+/// A NodePool's `consolidateAfter`: its pool's `scaleDown.unneededTime`, as `anchors` configures
+/// the real Karpenter (the policy's default without a pool).
+fn consolidate_after(pool: Option<&crate::policy::Pool>) -> Ms {
+    let t = pool.map_or(crate::policy::defaults::UNNEEDED_TIME, |p| {
+        p.scale_down.unneeded_time
+    });
+    t.as_millis() as Ms
+}
+
 /// A node claim being filled: the templates still possible and the pods on it.
 struct Claim {
     options: Vec<usize>,
@@ -902,7 +933,8 @@ impl Strategy for KarpenterLike {
             let count = n.pool().map_or(0, |p| {
                 pool_nodes(&snapshot, p) - removed.get(p).copied().unwrap_or(0)
             });
-            if now - since >= 30 * SECOND && count > min {
+            let after = consolidate_after(pool);
+            if now - since >= after && count > min {
                 world.drain_and_remove(&n.name);
                 emptied.insert(n.name.clone());
                 self.empty_since.remove(&n.name);
@@ -910,7 +942,7 @@ impl Strategy for KarpenterLike {
                     *removed.entry(p.to_string()).or_insert(0) += 1;
                 }
             } else {
-                let at = since + 30 * SECOND;
+                let at = since + after;
                 soonest = Some(soonest.map_or(at, |s: Ms| s.min(at)));
             }
         }
@@ -1083,8 +1115,9 @@ impl KarpenterLike {
             if e.0 != ids {
                 *e = (ids, now);
             }
-            if now - e.1 < 30 * SECOND {
-                let at = e.1 + 30 * SECOND;
+            let after = consolidate_after(n.pool().and_then(|p| self.policy.pool(p)));
+            if now - e.1 < after {
+                let at = e.1 + after;
                 *soonest = Some(soonest.map_or(at, |s: Ms| s.min(at)));
                 continue;
             }

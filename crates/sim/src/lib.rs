@@ -19,6 +19,8 @@ pub mod scenario;
 pub mod trace;
 
 #[cfg(test)]
+mod baseline_tests;
+#[cfg(test)]
 mod spot_tests;
 #[cfg(test)]
 use gpu_node_autoscaler_core::catalog;

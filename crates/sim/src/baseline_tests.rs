@@ -1,0 +1,59 @@
+//! The baselines take the policy's scale-down times as `anchors` configures the real products:
+//! the Cluster Autoscaler the smallest of the pools' (its flags are global), Karpenter each
+//! pool's `unneededTime` as its NodePool's `consolidateAfter`.
+
+use gpu_node_autoscaler_core::catalog;
+
+use crate::scenario::parse_scenario;
+use crate::{engine, SimInput, StrategyKind};
+
+/// One A10G pool whose nodes are unneeded after `unneeded`; two Job pods of one GPU run one hour
+/// on a g5.xlarge from 0 s and three hours on a g5.2xlarge from 10 m (6 CPUs: it fits no g5.xlarge, so Karpenter
+/// cannot consolidate it onto the emptied node; the run ends with the last pod).
+fn input(unneeded: &str) -> SimInput {
+    let text = format!(
+        "name: t\n\
+         timing: {{bootMin: 60s, bootMax: 60s, devicePluginDelay: 30s}}\n\
+         policy:\n\
+         \x20 clusterName: sim\n\
+         \x20 zones: [us-east-1a]\n\
+         \x20 pools:\n\
+         \x20   - name: a10g\n\
+         \x20     instanceTypes: [g5.xlarge, g5.2xlarge]\n\
+         \x20     capacityTypes: [on-demand]\n\
+         \x20     maxNodes: 10\n\
+         \x20     scaleDown: {{unneededTime: {unneeded}, cooldownAfterScaleUp: 3m}}\n\
+         jobs:\n\
+         \x20 - name: short\n    arrival: 0s\n    duration: 1h\n    pods:\n\
+         \x20     - name: w\n        requests: {{cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}}\n\
+         \x20 - name: long\n    arrival: 10m\n    duration: 3h\n    pods:\n\
+         \x20     - name: w\n        requests: {{cpu: \"6\", memory: 8Gi, nvidia.com/gpu: 1}}\n"
+    );
+    let sc = parse_scenario(&text, "t.yaml").unwrap();
+    let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
+    let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
+    sc.into_input(catalog, None)
+}
+
+/// Minutes the short pod's node stays empty after it ends.
+fn empty_minutes(unneeded: &str, k: StrategyKind) -> f64 {
+    let input = input(unneeded);
+    let mut s = k.build(&input);
+    let m = engine::run(&input, s.as_mut());
+    assert_eq!(m.pods_never_placed, 0);
+    m.idle_gpu_hours_empty * 60.0
+}
+
+#[test]
+fn the_baselines_remove_an_empty_node_after_the_pools_unneeded_time() {
+    for k in [StrategyKind::CaLike, StrategyKind::KarpenterLike] {
+        for (unneeded, minutes) in [("3m", 3.0), ("20m", 20.0)] {
+            let got = empty_minutes(unneeded, k);
+            // Within the Cluster Autoscaler's 10 s scan and Karpenter's batching.
+            assert!(
+                (got - minutes).abs() <= 0.5,
+                "{k:?} with unneededTime {unneeded}: empty for {got:.2} minutes"
+            );
+        }
+    }
+}
