@@ -8,8 +8,11 @@
 //!
 //! A move pays off when, over the pods' expected remaining run time (taken as the time they have
 //! run so far, at least `consolidateAfter`), the saving exceeds what the old and new nodes cost
-//! during `restartCost` (the work a moved pod loses: restart, reload, the new node's boot), and
-//! the saving is at least `minSaving` of what the old nodes cost.
+//! during `restartCost` (the work a moved pod loses: restart, reload, the new node's boot) plus
+//! what the nodes that stay and take moved pods cost for as long as those pods are expected to
+//! outlast the nodes' own pods (a four-GPU node whose gang ends in half an hour, kept for hours
+//! by a one-GPU server moved onto its room, costs more than the one-GPU node it saved), and the
+//! saving is at least `minSaving` of what the old nodes cost.
 //!
 //! A node is a candidate when it is a ready, schedulable node of the pool older than
 //! `consolidateAfter`; has pods to move (empty nodes are scale-down's); every pod on it is
@@ -59,6 +62,10 @@ pub struct Consolidation {
     pub offerings: Vec<gpu_node_autoscaler_provider::OfferingKey>,
     /// The pods' expected remaining run time the saving was weighed over.
     pub horizon: Duration,
+    /// What the nodes that take moved pods cost for the time those pods are expected to keep
+    /// them beyond their own pods (a big node whose job ends soon, kept for a small pod that runs
+    /// on): charged against the saving.
+    pub kept_longer_usd: f64,
 }
 
 impl Consolidation {
@@ -73,9 +80,17 @@ impl Consolidation {
         } else {
             self.launches.join(", ")
         };
+        let kept = if self.kept_longer_usd > 0.0 {
+            format!(
+                "; nodes that take them are kept longer, for ${:.2}",
+                self.kept_longer_usd
+            )
+        } else {
+            String::new()
+        };
         format!(
             "{} pod(s) on {} node(s) ({}) at ${:.2}/h fit {} at ${:.2}/h: saves ${:.2}/h \
-             ({:.0}%) over an expected {} more",
+             ({:.0}%) over an expected {} more{kept}",
             self.pods.len(),
             self.nodes.len(),
             self.nodes.join(", "),
@@ -352,15 +367,32 @@ fn evaluate(
             });
         }
     }
+    // A pod is expected to run as long again as it has run, at least `consolidateAfter`.
+    let expected = |p: &Pod| {
+        now.since(p.started.unwrap_or(p.created))
+            .max(cfg.consolidate_after)
+    };
     let mut moved = Vec::new();
     let mut ages = Vec::new();
+    let mut moved_expected: BTreeMap<String, Duration> = BTreeMap::new();
+    // How long each node that stays is expected to be kept by its own pods.
+    let mut kept_for: BTreeMap<&str, Duration> = BTreeMap::new();
     for p in &mut scratch.pods {
-        let on_set = p.node_name.as_deref().is_some_and(|n| nodes.contains(n));
-        if on_set && p.is_bound_active() && !dies_with_node(p) {
+        let Some(node) = p.node_name.clone() else {
+            continue;
+        };
+        if !p.is_bound_active() || dies_with_node(p) {
+            continue;
+        }
+        if nodes.contains(node.as_str()) {
             moved.push(p.id.to_string());
             ages.push(now.since(p.started.unwrap_or(p.created)));
+            moved_expected.insert(p.id.to_string(), expected(p));
             p.node_name = None;
             p.phase = PodPhase::Pending;
+        } else if let Some(n) = snapshot.nodes.iter().find(|n| n.name == node) {
+            let e = kept_for.entry(n.name.as_str()).or_default();
+            *e = (*e).max(expected(p));
         }
     }
     let (plan, _, _) = pack::scale_up(&scratch, templates, policy, now);
@@ -387,6 +419,25 @@ fn evaluate(
         .collect();
     ages.sort();
     let horizon = ages[ages.len() / 2].max(cfg.consolidate_after);
+    let hours = |d: Duration| d.as_secs_f64() / 3600.0;
+    // Moved pods that outlast a staying node's own pods keep it (its whole price) that much
+    // longer.
+    let mut longest: BTreeMap<&str, Duration> = BTreeMap::new();
+    for pl in &plan.existing_capacity {
+        if let Some(e) = moved_expected.get(&pl.pod) {
+            let l = longest.entry(pl.target.as_str()).or_default();
+            *l = (*l).max(*e);
+        }
+    }
+    let kept_longer_usd: f64 = longest
+        .iter()
+        .filter_map(|(target, &e)| {
+            let n = snapshot.nodes.iter().find(|n| n.name == *target)?;
+            let own = kept_for.get(target).copied().unwrap_or_default();
+            let template = template_of_node(n, templates).map(|ti| &templates[ti]);
+            Some(price_of(n, template) * hours(e.saturating_sub(own)))
+        })
+        .sum();
     let c = Consolidation {
         pool: pool.name.clone(),
         nodes: nodes.iter().map(|s| s.to_string()).collect(),
@@ -396,6 +447,7 @@ fn evaluate(
         launches,
         offerings,
         horizon,
+        kept_longer_usd,
     };
     let saving = c.saving_per_hour();
     if saving < cfg.min_saving * old_per_hour {
@@ -407,12 +459,12 @@ fn evaluate(
             cfg.min_saving * 100.0
         ));
     }
-    let hours = |d: Duration| d.as_secs_f64() / 3600.0;
     let move_cost = (old_per_hour + new_per_hour) * hours(cfg.restart_cost);
-    let net = saving * hours(horizon) - move_cost;
+    let net = saving * hours(horizon) - move_cost - kept_longer_usd;
     if net < 0.0 {
         return Err(format!(
-            "saving ${saving:.2}/h over an expected {} does not pay for moving (${move_cost:.2})",
+            "saving ${saving:.2}/h over an expected {} does not pay for moving (${move_cost:.2}) \
+             and for keeping the nodes that take the pods longer (${kept_longer_usd:.2})",
             crate::policy::duration::format_duration(horizon)
         ));
     }

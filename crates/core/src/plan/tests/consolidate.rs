@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::model::{OwnerKind, Pdb};
+use crate::model::{Node, OwnerKind, Pdb};
 use crate::plan::consolidate::{consolidate, Consolidation};
 
 const MIN: Duration = Duration::from_secs(60);
@@ -164,27 +164,67 @@ fn a_move_must_pay_for_the_work_it_loses() {
     assert!(run_consolidate(&s, &cheap_moves).is_ok());
 }
 
+/// A g4dn.12xlarge (4 GPUs, $3.912/h) of the pool, four hours old.
+fn big_t4_node(name: &str) -> Node {
+    NodeBuilder::new(name)
+        .pool("t4", "g4dn.12xlarge", "us-east-1a")
+        .label(labels::CAPACITY_TYPE, "on-demand")
+        .cpu_milli(47_000)
+        .memory_gib(180)
+        .gpus(4)
+        .created(NOW - 240 * MIN)
+        .build()
+}
+
 #[test]
 fn pods_that_fit_the_room_of_nodes_that_stay_need_no_launch() {
     // A 4-GPU node with 3 free GPUs takes the pods of three small nodes: nothing is launched.
     let mut s = four_alone(server);
     s.nodes.retain(|n| n.name != "n4");
     s.pods.retain(|p| p.node_name.as_deref() != Some("n4"));
-    s.nodes.push(
-        NodeBuilder::new("big")
-            .pool("t4", "g4dn.12xlarge", "us-east-1a")
-            .label(labels::CAPACITY_TYPE, "on-demand")
-            .cpu_milli(47_000)
-            .memory_gib(180)
-            .gpus(4)
-            .created(NOW - 240 * MIN)
-            .build(),
-    );
+    s.nodes.push(big_t4_node("big"));
     s.pods.push(server("busy", "big").build());
     let c = run_consolidate(&s, POLICY).unwrap();
     assert_eq!(c.nodes, ["n1", "n2", "n3"]);
     assert!(c.launches.is_empty());
     assert_eq!(c.new_per_hour, 0.0);
+}
+
+/// One small node's long-running pod, and a 4-GPU node with room for one more whose own three
+/// pods started `big_pod_age` ago (replacing it by three small nodes saves less than
+/// `minSaving`).
+fn small_beside_big(big_pod_age: Duration) -> Snapshot {
+    let mut s = four_alone(server);
+    s.nodes.retain(|n| n.name == "n1");
+    s.pods.retain(|p| p.node_name.as_deref() == Some("n1"));
+    s.nodes.push(big_t4_node("big"));
+    for i in 0..3 {
+        s.pods.push(
+            server(&format!("train-{i}"), "big")
+                .created(NOW - big_pod_age)
+                .build(),
+        );
+    }
+    s
+}
+
+#[test]
+fn room_on_a_node_its_own_pods_leave_soon_is_not_free() {
+    // The pod on n1 has run 3 h, so it is expected to run 3 h more; the 4-GPU node's own pods
+    // started 5 minutes ago (expected: consolidateAfter, 30 m). Moving onto its room would keep
+    // the $3.91/h node 2.5 h longer ($9.78) to save the $1.20/h one: no move.
+    let s = small_beside_big(5 * MIN);
+    let why = run_consolidate(&s, POLICY).unwrap_err();
+    assert!(
+        why.contains("keeping the nodes that take the pods longer ($9.78)"),
+        "{why}"
+    );
+    // When the big node's own pods have run as long, it stays anyway: the room is free.
+    let s = small_beside_big(180 * MIN);
+    let c = run_consolidate(&s, POLICY).unwrap();
+    assert_eq!(c.nodes, ["n1"]);
+    assert!(c.launches.is_empty());
+    assert_eq!(c.kept_longer_usd, 0.0);
 }
 
 #[test]
