@@ -900,9 +900,9 @@ impl World {
             && (!p.needs_devices() || self.allocation(p, ni, &n.taken).is_some())
     }
 
-    /// kube-scheduler-like pass: binds pending pods first-fit over nodes in creation order;
-    /// a gang's pending members are bound together or not at all (coscheduling). Returns whether
-    /// any pod was newly found unschedulable.
+    /// kube-scheduler-like pass: each pending pod is bound to the feasible node its default
+    /// scoring prefers ([`score`]); a gang's pending members are bound together or not at all
+    /// (coscheduling). Returns whether any pod was newly found unschedulable.
     fn schedule(&mut self) -> bool {
         if !self.dirty {
             return false;
@@ -924,11 +924,18 @@ impl World {
             }
             // A pod that failed before can only fit where capacity grew since.
             let candidates = if fresh.contains(&i) { &live } else { &grown };
-            match candidates
-                .iter()
-                .copied()
-                .find(|&n| self.fits(&self.pods[i].pod, n))
-            {
+            let pod = &self.pods[i].pod;
+            let feasible = candidates.iter().copied().filter(|&n| self.fits(pod, n));
+            let best = best_scored(
+                feasible.map(|n| {
+                    (
+                        n,
+                        score(pod, &self.nodes[n].node.allocatable, &self.nodes[n].free),
+                    )
+                }),
+                live.len(),
+            );
+            match best {
                 Some(n) => self.bind(i, n),
                 None => {
                     if !self.pods[i].pod.unschedulable {
@@ -963,7 +970,7 @@ impl World {
                 let mut scratch: BTreeMap<usize, Scratch> = BTreeMap::new();
                 for &i in &members {
                     let p = &self.pods[i].pod;
-                    let found = live.iter().copied().find_map(|n| {
+                    let feasible = live.iter().copied().filter_map(|n| {
                         let node = &self.nodes[n];
                         let (free, shared, taken) = scratch.get(&n).cloned().unwrap_or_else(|| {
                             (
@@ -984,9 +991,10 @@ impl World {
                         if !fits {
                             return None;
                         }
-                        self.allocation(p, n, &taken).map(|a| (n, a))
+                        let a = self.allocation(p, n, &taken)?;
+                        Some(((n, a), score(p, &node.node.allocatable, &free)))
                     });
-                    let Some((n, allocated)) = found else {
+                    let Some((n, allocated)) = best_scored(feasible, live.len()) else {
                         plan.clear();
                         break;
                     };
@@ -1240,6 +1248,48 @@ impl World {
 const QUIET_HORIZON: Ms = HOUR;
 
 /// Runs one strategy over the input. Deterministic for the same input and seed.
+/// How many feasible nodes kube-scheduler looks for before it scores them
+/// (`numFeasibleNodesToFind`, default `percentageOfNodesToScore`): every node up to 100, else an
+/// adaptive share (50 % less 1 % per 125 nodes, at least 5 %), at least 100.
+fn feasible_nodes_to_find(nodes: usize) -> usize {
+    if nodes < 100 {
+        return nodes.max(1);
+    }
+    let percent = (50 - (nodes / 125) as i64).max(5) as usize;
+    (nodes * percent / 100).max(100)
+}
+
+/// kube-scheduler's default scores that depend on the node's resources, both of weight 1
+/// (`NodeResourcesFit` with `LeastAllocated` and `NodeResourcesBalancedAllocation`, on CPU and
+/// memory; GPUs are not among the scored resources by default): a pod goes to the node that
+/// would have the most CPU and memory left, in balance. The other default scores (affinity,
+/// topology spread, image locality) are level for the simulator's pods.
+fn score(p: &Pod, allocatable: &Resources, free: &Resources) -> f64 {
+    let share = |alloc: i64, free: i64, req: i64| {
+        if alloc <= 0 {
+            return 1.0;
+        }
+        (((alloc - free) + req) as f64 / alloc as f64).clamp(0.0, 1.0)
+    };
+    let cpu = share(allocatable.cpu_milli, free.cpu_milli, p.requests.cpu_milli);
+    let mem = share(allocatable.memory, free.memory, p.requests.memory);
+    let least = ((1.0 - cpu) + (1.0 - mem)) / 2.0 * 100.0;
+    let balanced = (1.0 - (cpu - mem).abs() / 2.0) * 100.0;
+    least + balanced
+}
+
+/// The best-scored of the feasible nodes kube-scheduler looks at (the first found among equals;
+/// it picks among equals at random).
+fn best_scored<T>(feasible: impl Iterator<Item = (T, f64)>, nodes: usize) -> Option<T> {
+    let mut best: Option<(T, f64)> = None;
+    for (t, s) in feasible.take(feasible_nodes_to_find(nodes)) {
+        if best.as_ref().is_none_or(|(_, b)| s > *b) {
+            best = Some((t, s));
+        }
+    }
+    best.map(|(t, _)| t)
+}
+
 pub fn run(input: &SimInput, strategy: &mut dyn Strategy) -> Metrics {
     run_with_progress(input, strategy, &mut |_| {})
 }
@@ -1379,3 +1429,6 @@ pub fn run_with_progress(
 #[cfg(test)]
 #[path = "engine_dra_tests.rs"]
 mod dra_tests;
+#[cfg(test)]
+#[path = "engine_scheduler_tests.rs"]
+mod scheduler_tests;

@@ -52,7 +52,7 @@ const PLAIN_JOB: &str = "  - name: plain\n    arrival: 0s\n    duration: 30m\n  
 
 /// Handles every event up to `t`, scheduling after each instant, as `run` does without a
 /// strategy.
-fn run_until(w: &mut World, t: Ms) {
+pub(super) fn run_until(w: &mut World, t: Ms) {
     while let Some(at) = w.next_event_time().filter(|&at| at <= t) {
         w.advance(at);
         while w.next_event_time() == Some(w.now) {
@@ -67,11 +67,23 @@ fn run_until(w: &mut World, t: Ms) {
 
 /// Launches one node of `pool` (its first offering).
 fn launch(w: &mut World, pool: &str) {
+    launch_where(w, pool, |_| true);
+}
+
+/// Launches one node of `pool`'s first offering that `wanted` accepts.
+pub(super) fn launch_where(
+    w: &mut World,
+    pool: &str,
+    wanted: impl Fn(&gpu_node_autoscaler_provider::OfferingKey) -> bool,
+) {
     let key = w
         .templates()
         .iter()
-        .find(|t| t.pool_name == pool)
-        .map(|t| t.offerings[0].key.clone())
+        .filter(|t| t.pool_name == pool)
+        .flat_map(|t| &t.offerings)
+        .map(|o| &o.key)
+        .find(|k| wanted(k))
+        .cloned()
         .unwrap();
     let req = LaunchRequest {
         launch_id: format!("test-{pool}-{}", w.instances.len()),
