@@ -946,9 +946,10 @@ impl Strategy for KarpenterLike {
                 soonest = Some(soonest.map_or(at, |s: Ms| s.min(at)));
             }
         }
-        if pending.is_empty() && !waiting {
-            self.consolidate_underutilized(world, &snapshot, &removed, emptied, &mut soonest);
-        }
+        // Karpenter consolidates while pods wait too: its scheduling simulation places the
+        // pending pods with the candidates' (`SimulateScheduling`), and only the candidates' pods
+        // must all get a place (`AllNonPendingPodsScheduled`).
+        self.consolidate_underutilized(world, &snapshot, &pending, &removed, emptied, &mut soonest);
         if waiting {
             self.next = Some(now + 10 * SECOND);
         }
@@ -1087,6 +1088,7 @@ impl KarpenterLike {
         &mut self,
         world: &mut World,
         snapshot: &Snapshot,
+        pending: &[&Pod],
         removed: &BTreeMap<String, i64>,
         mut gone: std::collections::BTreeSet<String>,
         soonest: &mut Option<Ms>,
@@ -1146,6 +1148,10 @@ impl KarpenterLike {
         candidates.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.name.cmp(&b.1.name)));
         let templates = world.templates().to_vec();
         let mut rooms = rooms(snapshot, &templates, &self.devices);
+        // The pending pods that fit a node take its room first.
+        for p in pending {
+            let _ = rooms.iter_mut().any(|r| r.take(p));
+        }
         let mut disrupted: BTreeMap<String, i64> = removed.clone();
         for r in self.replacing.iter().filter(|r| r.drained.is_none()) {
             *disrupted.entry(r.pool.clone()).or_default() += 1;
