@@ -620,8 +620,8 @@ impl Converter {
         Ok(Node {
             conditions,
             name: raw.metadata.name.clone(),
-            labels: raw.metadata.labels,
-            annotations: raw.metadata.annotations,
+            labels: Arc::new(raw.metadata.labels),
+            annotations: Arc::new(raw.metadata.annotations),
             taints,
             allocatable,
             shared_gpus,

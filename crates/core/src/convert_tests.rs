@@ -968,7 +968,7 @@ fn node_fields() {
     assert_eq!(n.pool(), Some("a10g"));
     assert_eq!(n.instance_type(), Some("g5.12xlarge"));
     assert_eq!(n.zone(), Some("us-east-1a"));
-    assert_eq!(n.annotations, labels(&[("a", "b")]));
+    assert_eq!(*n.annotations, labels(&[("a", "b")]));
     assert_eq!(n.provider_id.as_deref(), Some("aws:///us-east-1a/i-0123"));
     assert_eq!(
         n.created,

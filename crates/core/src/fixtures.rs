@@ -277,8 +277,8 @@ impl NodeBuilder {
         NodeBuilder {
             node: Node {
                 name: name.to_string(),
-                labels: BTreeMap::new(),
-                annotations: BTreeMap::new(),
+                labels: Default::default(),
+                annotations: Default::default(),
                 taints: Vec::new(),
                 allocatable: Resources {
                     cpu_milli: 8000,
@@ -300,7 +300,7 @@ impl NodeBuilder {
 
     /// Labels the node as a node of `pool` bought as `instance_type` in `zone`.
     pub fn pool(mut self, pool: &str, instance_type: &str, zone: &str) -> Self {
-        let l = &mut self.node.labels;
+        let l = Arc::make_mut(&mut self.node.labels);
         l.insert(labels::POOL.into(), pool.into());
         l.insert(labels::INSTANCE_TYPE.into(), instance_type.into());
         l.insert(labels::ZONE.into(), zone.into());
@@ -308,12 +308,12 @@ impl NodeBuilder {
     }
 
     pub fn label(mut self, k: &str, v: &str) -> Self {
-        self.node.labels.insert(k.into(), v.into());
+        Arc::make_mut(&mut self.node.labels).insert(k.into(), v.into());
         self
     }
 
     pub fn annotation(mut self, k: &str, v: &str) -> Self {
-        self.node.annotations.insert(k.into(), v.into());
+        Arc::make_mut(&mut self.node.annotations).insert(k.into(), v.into());
         self
     }
 

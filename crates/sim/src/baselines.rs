@@ -190,7 +190,7 @@ fn rooms(s: &Snapshot, templates: &[Template], view: &DeviceView) -> Vec<Room> {
         out.push(Room {
             free,
             shared,
-            labels: std::sync::Arc::new(n.labels.clone()),
+            labels: n.labels.clone(),
             taints: n.taints.clone(),
             name: Some(n.name.clone()),
             node: Some(ni),
@@ -908,7 +908,7 @@ impl Strategy for KarpenterLike {
                 devices: None,
                 free: n.allocatable.clone(),
                 shared: n.shared_gpus.clone(),
-                labels: std::sync::Arc::new(n.labels.clone()),
+                labels: n.labels.clone(),
                 taints: n.taints.clone(),
                 name: Some(n.name.clone()),
                 node: None,

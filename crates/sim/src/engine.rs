@@ -400,8 +400,10 @@ impl World {
     pub fn annotate(&mut self, node: &str, key: &str, value: Option<&str>) {
         if let Some(&i) = self.node_by_name.get(node) {
             match value {
-                Some(v) => self.nodes[i].node.annotations.insert(key.into(), v.into()),
-                None => self.nodes[i].node.annotations.remove(key),
+                Some(v) => {
+                    Arc::make_mut(&mut self.nodes[i].node.annotations).insert(key.into(), v.into())
+                }
+                None => Arc::make_mut(&mut self.nodes[i].node.annotations).remove(key),
             };
         }
     }
@@ -650,8 +652,8 @@ impl World {
             .retain(|(n, _)| !n.starts_with(crate::model::resources::MIG_PREFIX));
         let node = Node {
             name: name.clone(),
-            labels: node_labels,
-            annotations: BTreeMap::new(),
+            labels: Arc::new(node_labels),
+            annotations: Default::default(),
             taints: t.taints.clone(),
             allocatable: without_gpus.clone(),
             shared_gpus: Vec::new(),

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hasher;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_node_autoscaler_provider::{Catalog, Instance, InstanceState, LaunchRequest, OfferingKey};
@@ -141,10 +142,10 @@ impl Registration {
     /// Gives `node` (the planner's view) what registration adds.
     pub fn apply(&self, node: &mut Node) {
         for (k, v) in &self.labels {
-            node.labels.insert(k.clone(), v.clone());
+            Arc::make_mut(&mut node.labels).insert(k.clone(), v.clone());
         }
         for (k, v) in &self.annotations {
-            node.annotations.insert(k.clone(), v.clone());
+            Arc::make_mut(&mut node.annotations).insert(k.clone(), v.clone());
         }
         for t in &self.taints {
             if !node
@@ -186,7 +187,7 @@ pub fn adopt_nodes(nodes: &mut [Node], ours: &HashSet<&str>, pools: &[Pool]) -> 
                     .all(|(k, v)| n.labels.get(k) == Some(v))
         });
         if let Some(p) = pool {
-            n.labels.insert(labels::POOL.to_string(), p.name.clone());
+            Arc::make_mut(&mut n.labels).insert(labels::POOL.to_string(), p.name.clone());
             adopted += 1;
         }
     }
@@ -576,7 +577,7 @@ mod registration_tests {
 
     fn node(name: &str, instance: &str) -> Node {
         let mut n = NodeBuilder::new(name).build();
-        n.labels.remove(labels::POOL);
+        Arc::make_mut(&mut n.labels).remove(labels::POOL);
         n.provider_id = Some(format!("aws:///us-east-1a/{instance}"));
         n
     }
@@ -624,7 +625,7 @@ mod registration_tests {
     fn an_operator_label_is_kept_and_a_terminating_instance_is_left_alone() {
         let policy = policy();
         let mut n1 = node("n1", "i-1");
-        n1.labels.insert("team".into(), "research".into());
+        Arc::make_mut(&mut n1.labels).insert("team".into(), "research".into());
         let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
         let regs = registrations(
             &[instance("i-1", InstanceState::Running)],

@@ -763,7 +763,7 @@ impl Autoscaler {
             }
             if self.config.dry_run {
                 if let Some(since) = self.unneeded_dry.get(&n.name) {
-                    n.annotations
+                    Arc::make_mut(&mut n.annotations)
                         .insert(labels::UNNEEDED_SINCE.into(), since.clone());
                 }
             }
@@ -1403,7 +1403,7 @@ impl Autoscaler {
                 .as_ref()
                 .is_some_and(|p| view.instance_of_node.contains_key(p));
             if !ours {
-                n.annotations
+                Arc::make_mut(&mut n.annotations)
                     .insert(labels::SCALE_DOWN_DISABLED.into(), "true".into());
             }
         }

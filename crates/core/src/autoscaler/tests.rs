@@ -206,8 +206,9 @@ impl Run {
                     Action::Annotate { node, key, value } => {
                         if let Some(n) = self.nodes.iter_mut().find(|n| &n.name == node) {
                             match value {
-                                Some(v) => n.annotations.insert(key.to_string(), v.clone()),
-                                None => n.annotations.remove(*key),
+                                Some(v) => Arc::make_mut(&mut n.annotations)
+                                    .insert(key.to_string(), v.clone()),
+                                None => Arc::make_mut(&mut n.annotations).remove(*key),
                             };
                         }
                     }
@@ -245,8 +246,7 @@ impl Run {
             id,
         };
         n.provider_id = Some(i.provider_id.clone());
-        n.labels
-            .insert(labels::LAUNCH_ID.into(), i.launch_id.clone());
+        Arc::make_mut(&mut n.labels).insert(labels::LAUNCH_ID.into(), i.launch_id.clone());
         self.cloud.instances.push(i);
     }
 
@@ -534,7 +534,7 @@ fn a_node_that_never_advertises_its_gpus_is_given_up_but_one_that_loses_them_is_
     run.pods.push(gpu_pod("p", 1));
     run.pass(T0);
     run.register("i-1", 0, T0 + secs(100));
-    run.nodes[0].annotations.remove(labels::GPUS_ADVERTISED);
+    Arc::make_mut(&mut run.nodes[0].annotations).remove(labels::GPUS_ADVERTISED);
     let actions = run.pass(T0 + secs(600));
     assert_eq!(terminated(&actions), ["i-1"]);
     assert!(actions
@@ -578,8 +578,8 @@ fn a_node_of_ours_without_its_pool_labels_is_registered_before_anything_is_plann
     run.pass(T0);
     run.register("i-1", 1, T0 + secs(100));
     let n = &mut run.nodes[0];
-    n.labels.remove(labels::POOL);
-    n.labels.remove(labels::LAUNCH_ID);
+    Arc::make_mut(&mut n.labels).remove(labels::POOL);
+    Arc::make_mut(&mut n.labels).remove(labels::LAUNCH_ID);
     run.pods.push(gpu_pod("q", 1));
     let actions = run.core.pass(run.observation(T0 + secs(120)));
     assert!(
@@ -625,8 +625,7 @@ fn an_idle_node_is_drained_after_its_unneeded_time_and_the_outcome_recorded() {
         }
     )));
     let since = T0 + secs(200);
-    run.nodes[0]
-        .annotations
+    Arc::make_mut(&mut run.nodes[0].annotations)
         .insert(labels::UNNEEDED_SINCE.into(), since.to_rfc3339());
     assert!(
         drains(&run.pass(T0 + secs(300))).is_empty(),
@@ -841,8 +840,7 @@ fn the_batching_window_and_the_next_timed_change() {
     assert_eq!(run.core.batch_deadline(), None, "a pass closes the window");
     run.register("i-1", 1, T0 + secs(100));
     run.pods.clear();
-    run.nodes[0]
-        .annotations
+    Arc::make_mut(&mut run.nodes[0].annotations)
         .insert(labels::UNNEEDED_SINCE.into(), (T0 + secs(200)).to_rfc3339());
     run.pass(T0 + secs(210));
     // Next: the cooldown after the node's creation (T0+100 s + 3 m), then its unneeded time.
@@ -1010,7 +1008,7 @@ fn a_startup_taint_goes_once_the_node_is_registered_in_its_pool() {
     // The node registers as its kubelet flags say: the startup taint, no pool label.
     run.register("i-1", 1, T0 + secs(100));
     let n = &mut run.nodes[0];
-    n.labels.remove(labels::POOL);
+    Arc::make_mut(&mut n.labels).remove(labels::POOL);
     n.taints.push(crate::model::Taint {
         key: "example.com/registering".into(),
         value: String::new(),

@@ -1,6 +1,7 @@
 //! Nodes as the planner sees them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::constraints::{Effect, Taint};
 use super::labels;
@@ -10,8 +11,8 @@ use super::time::Time;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
     pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
+    pub labels: Arc<BTreeMap<String, String>>,
+    pub annotations: Arc<BTreeMap<String, String>>,
     pub taints: Vec<Taint>,
     /// Allocatable as the kubelet reports it (shared-GPU units excluded, see `shared_gpus`).
     pub allocatable: Resources,

@@ -1,5 +1,6 @@
 //! GPU-aware consolidation: which running pods are planned again, onto what, and when not.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
@@ -133,8 +134,7 @@ fn unmovable_pods_and_opted_out_nodes_stay() {
     let why = run_consolidate(&four_alone(dnd), POLICY).unwrap_err();
     assert!(why.contains("minSaving"), "{why}");
     let mut s = four_alone(server);
-    s.nodes[0]
-        .annotations
+    Arc::make_mut(&mut s.nodes[0].annotations)
         .insert(labels::SCALE_DOWN_DISABLED.into(), "true".into());
     assert!(run_consolidate(&s, POLICY)
         .unwrap_err()
