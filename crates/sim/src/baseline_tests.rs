@@ -2,9 +2,6 @@
 //! the Cluster Autoscaler the smallest of the pools' (its flags are global), Karpenter each
 //! pool's `unneededTime` as its NodePool's `consolidateAfter`.
 
-use gpu_node_autoscaler_core::catalog;
-
-use crate::scenario::parse_scenario;
 use crate::{engine, SimInput, StrategyKind};
 
 /// One A10G pool whose nodes are unneeded after `unneeded`; two Job pods of one GPU run one hour
@@ -29,10 +26,7 @@ fn input(unneeded: &str) -> SimInput {
          \x20 - name: long\n    arrival: 10m\n    duration: 3h\n    pods:\n\
          \x20     - name: w\n        requests: {{cpu: \"6\", memory: 8Gi, nvidia.com/gpu: 1}}\n"
     );
-    let sc = parse_scenario(&text, "t.yaml").unwrap();
-    let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
-    let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
-    sc.into_input(catalog, None)
+    crate::test_input(&text)
 }
 
 /// Minutes the short pod's node stays empty after it ends.

@@ -1249,7 +1249,6 @@ impl World {
 /// How long the strategy may keep trying for waiting pods once nothing else can happen.
 const QUIET_HORIZON: Ms = HOUR;
 
-/// Runs one strategy over the input. Deterministic for the same input and seed.
 /// How many feasible nodes kube-scheduler looks for before it scores them
 /// (`numFeasibleNodesToFind`, default `percentageOfNodesToScore`): every node up to 100, else an
 /// adaptive share (50 % less 1 % per 125 nodes, at least 5 %), at least 100.
@@ -1292,6 +1291,7 @@ fn best_scored<T>(feasible: impl Iterator<Item = (T, f64)>, nodes: usize) -> Opt
     best.map(|(t, _)| t)
 }
 
+/// Runs one strategy over the input. Deterministic for the same input and seed.
 pub fn run(input: &SimInput, strategy: &mut dyn Strategy) -> Metrics {
     run_with_progress(input, strategy, &mut |_| {})
 }

@@ -1,10 +1,7 @@
 //! Pods with ResourceClaims in the simulated cluster: where they run, what their claims hold,
 //! and what each strategy does for them.
 
-use gpu_node_autoscaler_core::catalog;
-
 use super::*;
-use crate::scenario::parse_scenario;
 use crate::{baselines, ours, MINUTE, SECOND};
 
 /// Three pools from zero: A100 80GB and H100 nodes with NVIDIA's DRA driver, A10G nodes with the
@@ -22,10 +19,7 @@ fn input(jobs: &str) -> SimInput {
          \x20   - {{name: a10g, instanceTypes: [g5.xlarge], capacityTypes: [on-demand], maxNodes: 2}}\n\
          jobs:\n{jobs}"
     );
-    let sc = parse_scenario(&text, "t.yaml").unwrap();
-    let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
-    let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
-    sc.into_input(catalog, None)
+    crate::test_input(&text)
 }
 
 /// A job of one pod claiming `count` GPUs whose product name starts with `product`.

@@ -1,10 +1,7 @@
 //! The simulated kube-scheduler: which feasible node a pod is bound to.
 
-use gpu_node_autoscaler_core::catalog;
-
 use super::dra_tests::{launch_where, run_until};
 use super::*;
-use crate::scenario::parse_scenario;
 use crate::MINUTE;
 
 /// One A10G pool of g5.xlarge (4 CPUs) and g5.12xlarge (48 CPUs) nodes, launched by the test;
@@ -20,10 +17,7 @@ fn input() -> SimInput {
          jobs:\n\
          \x20 - name: serve\n    arrival: 3m\n    duration: 30m\n    pods:\n\
          \x20     - name: w\n        requests: {cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}\n";
-    let sc = parse_scenario(text, "t.yaml").unwrap();
-    let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
-    let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
-    sc.into_input(catalog, None)
+    crate::test_input(text)
 }
 
 #[test]

@@ -165,3 +165,13 @@ impl StrategyKind {
         }
     }
 }
+
+/// A scenario's YAML text, with the built-in AWS catalog at list prices, as the simulator's
+/// input (for tests).
+#[cfg(test)]
+pub(crate) fn test_input(text: &str) -> SimInput {
+    let sc = scenario::parse_scenario(text, "t.yaml").unwrap();
+    let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
+    let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
+    sc.into_input(catalog, None)
+}

@@ -171,9 +171,6 @@ impl Strategy for Ours {
 
 #[cfg(test)]
 mod tests {
-    use gpu_node_autoscaler_core::catalog;
-
-    use crate::scenario::parse_scenario;
     use crate::{engine, StrategyKind};
 
     /// Six one-GPU nodes emptied together, two drains at a time, and a seventh busy for hours:
@@ -198,10 +195,7 @@ mod tests {
              \x20     - name: w\n        replicas: 6\n        requests: {cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}\n\
              \x20 - name: long\n    arrival: 0s\n    duration: 3h\n    pods:\n\
              \x20     - name: w\n        requests: {cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}\n";
-        let sc = parse_scenario(text, "t.yaml").unwrap();
-        let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
-        let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
-        let input = sc.into_input(catalog, None);
+        let input = crate::test_input(text);
         let mut s = StrategyKind::Ours.build(&input);
         let m = engine::run(&input, s.as_mut());
         assert_eq!((m.nodes_launched, m.nodes_removed), (7, 6));

@@ -2,10 +2,7 @@
 //! groups behind its spot ones, Karpenter's replacement of on-demand nodes by spot, and our
 //! consolidation moving pods off on-demand once spot returns.
 
-use gpu_node_autoscaler_core::catalog;
-
 use crate::report::Metrics;
-use crate::scenario::parse_scenario;
 use crate::{engine, SimInput, StrategyKind};
 
 /// One A10G pool (spot and on-demand) whose spot is short in every zone for the first 40
@@ -28,10 +25,7 @@ fn input(consolidation: &str, jobs: &str) -> SimInput {
          \x20 - insufficientCapacity: {{from: 0s, until: 40m, capacityType: spot}}\n\
          jobs:\n{jobs}"
     );
-    let sc = parse_scenario(&text, "t.yaml").unwrap();
-    let types = catalog::parse_csv(catalog::BUILTIN_AWS, "builtin").unwrap();
-    let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
-    sc.into_input(catalog, None)
+    crate::test_input(&text)
 }
 
 /// One replica of `kind` (Deployment or Job) asking for a GPU, from 0 s for 4 hours.

@@ -376,7 +376,7 @@ fn evaluate(
     let mut ages = Vec::new();
     let mut moved_expected: BTreeMap<String, Duration> = BTreeMap::new();
     // How long each node that stays is expected to be kept by its own pods.
-    let mut kept_for: BTreeMap<&str, Duration> = BTreeMap::new();
+    let mut kept_for: BTreeMap<String, Duration> = BTreeMap::new();
     for p in &mut scratch.pods {
         let Some(node) = p.node_name.clone() else {
             continue;
@@ -390,8 +390,8 @@ fn evaluate(
             moved_expected.insert(p.id.to_string(), expected(p));
             p.node_name = None;
             p.phase = PodPhase::Pending;
-        } else if let Some(n) = snapshot.nodes.iter().find(|n| n.name == node) {
-            let e = kept_for.entry(n.name.as_str()).or_default();
+        } else {
+            let e = kept_for.entry(node).or_default();
             *e = (*e).max(expected(p));
         }
     }
@@ -433,7 +433,7 @@ fn evaluate(
         .iter()
         .filter_map(|(target, &e)| {
             let n = snapshot.nodes.iter().find(|n| n.name == *target)?;
-            let own = kept_for.get(target).copied().unwrap_or_default();
+            let own = kept_for.get(*target).copied().unwrap_or_default();
             let template = template_of_node(n, templates).map(|ti| &templates[ti]);
             Some(price_of(n, template) * hours(e.saturating_sub(own)))
         })
