@@ -101,3 +101,64 @@ fn the_kwok_provider_launches_a_node_that_runs_the_pod_and_deletes_it_when_idle(
         env.events("ScaleDown")
     );
 }
+
+#[test]
+fn a_pending_pod_is_nominated_to_the_node_launched_for_it_and_bound_there() {
+    // Nodes take 8 s to turn Ready: the controller nominates the pod meanwhile, with the
+    // `patch` on `pods/status` that deploy/ grants, and the scheduler binds it there.
+    let dir = std::env::temp_dir().join(format!("gna-e2e-nominate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stages = dir.join("kwok-stages.yaml");
+    let text = std::fs::read_to_string(crate::cluster::KWOK_STAGES).unwrap();
+    let text = gpu_node_autoscaler_anchors::replay::with_node_delay(&text, Duration::from_secs(8))
+        .unwrap();
+    std::fs::write(&stages, text).unwrap();
+    let mut env = Env::start(
+        "kwok-nominate",
+        Options {
+            cluster: ClusterOptions {
+                rbac_from: Some("overlays/kwok"),
+                kwok_stages: Some(stages),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    env.create(&env.policy_configmap(POLICY));
+    env.start_controller("r1", &[]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    env.create(&gpu_pod("default", "trainer", &no_labels(), None));
+    let nominated = env.wait_for("the pod to be nominated to a node", MIN, || {
+        let pod = env.get_json(&["get", "pod", "-n", "default", "trainer"]);
+        let node = pod["status"]["nominatedNodeName"].as_str()?;
+        assert!(
+            pod["spec"]["nodeName"].is_null(),
+            "nominated while pending: {pod}"
+        );
+        Some(node.to_string())
+    });
+    let n = env.get_json(&["get", "node", &nominated]);
+    assert_eq!(
+        n["metadata"]["annotations"]["kwok.gpu-node-autoscaler.io/pool"], "kwok-a10g",
+        "a node launched for it: {n}"
+    );
+    let node = env.wait_for("the pod to run", MIN, || {
+        let pod = env.get_json(&["get", "pod", "-n", "default", "trainer"]);
+        (pod["status"]["phase"] == "Running")
+            .then(|| pod["spec"]["nodeName"].as_str().map(str::to_string))
+            .flatten()
+    });
+    assert_eq!(node, nominated);
+    assert!(
+        env.events("Nominated")
+            .iter()
+            .any(|e| e == &format!("trainer: expected on node {node} (nominated)")),
+        "{:?}",
+        env.events("Nominated")
+    );
+    let log = env.log("r1");
+    assert!(!log.contains("nominating:"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

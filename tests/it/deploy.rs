@@ -628,6 +628,7 @@ fn rbac_is_least_privilege() {
     let cluster = expand(&[
         ("core", "pods", "get list watch", ""),
         ("core", "pods/eviction", "create", ""),
+        ("core", "pods/status", "patch", ""),
         ("core", "nodes", "get list watch patch update delete", ""),
         ("policy", "poddisruptionbudgets", "get list watch", ""),
         ("resource.k8s.io", "resourceclaims", "list watch", ""),

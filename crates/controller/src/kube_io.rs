@@ -196,6 +196,30 @@ pub async fn annotate_node(
     }
 }
 
+/// Sets a pending pod's `status.nominatedNodeName` (the `pods/status` subresource). The UID in
+/// the patch makes it fail on another pod re-created under the name; a pod gone is not an error.
+pub async fn nominate_pod(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    node: &str,
+) -> Result<(), kube::Error> {
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({
+        "metadata": {"uid": uid},
+        "status": {"nominatedNodeName": node},
+    });
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// How an eviction went.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Evicted {

@@ -1082,6 +1082,16 @@ impl Controller {
                         warn!(message = %message_id, "interruption queue: {e}");
                     }
                 }
+                Action::Nominate { pod, uid, node } => {
+                    let Some((namespace, name)) = pod.split_once('/') else {
+                        continue;
+                    };
+                    if let Err(e) =
+                        kube_io::nominate_pod(&self.client, namespace, name, &uid, &node).await
+                    {
+                        warn!(pod = %pod, node = %node, "nominating: {e}");
+                    }
+                }
                 Action::Annotate { node, key, value } => {
                     let api: Api<K8sNode> = Api::all(self.client.clone());
                     if let Err(e) = kube_io::annotate_node(&api, &node, key, value.as_deref()).await

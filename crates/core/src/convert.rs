@@ -125,6 +125,7 @@ struct Volume {
 struct PodStatus {
     phase: String,
     start_time: Option<String>,
+    nominated_node_name: Option<String>,
     conditions: Vec<Condition>,
     resource_claim_statuses: Vec<dra::PodClaimStatus>,
 }
@@ -532,6 +533,11 @@ impl Converter {
             deleting: m.deletion_timestamp.is_some(),
             unschedulable,
             local_storage,
+            nominated_node: raw
+                .status
+                .nominated_node_name
+                .clone()
+                .filter(|n| !n.is_empty()),
             shared_gpu_index: m
                 .annotations
                 .get("ALIYUN_COM_GPU_MEM_IDX")

@@ -1574,3 +1574,12 @@ fn malformed_dra_objects_say_which_field() {
         .unwrap()
         .is_none());
 }
+
+#[test]
+fn a_pods_nominated_node_is_read_and_an_empty_one_is_none() {
+    let p = convert(pod_with(json!({"status": {"nominatedNodeName": "node-7"}})));
+    assert_eq!(p.nominated_node.as_deref(), Some("node-7"));
+    let p = convert(pod_with(json!({"status": {"nominatedNodeName": ""}})));
+    assert_eq!(p.nominated_node, None);
+    assert_eq!(convert(pod_with(json!({}))).nominated_node, None);
+}

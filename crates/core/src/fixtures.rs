@@ -91,6 +91,7 @@ impl PodBuilder {
                 unschedulable: true,
                 local_storage: false,
                 shared_gpu_index: None,
+                nominated_node: None,
                 problem: None,
                 claims: Vec::new(),
             },

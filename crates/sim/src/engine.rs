@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use gpu_node_autoscaler_memory::{CapacityWindow, MemoryProvider};
@@ -135,6 +135,8 @@ pub struct World {
     /// Pods that became pending since the last scheduling pass.
     fresh: std::collections::BTreeSet<usize>,
     node_by_name: BTreeMap<String, usize>,
+    /// Pod UID → index in `pods`.
+    pod_by_uid: HashMap<String, usize>,
     instances: BTreeMap<String, LiveInstance>,
     /// Instances launched and not registered (nor gone) yet.
     booting: std::collections::BTreeSet<String>,
@@ -221,6 +223,12 @@ impl World {
             grown: Default::default(),
             fresh: Default::default(),
             node_by_name: BTreeMap::new(),
+            pod_by_uid: input
+                .pods
+                .iter()
+                .enumerate()
+                .map(|(i, w)| (w.pod.uid.clone(), i))
+                .collect(),
             instances: BTreeMap::new(),
             booting: Default::default(),
             events: BinaryHeap::new(),
@@ -394,6 +402,23 @@ impl World {
             self.metrics.scale_ups += 1;
         }
         Ok(res)
+    }
+
+    /// Nominates a pending pod to a node (`status.nominatedNodeName`): the scheduler tries that
+    /// node first for it, and keeps its room there while placing pods of no higher priority. It
+    /// is dropped when the pod is bound, and, as kube-scheduler does, when the pod is tried and
+    /// fits nowhere.
+    pub fn nominate(&mut self, uid: &str, node: &str) {
+        let Some(&i) = self.pod_by_uid.get(uid) else {
+            return;
+        };
+        if self.pending.contains(&i) && self.node_by_name.contains_key(node) {
+            let before = self.pods[i].pod.nominated_node.replace(node.to_string());
+            // The room it kept on another node is free for others again.
+            if let Some(&n) = before.and_then(|b| self.node_by_name.get(&b)) {
+                self.grown.insert(n);
+            }
+        }
     }
 
     /// Sets or clears an annotation on a node.
@@ -787,6 +812,17 @@ impl World {
         let allocated = self
             .allocation(&self.pods[p].pod, ni, &self.nodes[ni].taken)
             .unwrap_or_default();
+        // The room its nomination kept elsewhere is free for others again.
+        if let Some(&other) = self.pods[p]
+            .pod
+            .nominated_node
+            .as_ref()
+            .and_then(|n| self.node_by_name.get(n))
+        {
+            if other != ni {
+                self.grown.insert(other);
+            }
+        }
         let st = &mut self.pods[p];
         let n = &mut self.nodes[ni];
         // The scheduler writes each claim's allocation (its devices, on this node).
@@ -826,6 +862,7 @@ impl World {
         st.pod.node_name = Some(n.node.name.clone());
         st.pod.phase = PodPhase::Running;
         st.pod.unschedulable = false;
+        st.pod.nominated_node = None;
         st.pod.started = Some(Time(now));
         st.bound_at = Some(now);
         if st.first_bound.is_none() {
@@ -887,19 +924,73 @@ impl World {
         self.workload_changed(ni);
     }
 
-    fn fits(&self, p: &Pod, ni: usize) -> bool {
+    /// Whether pod `p` fits node `ni` with `free` left there.
+    fn fits_in(&self, p: &Pod, ni: usize, free: &Resources) -> bool {
         let n = &self.nodes[ni];
         !n.removed
             && n.node.is_schedulable()
             && !(n.broken.is_some() && p.wants_gpu())
             && p.fits(
-                &n.free,
+                free,
                 &n.free_shared,
                 &n.node.labels,
                 &n.node.taints,
                 Some(&n.node.name),
             )
             && (!p.needs_devices() || self.allocation(p, ni, &n.taken).is_some())
+    }
+
+    /// Drops pod `i`'s nomination (it failed to schedule): the room it kept is free again.
+    fn drop_nomination(&mut self, i: usize) {
+        let Some(node) = self.pods[i].pod.nominated_node.take() else {
+            return;
+        };
+        if let Some(&n) = self.node_by_name.get(&node) {
+            self.grown.insert(n);
+        }
+    }
+
+    /// Room on node `ni` for pending pod `i` out of `free`: what pods of no lower priority
+    /// nominated to the node keep is taken out (kube-scheduler's filters count them there).
+    fn room_left(
+        &self,
+        i: usize,
+        ni: usize,
+        mut free: Resources,
+        nominees: &HashMap<usize, Vec<usize>>,
+    ) -> Resources {
+        let pod = &self.pods[i].pod;
+        let gang = pod.gang.as_ref().map(|g| &g.key);
+        for &j in nominees.get(&ni).into_iter().flatten() {
+            let other = &self.pods[j];
+            // A gang's members are placed together, each on its own scratch room.
+            let same_gang = gang.is_some() && other.pod.gang.as_ref().map(|g| &g.key) == gang;
+            if j != i
+                && !same_gang
+                && other.node.is_none()
+                && !other.done
+                && other.pod.priority >= pod.priority
+            {
+                free.sub(&other.pod.requests);
+            }
+        }
+        free
+    }
+
+    /// Whether pending pod `i` fits node `ni` with `free` left there, the room of the pods
+    /// nominated to the node kept for them.
+    fn fits_nominated(
+        &self,
+        i: usize,
+        ni: usize,
+        free: &Resources,
+        nominees: &HashMap<usize, Vec<usize>>,
+    ) -> bool {
+        let pod = &self.pods[i].pod;
+        if nominees.get(&ni).is_none_or(|l| l.iter().all(|&j| j == i)) {
+            return self.fits_in(pod, ni, free);
+        }
+        self.fits_in(pod, ni, &self.room_left(i, ni, free.clone(), nominees))
     }
 
     /// kube-scheduler-like pass: each pending pod is bound to the feasible node its default
@@ -917,6 +1008,19 @@ impl World {
             .filter(|n| self.live_nodes.contains(n))
             .collect();
         let live: Vec<usize> = self.live_nodes.iter().copied().collect();
+        // Pending pods nominated to a node (`status.nominatedNodeName`), by node.
+        let nominated = |w: &World, i: usize| {
+            let n = *w
+                .node_by_name
+                .get(w.pods[i].pod.nominated_node.as_deref()?)?;
+            w.live_nodes.contains(&n).then_some(n)
+        };
+        let mut nominees: HashMap<usize, Vec<usize>> = HashMap::new();
+        for &i in &pending {
+            if let Some(n) = nominated(self, i) {
+                nominees.entry(n).or_default().push(i);
+            }
+        }
         let mut gangs: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut newly = false;
         for &i in &pending {
@@ -924,10 +1028,20 @@ impl World {
                 gangs.entry(g.key.clone()).or_default().push(i);
                 continue;
             }
+            // Its nominated node first, as kube-scheduler does.
+            if let Some(n) = nominated(self, i) {
+                if self.fits_nominated(i, n, &self.nodes[n].free, &nominees) {
+                    self.bind(i, n);
+                    continue;
+                }
+            }
             // A pod that failed before can only fit where capacity grew since.
             let candidates = if fresh.contains(&i) { &live } else { &grown };
             let pod = &self.pods[i].pod;
-            let feasible = candidates.iter().copied().filter(|&n| self.fits(pod, n));
+            let feasible = candidates
+                .iter()
+                .copied()
+                .filter(|&n| self.fits_nominated(i, n, &self.nodes[n].free, &nominees));
             let best = best_scored(
                 feasible.map(|n| {
                     (
@@ -943,6 +1057,10 @@ impl World {
                     if !self.pods[i].pod.unschedulable {
                         self.pods[i].pod.unschedulable = true;
                         newly = true;
+                    }
+                    // Tried and failed: kube-scheduler drops its nomination.
+                    if !candidates.is_empty() {
+                        self.drop_nomination(i);
                     }
                 }
             }
@@ -972,7 +1090,7 @@ impl World {
                 let mut scratch: BTreeMap<usize, Scratch> = BTreeMap::new();
                 for &i in &members {
                     let p = &self.pods[i].pod;
-                    let feasible = live.iter().copied().filter_map(|n| {
+                    let option = |n: usize| {
                         let node = &self.nodes[n];
                         let (free, shared, taken) = scratch.get(&n).cloned().unwrap_or_else(|| {
                             (
@@ -981,6 +1099,7 @@ impl World {
                                 node.taken.clone(),
                             )
                         });
+                        let free = self.room_left(i, n, free, &nominees);
                         let fits = !node.removed
                             && node.node.is_schedulable()
                             && p.fits(
@@ -995,8 +1114,13 @@ impl World {
                         }
                         let a = self.allocation(p, n, &taken)?;
                         Some(((n, a), score(p, &node.node.allocatable, &free)))
-                    });
-                    let Some((n, allocated)) = best_scored(feasible, live.len()) else {
+                    };
+                    // Its nominated node first, as kube-scheduler does.
+                    let chosen = match nominated(self, i).and_then(option) {
+                        Some((choice, _)) => Some(choice),
+                        None => best_scored(live.iter().copied().filter_map(option), live.len()),
+                    };
+                    let Some((n, allocated)) = chosen else {
                         plan.clear();
                         break;
                     };
@@ -1027,6 +1151,7 @@ impl World {
                         self.pods[i].pod.unschedulable = true;
                         newly = true;
                     }
+                    self.drop_nomination(i);
                 }
             }
         }

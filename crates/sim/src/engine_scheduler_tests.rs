@@ -44,3 +44,47 @@ fn the_scheduler_scores_every_node_of_a_small_cluster_and_a_share_of_a_large_one
     assert_eq!(feasible_nodes_to_find(5_000), 500);
     assert_eq!(feasible_nodes_to_find(10_000), 500);
 }
+
+/// The one-GPU pod and a four-GPU pod arrive at 3 minutes; a g5.xlarge and a g5.12xlarge are
+/// launched then, and have registered (GPUs not advertised yet) a minute later. Returns the
+/// world and the g5.12xlarge's name.
+fn two_pods_before_their_nodes() -> (World, String) {
+    let mut input = input();
+    let mut big = input.pods[0].clone();
+    big.pod.id.name = "big".into();
+    big.pod.uid = "big".into();
+    big.pod.requests.gpu = 4;
+    input.pods.push(big);
+    let mut w = World::new(&input);
+    run_until(&mut w, 3 * MINUTE + 1);
+    launch_where(&mut w, "a10g", |k| k.instance_type == "g5.xlarge");
+    launch_where(&mut w, "a10g", |k| k.instance_type == "g5.12xlarge");
+    run_until(&mut w, 4 * MINUTE + 10_000);
+    let wide = w
+        .live_nodes()
+        .find(|n| n.offering.instance_type == "g5.12xlarge")
+        .expect("registered")
+        .node
+        .name
+        .clone();
+    (w, wide)
+}
+
+#[test]
+fn a_node_nominated_for_a_pod_keeps_its_room_from_a_smaller_pod_that_would_score_it_best() {
+    let on = |w: &World, pod: usize| w.nodes[w.pods[pod].node.expect("bound")].offering.clone();
+    // Without a nomination the one-GPU pod takes the g5.12xlarge (the most room left), and the
+    // four-GPU pod finds no node.
+    let (mut w, _) = two_pods_before_their_nodes();
+    run_until(&mut w, 6 * MINUTE);
+    assert_eq!(on(&w, 0).instance_type, "g5.12xlarge");
+    assert!(w.pods[1].node.is_none());
+    // Nominated there, the four-GPU pod gets it, and the one-GPU pod the g5.xlarge.
+    let (mut w, wide) = two_pods_before_their_nodes();
+    w.nominate("big", &wide);
+    assert_eq!(w.pods[1].pod.nominated_node.as_deref(), Some(wide.as_str()));
+    run_until(&mut w, 6 * MINUTE);
+    assert_eq!(on(&w, 1).instance_type, "g5.12xlarge");
+    assert_eq!(on(&w, 0).instance_type, "g5.xlarge");
+    assert_eq!(w.pods[1].pod.nominated_node, None, "dropped once bound");
+}

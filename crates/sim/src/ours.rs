@@ -86,6 +86,7 @@ impl Ours {
                         .core
                         .drain_finished(&node, DrainOutcome::RolledBack(why), now);
                 }
+                Action::Nominate { uid, node, .. } => world.nominate(&uid, &node),
                 Action::Annotate { node, key, value } => {
                     world.annotate(&node, key, value.as_deref())
                 }

@@ -280,6 +280,7 @@ pub fn load_trace(
                 unschedulable: false,
                 local_storage: false,
                 shared_gpu_index: None,
+                nominated_node: None,
                 claims: Vec::new(),
                 problem: None,
             },

@@ -409,7 +409,7 @@ impl Setup {
 /// condition is made NotReady at once (`node-boot`, weighted over `node-initialize`, which matches it
 /// too), so that the node lifecycle controller keeps the not-ready taint on it, and `node-initialize`
 /// makes it Ready `delay` later.
-fn with_node_delay(stages: &str, delay: Duration) -> Result<String> {
+pub fn with_node_delay(stages: &str, delay: Duration) -> Result<String> {
     let mut out = String::new();
     let mut in_init = false;
     let mut done = false;

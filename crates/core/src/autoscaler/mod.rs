@@ -235,6 +235,14 @@ pub enum Action {
     AckNotice {
         message_id: String,
     },
+    /// Set a pending pod's `status.nominatedNodeName`: the node launched for it, which the
+    /// scheduler tries first for it and keeps room on for it while placing other pods.
+    Nominate {
+        /// `namespace/name`.
+        pod: String,
+        uid: String,
+        node: String,
+    },
     /// Set (or remove, `None`) an annotation of a Node.
     Annotate {
         node: String,
@@ -352,6 +360,8 @@ pub struct Autoscaler {
     drains: BTreeMap<String, Option<String>>,
     /// The last NotTriggerScaleUp reason sent per pod.
     notified: HashMap<String, String>,
+    /// Pending pods nominated here: pod UID → node.
+    nominated: HashMap<String, String>,
     /// "Unneeded since" per node, kept here in dry-run (no annotation is written).
     unneeded_dry: BTreeMap<String, String>,
     /// Why each idle-looking node is kept, as last logged.
@@ -404,6 +414,7 @@ impl Autoscaler {
             restored: false,
             drains: BTreeMap::new(),
             notified: HashMap::new(),
+            nominated: HashMap::new(),
             unneeded_dry: BTreeMap::new(),
             kept: BTreeMap::new(),
             gpus_lost: BTreeSet::new(),
@@ -471,6 +482,9 @@ impl Autoscaler {
             match a {
                 Action::Drain(DrainOrder { node, .. }) | Action::RollBack { node, .. } => {
                     self.drains.remove(node);
+                }
+                Action::Nominate { uid, .. } => {
+                    self.nominated.remove(uid);
                 }
                 _ => {}
             }
@@ -814,6 +828,7 @@ impl Autoscaler {
                 &pass.policy,
             ));
         let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
+        self.nominate(&pass.snapshot, &plan, out);
         // A launch whose capacity went to other pods is done with: its capacity given to them by
         // this plan (in flight), or its instance already a Node (the scheduler placed pods on
         // it). Its own pods, planned again, need a launch of their own: under the old id the
@@ -925,6 +940,73 @@ impl Autoscaler {
                 unreachable!("set above")
             };
             self.after_launches(pass, round, *plan, issued, Vec::new(), out);
+        }
+    }
+
+    /// Nominates each pending pod that the plan places on a node of ours to that node
+    /// (`status.nominatedNodeName`). The scheduler then tries that node first for the pod, and
+    /// keeps the pod's room on it while placing pods of no higher priority: a one-GPU pod does not
+    /// take the eight-GPU node launched for a gang's worker because that node turned Ready first
+    /// and is the emptiest. A nomination made by someone else (the scheduler's, for a preemption)
+    /// is left alone while its node exists. The scheduler clears a nomination when the pod fails
+    /// to schedule (e.g. on the node while it is not Ready yet); the next pass sets it again.
+    fn nominate(&mut self, snapshot: &Snapshot, plan: &Plan, out: &mut Vec<Action>) {
+        if self.config.dry_run {
+            return;
+        }
+        if !self.nominated.is_empty() {
+            let pending: HashSet<&str> = snapshot
+                .pods
+                .iter()
+                .filter(|p| p.is_pending())
+                .map(|p| p.uid.as_str())
+                .collect();
+            self.nominated
+                .retain(|uid, _| pending.contains(uid.as_str()));
+        }
+        let mut nodes: Option<HashMap<&str, &Node>> = None;
+        for placed in &plan.existing_capacity {
+            if placed.target.starts_with("launch/") {
+                continue;
+            }
+            let Some(pod) = snapshot.pods.get(placed.pod_index) else {
+                continue;
+            };
+            let nodes = nodes.get_or_insert_with(|| {
+                snapshot
+                    .nodes
+                    .iter()
+                    .map(|n| (n.name.as_str(), n))
+                    .collect()
+            });
+            let Some(node) = nodes.get(placed.target.as_str()) else {
+                continue;
+            };
+            if node.pool().is_none() || node.deleting || !pod.is_pending() {
+                continue;
+            }
+            let ours = self.nominated.get(&pod.uid).map(String::as_str);
+            match pod.nominated_node.as_deref() {
+                Some(n) if n == placed.target => continue,
+                Some(n) if ours != Some(n) && nodes.contains_key(n) => continue,
+                _ => {}
+            }
+            if self.config.report && ours != Some(placed.target.as_str()) {
+                out.push(Action::Event(Note {
+                    subject: pod_subject(pod),
+                    warning: false,
+                    reason: "Nominated",
+                    action: "Nominate",
+                    message: format!("expected on node {} (nominated)", placed.target),
+                }));
+            }
+            self.nominated
+                .insert(pod.uid.clone(), placed.target.clone());
+            out.push(Action::Nominate {
+                pod: placed.pod.clone(),
+                uid: pod.uid.clone(),
+                node: placed.target.clone(),
+            });
         }
     }
 

@@ -1961,3 +1961,108 @@ fn nothing_is_consolidated_in_a_pool_without_it_or_in_dry_run() {
         "{a:?}"
     );
 }
+
+fn nominations(actions: &[Action]) -> BTreeMap<&str, &str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Nominate { pod, node, .. } => Some((pod.as_str(), node.as_str())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A 4-GPU pod and a 1-GPU pod, their two nodes launched and registered (Ready, GPUs
+/// advertised) while both pods still wait for the scheduler.
+fn two_pods_and_their_nodes(config: Config) -> Run {
+    let mut run = Run::new(config);
+    run.pods.push(gpu_pod("wide", 4));
+    run.pods.push(gpu_pod("small", 1));
+    let first = run.pass(T0);
+    assert_eq!(launches(&first).len(), 2, "{first:?}");
+    assert!(nominations(&first).is_empty(), "no node to nominate yet");
+    for id in ["i-1", "i-2"] {
+        let i = run.cloud.instances.iter().find(|i| i.id == id).unwrap();
+        let gpus = if i.offering.instance_type == "g5.xlarge" {
+            1
+        } else {
+            4
+        };
+        run.register(id, gpus, T0 + secs(60));
+    }
+    run
+}
+
+#[test]
+fn pending_pods_are_nominated_to_the_nodes_launched_for_them_once() {
+    let mut run = two_pods_and_their_nodes(Config::default());
+    let node_of = |run: &Run, instance_type: &str| {
+        run.nodes
+            .iter()
+            .find(|n| n.instance_type() == Some(instance_type))
+            .unwrap()
+            .name
+            .clone()
+    };
+    let (big, small) = (node_of(&run, "g5.12xlarge"), node_of(&run, "g5.xlarge"));
+    let actions = run.pass(T0 + secs(70));
+    let n = nominations(&actions);
+    assert_eq!(n.get("ml/wide"), Some(&big.as_str()), "{actions:?}");
+    assert_eq!(n.get("ml/small"), Some(&small.as_str()), "{actions:?}");
+    assert_eq!(events(&actions, "Nominated").len(), 2);
+    // The API server shows them nominated: nothing more to do.
+    for p in &mut run.pods {
+        let node = if p.id.name == "wide" { &big } else { &small };
+        p.nominated_node = Some(node.clone());
+    }
+    assert!(nominations(&run.pass(T0 + secs(80))).is_empty());
+    // The scheduler cleared one (the pod failed to schedule meanwhile): set again, no new Event.
+    run.pods[1].nominated_node = None;
+    let actions = run.pass(T0 + secs(90));
+    assert_eq!(nominations(&actions).get("ml/small"), Some(&small.as_str()));
+    assert!(events(&actions, "Nominated").is_empty());
+}
+
+#[test]
+fn a_nomination_someone_else_made_is_left_alone_and_dry_run_nominates_nothing() {
+    let mut run = two_pods_and_their_nodes(Config::default());
+    // The scheduler nominated the small pod to a node of another group (a preemption there).
+    run.nodes.push(
+        NodeBuilder::new("other")
+            .cpu_milli(4000)
+            .memory_gib(16)
+            .gpus(1)
+            .build(),
+    );
+    run.pods[1].nominated_node = Some("other".into());
+    let n = nominations(&run.pass(T0 + secs(70))).len();
+    let actions = run.actions.clone();
+    let all = nominations(&actions);
+    assert_eq!(n, 1, "{all:?}");
+    assert!(all.contains_key("ml/wide") && !all.contains_key("ml/small"));
+    // Its node gone, the nomination is stale: the pod is nominated to the node launched for it.
+    run.nodes.retain(|n| n.name != "other");
+    assert!(nominations(&run.pass(T0 + secs(80))).contains_key("ml/small"));
+
+    // A dry run only reports: a pending pod that fits a node of ours is not nominated there.
+    for dry_run in [false, true] {
+        let mut run = Run::new(Config {
+            dry_run,
+            ..Config::default()
+        });
+        run.nodes.push(
+            NodeBuilder::new("ours")
+                .pool("a10g", "g5.12xlarge", "us-east-1a")
+                .cpu_milli(48_000)
+                .memory_gib(192)
+                .gpus(4)
+                .created(T0)
+                .build(),
+        );
+        run.with_our_instance();
+        run.pods.push(gpu_pod("wide", 4));
+        run.pass(T0 + secs(5)); // registers it in its pool
+        let n = nominations(&run.pass(T0 + secs(10))).len();
+        assert_eq!(n, usize::from(!dry_run), "dry run: {dry_run}");
+    }
+}

@@ -127,6 +127,9 @@ pub struct Pod {
     pub local_storage: bool,
     /// On shared-GPU nodes, the GPU index the device plugin assigned, when known.
     pub shared_gpu_index: Option<usize>,
+    /// The node it is expected on (`status.nominatedNodeName`): set by the scheduler when it
+    /// preempts for the pod, and by the controller for a pending pod whose node it launched.
+    pub nominated_node: Option<String>,
     /// Why this pod's spec cannot be planned for (a malformed quantity, ...).
     pub problem: Option<String>,
     /// Its ResourceClaims (`spec.resourceClaims`), in the pod's order.

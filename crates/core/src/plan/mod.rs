@@ -150,6 +150,9 @@ pub struct Placement {
     pub pod: String,
     /// A node name, or `launch/<id>` for nodes launched but not registered yet.
     pub target: String,
+    /// The pod's index in the snapshot planned from.
+    #[serde(skip)]
+    pub pod_index: usize,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -753,12 +753,78 @@ impl<'a> Packer<'a> {
         }
     }
 
+    /// Pending pods nominated to a registered node (`status.nominatedNodeName`, set by the
+    /// controller for the node launched for them): (class, pod, bin).
+    fn nominated(&self) -> Vec<(usize, usize, usize)> {
+        let snap = self.snapshot;
+        if !snap.pods.iter().any(|p| p.nominated_node.is_some()) {
+            return Vec::new();
+        }
+        let bins: HashMap<&str, usize> = (0..self.bins.len())
+            .filter_map(|b| match self.bins[b].kind {
+                BinKind::Node(n) => Some((snap.nodes[n].name.as_str(), b)),
+                _ => None,
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (c, cl) in self.classes.iter().enumerate() {
+            for &p in &cl.pods {
+                let node = snap.pods[p].nominated_node.as_deref();
+                if let Some(&b) = node.and_then(|n| bins.get(n)) {
+                    out.push((c, p, b));
+                }
+            }
+        }
+        out
+    }
+
+    /// Pods of priority `priority` nominated to a registered node go onto it before any other
+    /// pod of that priority is placed: kube-scheduler tries a pod's nominated node first, and
+    /// while it places other pods of no higher priority it counts the nominated pod there. A
+    /// gang's member goes there only in the zone the gang is placed in (the first member placed
+    /// so sets it); the rest of the gang is placed with the gang.
+    fn place_nominated(&mut self, priority: i32, nominated: &[(usize, usize, usize)]) {
+        for &(c, pod, b) in nominated {
+            if self.classes[c].priority != priority {
+                continue;
+            }
+            if let Some(g) = self.classes[c].gang {
+                let zone = self.bins[b].zone.clone();
+                match (&self.gangs[g].zone, &zone) {
+                    (Some(gz), Some(z)) if gz != z => continue,
+                    (Some(_), None) => continue,
+                    _ => {}
+                }
+                if !self.place_pod(c, pod, b) {
+                    continue;
+                }
+                if self.gangs[g].zone.is_none() {
+                    self.gangs[g].zone = zone;
+                }
+            } else {
+                self.place_pod(c, pod, b);
+            }
+        }
+    }
+
+    /// Places pod `pod` of class `c` (not placed yet) on bin `b`, if it fits there.
+    fn place_pod(&mut self, c: usize, pod: usize, b: usize) -> bool {
+        let cl = &mut self.classes[c];
+        let next = cl.next;
+        let Some(j) = cl.pods[next..].iter().position(|&x| x == pod) else {
+            return false;
+        };
+        cl.pods.swap(next, next + j);
+        self.place_on_bin(c, b, 1) == 1
+    }
+
     /// Single pods of priority `priority` go first-fit onto registered nodes (Ready ones, then
     /// those still starting, the earliest created first) before the gangs of that priority. The
     /// scheduler binds a single pod to the first node that has room for it, while a gang waits
     /// until all its members fit: a pod waiting for a launch not registered yet takes the first
     /// node of a gang's launch to advertise its GPUs, not its own. Planned so, the gang's missing
-    /// node is launched as soon as its first node registers, not after the pod took it.
+    /// node is launched as soon as its first node registers, not after the pod took it. The room
+    /// of pods nominated to a node is taken before ([`Packer::place_nominated`]).
     fn place_singles_before_gangs(&mut self, priority: i32) {
         if !self
             .gangs
@@ -1191,9 +1257,13 @@ impl<'a> Packer<'a> {
         }
         units.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
         let class_of = self.reserved_classes();
+        let nominated = self.nominated();
         let mut reserved_for: Option<i32> = None;
         for (priority, _, u) in &units {
             if reserved_for != Some(*priority) {
+                if !nominated.is_empty() {
+                    self.place_nominated(*priority, &nominated);
+                }
                 self.place_singles_before_gangs(*priority);
                 if !class_of.is_empty() {
                     self.place_reserved(*priority, &class_of);
@@ -1441,6 +1511,7 @@ impl<'a> Packer<'a> {
             plan.existing_capacity.push(Placement {
                 pod: snap.pods[*pod].id.to_string(),
                 target,
+                pod_index: *pod,
             });
         }
         // Group identical new nodes into one scale-up.

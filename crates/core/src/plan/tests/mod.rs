@@ -470,12 +470,9 @@ fn a_gang_launched_while_a_single_pod_waits_for_a_new_node_gets_one_node_more() 
     assert_eq!(plan.scale_ups[0].count, 2);
 }
 
-#[test]
-fn a_single_pod_is_expected_on_the_first_registered_node_of_a_gangs_launch() {
-    // The gang's launch was for two g5.12xlarge: one has registered (its GPUs are not
-    // advertised yet), the other is still booting; `serve`'s g5.xlarge is still booting too.
-    // `serve` will be bound to the registered node as soon as it advertises its GPUs, so the
-    // gang needs another node now.
+/// A gang's launch of two g5.12xlarge: one has registered (`g1`, its GPUs not advertised yet),
+/// the other is still booting; `serve`'s g5.xlarge is still booting too.
+fn gang_and_serve_with_one_gang_node_registered() -> Snapshot {
     let mut pods: Vec<Pod> = (0..2)
         .map(|i| gpu_pod(&format!("w{i}"), 4).gang("train", 2).build())
         .collect();
@@ -508,13 +505,22 @@ fn a_single_pod_is_expected_on_the_first_registered_node_of_a_gangs_launch() {
         "l-serve".into(),
         std::sync::Arc::new(vec![vec!["default/serve".to_string()]]),
     );
-    let plan = run(&s, A10G);
-    let targets: BTreeMap<&str, &str> = plan
-        .existing_capacity
+    s
+}
+
+fn targets(plan: &Plan) -> BTreeMap<&str, &str> {
+    plan.existing_capacity
         .iter()
         .map(|p| (p.pod.as_str(), p.target.as_str()))
-        .collect();
-    assert_eq!(targets["default/serve"], "g1", "{plan:?}");
+        .collect()
+}
+
+#[test]
+fn a_single_pod_is_expected_on_the_first_registered_node_of_a_gangs_launch() {
+    // `serve` will be bound to the registered node as soon as it advertises its GPUs, so the
+    // gang needs another node now.
+    let plan = run(&gang_and_serve_with_one_gang_node_registered(), A10G);
+    assert_eq!(targets(&plan)["default/serve"], "g1", "{plan:?}");
     assert_eq!(plan.scale_ups.len(), 1, "{plan:?}");
     let su = &plan.scale_ups[0];
     assert_eq!(su.gang.as_deref(), Some("default/train"));
@@ -522,6 +528,38 @@ fn a_single_pod_is_expected_on_the_first_registered_node_of_a_gangs_launch() {
         (first(su).0, first(su).1, su.count),
         ("g5.12xlarge", "us-east-1b", 1)
     );
+}
+
+#[test]
+fn a_pod_nominated_to_a_registered_node_keeps_it_from_single_pods() {
+    // The same, with the gang's first member nominated to the registered node: the scheduler
+    // tries it there first and keeps its room from `serve`, which waits for its own node.
+    let mut s = gang_and_serve_with_one_gang_node_registered();
+    s.pods[0].nominated_node = Some("g1".into());
+    let plan = run(&s, A10G);
+    let t = targets(&plan);
+    assert_eq!(t["default/w0"], "g1", "{plan:?}");
+    assert_eq!(t["default/w1"], "launch/l-gang", "{plan:?}");
+    assert_eq!(t["default/serve"], "launch/l-serve", "{plan:?}");
+    assert!(plan.scale_ups.is_empty(), "{plan:?}");
+    // A nomination to a node in another zone than the gang's does not split the gang.
+    let mut s = gang_and_serve_with_one_gang_node_registered();
+    let other = NodeBuilder::new("g2")
+        .pool("a10g", "g5.12xlarge", "us-east-1a")
+        .cpu_milli(47_000)
+        .memory_gib(180)
+        .created(Time(NOW.0 - 100_000))
+        .build();
+    s.nodes.push(other);
+    s.pods[0].nominated_node = Some("g2".into());
+    s.pods[1].nominated_node = Some("g1".into());
+    let plan = run(&s, A10G);
+    let t = targets(&plan);
+    let (on_g2, on_g1) = (
+        t.get("default/w0") == Some(&"g2"),
+        t.get("default/w1") == Some(&"g1"),
+    );
+    assert!(on_g2 != on_g1, "one nomination is kept, not both: {plan:?}");
 }
 
 #[test]
