@@ -827,8 +827,9 @@ impl Autoscaler {
                 &now_templates,
                 &pass.policy,
             ));
+        let restored = self.restore_nominations(&mut pass.snapshot);
         let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
-        self.nominate(&pass.snapshot, &plan, out);
+        self.nominate(&pass.snapshot, &plan, &restored, out);
         // A launch whose capacity went to other pods is done with: its capacity given to them by
         // this plan (in flight), or its instance already a Node (the scheduler placed pods on
         // it). Its own pods, planned again, need a launch of their own: under the old id the
@@ -943,6 +944,25 @@ impl Autoscaler {
         }
     }
 
+    /// Pending pods whose nomination made here the scheduler has cleared (it tried the pod while
+    /// the node was still NotReady) are planned as nominated: this pass nominates them again
+    /// before the node turns Ready. Returns their indices.
+    fn restore_nominations(&self, snapshot: &mut Snapshot) -> HashSet<usize> {
+        let mut restored = HashSet::new();
+        if self.nominated.is_empty() {
+            return restored;
+        }
+        for (i, p) in snapshot.pods.iter_mut().enumerate() {
+            if p.nominated_node.is_none() && p.is_pending() {
+                if let Some(node) = self.nominated.get(&p.uid) {
+                    p.nominated_node = Some(node.clone());
+                    restored.insert(i);
+                }
+            }
+        }
+        restored
+    }
+
     /// Nominates each pending pod that the plan places on a node of ours to that node
     /// (`status.nominatedNodeName`). The scheduler then tries that node first for the pod, and
     /// keeps the pod's room on it while placing pods of no higher priority: a one-GPU pod does not
@@ -950,7 +970,13 @@ impl Autoscaler {
     /// and is the emptiest. A nomination made by someone else (the scheduler's, for a preemption)
     /// is left alone while its node exists. The scheduler clears a nomination when the pod fails
     /// to schedule (e.g. on the node while it is not Ready yet); the next pass sets it again.
-    fn nominate(&mut self, snapshot: &Snapshot, plan: &Plan, out: &mut Vec<Action>) {
+    fn nominate(
+        &mut self,
+        snapshot: &Snapshot,
+        plan: &Plan,
+        restored: &HashSet<usize>,
+        out: &mut Vec<Action>,
+    ) {
         if self.config.dry_run {
             return;
         }
@@ -986,7 +1012,12 @@ impl Autoscaler {
                 continue;
             }
             let ours = self.nominated.get(&pod.uid).map(String::as_str);
-            match pod.nominated_node.as_deref() {
+            let shown = if restored.contains(&placed.pod_index) {
+                None
+            } else {
+                pod.nominated_node.as_deref()
+            };
+            match shown {
                 Some(n) if n == placed.target => continue,
                 Some(n) if ours != Some(n) && nodes.contains_key(n) => continue,
                 _ => {}

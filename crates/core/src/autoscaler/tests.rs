@@ -2066,3 +2066,32 @@ fn a_nomination_someone_else_made_is_left_alone_and_dry_run_nominates_nothing() 
         assert_eq!(n, usize::from(!dry_run), "dry run: {dry_run}");
     }
 }
+
+#[test]
+fn a_nomination_the_scheduler_cleared_still_keeps_the_pods_node_in_the_plan() {
+    // A one-pod gang's node has registered and the pod is nominated to it; the scheduler tried
+    // the pod while the node was NotReady and cleared the nomination. Single pods arriving now
+    // would be expected on that node (the first registered) and the gang on a new one; planned
+    // as nominated, the gang keeps its node and the singles get their own.
+    let mut run = Run::new(Config::default());
+    run.pods
+        .push(PodBuilder::new("ml", "w0").gpus(4).gang("job", 1).build());
+    assert_eq!(launches(&run.pass(T0)).len(), 1);
+    run.register("i-1", 4, T0 + secs(60));
+    let node = run.nodes[0].name.clone();
+    let n = nominations(&run.pass(T0 + secs(61))).len();
+    assert_eq!(n, 1);
+    for i in 0..3 {
+        run.pods.push(gpu_pod(&format!("s{i}"), 1));
+    }
+    let actions = run.pass(T0 + secs(62));
+    assert_eq!(nominations(&actions).get("ml/w0"), Some(&node.as_str()));
+    let launched: Vec<&str> = launches(&actions)
+        .iter()
+        .map(|l| l.offerings[0].instance_type.as_str())
+        .collect();
+    assert!(
+        !launched.contains(&"g5.12xlarge") && !launched.is_empty(),
+        "{launched:?}"
+    );
+}
