@@ -448,9 +448,11 @@ impl Controller {
                 self.health.heartbeat.store(beat, Ordering::Relaxed);
                 self.metrics.heartbeat_timestamp_seconds.set(beat);
             }
+            // New unschedulable pods, and pods whose nomination the scheduler cleared, open the
+            // batching window: a pass soon.
             let (synced, new_unschedulable) = {
                 let s = self.state.lock().unwrap();
-                (s.all_synced(), s.new_unschedulable)
+                (s.all_synced(), s.new_unschedulable + s.nominations_cleared)
             };
             self.health.ready.store(synced, Ordering::Relaxed);
             self.metrics.leader.set(i64::from(self.elector.is_leader()));

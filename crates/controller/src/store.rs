@@ -161,6 +161,10 @@ pub struct ClusterState {
     pub unschedulable_since: HashMap<String, Time>,
     /// Pods that became unschedulable since the loop last looked.
     pub new_unschedulable: u64,
+    /// Pending pods whose `status.nominatedNodeName` went away (kube-scheduler clears it when it
+    /// tries the pod and finds no node, e.g. while the node launched for it boots): a pass soon
+    /// sets ours again, before that node turns Ready and another pod takes it.
+    pub nominations_cleared: u64,
     /// providerIDs of Nodes that could not be converted, by Node: their instances are
     /// registered all the same (never taken for launches that did not come up).
     pub rejected_provider_ids: HashMap<String, String>,
@@ -250,10 +254,20 @@ impl ClusterState {
             Kind::Pod => {
                 let conv = &mut self.converter;
                 let relist_done = matches!(event, WatchEvent::InitDone);
-                let changed = self
-                    .pods
-                    .apply(event, |v| conv.pod(v))
-                    .map(|(k, p)| (k, p.map(waits_for_gpu)));
+                let was_nominated = match &event {
+                    WatchEvent::Apply(v) => object_key(v)
+                        .and_then(|k| self.pods.items.get(&k))
+                        .is_some_and(|p| p.nominated_node.is_some()),
+                    _ => false,
+                };
+                let changed = self.pods.apply(event, |v| conv.pod(v)).map(|(k, p)| {
+                    if was_nominated
+                        && p.is_some_and(|p| p.is_pending() && p.nominated_node.is_none())
+                    {
+                        self.nominations_cleared += 1;
+                    }
+                    (k, p.map(waits_for_gpu))
+                });
                 match changed {
                     Some((key, Some(true))) => {
                         if let std::collections::hash_map::Entry::Vacant(e) =
@@ -466,6 +480,29 @@ mod tests {
         s.apply(Kind::Pod, WatchEvent::Delete(pod("a", true)), Time(10));
         assert!(s.unschedulable_since.is_empty());
         assert!(s.pods.items.is_empty());
+    }
+
+    #[test]
+    fn a_pending_pods_nomination_cleared_is_counted() {
+        let mut s = ClusterState::default();
+        s.apply(Kind::Pod, WatchEvent::Init, Time(0));
+        s.apply(Kind::Pod, WatchEvent::InitDone, Time(0));
+        let mut nominated = pod("a", true);
+        nominated["status"]["nominatedNodeName"] = json!("node-1");
+        s.apply(Kind::Pod, WatchEvent::Apply(pod("a", true)), Time(1));
+        s.apply(Kind::Pod, WatchEvent::Apply(nominated.clone()), Time(2));
+        assert_eq!(s.nominations_cleared, 0, "set, not cleared");
+        s.apply(Kind::Pod, WatchEvent::Apply(pod("a", true)), Time(3));
+        assert_eq!(s.nominations_cleared, 1);
+        s.apply(Kind::Pod, WatchEvent::Apply(pod("a", true)), Time(4));
+        assert_eq!(s.nominations_cleared, 1, "once");
+        // Bound (the API server clears it then): not a pod to nominate again.
+        s.apply(Kind::Pod, WatchEvent::Apply(nominated), Time(5));
+        let mut bound = pod("a", false);
+        bound["spec"]["nodeName"] = json!("node-1");
+        bound["status"]["phase"] = json!("Running");
+        s.apply(Kind::Pod, WatchEvent::Apply(bound), Time(6));
+        assert_eq!(s.nominations_cleared, 1);
     }
 
     #[test]
