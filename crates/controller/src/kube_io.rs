@@ -186,10 +186,15 @@ pub async fn annotate_node(
     value: Option<&str>,
 ) -> Result<(), kube::Error> {
     let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
-    match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
+    gone_is_done(
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    )
+}
+
+/// An object already gone (404) is not an error for a call that changes or deletes it.
+fn gone_is_done<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e),
@@ -210,14 +215,10 @@ pub async fn nominate_pod(
         "metadata": {"uid": uid},
         "status": {"nominatedNodeName": node},
     });
-    match api
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    gone_is_done(
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    )
 }
 
 /// How an eviction went.
@@ -266,11 +267,7 @@ pub async fn cluster_identity(client: &Client) -> Result<String, kube::Error> {
 }
 
 pub async fn delete_node(api: &Api<Node>, name: &str) -> Result<(), kube::Error> {
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    gone_is_done(api.delete(name, &DeleteParams::default()).await)
 }
 
 /// Creates or updates the status ConfigMap's data.

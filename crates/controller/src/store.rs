@@ -65,12 +65,12 @@ impl<T> Default for KindStore<T> {
 
 impl<T> KindStore<T> {
     /// Applies one event; `convert` turns an object into a model value or says why it cannot.
-    /// Returns the key of the object that changed, if one did.
+    /// Returns the key of the object that changed, if one did, with its value now and before.
     pub fn apply(
         &mut self,
         event: WatchEvent,
         mut convert: impl FnMut(Value) -> Result<T, String>,
-    ) -> Option<(String, Option<&T>)> {
+    ) -> Option<(String, Option<&T>, Option<T>)> {
         match event {
             WatchEvent::Init => {
                 self.buffer = Some((HashMap::new(), BTreeMap::new()));
@@ -103,25 +103,25 @@ impl<T> KindStore<T> {
             WatchEvent::Apply(v) => {
                 let key = object_key(&v)?;
                 self.generation += 1;
-                match convert(v) {
+                let before = match convert(v) {
                     Ok(t) => {
                         self.rejected.remove(&key);
-                        self.items.insert(key.clone(), t);
+                        self.items.insert(key.clone(), t)
                     }
                     Err(e) => {
-                        self.items.remove(&key);
                         self.rejected.insert(key.clone(), e);
+                        self.items.remove(&key)
                     }
-                }
+                };
                 let item = self.items.get(&key);
-                Some((key, item))
+                Some((key, item, before))
             }
             WatchEvent::Delete(v) => {
                 let key = object_key(&v)?;
                 self.generation += 1;
-                self.items.remove(&key);
                 self.rejected.remove(&key);
-                Some((key, None))
+                let before = self.items.remove(&key);
+                Some((key, None, before))
             }
             WatchEvent::Lost(_) => {
                 self.synced = false;
@@ -254,20 +254,18 @@ impl ClusterState {
             Kind::Pod => {
                 let conv = &mut self.converter;
                 let relist_done = matches!(event, WatchEvent::InitDone);
-                let was_nominated = match &event {
-                    WatchEvent::Apply(v) => object_key(v)
-                        .and_then(|k| self.pods.items.get(&k))
-                        .is_some_and(|p| p.nominated_node.is_some()),
-                    _ => false,
-                };
-                let changed = self.pods.apply(event, |v| conv.pod(v)).map(|(k, p)| {
-                    if was_nominated
-                        && p.is_some_and(|p| p.is_pending() && p.nominated_node.is_none())
-                    {
-                        self.nominations_cleared += 1;
-                    }
-                    (k, p.map(waits_for_gpu))
-                });
+                let changed = self
+                    .pods
+                    .apply(event, |v| conv.pod(v))
+                    .map(|(k, p, before)| {
+                        let was_nominated = before.is_some_and(|b| b.nominated_node.is_some());
+                        if was_nominated
+                            && p.is_some_and(|p| p.is_pending() && p.nominated_node.is_none())
+                        {
+                            self.nominations_cleared += 1;
+                        }
+                        (k, p.map(waits_for_gpu))
+                    });
                 match changed {
                     Some((key, Some(true))) => {
                         if let std::collections::hash_map::Entry::Vacant(e) =
@@ -321,7 +319,7 @@ impl ClusterState {
                     (Some((key, Some(pid))), _) => {
                         self.rejected_provider_ids.insert(key, pid);
                     }
-                    (Some((key, None)), _) | (None, Some((key, _))) => {
+                    (Some((key, None)), _) | (None, Some((key, _, _))) => {
                         self.rejected_provider_ids.remove(&key);
                     }
                     (None, None) => {}

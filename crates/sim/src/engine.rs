@@ -413,11 +413,8 @@ impl World {
             return;
         };
         if self.pending.contains(&i) && self.node_by_name.contains_key(node) {
-            let before = self.pods[i].pod.nominated_node.replace(node.to_string());
-            // The room it kept on another node is free for others again.
-            if let Some(&n) = before.and_then(|b| self.node_by_name.get(&b)) {
-                self.grown.insert(n);
-            }
+            self.drop_nomination(i);
+            self.pods[i].pod.nominated_node = Some(node.to_string());
         }
     }
 
@@ -813,15 +810,8 @@ impl World {
             .allocation(&self.pods[p].pod, ni, &self.nodes[ni].taken)
             .unwrap_or_default();
         // The room its nomination kept elsewhere is free for others again.
-        if let Some(&other) = self.pods[p]
-            .pod
-            .nominated_node
-            .as_ref()
-            .and_then(|n| self.node_by_name.get(n))
-        {
-            if other != ni {
-                self.grown.insert(other);
-            }
+        if self.pods[p].pod.nominated_node.as_deref() != Some(self.nodes[ni].node.name.as_str()) {
+            self.drop_nomination(p);
         }
         let st = &mut self.pods[p];
         let n = &mut self.nodes[ni];
@@ -940,7 +930,7 @@ impl World {
             && (!p.needs_devices() || self.allocation(p, ni, &n.taken).is_some())
     }
 
-    /// Drops pod `i`'s nomination (it failed to schedule): the room it kept is free again.
+    /// Drops pod `i`'s nomination: the room it kept is free again.
     fn drop_nomination(&mut self, i: usize) {
         let Some(node) = self.pods[i].pod.nominated_node.take() else {
             return;
