@@ -8,7 +8,7 @@ use gpu_node_autoscaler_provider::Catalog;
 
 use crate::model::gpu::nvidia_product_label;
 use crate::model::labels;
-use crate::plan::templates::pool_types_and_prices;
+use crate::plan::templates::{advertised_gpu_resources, pool_types_and_prices};
 use crate::policy::Policy;
 
 /// The region kwok Nodes are labelled with when the policy names none.
@@ -16,8 +16,9 @@ pub const DEFAULT_REGION: &str = "kwok";
 
 /// The kwok provider's configuration: the catalog's instance types of the kwok pools with their
 /// offerings (prices from the pool's `prices`, else the catalog), the GPU product label of NVIDIA
-/// types, each pool's `startupTaints` as the taints its Nodes register with, and which pools'
-/// Nodes publish their GPUs through DRA (`dra:`) instead of an extended resource.
+/// types, each pool's `startupTaints` as the taints its Nodes register with, and the GPU
+/// resources a pool's Node advertises (whole GPUs, MIG slices or shared GPUs as its `gpuMode`
+/// says, none where a DRA driver publishes them).
 pub fn config_from_policy(
     policy: &Policy,
     catalog: &Catalog,
@@ -49,6 +50,14 @@ pub fn config_from_policy(
                 ));
                 continue;
             };
+            match advertised_gpu_resources(pool, t) {
+                Ok(gpus) => {
+                    config
+                        .gpu_resources
+                        .insert((pool.name.clone(), name.clone()), gpus);
+                }
+                Err(e) => errors.push(e),
+            }
             if config.catalog.instance_type(name).is_none() {
                 config.catalog.instance_types.push(t.clone());
                 if let Some(g) = &t.gpu {
@@ -79,9 +88,6 @@ pub fn config_from_policy(
                 }
                 config.catalog.offerings.push(o);
             }
-        }
-        if pool.dra.is_some() {
-            config.dra_pools.insert(pool.name.clone());
         }
         config.register_taints.insert(
             pool.name.clone(),

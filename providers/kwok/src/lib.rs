@@ -64,10 +64,11 @@ pub struct KwokConfig {
     pub register_taints: BTreeMap<String, Vec<(String, String, String)>>,
     /// Offerings that always fail with insufficient capacity.
     pub unavailable: BTreeSet<OfferingKey>,
-    /// Pools whose nodes publish their GPUs through a Dynamic Resource Allocation driver
-    /// (ResourceSlices) instead of a device plugin: their Nodes advertise no GPU extended
-    /// resource.
-    pub dra_pools: BTreeSet<String>,
+    /// The GPU extended resources a pool's Node of an instance type advertises, by `(pool,
+    /// instance type)`: MIG profiles, shared-GPU memory and cores, or nothing where a Dynamic
+    /// Resource Allocation driver publishes the GPUs (ResourceSlices). A pool and type not here
+    /// advertise the catalog's whole GPUs (`nvidia.com/gpu`, `amd.com/gpu`).
+    pub gpu_resources: BTreeMap<(String, String), BTreeMap<String, i64>>,
 }
 
 /// Nodes as instances, on the API server `client` talks to.
@@ -158,12 +159,21 @@ impl KwokProvider {
             "pods": MAX_PODS.to_string(),
             "ephemeral-storage": "200Gi",
         });
-        if let Some(g) = t
-            .gpu
-            .as_ref()
-            .filter(|_| !self.config.dra_pools.contains(&request.pool))
+        match self
+            .config
+            .gpu_resources
+            .get(&(request.pool.clone(), t.name.clone()))
         {
-            capacity[g.vendor.resource()] = json!(g.count.to_string());
+            Some(gpus) => {
+                for (k, v) in gpus {
+                    capacity[k] = json!(v.to_string());
+                }
+            }
+            None => {
+                if let Some(g) = &t.gpu {
+                    capacity[g.vendor.resource()] = json!(g.count.to_string());
+                }
+            }
         }
         let taints: Vec<_> = self
             .config

@@ -268,6 +268,43 @@ fn base_allocatable(pool: &Pool, t: &InstanceType) -> Result<(Resources, Vec<Sha
     Ok((r, shared))
 }
 
+/// The GPU resources a Node of `t` in `pool` advertises through its device plugins, by resource
+/// name: `nvidia.com/gpu` or `amd.com/gpu` for whole GPUs; `nvidia.com/mig-<profile>` per MIG
+/// profile of the pool's layout; `aliyun.com/gpu-mem` (GiB), `aliyun.com/gpu-count` and
+/// `aliyun.com/gpu-core.percentage` for shared GPUs; nothing where a DRA driver publishes the GPUs
+/// instead. The Node that [`crate::convert`] reads back from these has the GPUs of the pool's
+/// template: one source for what a kwok Node, a peer's node template and our template offer.
+pub fn advertised_gpu_resources(
+    pool: &Pool,
+    t: &InstanceType,
+) -> Result<BTreeMap<String, i64>, String> {
+    use crate::model::resources::{
+        ALIYUN_GPU_CORE, ALIYUN_GPU_COUNT, ALIYUN_GPU_MEM, AMD_GPU, NVIDIA_GPU,
+    };
+    let (r, shared) = base_allocatable(pool, t)?;
+    let mut out: BTreeMap<String, i64> = r
+        .mig_slices()
+        .map(|(profile, n)| (format!("{MIG_PREFIX}{profile}"), n))
+        .collect();
+    for (k, v) in [(NVIDIA_GPU, r.gpu), (AMD_GPU, r.amd_gpu)] {
+        if v > 0 {
+            out.insert(k.to_string(), v);
+        }
+    }
+    if !shared.is_empty() {
+        out.insert(
+            ALIYUN_GPU_MEM.to_string(),
+            shared.iter().map(|g| g.mem_gib).sum(),
+        );
+        out.insert(ALIYUN_GPU_COUNT.to_string(), shared.len() as i64);
+        out.insert(
+            ALIYUN_GPU_CORE.to_string(),
+            shared.iter().map(|g| g.core_pct).sum(),
+        );
+    }
+    Ok(out)
+}
+
 /// One representative pod per DaemonSet seen in the cluster (the largest request wins).
 pub fn daemonset_pods(snapshot: &Snapshot) -> Vec<&Pod> {
     let mut by_owner: BTreeMap<(&str, &str), &Pod> = BTreeMap::new();

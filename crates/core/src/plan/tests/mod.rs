@@ -1340,3 +1340,62 @@ fn a_plans_templates_are_shared_until_daemonsets_or_unavailable_offerings_change
 mod consolidate;
 mod dra;
 mod scale_down;
+
+#[test]
+fn the_gpus_a_pools_node_advertises_read_back_as_its_templates() {
+    use crate::convert::Converter;
+    use crate::model::resources::SharedGpu;
+    let text = format!(
+        "{POLICY}  - name: dra\n    instanceTypes: [g6e.xlarge]\n    maxNodes: 2\n    dra: {{}}\n"
+    );
+    let p = policy(&text);
+    let c = catalog_for(&p);
+    let advertised = |pool: &str, t: &str| {
+        let pool = p.pools.iter().find(|x| x.name == pool).unwrap();
+        super::templates::advertised_gpu_resources(pool, c.instance_type(t).unwrap()).unwrap()
+    };
+    let expect = |pairs: &[(&str, i64)]| -> BTreeMap<String, i64> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    };
+    assert_eq!(
+        advertised("a10g", "g5.12xlarge"),
+        expect(&[("nvidia.com/gpu", 4)])
+    );
+    assert_eq!(
+        advertised("mig", "p4d.24xlarge"),
+        expect(&[("nvidia.com/mig-1g.5gb", 56)])
+    );
+    let shared = advertised("t4-shared", "g4dn.12xlarge");
+    assert_eq!(
+        shared,
+        expect(&[
+            ("aliyun.com/gpu-core.percentage", 400),
+            ("aliyun.com/gpu-count", 4),
+            ("aliyun.com/gpu-mem", 60),
+        ])
+    );
+    // A DRA driver publishes the GPUs instead.
+    assert_eq!(advertised("dra", "g6e.xlarge"), BTreeMap::new());
+
+    // Read back by the converter as a registered Node: the template's GPUs.
+    let node = |gpus: &BTreeMap<String, i64>| {
+        let mut alloc = serde_json::json!({"cpu": "48", "memory": "192Gi", "pods": "110"});
+        for (k, v) in gpus {
+            alloc[k] = serde_json::json!(v.to_string());
+        }
+        Converter::new()
+            .node(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
+                "status": {"allocatable": alloc},
+            }))
+            .unwrap()
+    };
+    assert_eq!(node(&shared).shared_gpus, vec![SharedGpu::full(15); 4]);
+    let mig = node(&advertised("mig", "p4d.24xlarge"));
+    assert_eq!(
+        mig.allocatable.mig_slices().collect::<Vec<_>>(),
+        [("1g.5gb", 56)]
+    );
+    assert_eq!(mig.allocatable.gpu, 0);
+    assert_eq!(node(&advertised("a10g", "g5.12xlarge")).allocatable.gpu, 4);
+}
