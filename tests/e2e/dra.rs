@@ -6,16 +6,11 @@
 
 use std::collections::BTreeSet;
 
+use gpu_node_autoscaler_test_support::dra_driver;
 use serde_json::Value;
 
 use crate::support::Env;
 use crate::MIN;
-
-/// NVIDIA's DeviceClasses, as its Helm chart installs them.
-const DEVICE_CLASSES: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\n\
-metadata: {name: gpu.nvidia.com}\nspec:\n  selectors:\n  - cel: {expression: \"device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'\"}\n\
----\napiVersion: resource.k8s.io/v1\nkind: DeviceClass\n\
-metadata: {name: mig.nvidia.com}\nspec:\n  selectors:\n  - cel: {expression: \"device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'\"}\n";
 
 const POOL_DEFAULTS: &str =
     "  provider: kwok\n  capacityTypes: [spot, on-demand]\n  maxNodes: 4\n  dra: {}\n\
@@ -41,7 +36,7 @@ const MIG_POOL: (&str, &str) = (
 
 fn dra_env(name: &str, pools: &[(&str, &str)]) -> Env {
     let mut env = crate::kwok::kwok_env(name);
-    env.create(DEVICE_CLASSES);
+    env.create(dra_driver::DEVICE_CLASSES);
     env.create(&env.policy_configmap(&policy(pools)));
     env.start_controller("r1", &[]);
     env.wait_for("the controller to become ready", MIN, || {
@@ -72,69 +67,6 @@ image: cuda:12\n    resources:\n      requests: {{cpu: \"1\", memory: 2Gi}}\n   
     )
 }
 
-/// The devices NVIDIA's DRA driver publishes on a node of `instance_type`, after
-/// `cmd/gpu-kubelet-plugin/deviceinfo.go` in NVIDIA/k8s-dra-driver-gpu: attribute names in the
-/// driver's domain, memory as NVML reports it; MIG devices as the driver lists a GPU that was
-/// partitioned into seven `1g.5gb` instances.
-fn driver_devices(node: &str, instance_type: &str) -> Option<Vec<Value>> {
-    let gpu = |i: usize, product: &str, arch: &str, cc: &str, memory: &str| {
-        serde_json::json!({
-            "name": format!("gpu-{i}"),
-            "attributes": {
-                "type": {"string": "gpu"},
-                "uuid": {"string": format!("GPU-{node}-{i}")},
-                "index": {"int": i},
-                "minor": {"int": i},
-                "productName": {"string": product},
-                "brand": {"string": "Nvidia"},
-                "architecture": {"string": arch},
-                "cudaComputeCapability": {"version": cc},
-                "driverVersion": {"version": "580.82.7"},
-                "cudaDriverVersion": {"version": "13.0.0"},
-                "pcieBusID": {"string": format!("0000:{:02x}:00.0", 0x10 + i)},
-            },
-            "capacity": {"memory": {"value": memory}},
-        })
-    };
-    Some(match instance_type {
-        "p5.48xlarge" => (0..8)
-            .map(|i| gpu(i, "NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "81559Mi"))
-            .collect(),
-        "g5.xlarge" => vec![gpu(0, "NVIDIA A10G", "Ampere", "8.6.0", "23028Mi")],
-        "g5.12xlarge" => (0..4)
-            .map(|i| gpu(i, "NVIDIA A10G", "Ampere", "8.6.0", "23028Mi"))
-            .collect(),
-        "p4d.24xlarge" => (0..8)
-            .flat_map(|g| {
-                (0..7).map(move |s| {
-                    serde_json::json!({
-                        "name": format!("gpu-{g}-mig-19-{s}-1"),
-                        "attributes": {
-                            "type": {"string": "mig"},
-                            "uuid": {"string": format!("MIG-{node}-{g}-{s}")},
-                            "parentUUID": {"string": format!("GPU-{node}-{g}")},
-                            "index": {"int": s},
-                            "parentIndex": {"int": g},
-                            "profile": {"string": "1g.5gb"},
-                            "productName": {"string": "NVIDIA A100-SXM4-40GB"},
-                            "brand": {"string": "Nvidia"},
-                            "architecture": {"string": "Ampere"},
-                            "cudaComputeCapability": {"version": "8.0.0"},
-                            "driverVersion": {"version": "580.82.7"},
-                            "cudaDriverVersion": {"version": "13.0.0"},
-                        },
-                        "capacity": {
-                            "memory": {"value": "4864Mi"},
-                            "multiprocessors": {"value": "14"},
-                        },
-                    })
-                })
-            })
-            .collect(),
-        _ => return None,
-    })
-}
-
 /// The driver stand-in: publishes a ResourceSlice for every Ready node of a DRA pool that has
 /// none yet (`published` remembers them).
 fn publish_slices(env: &Env, published: &mut BTreeSet<String>) {
@@ -152,20 +84,13 @@ fn publish_slices(env: &Env, published: &mut BTreeSet<String>) {
         let it = n["metadata"]["labels"]["node.kubernetes.io/instance-type"]
             .as_str()
             .unwrap_or_default();
-        let devices = driver_devices(name, it)
-            .unwrap_or_else(|| panic!("no devices known for instance type {it:?} of {name}"));
-        let slice = serde_json::json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": format!("{name}-gpu.nvidia.com")},
-            "spec": {
-                "driver": "gpu.nvidia.com",
-                "nodeName": name,
-                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                "devices": devices,
-            },
-        });
-        env.create(&slice.to_string());
+        // The MIG pool's GPUs are partitioned into seven 1g.5gb instances.
+        let mig = [("1g.5gb".to_string(), 7)];
+        let layout = (it == "p4d.24xlarge").then_some(&mig[..]);
+        let devices =
+            dra_driver::devices(name, it, layout).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let uid = n["metadata"]["uid"].as_str().unwrap_or_default();
+        env.create(&dra_driver::resource_slice(name, uid, devices).to_string());
         published.insert(name.to_string());
     }
 }

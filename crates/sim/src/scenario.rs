@@ -263,6 +263,11 @@ pub struct Scenario {
     pub events: Vec<CloudEvent>,
     /// DeviceClasses by name: NVIDIA's and the scenario's.
     pub device_classes: BTreeMap<String, DeviceClass>,
+    /// What a replay on a real cluster creates before the pods when they claim devices, as
+    /// Kubernetes objects (`resource.k8s.io/v1`): the DeviceClasses, then every
+    /// ResourceClaimTemplate, named as the pods' `resourceClaimTemplateName` and without a
+    /// namespace. Empty when no pod claims devices.
+    pub dra_objects: Vec<Value>,
 }
 
 struct Errs<'a> {
@@ -328,6 +333,9 @@ struct ClaimContext {
     classes: BTreeMap<String, DeviceClass>,
     templates: DraObjects,
     selectors: Selectors,
+    /// The DeviceClasses and templates as Kubernetes objects (see [`Scenario::dra_objects`]).
+    class_objects: Vec<Value>,
+    template_objects: Vec<Value>,
 }
 
 impl ClaimContext {
@@ -337,6 +345,8 @@ impl ClaimContext {
             classes: BTreeMap::new(),
             templates: DraObjects::default(),
             selectors: Selectors::new(),
+            class_objects: Vec::new(),
+            template_objects: Vec::new(),
         };
         let nvidia = [
             nvidia_class(NVIDIA_GPU_CLASS, "gpu"),
@@ -349,8 +359,14 @@ impl ClaimContext {
             .chain(given.enumerate().map(|(n, v)| (Some(n), v)))
         {
             let at = |n: usize| path(&[k("deviceClasses"), i(n)]);
+            let mut object = v.clone();
             match conv.device_class(v) {
                 Ok(dc) => {
+                    object["apiVersion"] = json!("resource.k8s.io/v1");
+                    object["kind"] = json!("DeviceClass");
+                    c.class_objects
+                        .retain(|o| o["metadata"]["name"] != dc.name.as_str());
+                    c.class_objects.push(object);
                     for (si, e) in dc.selectors.iter().enumerate() {
                         if let (Err(msg), Some(n)) = (c.selectors.check(e), n) {
                             errs.at(&[at(n), path(&[k("selectors"), i(si)])].concat(), msg);
@@ -437,9 +453,16 @@ impl ClaimContext {
                 "metadata": {"name": name, "namespace": "sim"},
                 "spec": {"spec": {"devices": {"requests": requests}}},
             });
+            let object = json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name},
+                "spec": obj["spec"],
+            });
             match conv.resource_claim_template(obj) {
                 Ok((key, spec)) => {
                     self.templates.templates.insert(key, spec);
+                    self.template_objects.push(object);
                     refs.push((c.name.clone(), name));
                 }
                 // The converter names the field of the Kubernetes object; here a request's
@@ -909,6 +932,14 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             policy,
             pods,
             events,
+            dra_objects: if dra.template_objects.is_empty() {
+                Vec::new()
+            } else {
+                dra.class_objects
+                    .into_iter()
+                    .chain(dra.template_objects)
+                    .collect()
+            },
             device_classes: dra.classes,
         }),
         _ => Err(errs.out.join("\n")),

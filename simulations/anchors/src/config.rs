@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpu_node_autoscaler_core::model::labels::{self, GPU_MODEL};
+use gpu_node_autoscaler_core::model::resources::NVIDIA_GPU;
 use gpu_node_autoscaler_core::policy::{duration::parse_duration, Policy};
 use gpu_node_autoscaler_core::yaml;
 use gpu_node_autoscaler_provider::{CapacityType, Catalog};
@@ -140,18 +141,29 @@ pub fn our_policy(raw_policy: &Value, policy: &Policy, scale: f64) -> anyhow::Re
 /// Karpenter's kwok instance types (`INSTANCE_TYPES_FILE_PATH`, the schema of
 /// `kwok/cloudprovider/helpers.go`): every instance type of the pools, with one offering per zone
 /// and capacity type at the catalog's price.
-pub fn karpenter_instance_types(policy: &Policy, catalog: &Catalog) -> Value {
+pub fn karpenter_instance_types(policy: &Policy, catalog: &Catalog) -> anyhow::Result<Value> {
     let mut out = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
+    // Instance type → the pool that defined it and its resources: the file is global, so two
+    // pools may share a type only if their Nodes of it offer the same (not whole GPUs in one and
+    // MIG slices in the other).
+    let mut seen: BTreeMap<String, (String, Value)> = BTreeMap::new();
     for pool in &policy.pools {
         for t in pool_types(pool, catalog) {
-            if !seen.insert(t.clone()) {
-                continue;
-            }
             let Some(it) = catalog.instance_type(&t) else {
                 continue;
             };
-            let resources = node_resources(it);
+            let resources = node_resources(pool, it)?;
+            if let Some((other, r)) = seen.get(&t) {
+                if *r != resources {
+                    anyhow::bail!(
+                        "pools {other} and {} both launch {t} but offer different GPU resources \
+                         ({r} and {resources}): Karpenter's kwok instance types are one per type",
+                        pool.name
+                    );
+                }
+                continue;
+            }
+            seen.insert(t.clone(), (pool.name.clone(), resources.clone()));
             let offerings: Vec<Value> = catalog
                 .offerings
                 .iter()
@@ -187,21 +199,34 @@ pub fn karpenter_instance_types(policy: &Policy, catalog: &Catalog) -> Value {
             }));
         }
     }
-    Value::Array(out)
+    Ok(Value::Array(out))
 }
 
-/// A node's capacity of an instance type (Karpenter's instance-type resources, the Cluster
-/// Autoscaler's template Node): CPU, memory, pods and its GPUs.
-fn node_resources(it: &gpu_node_autoscaler_provider::InstanceType) -> Value {
+/// A pool's node's capacity of an instance type (Karpenter's instance-type resources, the Cluster
+/// Autoscaler's template Node): CPU, memory, pods and its GPUs as the pool offers them (whole,
+/// MIG slices or shared, as our kwok provider's Nodes advertise them: one source,
+/// `advertised_gpu_resources`).
+fn node_resources(
+    pool: &gpu_node_autoscaler_core::policy::Pool,
+    it: &gpu_node_autoscaler_provider::InstanceType,
+) -> anyhow::Result<Value> {
     let mut r = json!({
         "cpu": it.vcpu.to_string(),
         "memory": format!("{}Mi", it.memory_mib),
         "pods": "110",
     });
-    if let Some(g) = &it.gpu {
-        r[g.vendor.resource()] = json!(g.count.to_string());
+    let gpus = gpu_node_autoscaler_core::plan::templates::advertised_gpu_resources(pool, it)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    for (k, v) in gpus {
+        r[k] = json!(v.to_string());
     }
-    r
+    Ok(r)
+}
+
+/// Whether a pool's Nodes advertise whole NVIDIA GPUs through the device plugin
+/// (`nvidia.com/gpu`), the resource the two products' GPU handling knows.
+fn advertises_whole_gpus(resources: &Value) -> bool {
+    resources.get(NVIDIA_GPU).is_some()
 }
 
 /// A pool's taints as Node/NodePool taints.
@@ -223,7 +248,7 @@ pub fn pool_types(pool: &gpu_node_autoscaler_core::policy::Pool, catalog: &Catal
 /// zones, capacity types, labels and taints; consolidation as Karpenter v1's default
 /// (WhenEmptyOrUnderutilized) after the pool's unneeded time; the GPU limit from `maxGpus`, else
 /// `maxNodes` of the pool's largest type.
-pub fn karpenter_objects(policy: &Policy, catalog: &Catalog, scale: f64) -> Value {
+pub fn karpenter_objects(policy: &Policy, catalog: &Catalog, scale: f64) -> anyhow::Result<Value> {
     let mut items = vec![json!({
         "apiVersion": "karpenter.kwok.sh/v1alpha1",
         "kind": "KWOKNodeClass",
@@ -246,6 +271,14 @@ pub fn karpenter_objects(policy: &Policy, catalog: &Catalog, scale: f64) -> Valu
         let gpu_limit = pool
             .max_gpus
             .unwrap_or(pool.max_nodes.saturating_mul(max_gpus_per_node));
+        // Whether the pool's Nodes count against an `nvidia.com/gpu` limit at all (MIG slices,
+        // shared GPUs and DRA devices are other resources).
+        let mut whole = true;
+        for t in &types {
+            if let Some(it) = catalog.instance_type(t) {
+                whole &= it.gpu.is_none() || advertises_whole_gpus(&node_resources(pool, it)?);
+            }
+        }
         let mut spec = json!({
             "template": {
                 "metadata": {"labels": labels},
@@ -265,8 +298,11 @@ pub fn karpenter_objects(policy: &Policy, catalog: &Catalog, scale: f64) -> Valu
                 "consolidateAfter": scaled_whole_seconds(pool.scale_down.unneeded_time, scale),
             },
         });
-        if gpu_limit > 0 {
-            spec["limits"] = json!({"nvidia.com/gpu": gpu_limit.to_string()});
+        if !whole {
+            // Karpenter's node-count limit (v1.14 `limits.nodes`): the pool's `maxNodes`.
+            spec["limits"] = json!({"nodes": pool.max_nodes.to_string()});
+        } else if gpu_limit > 0 {
+            spec["limits"] = json!({NVIDIA_GPU: gpu_limit.to_string()});
         }
         items.push(json!({
             "apiVersion": "karpenter.sh/v1",
@@ -275,7 +311,7 @@ pub fn karpenter_objects(policy: &Policy, catalog: &Catalog, scale: f64) -> Valu
             "spec": spec,
         }));
     }
-    json!({"apiVersion": "v1", "kind": "List", "items": items})
+    Ok(json!({"apiVersion": "v1", "kind": "List", "items": items}))
 }
 
 /// The Cluster Autoscaler's kwok provider: its configuration and node templates (two ConfigMaps in
@@ -319,8 +355,14 @@ pub fn cluster_autoscaler(
             let Some(it) = catalog.instance_type(&t) else {
                 continue;
             };
-            let capacity = node_resources(it);
-            if let Some(g) = &it.gpu {
+            let capacity = node_resources(pool, it)?;
+            // The GPU label only on Nodes with whole GPUs: the Cluster Autoscaler counts a Node
+            // with its GPU label and no `nvidia.com/gpu` as not ready (its GPUs not advertised
+            // yet), which a MIG or shared-GPU Node would stay for good; and it measures a GPU
+            // Node's utilization by `nvidia.com/gpu` alone. A user of MIG or shared GPUs leaves
+            // the label off those node groups, and their Nodes are measured by CPU and memory.
+            let gpu_label = it.gpu.as_ref().filter(|_| advertises_whole_gpus(&capacity));
+            if let Some(g) = gpu_label {
                 gpu_types.insert(g.model.clone(), json!({}));
             }
             for o in catalog
@@ -354,7 +396,7 @@ pub fn cluster_autoscaler(
                 ] {
                     labels.insert(k.to_string(), v.to_string());
                 }
-                if let Some(g) = &it.gpu {
+                if let Some(g) = gpu_label {
                     labels.insert(GPU_MODEL.to_string(), g.model.clone());
                 }
                 // A Node its kwok provider creates is there at once, not when a kubelet has
@@ -506,7 +548,7 @@ mod tests {
         .unwrap();
         let catalog =
             offerings_from_list_prices(&policy, parse_csv(BUILTIN_AWS, "builtin").unwrap());
-        let types = karpenter_instance_types(&policy, &catalog);
+        let types = karpenter_instance_types(&policy, &catalog).unwrap();
         let reqs = &types[0]["offerings"][0]["Requirements"];
         let model = reqs
             .as_array()
@@ -515,6 +557,88 @@ mod tests {
             .find(|r| r["key"] == GPU_MODEL)
             .expect("a GPU model requirement");
         assert_eq!(model["values"], json!(["A100"]));
+    }
+
+    /// MIG and shared-GPU pools: the two products' nodes offer what ours do (the MIG profiles,
+    /// the shared GPUs' memory, count and cores), Karpenter's pool is limited by its node count
+    /// and the Cluster Autoscaler's node groups carry no GPU label.
+    #[test]
+    fn mig_and_shared_pools_offer_the_same_gpus_to_all_three() {
+        use gpu_node_autoscaler_core::catalog::{
+            offerings_from_list_prices, parse_csv, BUILTIN_AWS,
+        };
+        let policy = gpu_node_autoscaler_core::policy::parse_policy(
+            "zones: [us-east-1a]\npools:\n- name: mig\n  instanceTypes: [p4d.24xlarge]\n  capacityTypes: [on-demand]\n  maxNodes: 3\n  gpuMode: mig\n  migLayout: {2g.10gb: 3, 1g.5gb: 1}\n- name: t4\n  instanceTypes: [g4dn.xlarge]\n  capacityTypes: [spot]\n  maxNodes: 5\n  gpuMode: shared\n- name: a10g\n  instanceTypes: [g5.xlarge]\n  capacityTypes: [spot]\n  maxNodes: 4\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let catalog =
+            offerings_from_list_prices(&policy, parse_csv(BUILTIN_AWS, "builtin").unwrap());
+        let types = karpenter_instance_types(&policy, &catalog).unwrap();
+        let resources = |t: &str| {
+            types
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["name"] == t)
+                .unwrap()["resources"]
+                .clone()
+        };
+        let p4d = resources("p4d.24xlarge");
+        assert_eq!(p4d["nvidia.com/mig-2g.10gb"], "24");
+        assert_eq!(p4d["nvidia.com/mig-1g.5gb"], "8");
+        assert!(p4d.get(NVIDIA_GPU).is_none(), "{p4d}");
+        let t4 = resources("g4dn.xlarge");
+        assert_eq!(t4["aliyun.com/gpu-mem"], "15");
+        assert_eq!(t4["aliyun.com/gpu-count"], "1");
+        assert_eq!(t4["aliyun.com/gpu-core.percentage"], "100");
+        assert_eq!(resources("g5.xlarge")[NVIDIA_GPU], "1");
+
+        let objects = karpenter_objects(&policy, &catalog, 10.0).unwrap();
+        let limits = |pool: &str| {
+            objects["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["metadata"]["name"] == pool)
+                .unwrap()["spec"]["limits"]
+                .clone()
+        };
+        assert_eq!(limits("mig"), json!({"nodes": "3"}));
+        assert_eq!(limits("t4"), json!({"nodes": "5"}));
+        assert_eq!(limits("a10g"), json!({NVIDIA_GPU: "4"}));
+
+        let ca = cluster_autoscaler(&policy, &catalog, 10.0).unwrap();
+        let templates: Value = serde_json::from_str(
+            ca.objects["items"][1]["data"]["templates"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        for n in templates["items"].as_array().unwrap() {
+            let pool = n["metadata"]["labels"][labels::POOL].as_str().unwrap();
+            let t = n["metadata"]["labels"][labels::INSTANCE_TYPE]
+                .as_str()
+                .unwrap();
+            assert_eq!(n["status"]["capacity"], resources(t), "{pool}");
+            let labelled = n["metadata"]["labels"].get(GPU_MODEL).is_some();
+            assert_eq!(labelled, pool == "a10g", "{pool}: {n}");
+        }
+
+        // One instance type in two pools that offer it differently cannot be one Karpenter type.
+        let two = gpu_node_autoscaler_core::policy::parse_policy(
+            "zones: [us-east-1a]\npools:\n- name: mig\n  instanceTypes: [p4d.24xlarge]\n  maxNodes: 1\n  gpuMode: mig\n  migLayout: {1g.5gb: 7}\n- name: whole\n  instanceTypes: [p4d.24xlarge]\n  maxNodes: 1\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let catalog = offerings_from_list_prices(&two, parse_csv(BUILTIN_AWS, "builtin").unwrap());
+        let e = karpenter_instance_types(&two, &catalog)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pools mig and whole both launch p4d.24xlarge"),
+            "{e}"
+        );
     }
 
     #[test]

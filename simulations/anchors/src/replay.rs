@@ -1,6 +1,6 @@
 //! One autoscaler on one fresh cluster: set up, replay the workload, observe, measure.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
+use gpu_node_autoscaler_core::model::resources::{ALIYUN_GPU_CORE, ALIYUN_GPU_MEM};
 use gpu_node_autoscaler_core::model::{OwnerKind, Pod};
 use gpu_node_autoscaler_provider::{CapacityType, Catalog};
 use gpu_node_autoscaler_sim::scenario::Scenario;
@@ -15,6 +16,7 @@ use gpu_node_autoscaler_sim::CloudEvent;
 use gpu_node_autoscaler_test_support::cluster::{
     free_port, Cluster, ClusterOptions, KWOK_STAGES, REPO,
 };
+use gpu_node_autoscaler_test_support::dra_driver;
 
 use crate::config;
 
@@ -162,7 +164,9 @@ pub struct WorkPod {
     pub delete_at: Option<Duration>,
     /// A ReplicaSet's: deleted once its pods have run this long in all.
     pub run_for: Option<Duration>,
-    pub gpus: i64,
+    /// GPU equivalents, as `simulate` counts them (a MIG slice by its compute share, a shared
+    /// GPU's part by the larger of its memory and core share).
+    pub gpus: f64,
 }
 
 /// What every run of one scenario shares.
@@ -182,6 +186,12 @@ pub struct Setup {
     pub boot: Duration,
     pub scan_interval: Duration,
     pub not_replayed: Vec<String>,
+    /// The DeviceClasses and ResourceClaimTemplates the pods' claims need (in the workload
+    /// namespace), created before the autoscaler starts.
+    pub dra_objects: Vec<Value>,
+    /// The pools whose Nodes get a ResourceSlice from the DRA driver stand-in once Ready, with
+    /// the MIG layout their GPUs are partitioned into.
+    pub dra_pools: BTreeMap<String, Option<Vec<(String, u32)>>>,
 }
 
 fn dns_name(s: &str) -> String {
@@ -205,8 +215,7 @@ const WORKLOAD: &str = "anchors.gpu-node-autoscaler.io/workload";
 
 /// The controller of one workload pod, as users run them (a bare Pod is one no autoscaler may
 /// drain): a `batch/v1` Job of one pod (completed by kwok after its run time), or for a
-/// Deployment's replica a ReplicaSet of one (deleted when its time is up). An error for what kwok
-/// nodes of the two other products cannot offer (shared GPUs, MIG slices, ResourceClaims).
+/// Deployment's replica a ReplicaSet of one (deleted when its time is up).
 fn workload_object(p: &Pod, name: &str, run: Option<Duration>, replica_set: bool) -> Result<Value> {
     let mut pod = pod_object(p, if replica_set { None } else { run })?;
     pod["metadata"]["labels"][WORKLOAD] = json!(name);
@@ -233,33 +242,21 @@ fn workload_object(p: &Pod, name: &str, run: Option<Duration>, replica_set: bool
 
 /// The pod template of a workload pod.
 fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
-    if p.share.is_some() {
-        bail!(
-            "pod {}: shared GPUs (aliyun.com/gpu-mem) cannot be replayed on kwok nodes",
-            p.id.name
-        );
-    }
-    if p.requests.mig_slices().next().is_some() {
-        bail!(
-            "pod {}: MIG slices cannot be replayed on kwok nodes",
-            p.id.name
-        );
-    }
-    if !p.claims.is_empty() {
-        bail!(
-            "pod {}: DRA ResourceClaims cannot be replayed on kwok nodes (no DRA driver publishes \
-             devices for them)",
-            p.id.name
-        );
-    }
     let r = &p.requests;
     let mut requests = json!({
         "cpu": format!("{}m", r.cpu_milli),
         "memory": r.memory.to_string(),
     });
     let mut limits = json!({});
+    // A shared-GPU request as Alibaba's device plugin reads it (the kwok Nodes of a shared pool
+    // advertise its GPUs' memory and cores; see `advertised_gpu_resources`).
+    let share = p.share.map_or(vec![], |s| {
+        vec![(ALIYUN_GPU_MEM, s.mem_gib), (ALIYUN_GPU_CORE, s.core_pct)]
+    });
+    // MIG slices are extended resources (`nvidia.com/mig-<profile>`).
     for (k, v) in [("nvidia.com/gpu", r.gpu), ("amd.com/gpu", r.amd_gpu)]
         .into_iter()
+        .chain(share)
         .chain(r.extended.iter().map(|(k, v)| (k.as_str(), *v)))
     {
         if v > 0 {
@@ -285,13 +282,33 @@ fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
             v
         })
         .collect();
+    // Its ResourceClaims, each made from the scenario's template (created before the pods).
+    let mut claim_refs = Vec::new();
+    for c in &p.claims {
+        let Some(template) = c.template.as_deref() else {
+            bail!(
+                "pod {}: claim {} is not made from a ResourceClaimTemplate",
+                p.id.name,
+                c.name
+            );
+        };
+        let template = template.rsplit('/').next().unwrap_or(template);
+        claim_refs.push(json!({"name": c.name, "resourceClaimTemplateName": template}));
+    }
+    let mut resources = json!({"requests": requests, "limits": limits});
+    if !claim_refs.is_empty() {
+        resources["claims"] = p.claims.iter().map(|c| json!({"name": c.name})).collect();
+    }
     let mut spec = json!({
-        "containers": [{"name": "main", "image": "workload", "resources": {"requests": requests, "limits": limits}}],
+        "containers": [{"name": "main", "image": "workload", "resources": resources}],
         "nodeSelector": c.node_selector,
         "tolerations": tolerations,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
     });
+    if !claim_refs.is_empty() {
+        spec["resourceClaims"] = json!(claim_refs);
+    }
     if let Some(terms) = &c.affinity {
         let terms: Vec<Value> = terms
             .iter()
@@ -349,7 +366,7 @@ impl Setup {
                 delete_at,
                 // A replica runs until its ReplicaSet is deleted: once it has run its time.
                 run_for: run.filter(|_| replica_set),
-                gpus: wp.pod.requests.whole_gpus(),
+                gpus: wp.pod.gpu_equivalents(),
             });
         }
         pods.sort_by_key(|p| p.arrival);
@@ -387,13 +404,44 @@ impl Setup {
             Some(m) => config::scaled_duration(m, scale),
             None => end + config::scaled_duration(tail, scale),
         };
+        let dra_objects: Vec<Value> = s
+            .dra_objects
+            .iter()
+            .map(|o| {
+                let mut o = o.clone();
+                if o["kind"] == "ResourceClaimTemplate" {
+                    o["metadata"]["namespace"] = json!(NAMESPACE);
+                }
+                o
+            })
+            .collect();
+        let dra_pools = policy
+            .pools
+            .iter()
+            .filter(|p| p.dra.is_some())
+            .map(|p| {
+                let mig = match &p.gpu_mode {
+                    gpu_node_autoscaler_core::policy::GpuMode::Mig(layout) => Some(layout.clone()),
+                    _ => None,
+                };
+                (p.name.clone(), mig)
+            })
+            .collect();
+        let mut ca = config::cluster_autoscaler(policy, &catalog, scale)?;
+        if !dra_objects.is_empty() {
+            // As its users of DRA run it (its simulation then allocates the pods' claims).
+            ca.args
+                .push("--enable-dynamic-resource-allocation=true".to_string());
+        }
         Ok(Setup {
             scale,
             pods,
+            dra_objects,
+            dra_pools,
             our_policy: config::our_policy(raw_policy, policy, scale)?,
-            karpenter_types: config::karpenter_instance_types(policy, &catalog),
-            karpenter_objects: config::karpenter_objects(policy, &catalog, scale),
-            ca: config::cluster_autoscaler(policy, &catalog, scale)?,
+            karpenter_types: config::karpenter_instance_types(policy, &catalog)?,
+            karpenter_objects: config::karpenter_objects(policy, &catalog, scale)?,
+            ca,
             catalog,
             stages,
             deadline,
@@ -480,6 +528,8 @@ struct PodSeen {
     /// ran at the last look.
     ran: Duration,
     running_at: Option<Duration>,
+    /// GPU equivalents of the devices allocated to its ResourceClaims (the most seen).
+    claimed_gpus: f64,
 }
 
 /// What one autoscaler did with one workload, in the scenario's time.
@@ -662,6 +712,39 @@ fn start_autoscaler(
     }
 }
 
+/// The ResourceSlice NVIDIA's DRA driver would publish for `node` now: once it is Ready, if it
+/// belongs to a pool whose GPUs the driver publishes (its pool label, as all three autoscalers'
+/// Nodes carry it from their pool's or node group's labels, else our kwok provider's pool
+/// annotation, there from its creation).
+fn driver_slice(setup: &Setup, node: &Value) -> Result<Option<Value>> {
+    let m = &node["metadata"];
+    let pool = m["labels"][gpu_node_autoscaler_core::model::labels::POOL]
+        .as_str()
+        .or(m["annotations"]["kwok.gpu-node-autoscaler.io/pool"].as_str());
+    let Some(mig) = pool.and_then(|p| setup.dra_pools.get(p)) else {
+        return Ok(None);
+    };
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    if !ready {
+        return Ok(None);
+    }
+    let name = m["name"].as_str().unwrap_or_default();
+    let it = m["labels"]["node.kubernetes.io/instance-type"]
+        .as_str()
+        .unwrap_or_default();
+    let devices =
+        dra_driver::devices(name, it, mig.as_deref()).map_err(|e| anyhow!("{name}: {e}"))?;
+    Ok(Some(dra_driver::resource_slice(
+        name,
+        m["uid"].as_str().unwrap_or_default(),
+        devices,
+    )))
+}
+
 /// Runs `which` on a fresh cluster in `dir` and measures it.
 pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Result<Measured> {
     let started = Instant::now();
@@ -695,6 +778,14 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             "status": {"capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"}},
         }),
     )?;
+    if !setup.dra_objects.is_empty() {
+        apply_json(
+            &cluster,
+            dir,
+            "dra-objects.json",
+            &json!({"apiVersion": "v1", "kind": "List", "items": setup.dra_objects}),
+        )?;
+    }
     let (mut proc, port, ready) = start_autoscaler(setup, which, bins, &cluster, dir)?;
     let ready_by = Instant::now() + Duration::from_secs(120);
     while !http_ok(port, ready) {
@@ -719,6 +810,15 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
     let mut pods: Vec<PodSeen> = (0..setup.pods.len()).map(|_| PodSeen::default()).collect();
     let mut nodes: BTreeMap<String, NodeSeen> = BTreeMap::new();
     let mut failed_looks = 0u32;
+    // Nodes the DRA driver stand-in has published a ResourceSlice for, and the GPU equivalents
+    // of their devices by (pool, device) as an allocation names them.
+    let mut published: HashSet<String> = HashSet::new();
+    let mut device_gpus: HashMap<(String, String), f64> = HashMap::new();
+    let kinds = if setup.dra_objects.is_empty() {
+        "nodes,pods"
+    } else {
+        "nodes,pods,resourceclaims"
+    };
     loop {
         let now = t0.elapsed();
         if let Ok(Some(status)) = proc.0.try_wait() {
@@ -770,11 +870,8 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         let seen_at = t0.elapsed();
         // A loaded API server sometimes fails a list (a TLS handshake timeout): that look is
         // skipped, and only a run of failures (10 s of wall time) ends the run.
-        let listed = kubectl(
-            &cluster,
-            &["get", "nodes,pods", "-n", NAMESPACE, "-o", "json"],
-        )
-        .and_then(|out| Ok(serde_json::from_str::<Value>(&out)?));
+        let listed = kubectl(&cluster, &["get", kinds, "-n", NAMESPACE, "-o", "json"])
+            .and_then(|out| Ok(serde_json::from_str::<Value>(&out)?));
         let v = match listed {
             Ok(v) => {
                 failed_looks = 0;
@@ -791,12 +888,31 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 continue;
             }
         };
-        let mut present = std::collections::HashSet::new();
+        let mut present = HashSet::new();
         let mut running_now = vec![false; setup.pods.len()];
+        let mut slices = Vec::new();
+        let mut pod_index: HashMap<String, usize> = HashMap::new();
         for o in v["items"].as_array().into_iter().flatten() {
             let name = o["metadata"]["name"].as_str().unwrap_or("").to_string();
             if o["kind"] == "Node" && name != SYSTEM_NODE {
                 present.insert(name.clone());
+                if !published.contains(&name) {
+                    if let Some(slice) = driver_slice(setup, o)? {
+                        for d in slice["spec"]["devices"].as_array().into_iter().flatten() {
+                            let profile = d["attributes"]["profile"]["string"].as_str();
+                            let eq = profile
+                                .and_then(gpu_node_autoscaler_core::model::gpu::parse_mig_profile)
+                                .map_or(1.0, |p| {
+                                    f64::from(p.compute)
+                                        / f64::from(gpu_node_autoscaler_core::model::gpu::MIG_COMPUTE_SLICES)
+                                });
+                            let device = d["name"].as_str().unwrap_or_default().to_string();
+                            device_gpus.insert((name.clone(), device), eq);
+                        }
+                        slices.push(slice);
+                        published.insert(name.clone());
+                    }
+                }
                 let labels = &o["metadata"]["labels"];
                 let ct = [
                     &labels["karpenter.sh/capacity-type"],
@@ -835,6 +951,9 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                     .as_str()
                     .and_then(|w| index.get(w)),
             ) {
+                if let Some(pod) = o["metadata"]["name"].as_str() {
+                    pod_index.insert(pod.to_string(), i);
+                }
                 let phase = o["status"]["phase"].as_str().unwrap_or("");
                 let p = &mut pods[i];
                 if phase == "Running" || phase == "Succeeded" {
@@ -848,6 +967,37 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                     p.finished.get_or_insert(seen_at);
                 }
             }
+        }
+        // The devices allocated to the claims of the pods they are reserved for.
+        for c in v["items"].as_array().into_iter().flatten() {
+            if c["kind"] != "ResourceClaim" {
+                continue;
+            }
+            let gpus: f64 = c["status"]["allocation"]["devices"]["results"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| {
+                    let key = (
+                        r["pool"].as_str()?.to_string(),
+                        r["device"].as_str()?.to_string(),
+                    );
+                    device_gpus.get(&key)
+                })
+                .sum();
+            for r in c["status"]["reservedFor"].as_array().into_iter().flatten() {
+                if let Some(&i) = r["name"].as_str().and_then(|n| pod_index.get(n)) {
+                    pods[i].claimed_gpus = pods[i].claimed_gpus.max(gpus);
+                }
+            }
+        }
+        if !slices.is_empty() {
+            let f = dir.join("slices.json");
+            std::fs::write(
+                &f,
+                json!({"apiVersion": "v1", "kind": "List", "items": slices}).to_string(),
+            )?;
+            kubectl(&cluster, &["create", "-f", f.to_str().unwrap()])?;
         }
         for (name, n) in nodes.iter_mut() {
             if !present.contains(name) {
@@ -906,7 +1056,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
     let pod_gpu_s: f64 = pods
         .iter()
         .zip(&setup.pods)
-        .map(|(p, w)| model(p.ran) * w.gpus as f64)
+        .map(|(p, w)| model(p.ran) * (w.gpus + p.claimed_gpus))
         .sum();
     let first_pod = pods.iter().filter_map(|p| p.created).min();
     let first_node = nodes.values().map(|n| n.first).min();
