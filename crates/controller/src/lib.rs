@@ -428,6 +428,10 @@ struct Waiting {
 /// call's own time-outs (an ESS scaling activity is awaited for up to 300 s).
 const LAUNCH_STUCK_AFTER: Duration = Duration::from_secs(900);
 
+/// The most nomination patches in flight at once in a pass, so that a burst of pending pods does
+/// not open hundreds of requests to the API server together.
+const NOMINATIONS_AT_ONCE: usize = 8;
+
 /// Whether the loop counts as alive: it turns, and no launch has been awaited for too long.
 fn loop_alive(waiting_for: Option<Duration>) -> bool {
     waiting_for.is_none_or(|d| d < LAUNCH_STUCK_AFTER)
@@ -983,6 +987,9 @@ impl Controller {
         let mut launches = Vec::new();
         // A notice is acknowledged only once the taints that record it are on the nodes.
         let mut taint_failed = false;
+        // Nominations are independent patches, made together once the rest is done: a burst of
+        // pending pods placed on registered nodes is as many API calls in one pass.
+        let mut nominations = Vec::new();
         let mut actions = actions.into_iter();
         while let Some(action) = actions.next() {
             // Every change to the cluster or the cloud is the leader's.
@@ -1084,16 +1091,7 @@ impl Controller {
                         warn!(message = %message_id, "interruption queue: {e}");
                     }
                 }
-                Action::Nominate { pod, uid, node } => {
-                    let Some((namespace, name)) = pod.split_once('/') else {
-                        continue;
-                    };
-                    if let Err(e) =
-                        kube_io::nominate_pod(&self.client, namespace, name, &uid, &node).await
-                    {
-                        warn!(pod = %pod, node = %node, "nominating: {e}");
-                    }
-                }
+                Action::Nominate { pod, uid, node } => nominations.push((pod, uid, node)),
                 Action::Annotate { node, key, value } => {
                     let api: Api<K8sNode> = Api::all(self.client.clone());
                     if let Err(e) = kube_io::annotate_node(&api, &node, key, value.as_deref()).await
@@ -1123,6 +1121,18 @@ impl Controller {
                 Action::Status(st) => self.write_status(&st).await,
             }
         }
+        let client = &self.client;
+        use futures::StreamExt;
+        futures::stream::iter(nominations)
+            .for_each_concurrent(NOMINATIONS_AT_ONCE, |(pod, uid, node)| async move {
+                let Some((namespace, name)) = pod.split_once('/') else {
+                    return;
+                };
+                if let Err(e) = kube_io::nominate_pod(client, namespace, name, &uid, &node).await {
+                    warn!(pod = %pod, node = %node, "nominating: {e}");
+                }
+            })
+            .await;
         Some((feedback, launches))
     }
 
