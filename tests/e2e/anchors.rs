@@ -38,16 +38,35 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_and_karpenter() {
         assert_eq!(m["pods_never_placed"], 0, "{json:#}");
         // Every pod waits for a node to boot (90 s of the scenario's time).
         assert!(m["wait_p50_s"].as_f64().unwrap() >= 80.0, "{json:#}");
-        // The gang's two 4-GPU workers need two nodes; we launch no more than six for six pods
-        // (Karpenter may replace nodes as it consolidates).
+        // The gang's two 4-GPU workers need two nodes; we launch one node per pod and at most
+        // one more: kube-scheduler clears a pending pod's nomination whenever it tries the pod
+        // and finds no node (a booting Node's arrival or update is such a time), and a one-GPU
+        // fine-tune whose own node is not Ready yet can take a gang worker's node in the moment
+        // before our next pass nominates the worker again (7 nodes in each of three runs on
+        // 2026-11-26 once Nodes turned Ready at their boot time after creation; 6 before).
+        // Karpenter may replace nodes as it consolidates.
         let nodes = m["nodes_launched"].as_u64().unwrap();
-        let most = if m["strategy"] == "karpenter" { 12 } else { 6 };
+        let most = if m["strategy"] == "karpenter" { 12 } else { 7 };
         assert!((2..=most).contains(&nodes), "{json:#}");
         // Some cost, and less than eight g5.12xlarge on-demand ($5.672/h) for the 20 minutes.
         let cost = m["cost_usd"].as_f64().unwrap();
         assert!(cost > 0.1 && cost < 8.0 * 5.672 / 3.0, "{json:#}");
         assert!(
             m["unpriced_nodes"].as_array().unwrap().is_empty(),
+            "{json:#}"
+        );
+        // The five longest waits, longest first, the first no shorter than the p95, each with
+        // the Node its pod ran on.
+        let longest = m["longest_waits"].as_array().unwrap();
+        assert_eq!(longest.len(), 5, "{json:#}");
+        let w: Vec<f64> = longest
+            .iter()
+            .map(|x| x["wait_s"].as_f64().unwrap())
+            .collect();
+        assert!(w.windows(2).all(|p| p[0] >= p[1]), "{json:#}");
+        assert!(w[0] >= m["wait_p95_s"].as_f64().unwrap(), "{json:#}");
+        assert!(
+            longest.iter().all(|x| x["node"].as_str().unwrap() != ""),
             "{json:#}"
         );
         assert!(

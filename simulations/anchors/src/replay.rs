@@ -456,7 +456,13 @@ impl Setup {
 /// kwok's Stages with the nodes' boot time, whoever created the Node: a new Node without a Ready
 /// condition is made NotReady at once (`node-boot`, weighted over `node-initialize`, which matches it
 /// too), so that the node lifecycle controller keeps the not-ready taint on it, and `node-initialize`
-/// makes it Ready `delay` later.
+/// makes it Ready `delay` after its creation. After its creation, not after its last update: kwok
+/// starts a Stage's delay again on every update of the object, and an autoscaler updates the Nodes
+/// it launched (labels, taints, annotations) at times of its own; with the delay alone a Node was
+/// Ready 9.8 s after its creation for the Cluster Autoscaler, 10.4 s for us and 10.9 s for
+/// Karpenter (medians at 20×), and up to 20 s for a few Nodes of ours and Karpenter's (until
+/// 2026-11-26). The time is the creation's, in whole seconds as the API server keeps it, so a Node
+/// is Ready up to a second before `delay` has passed.
 pub fn with_node_delay(stages: &str, delay: Duration) -> Result<String> {
     let mut out = String::new();
     let mut in_init = false;
@@ -467,9 +473,11 @@ pub fn with_node_delay(stages: &str, delay: Duration) -> Result<String> {
         if line.trim() == "name: node-initialize" {
             in_init = true;
         } else if in_init && line == "spec:" {
+            let ms = delay.as_millis();
             out.push_str(&format!(
-                "  delay:\n    durationMilliseconds: {}\n",
-                delay.as_millis()
+                "  delay:\n    durationMilliseconds: {ms}\n    durationFrom:\n      jq:\n        \
+                 expression: '\"\\(((.metadata.creationTimestamp | fromdate) * 1000 + {ms} - now * 1000) \
+                 | floor)ms\"'\n"
             ));
             in_init = false;
             done = true;
@@ -530,6 +538,8 @@ struct PodSeen {
     running_at: Option<Duration>,
     /// GPU equivalents of the devices allocated to its ResourceClaims (the most seen).
     claimed_gpus: f64,
+    /// The Node its first pod was found running on.
+    node: Option<String>,
 }
 
 /// What one autoscaler did with one workload, in the scenario's time.
@@ -539,6 +549,8 @@ pub struct Measured {
     pub wait_p50_s: f64,
     pub wait_p95_s: f64,
     pub wait_p99_s: f64,
+    /// The [`LONGEST_WAITS`] longest waits, longest first.
+    pub longest_waits: Vec<LongWait>,
     pub gpu_allocation: f64,
     pub first_node_s: Option<f64>,
     pub nodes_launched: usize,
@@ -547,6 +559,17 @@ pub struct Measured {
     pub cost_by_offering: BTreeMap<String, f64>,
     pub wall_s: f64,
     pub unpriced_nodes: Vec<String>,
+}
+
+/// How many of the longest waits a run reports.
+pub const LONGEST_WAITS: usize = 5;
+
+/// One of a run's longest waits: the workload (Job or ReplicaSet), its wait in the scenario's
+/// time, and the Node its first pod ran on.
+pub struct LongWait {
+    pub workload: String,
+    pub wait_s: f64,
+    pub node: String,
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -958,6 +981,9 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 let p = &mut pods[i];
                 if phase == "Running" || phase == "Succeeded" {
                     p.running.get_or_insert(seen_at);
+                    if p.node.is_none() {
+                        p.node = o["spec"]["nodeName"].as_str().map(str::to_string);
+                    }
                 }
                 if phase == "Running" && o["metadata"]["deletionTimestamp"].is_null() {
                     running_now[i] = true;
@@ -1048,11 +1074,24 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             None => unpriced.push(name.clone()),
         }
     }
-    let mut waits: Vec<f64> = pods
+    let mut waited: Vec<(f64, usize)> = pods
         .iter()
-        .filter_map(|p| Some(model(p.running?.saturating_sub(p.created?))))
+        .enumerate()
+        .filter_map(|(i, p)| Some((model(p.running?.saturating_sub(p.created?)), i)))
         .collect();
-    waits.sort_by(f64::total_cmp);
+    waited.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let waits: Vec<f64> = waited.iter().map(|w| w.0).collect();
+    // The longest waits, for finding out why (the tail is a few pods in a hundred).
+    let longest_waits = waited
+        .iter()
+        .rev()
+        .take(LONGEST_WAITS)
+        .map(|&(w, i)| LongWait {
+            workload: setup.pods[i].name.clone(),
+            wait_s: w,
+            node: pods[i].node.clone().unwrap_or_default(),
+        })
+        .collect();
     let pod_gpu_s: f64 = pods
         .iter()
         .zip(&setup.pods)
@@ -1066,6 +1105,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         wait_p50_s: percentile(&waits, 0.50),
         wait_p95_s: percentile(&waits, 0.95),
         wait_p99_s: percentile(&waits, 0.99),
+        longest_waits,
         gpu_allocation: if node_gpu_s > 0.0 {
             pod_gpu_s / node_gpu_s
         } else {
@@ -1119,6 +1159,9 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
                 "wait_p50_s": round(m.wait_p50_s, 1),
                 "wait_p95_s": round(m.wait_p95_s, 1),
                 "wait_p99_s": round(m.wait_p99_s, 1),
+                "longest_waits": m.longest_waits.iter().map(|w| json!({
+                    "workload": w.workload, "wait_s": round(w.wait_s, 1), "node": w.node,
+                })).collect::<Vec<_>>(),
                 "gpu_allocation": round(m.gpu_allocation, 3),
                 "first_node_s": m.first_node_s.map(|x| round(x, 1)),
                 "nodes_launched": m.nodes_launched,
@@ -1195,6 +1238,19 @@ mod tests {
         let out = with_node_delay(&s, Duration::from_millis(4500)).unwrap();
         let i = out.find("name: node-initialize").unwrap();
         assert!(out[i..].contains("spec:\n  delay:\n    durationMilliseconds: 4500\n"));
+        // From the Node's creation: what is left of the 4.5 s, as kwok reads a duration.
+        assert!(out[i..].contains(
+            "    durationFrom:\n      jq:\n        expression: '\"\\(((.metadata.creationTimestamp | fromdate) * 1000 + 4500 - now * 1000) | floor)ms\"'\n"
+        ), "{}", &out[i..]);
+        let stages = gpu_node_autoscaler_core::yaml::parse_all(&out).unwrap();
+        let init = stages
+            .iter()
+            .find(|d| d["metadata"]["name"] == "node-initialize")
+            .unwrap();
+        assert_eq!(
+            init["spec"]["delay"]["durationFrom"]["jq"]["expression"],
+            "\"\\(((.metadata.creationTimestamp | fromdate) * 1000 + 4500 - now * 1000) | floor)ms\""
+        );
         assert!(with_node_delay("kind: Stage\n", Duration::ZERO).is_err());
     }
 
