@@ -42,7 +42,7 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_and_karpenter() {
         // one more: kube-scheduler clears a pending pod's nomination whenever it tries the pod
         // and finds no node (a booting Node's arrival or update is such a time), and a one-GPU
         // fine-tune whose own node is not Ready yet can take a gang worker's node in the moment
-        // before our next pass nominates the worker again (7 nodes in each of three runs on
+        // before our next pass nominates the worker again (7 nodes in each of two runs on
         // 2026-11-26 once Nodes turned Ready at their boot time after creation; 6 before).
         // Karpenter may replace nodes as it consolidates.
         let nodes = m["nodes_launched"].as_u64().unwrap();
