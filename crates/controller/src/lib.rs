@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use futures::StreamExt;
 use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, LaunchResult, ProviderError};
 use k8s_openapi::api::core::v1::{ConfigMap, Node as K8sNode, Pod as K8sPod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -1122,7 +1123,6 @@ impl Controller {
             }
         }
         let client = &self.client;
-        use futures::StreamExt;
         futures::stream::iter(nominations)
             .for_each_concurrent(NOMINATIONS_AT_ONCE, |(pod, uid, node)| async move {
                 let Some((namespace, name)) = pod.split_once('/') else {

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::model::dra::{Device, DeviceClass, DeviceCount};
-use crate::model::gpu::{parse_mig_profile, MIG_COMPUTE_SLICES};
+use crate::model::gpu::parse_mig_profile;
 use crate::model::Pod;
 use gpu_node_autoscaler_core::dra::Selectors;
 
@@ -99,7 +99,7 @@ pub fn gpu_equivalent(d: &Device) -> f64 {
     use crate::model::dra::AttrValue;
     match (d.attribute("type"), d.attribute("profile")) {
         (Some(AttrValue::String(t)), Some(AttrValue::String(p))) if t == "mig" => {
-            parse_mig_profile(p).map_or(1.0, |p| p.compute as f64 / MIG_COMPUTE_SLICES as f64)
+            parse_mig_profile(p).map_or(1.0, |p| p.gpu_share())
         }
         _ => 1.0,
     }

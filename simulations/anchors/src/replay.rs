@@ -282,8 +282,10 @@ fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
             v
         })
         .collect();
-    // Its ResourceClaims, each made from the scenario's template (created before the pods).
+    // Its ResourceClaims, each made from the scenario's template (created before the pods),
+    // and the container's references to them.
     let mut claim_refs = Vec::new();
+    let mut container_claims = Vec::new();
     for c in &p.claims {
         let Some(template) = c.template.as_deref() else {
             bail!(
@@ -294,10 +296,11 @@ fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
         };
         let template = template.rsplit('/').next().unwrap_or(template);
         claim_refs.push(json!({"name": c.name, "resourceClaimTemplateName": template}));
+        container_claims.push(json!({"name": c.name}));
     }
     let mut resources = json!({"requests": requests, "limits": limits});
     if !claim_refs.is_empty() {
-        resources["claims"] = p.claims.iter().map(|c| json!({"name": c.name})).collect();
+        resources["claims"] = json!(container_claims);
     }
     let mut spec = json!({
         "containers": [{"name": "main", "image": "workload", "resources": resources}],
@@ -768,6 +771,26 @@ fn driver_slice(setup: &Setup, node: &Value) -> Result<Option<Value>> {
     )))
 }
 
+/// The GPU equivalents of a slice's devices by (pool, device), as an allocation names them: a
+/// whole GPU is one, a MIG device its profile's share, as `simulate` counts them.
+fn slice_gpus<'a>(
+    pool: &'a str,
+    slice: &'a Value,
+) -> impl Iterator<Item = ((String, String), f64)> + 'a {
+    slice["spec"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(move |d| {
+            let share = d["attributes"]["profile"]["string"]
+                .as_str()
+                .and_then(gpu_node_autoscaler_core::model::gpu::parse_mig_profile)
+                .map_or(1.0, |p| p.gpu_share());
+            let device = d["name"].as_str().unwrap_or_default().to_string();
+            ((pool.to_string(), device), share)
+        })
+}
+
 /// Runs `which` on a fresh cluster in `dir` and measures it.
 pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Result<Measured> {
     let started = Instant::now();
@@ -921,17 +944,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 present.insert(name.clone());
                 if !published.contains(&name) {
                     if let Some(slice) = driver_slice(setup, o)? {
-                        for d in slice["spec"]["devices"].as_array().into_iter().flatten() {
-                            let profile = d["attributes"]["profile"]["string"].as_str();
-                            let eq = profile
-                                .and_then(gpu_node_autoscaler_core::model::gpu::parse_mig_profile)
-                                .map_or(1.0, |p| {
-                                    f64::from(p.compute)
-                                        / f64::from(gpu_node_autoscaler_core::model::gpu::MIG_COMPUTE_SLICES)
-                                });
-                            let device = d["name"].as_str().unwrap_or_default().to_string();
-                            device_gpus.insert((name.clone(), device), eq);
-                        }
+                        device_gpus.extend(slice_gpus(&name, &slice));
                         slices.push(slice);
                         published.insert(name.clone());
                     }

@@ -57,6 +57,13 @@ pub struct MigProfile {
     pub memory_gb: u32,
 }
 
+impl MigProfile {
+    /// The part of its GPU this profile stands for: its compute slices of the GPU's seven.
+    pub fn gpu_share(&self) -> f64 {
+        f64::from(self.compute) / f64::from(MIG_COMPUTE_SLICES)
+    }
+}
+
 /// Parses `<g>g.<m>gb` (the part after `nvidia.com/mig-`).
 pub fn parse_mig_profile(s: &str) -> Option<MigProfile> {
     let (g, rest) = s.split_once("g.")?;
