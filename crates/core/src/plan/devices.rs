@@ -153,9 +153,23 @@ pub(super) struct Devices {
     pub demands: HashMap<usize, Result<Arc<DeviceDemand>, String>>,
     /// The kind dimension of every published device, by `(node, driver, pool, device)`.
     pub published: HashMap<(String, String, String, String), String>,
+    /// Per running pod (by UID) whose allocated claims are all made from ResourceClaimTemplates:
+    /// what its claims take when it is moved. Its claims go with it, and the claims made for
+    /// its replacement are allocated afresh, from any devices their requests accept.
+    pub moving: HashMap<String, Arc<DeviceDemand>>,
 }
 
 impl Devices {
+    /// What the claims of a pod moved off its node take where it goes: the claims made for its
+    /// replacement from the same templates (any devices their requests accept), else the very
+    /// kinds of devices they hold on `node` (a claim of its own lives on, shared or not).
+    pub(super) fn moved_claims(&self, pod: &crate::model::Pod, node: &str) -> MovedClaims<'_> {
+        match self.moving.get(&pod.uid) {
+            Some(d) => MovedClaims::Fresh(d),
+            None => MovedClaims::Held(self.held_on(pod, node)),
+        }
+    }
+
     /// The devices (by kind dimension) that the claims of `pod` hold on `node`: what must be
     /// found again on another node for the pod to move there.
     pub fn held_on(&self, pod: &crate::model::Pod, node: &str) -> Resources {
@@ -179,6 +193,40 @@ impl Devices {
             }
         }
         r
+    }
+}
+
+/// What a moved pod's claims need on the node it goes to.
+pub(super) enum MovedClaims<'a> {
+    /// Claims made afresh for its replacement: devices of any kind their requests accept.
+    Fresh(&'a DeviceDemand),
+    /// Claims of its own that keep their allocation: the kinds of devices they hold.
+    Held(Resources),
+}
+
+impl MovedClaims<'_> {
+    /// Whether the claims fit into `free`.
+    pub fn fits_in(&self, free: &Resources) -> bool {
+        match self {
+            MovedClaims::Fresh(d) => d.copies(free, 1) == 1,
+            MovedClaims::Held(r) => r.fits_in(free),
+        }
+    }
+
+    /// Takes the claims' devices from `free` (they fit).
+    pub fn take_from(&self, free: &mut Resources) {
+        match self {
+            MovedClaims::Fresh(d) => d.apply(free, 1),
+            MovedClaims::Held(r) => free.sub(r),
+        }
+    }
+
+    /// Whether the pod's claims need devices at all.
+    pub fn any(&self) -> bool {
+        match self {
+            MovedClaims::Fresh(d) => !d.requests.is_empty(),
+            MovedClaims::Held(r) => !r.is_zero(),
+        }
     }
 }
 
@@ -236,6 +284,21 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
         .copied()
         .filter(|&i| snapshot.pods[i].needs_devices())
         .collect();
+    // Running pods whose claims, all made from templates, hold devices: a scale-down may move
+    // them.
+    let movers: Vec<usize> = snapshot
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| {
+            p.is_bound_active()
+                && p.claims.iter().any(|c| c.allocation.is_some())
+                && p.claims
+                    .iter()
+                    .all(|c| c.template.is_some() || c.spec.requests.is_empty())
+        })
+        .map(|(i, _)| i)
+        .collect();
     if !has_templates && snapshot.dra.slices.is_empty() && claimers.is_empty() {
         return out;
     }
@@ -244,7 +307,7 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
         .classes
         .values()
         .flat_map(|c| c.selectors.iter())
-        .chain(claimers.iter().flat_map(|&i| {
+        .chain(claimers.iter().chain(&movers).flat_map(|&i| {
             snapshot.pods[i].claims.iter().flat_map(|c| {
                 c.spec
                     .requests
@@ -311,6 +374,23 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
             .or_insert_with(|| demand_of(&claims, dra, &kinds, &mut selectors, &mut matches))
             .clone();
         out.demands.insert(pi, demand);
+    }
+    for &pi in &movers {
+        let pod = &snapshot.pods[pi];
+        let claims: Vec<&PodClaim> = pod
+            .claims
+            .iter()
+            .filter(|c| !c.spec.requests.is_empty())
+            .collect();
+        let key: Vec<_> = claims.iter().map(|c| Arc::as_ptr(&c.spec)).collect();
+        let demand = by_claims
+            .entry(key)
+            .or_insert_with(|| demand_of(&claims, dra, &kinds, &mut selectors, &mut matches))
+            .clone();
+        // A claim no device accepts any more stays where it is: held, as it is.
+        if let Ok(d) = demand {
+            out.moving.insert(pod.uid.clone(), d);
+        }
     }
     out
 }

@@ -1622,6 +1622,7 @@ pub(super) fn scale_up(
     // What scale-down needs of the devices: which kind each published device is.
     let devices = Devices {
         published: std::mem::take(&mut p.devices.published),
+        moving: std::mem::take(&mut p.devices.moving),
         ..Devices::default()
     };
     (p.into_plan(), rooms, devices)

@@ -427,8 +427,8 @@ pub(super) fn scale_down(
         let mut stuck = None;
         for p in &order {
             let mut placed = None;
-            // Devices its claims hold here must be found again where it goes.
-            let held = devices.held_on(p, &snapshot.nodes[c.node].name);
+            // Its claims' devices must be found where it goes.
+            let claims = devices.moved_claims(p, &snapshot.nodes[c.node].name);
             for r in &rooms {
                 let dest = &snapshot.nodes[r.node];
                 let room = scratch.get(&r.node).unwrap_or(r);
@@ -442,13 +442,13 @@ pub(super) fn scale_down(
                         &dest.taints,
                         Some(&dest.name),
                     )
-                    || !held.fits_in(&room.free)
+                    || !claims.fits_in(&room.free)
                 {
                     continue;
                 }
                 let room = scratch.entry(r.node).or_insert_with(|| r.clone());
                 room.free.sub(&p.requests);
-                room.free.sub(&held);
+                claims.take_from(&mut room.free);
                 if let Some(s) = &p.share {
                     place_share(&mut room.shared, s);
                 }
@@ -460,9 +460,9 @@ pub(super) fn scale_down(
                     pod: p.id.to_string(),
                     to: snapshot.nodes[d].name.clone(),
                 }),
-                None if !held.is_zero() => {
+                None if claims.any() => {
                     stuck = Some(format!(
-                        "{} (its ResourceClaims' devices cannot be allocated again elsewhere)",
+                        "{} (no node that remains has the devices its ResourceClaims need)",
                         p.id
                     ));
                     break;

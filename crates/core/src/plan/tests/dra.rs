@@ -409,6 +409,15 @@ fn dra_node_with_pod(node: &str, pod: &str, allocated: usize) -> (crate::model::
     (n, p)
 }
 
+/// Why the plan keeps `node`.
+fn kept_reason<'a>(plan: &'a Plan, node: &str) -> &'a str {
+    plan.kept
+        .iter()
+        .find(|k| k.node == node)
+        .map(|k| k.reason.as_str())
+        .unwrap_or_else(|| panic!("{node} not kept: {:?}", plan.kept))
+}
+
 fn with_slices(mut s: Snapshot) -> Snapshot {
     for n in s.nodes.clone() {
         s.dra.slices.insert(n.name.clone(), published(&n.name, 8));
@@ -451,23 +460,77 @@ fn dra_nodes_are_as_used_as_their_allocated_devices_and_kept_when_claims_cannot_
         plan.kept
     );
     assert_eq!(plan.scale_downs[0].evict.len(), 1);
-    // Every H100 of the other node is held: the idle node's pod could not have its claim
-    // allocated again anywhere, so the idle node stays.
+    // Every H100 of the other node is held: no node that remains has a device for the idle
+    // node's pod, so the idle node stays.
     let (a, pa) = dra_node_with_pod("p5-a", "pa", 1);
     let (b, pb) = dra_node_with_pod("p5-b", "pb", 8);
     let s = with_slices(dra_snap(vec![pa, pb], vec![a, b]));
     let plan = run(&s, &policy);
     assert!(plan.scale_downs.is_empty(), "{:?}", plan.scale_downs);
-    let kept = plan
-        .kept
-        .iter()
-        .find(|k| k.node == "p5-a")
-        .expect("p5-a kept");
+    let kept = kept_reason(&plan, "p5-a");
     assert!(
-        kept.reason.contains("cannot be allocated again elsewhere"),
-        "{}",
-        kept.reason
+        kept.contains("no node that remains has the devices its ResourceClaims need"),
+        "{kept}"
     );
+}
+
+#[test]
+fn a_pod_whose_claim_comes_from_a_template_moves_to_any_device_its_claim_accepts() {
+    let policy = DRA_POLICY.replacen(
+        "    dra: {attributes: {driverVersion: \"580.82.07\"}}\n",
+        &format!("    dra: {{attributes: {{driverVersion: \"580.82.07\"}}}}{SCALE_DOWN}"),
+        1,
+    );
+    // One GPU with at least 80G, held on a p5 (one H100 of eight); a p4de beside it has an
+    // A100 80GB free, and the pod's evaluation would take either.
+    const ANY_80G: &[&str] =
+        &["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80G')) >= 0"];
+    let cluster = |template: Option<&str>| {
+        let (p5, mut eval) = dra_node_with_pod("p5-a", "eval", 1);
+        eval.claims[0].spec = claim_spec(&[("gpu.nvidia.com", ANY_80G, 1)]);
+        eval.claims[0].template = template.map(str::to_string);
+        let p4de = NodeBuilder::new("p4de-b")
+            .pool("a100", "p4de.24xlarge", "us-east-1a")
+            .cpu_milli(95_000)
+            .memory_gib(1100)
+            .build();
+        let (_, busy) = dra_node_with_pod("p4de-b", "busy", 0);
+        let mut s = with_slices(dra_snap(vec![eval, busy], vec![p5, p4de]));
+        let a100: Vec<(String, Device)> = published("p4de-b", 8)
+            .into_iter()
+            .map(|(pool, mut d)| {
+                let attrs = d.attributes.get_mut("gpu.nvidia.com").unwrap();
+                attrs.insert(
+                    "productName".into(),
+                    AttrValue::String("NVIDIA A100-SXM4-80GB".into()),
+                );
+                let caps = d.capacity.get_mut("gpu.nvidia.com").unwrap();
+                caps.insert("memory".into(), parse_quantity("81920Mi").unwrap());
+                (pool, d)
+            })
+            .collect();
+        s.dra.slices.insert("p4de-b".into(), a100);
+        s.count_published_devices();
+        s
+    };
+
+    // Made from a template: the claim goes with the pod, and its replacement's claim takes an
+    // A100 on the p4de; the p5 is removed.
+    let plan = run(&cluster(Some("ml/eval-gpu")), &policy);
+    let p5 = plan.scale_downs.iter().find(|d| d.node == "p5-a");
+    let p5 = p5.unwrap_or_else(|| panic!("{:?} {:?}", plan.scale_downs, plan.kept));
+    assert_eq!(p5.evict.len(), 1);
+    assert_eq!(p5.evict[0].to, "p4de-b");
+
+    // A claim of its own keeps its H100 wherever the pod goes: no node that remains has one.
+    let plan = run(&cluster(None), &policy);
+    assert!(
+        plan.scale_downs.iter().all(|d| d.node != "p5-a"),
+        "{:?}",
+        plan.scale_downs
+    );
+    let kept = kept_reason(&plan, "p5-a");
+    assert!(kept.contains("ResourceClaims need"), "{kept}");
 }
 
 #[test]
