@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use gpu_node_autoscaler_core::policy::duration::parse_duration;
+
 use crate::cluster::ClusterOptions;
 use crate::support::{gpu_pod, Env, Options};
 use crate::{no_labels, MIN};
@@ -44,7 +46,8 @@ fn the_kwok_provider_launches_a_node_that_runs_the_pod_and_deletes_it_when_idle(
          taints: [{key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}]\n  unschedulable: true\n\
          status:\n  capacity: {cpu: \"4\", memory: 16Gi, pods: \"110\", nvidia.com/gpu: \"1\"}\n",
     );
-    env.start_controller("r1", &[]);
+    // Passes every 20 s, besides the batching window and the core's timers.
+    env.start_controller("r1", &["--resync", "20s"]);
     env.wait_for("the controller to become ready", MIN, || {
         env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
     });
@@ -95,11 +98,17 @@ fn the_kwok_provider_launches_a_node_that_runs_the_pod_and_deletes_it_when_idle(
     });
     std::thread::sleep(Duration::from_secs(3));
     env.kubectl_ok(&["get", "node", "foreign-0"]);
-    assert!(
-        env.events("ScaleDown").iter().any(|e| e.starts_with(&node)),
-        "{:?}",
-        env.events("ScaleDown")
-    );
+    let events = env.events("ScaleDown");
+    let ours = events.iter().find(|e| e.starts_with(&node));
+    let ours = ours.unwrap_or_else(|| panic!("{events:?}"));
+    // Drained when its 5 s unneeded time ran out, at the core's timer, not at the next resync
+    // 20 s after the pass that found it unneeded.
+    let idle = ours
+        .split("empty (no GPU pods) for ")
+        .nth(1)
+        .and_then(|d| parse_duration(d.split_whitespace().next()?).ok());
+    let idle = idle.unwrap_or_else(|| panic!("{ours}"));
+    assert!(idle < Duration::from_secs(15), "{ours}");
 }
 
 #[test]

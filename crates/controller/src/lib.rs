@@ -2,7 +2,9 @@
 //!
 //! Watch tasks keep a [`store::ClusterState`] of model values; the loop waits until every store
 //! has synced, and runs a pass of the decision core ([`Autoscaler`], the same one `simulate`
-//! runs) when its batching window closes or every `--scan-interval`. A pass observes the watch caches
+//! runs) when its batching window closes, when one of the core's timers runs out (an unneeded
+//! node's delay, a cooldown: `Autoscaler::next_change`, as `simulate` runs it) or every
+//! `--scan-interval`. A pass observes the watch caches
 //! and the pools' instance listings, and this crate carries out the actions it returns against
 //! the API server and the cloud providers: registrations, launches through the fallback list,
 //! terminations, drains (as tasks, whose outcomes go back to the core), annotations, Events, the
@@ -321,6 +323,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         }),
         drains: HashMap::new(),
         waiting: None,
+        decided_at: None,
         reacted: HashSet::new(),
         queue: None,
         notices: BTreeMap::new(),
@@ -396,6 +399,8 @@ struct Controller {
     drains: HashMap<String, tokio::task::JoinHandle<DrainOutcome>>,
     /// The step of a pass whose launches are still with the cloud.
     waiting: Option<Waiting>,
+    /// When the last pass decided: the core's timers (`Autoscaler::next_change`) count from it.
+    decided_at: Option<Time>,
     /// Pods whose reaction time was recorded.
     reacted: HashSet<String>,
     /// The policy's interruption queue (`interruptionQueue`), when set.
@@ -467,9 +472,16 @@ impl Controller {
                 self.core.unschedulable_seen(now);
             }
             let batch_due = self.core.batch_deadline().is_some_and(|d| d <= now);
+            // A timer of the core ran out since the last pass (an unneeded node's delay, a
+            // cooldown or back-off, an unavailable offering): a pass now, not at the resync.
+            let timer_due = self
+                .decided_at
+                .and_then(|t| self.core.next_change(t))
+                .is_some_and(|t| t <= now);
             let now_i = tokio::time::Instant::now();
             self.resume_launched().await;
-            if self.waiting.is_none() && synced && (batch_due || now_i >= next_resync) {
+            if self.waiting.is_none() && synced && (batch_due || timer_due || now_i >= next_resync)
+            {
                 next_resync = now_i + self.args.resync;
                 self.pass().await;
             }
@@ -916,6 +928,7 @@ impl Controller {
             gpu_xids,
         };
         let t0 = std::time::Instant::now();
+        self.decided_at = Some(now);
         let actions = self.core.pass(obs);
         self.carry_out(actions, t0.elapsed()).await;
     }
