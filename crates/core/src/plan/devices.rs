@@ -284,6 +284,9 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
         .copied()
         .filter(|&i| snapshot.pods[i].needs_devices())
         .collect();
+    if !has_templates && snapshot.dra.slices.is_empty() && claimers.is_empty() {
+        return out;
+    }
     // Running pods whose claims, all made from templates, hold devices: a scale-down may move
     // them.
     let movers: Vec<usize> = snapshot
@@ -299,9 +302,6 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
         })
         .map(|(i, _)| i)
         .collect();
-    if !has_templates && snapshot.dra.slices.is_empty() && claimers.is_empty() {
-        return out;
-    }
     let dra = &snapshot.dra;
     let keep_identity = dra
         .classes
