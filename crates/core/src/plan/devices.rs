@@ -361,34 +361,30 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
     let mut selectors = Selectors::new();
     // (selectors of class + request) → per kind: matches, or the error.
     let mut matches: HashMap<Vec<String>, Vec<Result<bool, String>>> = HashMap::new();
+    // One demand per set of claim specs (pods of one template share theirs).
     let mut by_claims: HashMap<
         Vec<*const crate::model::dra::ClaimSpec>,
         Result<Arc<DeviceDemand>, String>,
     > = HashMap::new();
-    for &pi in &claimers {
-        let pod = &snapshot.pods[pi];
-        let claims: Vec<&PodClaim> = pod.claims.iter().filter(|c| c.needs_devices()).collect();
+    let mut demand_for = |claims: Vec<&PodClaim>| {
         let key: Vec<_> = claims.iter().map(|c| Arc::as_ptr(&c.spec)).collect();
-        let demand = by_claims
+        by_claims
             .entry(key)
             .or_insert_with(|| demand_of(&claims, dra, &kinds, &mut selectors, &mut matches))
-            .clone();
-        out.demands.insert(pi, demand);
+            .clone()
+    };
+    for &pi in &claimers {
+        let claims = snapshot.pods[pi]
+            .claims
+            .iter()
+            .filter(|c| c.needs_devices());
+        out.demands.insert(pi, demand_for(claims.collect()));
     }
     for &pi in &movers {
         let pod = &snapshot.pods[pi];
-        let claims: Vec<&PodClaim> = pod
-            .claims
-            .iter()
-            .filter(|c| !c.spec.requests.is_empty())
-            .collect();
-        let key: Vec<_> = claims.iter().map(|c| Arc::as_ptr(&c.spec)).collect();
-        let demand = by_claims
-            .entry(key)
-            .or_insert_with(|| demand_of(&claims, dra, &kinds, &mut selectors, &mut matches))
-            .clone();
+        let claims = pod.claims.iter().filter(|c| !c.spec.requests.is_empty());
         // A claim no device accepts any more stays where it is: held, as it is.
-        if let Ok(d) = demand {
+        if let Ok(d) = demand_for(claims.collect()) {
             out.moving.insert(pod.uid.clone(), d);
         }
     }
