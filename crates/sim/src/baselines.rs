@@ -304,22 +304,9 @@ fn scale_down(
     for d in &p.scale_downs {
         world.drain_and_remove(&d.node);
     }
-    for u in &p.unneeded {
-        world.annotate(
-            &u.node,
-            crate::model::labels::UNNEEDED_SINCE,
-            Some(&u.since),
-        );
-    }
-    let unneeded: std::collections::BTreeSet<&str> =
-        p.unneeded.iter().map(|u| u.node.as_str()).collect();
-    for n in &snapshot.nodes {
-        if n.annotations
-            .contains_key(crate::model::labels::UNNEEDED_SINCE)
-            && !unneeded.contains(n.name.as_str())
-        {
-            world.annotate(&n.name, crate::model::labels::UNNEEDED_SINCE, None);
-        }
+    for (node, since) in plan::scale_down::unneeded_changes(&snapshot.nodes, &p.unneeded, |_| false)
+    {
+        world.annotate(node, crate::model::labels::UNNEEDED_SINCE, since);
     }
     p.unneeded
         .iter()

@@ -2205,31 +2205,23 @@ impl Autoscaler {
     }
 
     fn keep_unneeded(&mut self, pass: &Pass, plan: &Plan, out: &mut Vec<Action>) {
-        let now_unneeded: BTreeMap<&str, &str> = plan
-            .unneeded
-            .iter()
-            .map(|u| (u.node.as_str(), u.since.as_str()))
-            .collect();
         if self.config.dry_run {
-            self.unneeded_dry = now_unneeded
+            self.unneeded_dry = plan
+                .unneeded
                 .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .map(|u| (u.node.clone(), u.since.clone()))
                 .collect();
             return;
         }
-        for n in &pass.snapshot.nodes {
-            let has = n
-                .annotations
-                .get(labels::UNNEEDED_SINCE)
-                .map(String::as_str);
-            let want = now_unneeded.get(n.name.as_str()).copied();
-            if has == want || self.drains.contains_key(&n.name) {
-                continue;
-            }
+        let changes =
+            plan::scale_down::unneeded_changes(&pass.snapshot.nodes, &plan.unneeded, |n| {
+                self.drains.contains_key(&n.name)
+            });
+        for (node, value) in changes {
             out.push(Action::Annotate {
-                node: n.name.clone(),
+                node: node.to_string(),
                 key: labels::UNNEEDED_SINCE,
-                value: want.map(str::to_string),
+                value: value.map(str::to_string),
             });
         }
     }

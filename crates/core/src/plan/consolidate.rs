@@ -39,6 +39,7 @@ use crate::model::constraints::{Effect, Taint};
 use crate::model::{labels, OwnerKind, Pod, PodPhase, Snapshot, Time};
 use crate::policy::{Policy, Pool};
 
+use super::disrupt::{do_not_disrupt, drains_left};
 use super::scale_down::{dies_with_node, not_movable, price_of, utilization};
 use super::templates::{template_of_node, Template};
 use super::{is_planned_pod, pack};
@@ -160,9 +161,7 @@ pub fn consolidate(
     if snapshot.in_flight.iter().any(|f| f.pool == pool.name) {
         return Err("launches of the pool are in flight".into());
     }
-    let budget = (policy.max_concurrent_drains as usize)
-        .saturating_sub(drains_running)
-        .min(cfg.max_nodes as usize);
+    let budget = drains_left(policy, drains_running).min(cfg.max_nodes as usize);
     if budget == 0 {
         return Err(format!(
             "{drains_running} drains are running (maxConcurrentDrains {})",
@@ -183,13 +182,7 @@ pub fn consolidate(
             || n.deleting
             || n.taints.iter().any(|t| t.key == labels::REPLACING_TAINT)
             || !old_enough(n.created)
-            || [
-                labels::SCALE_DOWN_DISABLED,
-                labels::CA_SCALE_DOWN_DISABLED,
-                labels::KARPENTER_DO_NOT_DISRUPT,
-            ]
-            .iter()
-            .any(|k| n.annotations.get(*k).is_some_and(|v| v == "true"))
+            || do_not_disrupt(n).is_some()
         {
             continue;
         }

@@ -18,8 +18,9 @@ use serde::Serialize;
 
 use crate::model::resources::place_share;
 use crate::model::{labels, Node, Pod, Snapshot, Time};
-use crate::policy::Policy;
+use crate::policy::{Policy, Pool};
 
+use super::disrupt::{annotation_true, do_not_disrupt, drains_left};
 use super::pack::NodeRoom;
 use super::templates::{template_of_node, Template};
 use super::{Kept, ScaleDown};
@@ -29,6 +30,31 @@ use super::{Kept, ScaleDown};
 pub struct Unneeded {
     pub node: String,
     pub since: String,
+}
+
+/// The "unneeded since" annotations to change so that the nodes say what `unneeded` says, in
+/// node order: each node whose annotation differs, with its new value (`None`: remove it). Nodes
+/// `skip` names are left as they are.
+pub fn unneeded_changes<'a>(
+    nodes: &'a [Node],
+    unneeded: &'a [Unneeded],
+    skip: impl Fn(&Node) -> bool,
+) -> Vec<(&'a str, Option<&'a str>)> {
+    let want: BTreeMap<&str, &str> = unneeded
+        .iter()
+        .map(|u| (u.node.as_str(), u.since.as_str()))
+        .collect();
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let has = n
+                .annotations
+                .get(labels::UNNEEDED_SINCE)
+                .map(String::as_str);
+            let want = want.get(n.name.as_str()).copied();
+            (has != want && !skip(n)).then_some((n.name.as_str(), want))
+        })
+        .collect()
 }
 
 /// One planned eviction and where the pod will fit afterwards.
@@ -46,22 +72,12 @@ pub(super) struct Outcome {
     pub held_for_drains: usize,
 }
 
-fn annotation_true(map: &BTreeMap<String, String>, keys: &[&str]) -> bool {
-    keys.iter()
-        .any(|k| map.get(*k).is_some_and(|v| v == "true"))
-}
-
 fn annotation_false(map: &BTreeMap<String, String>, keys: &[&str]) -> bool {
     keys.iter()
         .any(|k| map.get(*k).is_some_and(|v| v == "false"))
 }
 
 const SAFE_TO_EVICT: [&str; 2] = [labels::SAFE_TO_EVICT, labels::CA_SAFE_TO_EVICT];
-const SCALE_DOWN_DISABLED: [&str; 3] = [
-    labels::SCALE_DOWN_DISABLED,
-    labels::CA_SCALE_DOWN_DISABLED,
-    labels::KARPENTER_DO_NOT_DISRUPT,
-];
 
 /// Pods that go away with their node and need no eviction: DaemonSet and static (mirror) pods.
 pub fn dies_with_node(p: &Pod) -> bool {
@@ -180,6 +196,84 @@ pub fn price_of(node: &Node, template: Option<&Template>) -> f64 {
         .map_or(0.0, |o| o.price)
 }
 
+/// What the rules about one unneeded node look at.
+struct NodeFacts<'a> {
+    node: &'a Node,
+    pool: &'a Pool,
+    snapshot: &'a Snapshot,
+    now: Time,
+    /// Unneeded since.
+    since: Time,
+    /// The pool's last scale-up: its newest node or launch, or what the decision core recorded.
+    last_scale_up: Option<Time>,
+    /// Its pods that need a place elsewhere (DaemonSet and static pods go with it).
+    workload: &'a [&'a Pod],
+}
+
+/// A rule an unneeded node must pass to be a candidate for removal: why it is kept, if it is.
+type NodeRule = fn(&NodeFacts) -> Option<String>;
+
+/// The rules an unneeded node must pass, in order, to be a candidate for removal; the first that
+/// keeps it gives the reason listed in the plan's `kept`. The rules that weigh candidates against
+/// each other (minimum size, drains, PodDisruptionBudgets, room for the pods) follow in
+/// [`scale_down`].
+const CANDIDATE_RULES: [NodeRule; 6] = [
+    pool_scale_down_enabled,
+    node_may_be_disrupted,
+    out_of_cooldown,
+    out_of_backoff,
+    unneeded_long_enough,
+    pods_movable,
+];
+
+fn pool_scale_down_enabled(f: &NodeFacts) -> Option<String> {
+    (!f.pool.scale_down.enabled).then(|| format!("scale-down is disabled for pool {}", f.pool.name))
+}
+
+fn node_may_be_disrupted(f: &NodeFacts) -> Option<String> {
+    do_not_disrupt(f.node)
+}
+
+fn out_of_cooldown(f: &NodeFacts) -> Option<String> {
+    let until = f.last_scale_up? + f.pool.scale_down.cooldown_after_scale_up;
+    (f.now < until).then(|| {
+        format!(
+            "pool {} is in its cooldown after a scale-up until {until}",
+            f.pool.name
+        )
+    })
+}
+
+fn out_of_backoff(f: &NodeFacts) -> Option<String> {
+    let failed = f
+        .snapshot
+        .pools
+        .get(&f.pool.name)
+        .and_then(|s| s.last_scale_down_failure)?;
+    let until = failed + f.pool.scale_down.backoff_after_failure;
+    (f.now < until).then(|| {
+        format!(
+            "pool {} is backing off after a failed scale-down until {until}",
+            f.pool.name
+        )
+    })
+}
+
+fn unneeded_long_enough(f: &NodeFacts) -> Option<String> {
+    let delay = if f.workload.is_empty() {
+        f.pool.scale_down.empty_unneeded_time
+    } else {
+        f.pool.scale_down.unneeded_time
+    };
+    let removable_at = f.since + delay;
+    (f.now < removable_at)
+        .then(|| format!("unneeded since {}, removable after {removable_at}", f.since))
+}
+
+fn pods_movable(f: &NodeFacts) -> Option<String> {
+    f.workload.iter().find_map(|p| not_movable(p, f.snapshot))
+}
+
 struct Candidate<'a> {
     node: usize,
     pool: usize,
@@ -266,66 +360,25 @@ pub(super) fn scale_down(
             node: n.name.clone(),
             since: since.to_rfc3339(),
         });
-        let keep = |reason: String| Kept {
-            node: n.name.clone(),
-            reason,
-        };
-        if !pool.scale_down.enabled {
-            out.kept.push(keep(format!(
-                "scale-down is disabled for pool {}",
-                pool.name
-            )));
-            continue;
-        }
-        if annotation_true(&n.annotations, &SCALE_DOWN_DISABLED) {
-            out.kept.push(keep(
-                "the node is annotated scale-down-disabled: \"true\"".into(),
-            ));
-            continue;
-        }
-        if let Some(t) = last_up[pi] {
-            let until = t + pool.scale_down.cooldown_after_scale_up;
-            if now < until {
-                out.kept.push(keep(format!(
-                    "pool {} is in its cooldown after a scale-up until {until}",
-                    pool.name
-                )));
-                continue;
-            }
-        }
-        if let Some(t) = snapshot
-            .pools
-            .get(&pool.name)
-            .and_then(|s| s.last_scale_down_failure)
-        {
-            let until = t + pool.scale_down.backoff_after_failure;
-            if now < until {
-                out.kept.push(keep(format!(
-                    "pool {} is backing off after a failed scale-down until {until}",
-                    pool.name
-                )));
-                continue;
-            }
-        }
         let movable: Vec<&Pod> = pods
             .iter()
             .copied()
             .filter(|p| !dies_with_node(p))
             .collect();
-        let delay = if movable.is_empty() {
-            pool.scale_down.empty_unneeded_time
-        } else {
-            pool.scale_down.unneeded_time
+        let facts = NodeFacts {
+            node: n,
+            pool,
+            snapshot,
+            now,
+            since,
+            last_scale_up: last_up[pi],
+            workload: &movable,
         };
-        let removable_at = since + delay;
-        if now < removable_at {
-            out.kept.push(keep(format!(
-                "unneeded since {since}, removable after {removable_at}"
-            )));
-            continue;
-        }
-        if let Some(why) = movable.iter().find_map(|p| not_movable(p, snapshot)) {
-            out.kept.push(keep(why));
+        if let Some(reason) = CANDIDATE_RULES.iter().find_map(|rule| rule(&facts)) {
+            out.kept.push(Kept {
+                node: n.name.clone(),
+                reason,
+            });
             continue;
         }
         let gpus = gpus_of(n);
@@ -376,109 +429,34 @@ pub(super) fn scale_down(
             ));
             continue;
         }
-        if pool_nodes[c.pool] - removed_in_pool[c.pool] <= pool.min_nodes as i64 {
-            out.kept.push(keep(format!(
-                "pool {} is at its minimum of {} nodes",
-                pool.name, pool.min_nodes
-            )));
+        if let Some(why) = pool_at_minimum(pool, pool_nodes[c.pool] - removed_in_pool[c.pool]) {
+            out.kept.push(keep(why));
             continue;
         }
-        if draining + out.scale_downs.len() as u32 >= policy.max_concurrent_drains {
+        let running = draining as usize + out.scale_downs.len();
+        if drains_left(policy, running) == 0 {
             out.held_for_drains += 1;
             out.kept.push(keep(format!(
-                "{} drains are already running or planned (maxConcurrentDrains {})",
-                draining + out.scale_downs.len() as u32,
+                "{running} drains are already running or planned (maxConcurrentDrains {})",
                 policy.max_concurrent_drains
             )));
             continue;
         }
         // PodDisruptionBudgets, counted across the whole plan.
-        let mut need = vec![0i32; snapshot.pdbs.len()];
-        for p in &c.movable {
-            for (bi, b) in snapshot.pdbs.iter().enumerate() {
-                if b.selects(p) {
-                    need[bi] += 1;
-                }
-            }
-        }
-        if let Some(bi) = (0..need.len()).find(|&bi| {
-            need[bi] > 0 && pdb_used[bi] + need[bi] > snapshot.pdbs[bi].disruptions_allowed
-        }) {
-            let b = &snapshot.pdbs[bi];
-            out.kept.push(keep(format!(
-                "PodDisruptionBudget {}/{} allows {} more disruption(s), draining needs {}",
-                b.namespace,
-                b.name,
-                (b.disruptions_allowed - pdb_used[bi]).max(0),
-                need[bi]
-            )));
+        let need = pdb_need(snapshot, &c.movable);
+        if let Some(why) = pdbs_refuse(snapshot, &need, &pdb_used) {
+            out.kept.push(keep(why));
             continue;
         }
-        // Re-place the pods on the nodes that stay, largest first, on a scratch copy.
-        let mut order = c.movable.clone();
-        order.sort_by(|a, b| {
-            b.gpu_equivalents()
-                .total_cmp(&a.gpu_equivalents())
-                .then(b.requests.cpu_milli.cmp(&a.requests.cpu_milli))
-                .then(a.id.cmp(&b.id))
-        });
-        let mut scratch: BTreeMap<usize, NodeRoom> = BTreeMap::new();
-        let mut moves = Vec::new();
-        let mut stuck = None;
-        for p in &order {
-            let mut placed = None;
-            // Its claims' devices must be found where it goes.
-            let claims = devices.moved_claims(p, &snapshot.nodes[c.node].name);
-            for r in &rooms {
-                let dest = &snapshot.nodes[r.node];
-                let room = scratch.get(&r.node).unwrap_or(r);
-                if r.node == c.node
-                    || removed.contains(&r.node)
-                    || !dest.is_schedulable()
-                    || !p.fits(
-                        &room.free,
-                        &room.shared,
-                        &dest.labels,
-                        &dest.taints,
-                        Some(&dest.name),
-                    )
-                    || !claims.fits_in(&room.free)
-                {
-                    continue;
-                }
-                let room = scratch.entry(r.node).or_insert_with(|| r.clone());
-                room.free.sub(&p.requests);
-                claims.take_from(&mut room.free);
-                if let Some(s) = &p.share {
-                    place_share(&mut room.shared, s);
-                }
-                placed = Some(r.node);
-                break;
+        let (moves, scratch) = match place_elsewhere(snapshot, &c, &rooms, &removed, devices) {
+            Ok(placed) => placed,
+            Err(p) => {
+                out.kept.push(keep(format!(
+                    "pod {p} would not fit on the nodes that remain"
+                )));
+                continue;
             }
-            match placed {
-                Some(d) => moves.push(Eviction {
-                    pod: p.id.to_string(),
-                    to: snapshot.nodes[d].name.clone(),
-                }),
-                None if claims.any() => {
-                    stuck = Some(format!(
-                        "{} (no node that remains has the devices its ResourceClaims need)",
-                        p.id
-                    ));
-                    break;
-                }
-                None => {
-                    stuck = Some(p.id.to_string());
-                    break;
-                }
-            }
-        }
-        if let Some(p) = stuck {
-            out.kept.push(keep(format!(
-                "pod {p} would not fit on the nodes that remain"
-            )));
-            continue;
-        }
+        };
         for (node, room) in scratch {
             if moves.iter().any(|m| m.to == snapshot.nodes[node].name) {
                 receiving.insert(node);
@@ -515,4 +493,110 @@ pub(super) fn scale_down(
     }
     out.kept.sort_by(|a, b| a.node.cmp(&b.node));
     out
+}
+
+/// The pool would fall below its `minNodes` with one node less (`left`: its nodes not removed by
+/// this plan).
+fn pool_at_minimum(pool: &Pool, left: i64) -> Option<String> {
+    (left <= pool.min_nodes as i64).then(|| {
+        format!(
+            "pool {} is at its minimum of {} nodes",
+            pool.name, pool.min_nodes
+        )
+    })
+}
+
+/// Evictions per PodDisruptionBudget (index in `snapshot.pdbs`) that draining a node with these
+/// pods needs.
+fn pdb_need(snapshot: &Snapshot, pods: &[&Pod]) -> Vec<i32> {
+    let mut need = vec![0i32; snapshot.pdbs.len()];
+    for p in pods {
+        for (bi, b) in snapshot.pdbs.iter().enumerate() {
+            if b.selects(p) {
+                need[bi] += 1;
+            }
+        }
+    }
+    need
+}
+
+/// The first PodDisruptionBudget that does not allow `need` more evictions on top of the `used`
+/// ones of this plan, as why the node is kept.
+fn pdbs_refuse(snapshot: &Snapshot, need: &[i32], used: &[i32]) -> Option<String> {
+    let bi = (0..need.len())
+        .find(|&bi| need[bi] > 0 && used[bi] + need[bi] > snapshot.pdbs[bi].disruptions_allowed)?;
+    let b = &snapshot.pdbs[bi];
+    Some(format!(
+        "PodDisruptionBudget {}/{} allows {} more disruption(s), draining needs {}",
+        b.namespace,
+        b.name,
+        (b.disruptions_allowed - used[bi]).max(0),
+        need[bi]
+    ))
+}
+
+/// Places a candidate's pods on the nodes that stay (never itself or a node this plan removes),
+/// largest first, on a scratch copy of their room: the evictions and the rooms they change, or
+/// the first pod that fits nowhere.
+fn place_elsewhere(
+    snapshot: &Snapshot,
+    c: &Candidate,
+    rooms: &[NodeRoom],
+    removed: &BTreeSet<usize>,
+    devices: &super::devices::Devices,
+) -> Result<(Vec<Eviction>, BTreeMap<usize, NodeRoom>), String> {
+    let mut order = c.movable.clone();
+    order.sort_by(|a, b| {
+        b.gpu_equivalents()
+            .total_cmp(&a.gpu_equivalents())
+            .then(b.requests.cpu_milli.cmp(&a.requests.cpu_milli))
+            .then(a.id.cmp(&b.id))
+    });
+    let mut scratch: BTreeMap<usize, NodeRoom> = BTreeMap::new();
+    let mut moves = Vec::new();
+    for p in &order {
+        let mut placed = None;
+        // Its claims' devices must be found where it goes.
+        let claims = devices.moved_claims(p, &snapshot.nodes[c.node].name);
+        for r in rooms {
+            let dest = &snapshot.nodes[r.node];
+            let room = scratch.get(&r.node).unwrap_or(r);
+            if r.node == c.node
+                || removed.contains(&r.node)
+                || !dest.is_schedulable()
+                || !p.fits(
+                    &room.free,
+                    &room.shared,
+                    &dest.labels,
+                    &dest.taints,
+                    Some(&dest.name),
+                )
+                || !claims.fits_in(&room.free)
+            {
+                continue;
+            }
+            let room = scratch.entry(r.node).or_insert_with(|| r.clone());
+            room.free.sub(&p.requests);
+            claims.take_from(&mut room.free);
+            if let Some(s) = &p.share {
+                place_share(&mut room.shared, s);
+            }
+            placed = Some(r.node);
+            break;
+        }
+        match placed {
+            Some(d) => moves.push(Eviction {
+                pod: p.id.to_string(),
+                to: snapshot.nodes[d].name.clone(),
+            }),
+            None if claims.any() => {
+                return Err(format!(
+                    "{} (no node that remains has the devices its ResourceClaims need)",
+                    p.id
+                ))
+            }
+            None => return Err(p.id.to_string()),
+        }
+    }
+    Ok((moves, scratch))
 }
