@@ -1,0 +1,107 @@
+//! What people see of a pass besides its actions: reasons for pods that get no node, why
+//! idle-looking nodes stay, the status ConfigMap.
+
+use std::collections::BTreeMap;
+
+use crate::autoscaler::status::StatusInput;
+use crate::autoscaler::{pod_subject, status, Action, Autoscaler, Level, Note, Pass, STATUS_EVERY};
+use crate::model::Node;
+use crate::plan::Plan;
+
+impl Autoscaler {
+    /// What people see of a pass besides its actions: why pods get no node, why idle-looking
+    /// nodes stay.
+    pub(in crate::autoscaler) fn report(
+        &mut self,
+        pass: &Pass,
+        plan: &Plan,
+        out: &mut Vec<Action>,
+    ) {
+        self.report_unschedulable(pass, plan, out);
+        let kept: BTreeMap<String, String> = plan
+            .kept
+            .iter()
+            .map(|k| (k.node.clone(), k.reason.clone()))
+            .collect();
+        for (node, reason) in &kept {
+            if self.kept.get(node) != Some(reason) {
+                out.push(Action::Log {
+                    level: Level::Info,
+                    message: format!("idle-looking node {node} kept: {reason}"),
+                });
+            }
+        }
+        self.kept = kept;
+    }
+
+    /// `NotTriggerScaleUp` once per pod and reason.
+    pub(in crate::autoscaler) fn report_unschedulable(
+        &mut self,
+        pass: &Pass,
+        plan: &Plan,
+        out: &mut Vec<Action>,
+    ) {
+        self.notified.retain(|k, _| pass.pod_index.contains_key(k));
+        for u in &plan.unschedulable {
+            if self.notified.get(&u.pod) == Some(&u.reason) {
+                continue;
+            }
+            let Some(&i) = pass.pod_index.get(&u.pod) else {
+                continue;
+            };
+            self.notified.insert(u.pod.clone(), u.reason.clone());
+            out.push(Action::Event(Note {
+                subject: pod_subject(&pass.snapshot.pods[i]),
+                warning: false,
+                reason: if self.config.dry_run {
+                    "DryRunNoScaleUp"
+                } else {
+                    "NotTriggerScaleUp"
+                },
+                action: "ScaleUp",
+                message: u.reason.clone(),
+            }));
+        }
+    }
+
+    /// The status, when it changed or at least every 10 s.
+    pub(in crate::autoscaler) fn publish(
+        &mut self,
+        pass: &Pass,
+        plan: &Plan,
+        out: &mut Vec<Action>,
+    ) {
+        let nodes: Vec<&Node> = pass.snapshot.nodes.iter().collect();
+        let catalog = &self.catalog;
+        let st = status::build(&StatusInput {
+            now: pass.now,
+            leader: &self.config.identity,
+            dry_run: self.config.dry_run,
+            policy_valid: pass.policy_valid,
+            policy: &pass.policy,
+            nodes: &nodes,
+            in_flight: &pass.view.in_flight,
+            gpus_of: &|t| {
+                catalog
+                    .instance_type(t)
+                    .and_then(|t| t.gpu.as_ref())
+                    .map_or(0, |g| i64::from(g.count))
+            },
+            plan,
+            history: &self.history,
+            unavailable: &self.ice,
+            given_up: &self.given_up,
+            replacements: &self.replace,
+        });
+        let mut timeless = st.clone();
+        timeless.time.clear();
+        let key = serde_json::to_string(&timeless).unwrap_or_default();
+        if let Some((last, at)) = &self.last_status {
+            if *last == key && pass.now.since(*at) < STATUS_EVERY {
+                return;
+            }
+        }
+        self.last_status = Some((key, pass.now));
+        out.push(Action::Status(Box::new(st)));
+    }
+}

@@ -1,0 +1,208 @@
+//! Fleet tracking: what this process launched until the cloud lists it, launch ids retired or
+//! given up, the templates corrected by what registered nodes allocate, launches that never became
+//! working nodes, nodes whose GPUs went missing.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use gpu_node_autoscaler_provider::{Instance, InstanceState, OfferingKey};
+
+use crate::autoscaler::fleet::{fleet_view, FleetView, NodeIndex};
+use crate::autoscaler::{Action, Autoscaler, Count, Level, Note, Pass, Subject, RECENT_FOR};
+use crate::model::{Node, Time};
+use crate::policy::duration::format_duration;
+use crate::policy::Policy;
+
+impl Autoscaler {
+    /// Corrects the templates by what registered nodes allocate, so that a pod that did not fit
+    /// the node launched for it is not launched for again on the same instance type.
+    pub(in crate::autoscaler) fn learn_templates(&mut self, nodes: &[Node], out: &mut Vec<Action>) {
+        let Some(templates) = self.templates.as_mut() else {
+            return;
+        };
+        // Unshared between passes (the last pass was dropped): no copy.
+        let changed = Arc::make_mut(templates).learn_from(nodes);
+        for l in changed {
+            let less = l.now.cpu_milli < l.was.cpu_milli
+                || l.now.memory < l.was.memory
+                || l.now.pods < l.was.pods;
+            out.push(Action::Log {
+                level: if less { Level::Warn } else { Level::Info },
+                message: format!(
+                    "{} nodes of pool {} allocate {} and {} pods (node {}), not {} and {} pods \
+                     as planned: planning with what they allocate",
+                    l.instance_type, l.pool, l.now, l.now.pods, l.node, l.was, l.was.pods
+                ),
+            });
+        }
+    }
+
+    /// Keeps what this process launched until the cloud lists it, and retires the launch ids of
+    /// instances that are gone (terminated, interrupted): the same pods planned again get a new
+    /// launch, not the idempotent answer of the old one.
+    pub(in crate::autoscaler) fn track_instances(&mut self, listed: &[Instance], now: Time) {
+        let live = |i: &Instance| {
+            !matches!(
+                i.state,
+                InstanceState::Terminated | InstanceState::ShuttingDown
+            )
+        };
+        let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+        self.recent.retain(|id, (_, added)| {
+            !listed_ids.contains(id.as_str()) && now.since(*added) < RECENT_FOR
+        });
+        let current: HashMap<&str, &str> = listed
+            .iter()
+            .filter(|i| live(i))
+            .chain(self.recent.values().map(|(i, _)| i))
+            .map(|i| (i.id.as_str(), i.launch_id.as_str()))
+            .collect();
+        let given_up = &mut self.given_up;
+        self.seen.retain(|id, launch_id| {
+            let there = current.contains_key(id.as_str());
+            if !there && !launch_id.is_empty() {
+                given_up.entry(launch_id.clone()).or_insert(now);
+            }
+            there
+        });
+        for (id, launch_id) in current {
+            if !self.seen.contains_key(id) {
+                self.seen.insert(id.to_string(), launch_id.to_string());
+            }
+        }
+    }
+
+    /// Joins the cloud's instances (listed, and launched here but not listed yet) with the
+    /// Nodes: what is in flight, what is overdue, which instance each Node is.
+    pub(in crate::autoscaler) fn fleet_of(
+        &mut self,
+        listed: &[Instance],
+        nodes: &NodeIndex,
+        other_provider_ids: &[String],
+        policy: &Policy,
+        now: Time,
+    ) -> FleetView {
+        let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+        let all: Vec<&Instance> = listed
+            .iter()
+            .chain(
+                self.recent
+                    .values()
+                    .map(|(i, _)| i)
+                    .filter(|i| !listed_ids.contains(i.id.as_str())),
+            )
+            .collect();
+        let recent = &self.recent;
+        let known = |id: &str| listed_ids.contains(id) || recent.contains_key(id);
+        self.registered.retain(|id| known(id));
+        self.lost.retain(|id, _| known(id));
+        for i in &all {
+            if nodes.contains(&i.provider_id) || other_provider_ids.contains(&i.provider_id) {
+                if !self.registered.contains(&i.id) {
+                    self.registered.insert(i.id.clone());
+                }
+                self.lost.remove(&i.id);
+            } else if self.registered.contains(&i.id) {
+                self.lost.entry(i.id.clone()).or_insert(now);
+            }
+        }
+        let catalog = &self.catalog;
+        let lost = &self.lost;
+        fleet_view(
+            all,
+            nodes,
+            now,
+            policy.max_node_provision_time,
+            |k: &OfferingKey| {
+                catalog
+                    .instance_type(&k.instance_type)
+                    .is_none_or(|t| t.gpu.is_some())
+            },
+            |i: &Instance| lost.get(&i.id).copied().unwrap_or(Time(i.launched_at_ms)),
+        )
+    }
+
+    /// Instances that never became working nodes: terminated, their offering avoided.
+    pub(in crate::autoscaler) fn give_up_overdue(&mut self, pass: &Pass, out: &mut Vec<Action>) {
+        if self.config.dry_run {
+            return;
+        }
+        let now = pass.now;
+        for o in &pass.view.overdue {
+            let i = &o.instance;
+            let why = match &o.node {
+                Some(n) => format!("node {n} never advertised its GPUs"),
+                None => "no Node registered".to_string(),
+            };
+            out.push(Action::Log {
+                level: Level::Warn,
+                message: format!(
+                    "giving up a launch ({}: instance {}, {}) after {}: {why}",
+                    i.launch_id,
+                    i.id,
+                    i.offering,
+                    format_duration(pass.policy.max_node_provision_time)
+                ),
+            });
+            self.ice.insert(
+                i.offering.clone(),
+                now + pass.policy.insufficient_capacity_ttl,
+            );
+            self.given_up.insert(i.launch_id.clone(), now);
+            out.push(Action::Count(Count::FailedLaunch {
+                pool: i.pool.clone(),
+                reason: "provision_timeout",
+            }));
+            self.recent.remove(&i.id);
+            out.push(Action::Terminate {
+                pool: i.pool.clone(),
+                instance_id: i.id.clone(),
+                why: why.clone(),
+            });
+            if let Some(n) = &o.node {
+                out.push(Action::DeleteNode { node: n.clone() });
+                out.push(Action::Event(Note {
+                    subject: Subject::Node(n.clone()),
+                    warning: true,
+                    reason: "ScaleDown",
+                    action: "GiveUp",
+                    message: format!("instance {} removed: {why}", i.id),
+                }));
+            }
+        }
+    }
+
+    /// Nodes whose GPUs went missing after they advertised them: reported (Event, log, gauge),
+    /// never terminated for it (a device plugin restarting, a GPU operator upgrade).
+    pub(in crate::autoscaler) fn report_gpus_lost(
+        &mut self,
+        view: &FleetView,
+        out: &mut Vec<Action>,
+    ) {
+        let now_lost: BTreeSet<String> = view.gpus_lost.iter().cloned().collect();
+        for n in now_lost.difference(&self.gpus_lost) {
+            out.push(Action::Log {
+                level: Level::Warn,
+                message: format!("node {n} advertises no GPUs any more; it is kept"),
+            });
+            out.push(Action::Event(Note {
+                subject: Subject::Node(n.clone()),
+                warning: true,
+                reason: "GPUsUnavailable",
+                action: "Observe",
+                message: format!(
+                    "{n} advertised GPUs and advertises none now (device plugin restarting, or \
+                     GPUs lost); the node is kept, not given up as a failed launch"
+                ),
+            }));
+        }
+        for n in self.gpus_lost.difference(&now_lost) {
+            out.push(Action::Log {
+                level: Level::Info,
+                message: format!("node {n} advertises its GPUs again"),
+            });
+        }
+        out.push(Action::Count(Count::NodesGpusLost(now_lost.len())));
+        self.gpus_lost = now_lost;
+    }
+}
