@@ -334,54 +334,82 @@ pub struct Autoscaler {
     templates: Option<Arc<Templates>>,
     catalog: Catalog,
     batch: Batch,
+    launches: Launches,
+    fleet: FleetTracking,
+    disruption: Disruptions,
+    reported: Reported,
+    history: BTreeMap<String, PoolHistory>,
+    /// History restored from the last leader's status (after a restart or a failover).
+    restored: bool,
+    pass: Option<Pass>,
+    last_plan: Option<Plan>,
+    wake: Wake,
+}
+
+/// Scale-up state: offerings short of capacity, launch back-off, the pods each launch was planned
+/// for, nominations.
+#[derive(Default)]
+struct Launches {
     /// Offerings that failed for lack of capacity, unavailable until then.
     ice: BTreeMap<OfferingKey, Time>,
-    history: BTreeMap<String, PoolHistory>,
+    /// Per pool: no launch before this time after failures other than capacity, and how many.
+    launch_backoff: HashMap<String, (Time, u32)>,
+    jitter_draws: u64,
+    /// Per launch id issued here: when, and the pods planned for each of its nodes (for
+    /// [`crate::model::Snapshot::planned`]), kept for the longest a node may take to come.
+    planned: BTreeMap<String, (Time, crate::model::snapshot::PlannedNodes)>,
+    /// Pending pods nominated here: pod UID → node.
+    nominated: HashMap<String, String>,
+}
+
+/// Fleet tracking: instances launched here until listed, launch ids given up, instances seen and
+/// registered.
+#[derive(Default)]
+struct FleetTracking {
     /// Instances launched here, until the cloud's listing shows them.
     recent: HashMap<String, (Instance, Time)>,
     /// Launch ids given up (never registered in time, a gang's partial launch given back, or
     /// their instances gone), with when: a re-plan uses a new id.
     given_up: HashMap<String, Time>,
-    /// Per launch id issued here: when, and the pods planned for each of its nodes (for
-    /// [`crate::model::Snapshot::planned`]), kept for the longest a node may take to come.
-    planned: BTreeMap<String, (Time, crate::model::snapshot::PlannedNodes)>,
     /// Live instances seen (listed or launched here) → their launch id.
     seen: HashMap<String, String>,
     /// Instances seen with a Node; and since when those without one any more lost it.
     registered: HashSet<String>,
     lost: HashMap<String, Time>,
-    /// Nodes removed here, so that a stale view does not resume their drain.
-    removed: HashMap<String, Time>,
-    /// Per pool: no launch before this time after failures other than capacity, and how many.
-    launch_backoff: HashMap<String, (Time, u32)>,
-    /// History restored from the last leader's status (after a restart or a failover).
-    restored: bool,
+}
+
+/// Disruption state: drains running, nodes removed, replacements, consolidation timers, unneeded
+/// times in dry-run.
+#[derive(Default)]
+struct Disruptions {
     /// Drains and rollbacks running: node → pool.
     drains: BTreeMap<String, Option<String>>,
-    /// The last NotTriggerScaleUp reason sent per pod.
-    notified: HashMap<String, String>,
-    /// Pending pods nominated here: pod UID → node.
-    nominated: HashMap<String, String>,
-    /// "Unneeded since" per node, kept here in dry-run (no annotation is written).
-    unneeded_dry: BTreeMap<String, String>,
-    /// Why each idle-looking node is kept, as last logged.
-    kept: BTreeMap<String, String>,
-    /// Nodes whose GPUs went missing, as last reported.
-    gpus_lost: BTreeSet<String>,
-    /// Unneeded nodes whose instance is not ours, already reported (reported once, never
-    /// drained).
-    not_ours_reported: BTreeSet<String>,
+    /// Nodes removed here, so that a stale view does not resume their drain.
+    removed: HashMap<String, Time>,
     /// Nodes being replaced (broken, about to be taken back, or consolidated).
     replace: replace::Replacements,
     /// Per pool with consolidation: when its running pods are planned again next.
     consolidation_due: BTreeMap<String, Time>,
     /// Per pool: what its last fruitless consolidation looked at, and when.
     consolidation_seen: BTreeMap<String, (u64, Time)>,
+    /// "Unneeded since" per node, kept here in dry-run (no annotation is written).
+    unneeded_dry: BTreeMap<String, String>,
+    /// Unneeded nodes whose instance is not ours, already reported (reported once, never
+    /// drained).
+    not_ours_reported: BTreeSet<String>,
+}
+
+/// What was last reported (Events, logs, the status), so that it is reported again only when it
+/// changes.
+#[derive(Default)]
+struct Reported {
+    /// The last NotTriggerScaleUp reason sent per pod.
+    notified: HashMap<String, String>,
+    /// Why each idle-looking node is kept, as last logged.
+    kept: BTreeMap<String, String>,
+    /// Nodes whose GPUs went missing, as last reported.
+    gpus_lost: BTreeSet<String>,
     last_status: Option<(String, Time)>,
-    jitter_draws: u64,
-    pass: Option<Pass>,
-    last_plan: Option<Plan>,
-    wake: Wake,
 }
 
 /// From the last finished pass, what [`Autoscaler::next_change`] needs.
@@ -401,29 +429,12 @@ impl Autoscaler {
             templates: None,
             catalog: Catalog::default(),
             batch: Batch::default(),
-            ice: BTreeMap::new(),
+            launches: Launches::default(),
+            fleet: FleetTracking::default(),
+            disruption: Disruptions::default(),
+            reported: Reported::default(),
             history: BTreeMap::new(),
-            recent: HashMap::new(),
-            given_up: HashMap::new(),
-            planned: BTreeMap::new(),
-            seen: HashMap::new(),
-            registered: HashSet::new(),
-            lost: HashMap::new(),
-            removed: HashMap::new(),
-            launch_backoff: HashMap::new(),
             restored: false,
-            drains: BTreeMap::new(),
-            notified: HashMap::new(),
-            nominated: HashMap::new(),
-            unneeded_dry: BTreeMap::new(),
-            kept: BTreeMap::new(),
-            gpus_lost: BTreeSet::new(),
-            not_ours_reported: BTreeSet::new(),
-            replace: replace::Replacements::default(),
-            consolidation_due: BTreeMap::new(),
-            consolidation_seen: BTreeMap::new(),
-            last_status: None,
-            jitter_draws: 0,
             pass: None,
             last_plan: None,
             wake: Wake::default(),
@@ -461,7 +472,7 @@ impl Autoscaler {
         self.restored = true;
         let Some(json) = status_json else { return };
         for (id, at) in status::given_up_of(json) {
-            self.given_up.entry(id).or_insert(at);
+            self.fleet.given_up.entry(id).or_insert(at);
         }
         for (pool, h) in status::history_of(json) {
             let mine = self.history.entry(pool).or_default();
@@ -481,10 +492,10 @@ impl Autoscaler {
         for a in not_done {
             match a {
                 Action::Drain(DrainOrder { node, .. }) | Action::RollBack { node, .. } => {
-                    self.drains.remove(node);
+                    self.disruption.drains.remove(node);
                 }
                 Action::Nominate { uid, .. } => {
-                    self.nominated.remove(uid);
+                    self.launches.nominated.remove(uid);
                 }
                 _ => {}
             }
@@ -523,11 +534,11 @@ impl Autoscaler {
 
     /// Whether a drain (or rollback) of `node` is running.
     pub fn draining(&self, node: &str) -> bool {
-        self.drains.contains_key(node)
+        self.disruption.drains.contains_key(node)
     }
 
     pub fn drains(&self) -> usize {
-        self.drains.len()
+        self.disruption.drains.len()
     }
 
     /// Whether a pass has steps left (it waits for [`Feedback`]).
@@ -574,20 +585,20 @@ impl Autoscaler {
             }
         }
         if plan.unschedulable.iter().any(|u| !u.permanent) {
-            for until in self.ice.values() {
+            for until in self.launches.ice.values() {
                 consider(*until);
             }
-            for (until, _) in self.launch_backoff.values() {
+            for (until, _) in self.launches.launch_backoff.values() {
                 consider(*until);
             }
         }
-        for t in self.replace.timers() {
+        for t in self.disruption.replace.timers() {
             consider(t);
         }
         // A pool whose last look found nothing is looked at again when something changes (a
         // pass comes then anyway) or after a while; one with nodes and no look yet, when due.
-        for (pool, due) in &self.consolidation_due {
-            match self.consolidation_seen.get(pool) {
+        for (pool, due) in &self.disruption.consolidation_due {
+            match self.disruption.consolidation_seen.get(pool) {
                 Some((_, at)) => consider((*at + CONSOLIDATION_RELOOK).max(*due)),
                 None => consider(*due),
             }
@@ -614,12 +625,16 @@ impl Autoscaler {
         let (Some(policy), Some(instances)) = (self.policy.clone(), obs.instances) else {
             return out;
         };
-        self.ice.retain(|_, until| *until > now);
-        self.given_up.retain(|_, at| now.since(*at) < GIVEN_UP_FOR);
-        self.removed.retain(|_, at| now.since(*at) < REMOVED_FOR);
+        self.launches.ice.retain(|_, until| *until > now);
+        self.fleet
+            .given_up
+            .retain(|_, at| now.since(*at) < GIVEN_UP_FOR);
+        self.disruption
+            .removed
+            .retain(|_, at| now.since(*at) < REMOVED_FOR);
         self.track_instances(&instances, now);
         if let Some(x) = obs.gpu_xids.take() {
-            self.replace.xids = x;
+            self.disruption.replace.xids = x;
         }
         self.record_notices(
             std::mem::take(&mut obs.notices),
@@ -723,7 +738,7 @@ impl Autoscaler {
                 r.apply(n);
             }
             if self.config.dry_run {
-                if let Some(since) = self.unneeded_dry.get(&n.name) {
+                if let Some(since) = self.disruption.unneeded_dry.get(&n.name) {
                     Arc::make_mut(&mut n.annotations)
                         .insert(labels::UNNEEDED_SINCE.into(), since.clone());
                 }

@@ -24,14 +24,14 @@ impl Autoscaler {
             .map(|k| (k.node.clone(), k.reason.clone()))
             .collect();
         for (node, reason) in &kept {
-            if self.kept.get(node) != Some(reason) {
+            if self.reported.kept.get(node) != Some(reason) {
                 out.push(Action::Log {
                     level: Level::Info,
                     message: format!("idle-looking node {node} kept: {reason}"),
                 });
             }
         }
-        self.kept = kept;
+        self.reported.kept = kept;
     }
 
     /// `NotTriggerScaleUp` once per pod and reason.
@@ -41,15 +41,19 @@ impl Autoscaler {
         plan: &Plan,
         out: &mut Vec<Action>,
     ) {
-        self.notified.retain(|k, _| pass.pod_index.contains_key(k));
+        self.reported
+            .notified
+            .retain(|k, _| pass.pod_index.contains_key(k));
         for u in &plan.unschedulable {
-            if self.notified.get(&u.pod) == Some(&u.reason) {
+            if self.reported.notified.get(&u.pod) == Some(&u.reason) {
                 continue;
             }
             let Some(&i) = pass.pod_index.get(&u.pod) else {
                 continue;
             };
-            self.notified.insert(u.pod.clone(), u.reason.clone());
+            self.reported
+                .notified
+                .insert(u.pod.clone(), u.reason.clone());
             out.push(Action::Event(Note {
                 subject: pod_subject(&pass.snapshot.pods[i]),
                 warning: false,
@@ -89,19 +93,19 @@ impl Autoscaler {
             },
             plan,
             history: &self.history,
-            unavailable: &self.ice,
-            given_up: &self.given_up,
-            replacements: &self.replace,
+            unavailable: &self.launches.ice,
+            given_up: &self.fleet.given_up,
+            replacements: &self.disruption.replace,
         });
         let mut timeless = st.clone();
         timeless.time.clear();
         let key = serde_json::to_string(&timeless).unwrap_or_default();
-        if let Some((last, at)) = &self.last_status {
+        if let Some((last, at)) = &self.reported.last_status {
             if *last == key && pass.now.since(*at) < STATUS_EVERY {
                 return;
             }
         }
-        self.last_status = Some((key, pass.now));
+        self.reported.last_status = Some((key, pass.now));
         out.push(Action::Status(Box::new(st)));
     }
 }

@@ -35,13 +35,16 @@ impl Autoscaler {
         }
         pass.snapshot.in_flight = pass.view.in_flight.clone();
         let keep = pass.policy.max_node_provision_time;
-        self.planned.retain(|_, (at, _)| now.since(*at) < keep);
+        self.launches
+            .planned
+            .retain(|_, (at, _)| now.since(*at) < keep);
         pass.snapshot.planned = self
+            .launches
             .planned
             .iter()
             .map(|(id, (_, lists))| (id.clone(), lists.clone()))
             .collect();
-        pass.snapshot.unavailable = self.ice.clone();
+        pass.snapshot.unavailable = self.launches.ice.clone();
         pass.snapshot.pools = self
             .history
             .iter()
@@ -90,7 +93,7 @@ impl Autoscaler {
             let pool = pass.policy.pool(&su.pool);
             let mut attempt = 0;
             let mut req = launch_request(su, pool, attempt);
-            while self.given_up.contains_key(&req.launch_id)
+            while self.fleet.given_up.contains_key(&req.launch_id)
                 || taken.contains(req.launch_id.as_str())
             {
                 attempt += 1;
@@ -115,6 +118,7 @@ impl Autoscaler {
                 continue;
             }
             let backing_off = self
+                .launches
                 .launch_backoff
                 .get(&su.pool)
                 .is_some_and(|(until, _)| *until > now);
@@ -144,7 +148,8 @@ impl Autoscaler {
                             .collect()
                     })
                     .collect();
-                self.planned
+                self.launches
+                    .planned
                     .insert(req.launch_id.clone(), (now, Arc::new(lists)));
             }
             issued.push(Issued {
@@ -189,12 +194,12 @@ impl Autoscaler {
         snapshot: &mut Snapshot,
     ) -> HashSet<usize> {
         let mut restored = HashSet::new();
-        if self.nominated.is_empty() {
+        if self.launches.nominated.is_empty() {
             return restored;
         }
         for (i, p) in snapshot.pods.iter_mut().enumerate() {
             if p.nominated_node.is_none() && p.is_pending() && p.gang.is_some() {
-                if let Some(node) = self.nominated.get(&p.uid) {
+                if let Some(node) = self.launches.nominated.get(&p.uid) {
                     p.nominated_node = Some(node.clone());
                     restored.insert(i);
                 }
@@ -220,14 +225,15 @@ impl Autoscaler {
         if self.config.dry_run {
             return;
         }
-        if !self.nominated.is_empty() {
+        if !self.launches.nominated.is_empty() {
             let pending: HashSet<&str> = snapshot
                 .pods
                 .iter()
                 .filter(|p| p.is_pending())
                 .map(|p| p.uid.as_str())
                 .collect();
-            self.nominated
+            self.launches
+                .nominated
                 .retain(|uid, _| pending.contains(uid.as_str()));
         }
         let mut nodes: Option<HashMap<&str, &Node>> = None;
@@ -251,7 +257,7 @@ impl Autoscaler {
             if node.pool().is_none() || node.deleting || !pod.is_pending() {
                 continue;
             }
-            let ours = self.nominated.get(&pod.uid).map(String::as_str);
+            let ours = self.launches.nominated.get(&pod.uid).map(String::as_str);
             let shown = if restored.contains(&placed.pod_index) {
                 None
             } else {
@@ -271,7 +277,8 @@ impl Autoscaler {
                     message: format!("expected on node {} (nominated)", placed.target),
                 }));
             }
-            self.nominated
+            self.launches
+                .nominated
                 .insert(pod.uid.clone(), placed.target.clone());
             out.push(Action::Nominate {
                 pod: placed.pod.clone(),
@@ -323,8 +330,8 @@ impl Autoscaler {
                             reason: err.metric_label(),
                         }));
                         if matches!(err, ProviderError::InsufficientCapacity { .. }) {
-                            capacity_failed |= !self.ice.contains_key(key);
-                            self.ice.insert(key.clone(), now + ttl);
+                            capacity_failed |= !self.launches.ice.contains_key(key);
+                            self.launches.ice.insert(key.clone(), now + ttl);
                         } else {
                             out.push(Action::Log {
                                 level: Level::Warn,
@@ -361,13 +368,18 @@ impl Autoscaler {
                 }
             }
             if other_failure {
-                let failures = self.launch_backoff.get(&su.pool).map_or(0, |b| b.1) + 1;
-                self.jitter_draws += 1;
+                let failures = self
+                    .launches
+                    .launch_backoff
+                    .get(&su.pool)
+                    .map_or(0, |b| b.1)
+                    + 1;
+                self.launches.jitter_draws += 1;
                 let wait = backoff(
                     Duration::from_secs(5),
                     Duration::from_secs(300),
                     failures - 1,
-                    jitter_unit(self.config.seed ^ self.jitter_draws.rotate_left(32)),
+                    jitter_unit(self.config.seed ^ self.launches.jitter_draws.rotate_left(32)),
                 );
                 out.push(Action::Log {
                     level: Level::Warn,
@@ -377,14 +389,15 @@ impl Autoscaler {
                         wait.as_secs()
                     ),
                 });
-                self.launch_backoff
+                self.launches
+                    .launch_backoff
                     .insert(su.pool.clone(), (now + wait, failures));
             } else if n == su.count {
-                self.launch_backoff.remove(&su.pool);
+                self.launches.launch_backoff.remove(&su.pool);
             }
             for i in &instances {
-                self.recent.insert(i.id.clone(), (i.clone(), now));
-                self.seen.insert(i.id.clone(), i.launch_id.clone());
+                self.fleet.recent.insert(i.id.clone(), (i.clone(), now));
+                self.fleet.seen.insert(i.id.clone(), i.launch_id.clone());
             }
             if n > 0 {
                 out.push(Action::Count(Count::ScaleUps {
@@ -450,9 +463,9 @@ impl Autoscaler {
                 if l.is_empty() {
                     continue;
                 }
-                self.given_up.insert(is.launch_id.clone(), pass.now);
+                self.fleet.given_up.insert(is.launch_id.clone(), pass.now);
                 for i in l {
-                    self.recent.remove(&i.id);
+                    self.fleet.recent.remove(&i.id);
                     out.push(Action::Terminate {
                         pool: su.pool.clone(),
                         instance_id: i.id.clone(),

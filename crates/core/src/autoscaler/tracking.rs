@@ -48,17 +48,17 @@ impl Autoscaler {
             )
         };
         let listed_ids: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
-        self.recent.retain(|id, (_, added)| {
+        self.fleet.recent.retain(|id, (_, added)| {
             !listed_ids.contains(id.as_str()) && now.since(*added) < RECENT_FOR
         });
         let current: HashMap<&str, &str> = listed
             .iter()
             .filter(|i| live(i))
-            .chain(self.recent.values().map(|(i, _)| i))
+            .chain(self.fleet.recent.values().map(|(i, _)| i))
             .map(|i| (i.id.as_str(), i.launch_id.as_str()))
             .collect();
-        let given_up = &mut self.given_up;
-        self.seen.retain(|id, launch_id| {
+        let given_up = &mut self.fleet.given_up;
+        self.fleet.seen.retain(|id, launch_id| {
             let there = current.contains_key(id.as_str());
             if !there && !launch_id.is_empty() {
                 given_up.entry(launch_id.clone()).or_insert(now);
@@ -66,8 +66,10 @@ impl Autoscaler {
             there
         });
         for (id, launch_id) in current {
-            if !self.seen.contains_key(id) {
-                self.seen.insert(id.to_string(), launch_id.to_string());
+            if !self.fleet.seen.contains_key(id) {
+                self.fleet
+                    .seen
+                    .insert(id.to_string(), launch_id.to_string());
             }
         }
     }
@@ -86,28 +88,29 @@ impl Autoscaler {
         let all: Vec<&Instance> = listed
             .iter()
             .chain(
-                self.recent
+                self.fleet
+                    .recent
                     .values()
                     .map(|(i, _)| i)
                     .filter(|i| !listed_ids.contains(i.id.as_str())),
             )
             .collect();
-        let recent = &self.recent;
+        let recent = &self.fleet.recent;
         let known = |id: &str| listed_ids.contains(id) || recent.contains_key(id);
-        self.registered.retain(|id| known(id));
-        self.lost.retain(|id, _| known(id));
+        self.fleet.registered.retain(|id| known(id));
+        self.fleet.lost.retain(|id, _| known(id));
         for i in &all {
             if nodes.contains(&i.provider_id) || other_provider_ids.contains(&i.provider_id) {
-                if !self.registered.contains(&i.id) {
-                    self.registered.insert(i.id.clone());
+                if !self.fleet.registered.contains(&i.id) {
+                    self.fleet.registered.insert(i.id.clone());
                 }
-                self.lost.remove(&i.id);
-            } else if self.registered.contains(&i.id) {
-                self.lost.entry(i.id.clone()).or_insert(now);
+                self.fleet.lost.remove(&i.id);
+            } else if self.fleet.registered.contains(&i.id) {
+                self.fleet.lost.entry(i.id.clone()).or_insert(now);
             }
         }
         let catalog = &self.catalog;
-        let lost = &self.lost;
+        let lost = &self.fleet.lost;
         fleet_view(
             all,
             nodes,
@@ -144,16 +147,16 @@ impl Autoscaler {
                     format_duration(pass.policy.max_node_provision_time)
                 ),
             });
-            self.ice.insert(
+            self.launches.ice.insert(
                 i.offering.clone(),
                 now + pass.policy.insufficient_capacity_ttl,
             );
-            self.given_up.insert(i.launch_id.clone(), now);
+            self.fleet.given_up.insert(i.launch_id.clone(), now);
             out.push(Action::Count(Count::FailedLaunch {
                 pool: i.pool.clone(),
                 reason: "provision_timeout",
             }));
-            self.recent.remove(&i.id);
+            self.fleet.recent.remove(&i.id);
             out.push(Action::Terminate {
                 pool: i.pool.clone(),
                 instance_id: i.id.clone(),
@@ -180,7 +183,7 @@ impl Autoscaler {
         out: &mut Vec<Action>,
     ) {
         let now_lost: BTreeSet<String> = view.gpus_lost.iter().cloned().collect();
-        for n in now_lost.difference(&self.gpus_lost) {
+        for n in now_lost.difference(&self.reported.gpus_lost) {
             out.push(Action::Log {
                 level: Level::Warn,
                 message: format!("node {n} advertises no GPUs any more; it is kept"),
@@ -196,13 +199,13 @@ impl Autoscaler {
                 ),
             }));
         }
-        for n in self.gpus_lost.difference(&now_lost) {
+        for n in self.reported.gpus_lost.difference(&now_lost) {
             out.push(Action::Log {
                 level: Level::Info,
                 message: format!("node {n} advertises its GPUs again"),
             });
         }
         out.push(Action::Count(Count::NodesGpusLost(now_lost.len())));
-        self.gpus_lost = now_lost;
+        self.reported.gpus_lost = now_lost;
     }
 }

@@ -50,9 +50,11 @@ impl Autoscaler {
             .iter()
             .filter(|p| p.consolidation.enabled)
             .collect();
-        self.consolidation_due
+        self.disruption
+            .consolidation_due
             .retain(|p, _| enabled.iter().any(|e| &e.name == p));
-        self.consolidation_seen
+        self.disruption
+            .consolidation_seen
             .retain(|p, _| enabled.iter().any(|e| &e.name == p));
         if enabled.is_empty() {
             return;
@@ -64,6 +66,7 @@ impl Autoscaler {
             .filter_map(|n| n.pool().map(|p| (n.name.as_str(), p)))
             .collect();
         let busy: BTreeSet<String> = self
+            .disruption
             .replace
             .replacing
             .iter()
@@ -74,7 +77,8 @@ impl Autoscaler {
             .into_iter()
             .filter(|p| !busy.contains(&p.name))
             .filter(|p| {
-                self.consolidation_due
+                self.disruption
+                    .consolidation_due
                     .get(&p.name)
                     .is_none_or(|t| *t <= now)
             })
@@ -85,7 +89,7 @@ impl Autoscaler {
         // The snapshot as the plan will see it: launches in flight, offerings short.
         let mut snapshot = pass.snapshot.clone();
         snapshot.in_flight = pass.view.in_flight.clone();
-        snapshot.unavailable = self.ice.clone();
+        snapshot.unavailable = self.launches.ice.clone();
         // Only nodes of ours are replaced: others are left out of the candidates.
         let view = &pass.view;
         for n in &mut snapshot.nodes {
@@ -99,14 +103,15 @@ impl Autoscaler {
             }
         }
         let for_snapshot = templates.for_snapshot(&snapshot, now);
-        let drains_running = self.drains.len() + self.replace.replacing.len();
+        let drains_running = self.disruption.drains.len() + self.disruption.replace.replacing.len();
         for pool in due {
-            self.consolidation_due
+            self.disruption
+                .consolidation_due
                 .insert(pool.name.clone(), now + pool.consolidation.interval);
             // Nothing changed since a look that found nothing: look again only after a while
             // (the pods' age, which makes a move pay more, is all that changes).
             let fp = plan::consolidate::fingerprint(&snapshot, &pool.name);
-            if let Some((seen, at)) = self.consolidation_seen.get(&pool.name) {
+            if let Some((seen, at)) = self.disruption.consolidation_seen.get(&pool.name) {
                 if *seen == fp && now < *at + CONSOLIDATION_RELOOK {
                     continue;
                 }
@@ -122,9 +127,11 @@ impl Autoscaler {
             let c = match found {
                 Ok(c) => c,
                 Err(why) => {
-                    self.consolidation_seen.insert(pool.name.clone(), (fp, now));
+                    self.disruption
+                        .consolidation_seen
+                        .insert(pool.name.clone(), (fp, now));
                     let key = format!("consolidation/{}", pool.name);
-                    if self.replace.report_once(&key, &why) {
+                    if self.disruption.replace.report_once(&key, &why) {
                         out.push(Action::Log {
                             level: Level::Info,
                             message: format!("pool {}: nothing to consolidate: {why}", pool.name),
@@ -133,10 +140,10 @@ impl Autoscaler {
                     continue;
                 }
             };
-            self.consolidation_seen.remove(&pool.name);
+            self.disruption.consolidation_seen.remove(&pool.name);
             let why = c.describe();
             for node in &c.nodes {
-                self.replace.replacing.insert(
+                self.disruption.replace.replacing.insert(
                     node.clone(),
                     replace::Replacing {
                         cause: replace::Cause::Consolidating,
@@ -181,16 +188,17 @@ impl Autoscaler {
     ) {
         let now = pass.now;
         let short: Vec<(String, OfferingKey)> = self
+            .disruption
             .replace
             .replacing
             .iter()
             .filter(|(n, r)| {
-                r.cause == replace::Cause::Consolidating && !self.drains.contains_key(*n)
+                r.cause == replace::Cause::Consolidating && !self.disruption.drains.contains_key(*n)
             })
             .filter_map(|(n, r)| {
                 r.offerings
                     .iter()
-                    .find(|o| self.ice.get(*o).is_some_and(|t| *t > now))
+                    .find(|o| self.launches.ice.get(*o).is_some_and(|t| *t > now))
                     .map(|o| (n.clone(), o.clone()))
             })
             .collect();
@@ -216,7 +224,7 @@ impl Autoscaler {
         why: String,
         out: &mut Vec<Action>,
     ) {
-        self.replace.replacing.remove(node);
+        self.disruption.replace.replacing.remove(node);
         out.push(Action::Taint {
             node: node.to_string(),
             taint: replace::replacing_taint(replace::Cause::Consolidating),

@@ -59,12 +59,12 @@ impl Autoscaler {
         for m in METHODS {
             m.before_plan(self, pass, out);
         }
-        for message_id in std::mem::take(&mut self.replace.to_ack) {
+        for message_id in std::mem::take(&mut self.disruption.replace.to_ack) {
             out.push(Action::AckNotice { message_id });
         }
         pass.moving = replace::plan_as_moving(
             &mut pass.snapshot,
-            &self.replace.replacing,
+            &self.disruption.replace.replacing,
             &mut pass.moved_from,
         );
     }
@@ -86,15 +86,15 @@ impl Autoscaler {
     /// A drain (or rollback) ended.
     pub fn drain_finished(&mut self, node: &str, outcome: DrainOutcome, now: Time) -> Vec<Action> {
         let mut out = Vec::new();
-        let Some(pool) = self.drains.remove(node) else {
+        let Some(pool) = self.disruption.drains.remove(node) else {
             return out;
         };
-        if let Some(r) = self.replace.replacing.get_mut(node) {
+        if let Some(r) = self.disruption.replace.replacing.get_mut(node) {
             match outcome {
                 DrainOutcome::Removed => {
                     let cause = r.cause.as_str();
-                    self.replace.replacing.remove(node);
-                    self.removed.insert(node.to_string(), now);
+                    self.disruption.replace.replacing.remove(node);
+                    self.disruption.removed.insert(node.to_string(), now);
                     if let Some(p) = pool {
                         out.push(Action::Count(Count::Replaced { pool: p, cause }));
                     }
@@ -115,7 +115,7 @@ impl Autoscaler {
         }
         match outcome {
             DrainOutcome::Removed => {
-                self.removed.insert(node.to_string(), now);
+                self.disruption.removed.insert(node.to_string(), now);
                 if let Some(p) = pool {
                     out.push(Action::Count(Count::ScaleDown { pool: p.clone() }));
                     self.history.entry(p).or_default().last_scale_down = Some(now);
@@ -147,8 +147,8 @@ impl Autoscaler {
             return;
         }
         for n in &snapshot.nodes {
-            if self.drains.contains_key(&n.name)
-                || self.removed.contains_key(&n.name)
+            if self.disruption.drains.contains_key(&n.name)
+                || self.disruption.removed.contains_key(&n.name)
                 || n.deleting
                 || !has_drain_taint(n)
                 || drain_deadline(n, self.config.max_graceful_termination, now) > now
@@ -156,7 +156,7 @@ impl Autoscaler {
                 continue;
             }
             let pool = n.pool().map(str::to_string);
-            self.drains.insert(n.name.clone(), pool.clone());
+            self.disruption.drains.insert(n.name.clone(), pool.clone());
             out.push(Action::RollBack {
                 node: n.name.clone(),
                 pool,
@@ -173,8 +173,8 @@ impl Autoscaler {
         for n in &pass.snapshot.nodes {
             if !has_drain_taint(n)
                 || n.deleting
-                || self.drains.contains_key(&n.name)
-                || self.removed.contains_key(&n.name)
+                || self.disruption.drains.contains_key(&n.name)
+                || self.disruption.removed.contains_key(&n.name)
             {
                 continue;
             }
@@ -198,7 +198,8 @@ impl Autoscaler {
         reason: String,
     ) -> Action {
         let pool = n.pool().unwrap_or("").to_string();
-        self.drains
+        self.disruption
+            .drains
             .insert(n.name.clone(), Some(pool.clone()).filter(|p| !p.is_empty()));
         Action::Drain(DrainOrder {
             node: n.name.clone(),

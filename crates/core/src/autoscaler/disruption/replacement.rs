@@ -38,10 +38,13 @@ impl Autoscaler {
     pub(in crate::autoscaler) fn replace_nodes(&mut self, pass: &mut Pass, out: &mut Vec<Action>) {
         let policy = pass.policy.clone();
         let templates = pass.templates.clone();
-        let drains = &self.drains;
-        self.replace
+        let drains = &self.disruption.drains;
+        self.disruption
+            .replace
             .retain_nodes(&pass.snapshot.nodes, |n| drains.contains_key(n));
-        self.replace.adopt_tainted(&pass.snapshot.nodes, pass.now);
+        self.disruption
+            .replace
+            .adopt_tainted(&pass.snapshot.nodes, pass.now);
         // Per pool: nodes, and nodes being replaced for health.
         let mut sizes: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
         for n in &pass.snapshot.nodes {
@@ -49,6 +52,7 @@ impl Autoscaler {
             let e = sizes.entry(p).or_default();
             e.0 += 1;
             if self
+                .disruption
                 .replace
                 .replacing
                 .get(&n.name)
@@ -67,11 +71,12 @@ impl Autoscaler {
             let (true, Some(pool)) = (ours, pool) else {
                 continue;
             };
-            if n.deleting || self.drains.contains_key(&n.name) || has_drain_taint(n) {
+            if n.deleting || self.disruption.drains.contains_key(&n.name) || has_drain_taint(n) {
                 continue;
             }
             let template = templates.as_ref().and_then(|t| t.find(&pool.name, n));
             let xids = self
+                .disruption
                 .replace
                 .xids
                 .get(&n.name)
@@ -81,25 +86,29 @@ impl Autoscaler {
                 .provider_id
                 .as_ref()
                 .and_then(|p| pass.view.instance_of_node.get(p))
-                .and_then(|i| self.replace.notices.get(i));
+                .and_then(|i| self.disruption.replace.notices.get(i));
             let interrupted = replace::interruption_signal(n, pool, &policy, notices);
             let (size, busy) = sizes.get(pool.name.as_str()).copied().unwrap_or((0, 0));
             let busy = busy + started.get(&pool.name).copied().unwrap_or(0);
             let allowed = busy < replace::replacing_allowed(pool, size);
-            let step = self.replace.step(
+            let step = self.disruption.replace.step(
                 n,
                 interrupted.as_ref().map(|i| i.why.as_str()),
                 unhealthy,
                 allowed,
                 pass.now,
             );
-            if let (Some(i), Some(r)) = (&interrupted, self.replace.replacing.get_mut(&n.name)) {
+            if let (Some(i), Some(r)) = (
+                &interrupted,
+                self.disruption.replace.replacing.get_mut(&n.name),
+            ) {
                 if r.cause == replace::Cause::Interrupted && r.reclaimed_at.is_none() {
                     let instance = instance_of(n, &pass.view, &pass.instances);
                     let spot = instance.is_some_and(|i| {
                         i.offering.capacity_type == gpu_node_autoscaler_provider::CapacityType::Spot
                     });
-                    let warned = instance.and_then(|i| self.replace.spot_warned.get(&i.id));
+                    let warned =
+                        instance.and_then(|i| self.disruption.replace.spot_warned.get(&i.id));
                     r.reclaimed_at = replace::reclaimed_at(i, spot, warned.copied(), pass.now);
                 }
             }
@@ -182,7 +191,7 @@ impl Autoscaler {
             }
         }
         out.push(Action::Count(Count::NodesUnhealthy(
-            self.replace.unhealthy_count(),
+            self.disruption.replace.unhealthy_count(),
         )));
     }
 
@@ -201,7 +210,7 @@ impl Autoscaler {
         };
         if i.offering.capacity_type == gpu_node_autoscaler_provider::CapacityType::Spot {
             let until = now + policy.insufficient_capacity_ttl;
-            let e = self.ice.entry(i.offering.clone()).or_insert(until);
+            let e = self.launches.ice.entry(i.offering.clone()).or_insert(until);
             *e = (*e).max(until);
         }
     }
@@ -228,15 +237,20 @@ impl Autoscaler {
                 .iter()
                 .filter_map(|id| ours.get(id.as_str()).map(|i| (id, i)))
             {
-                let known = self.replace.notices.get(id.as_str());
+                let known = self.disruption.replace.notices.get(id.as_str());
                 if n.kind == NoticeKind::SpotInterruption
                     && !known.is_some_and(|k| k.contains(&n.kind))
                 {
-                    self.ice.insert(i.offering.clone(), short_until);
+                    self.launches.ice.insert(i.offering.clone(), short_until);
                 }
                 if n.kind == NoticeKind::SpotInterruption {
                     let sent = n.sent_at_ms.map_or(now, Time).min(now);
-                    let w = self.replace.spot_warned.entry(id.clone()).or_insert(sent);
+                    let w = self
+                        .disruption
+                        .replace
+                        .spot_warned
+                        .entry(id.clone())
+                        .or_insert(sent);
                     *w = (*w).min(sent);
                 }
                 out.push(Action::Log {
@@ -247,18 +261,21 @@ impl Autoscaler {
                         n.message_id
                     ),
                 });
-                self.replace
+                self.disruption
+                    .replace
                     .notices
                     .entry(id.clone())
                     .or_default()
                     .insert(n.kind);
             }
-            self.replace.to_ack.push(n.message_id);
+            self.disruption.replace.to_ack.push(n.message_id);
         }
-        self.replace
+        self.disruption
+            .replace
             .notices
             .retain(|id, _| ours.contains_key(id.as_str()));
-        self.replace
+        self.disruption
+            .replace
             .spot_warned
             .retain(|id, _| ours.contains_key(id.as_str()));
     }
@@ -275,10 +292,12 @@ impl Autoscaler {
             return;
         }
         for (node, pods) in &pass.moving {
-            let Some(r) = self.replace.replacing.get(node) else {
+            let Some(r) = self.disruption.replace.replacing.get(node) else {
                 continue;
             };
-            if self.drains.contains_key(node) || r.retry_after.is_some_and(|t| t > pass.now) {
+            if self.disruption.drains.contains_key(node)
+                || r.retry_after.is_some_and(|t| t > pass.now)
+            {
                 continue;
             }
             let why = format!("replacing: {}", r.why);
@@ -296,7 +315,7 @@ impl Autoscaler {
             }
             if r.cause.waits_for_capacity() {
                 if let Err(wait) = replace::ready_to_drain(pods, plan) {
-                    if self.replace.report_once(node, &wait) {
+                    if self.disruption.replace.report_once(node, &wait) {
                         out.push(Action::Log {
                             level: Level::Info,
                             message: format!("replacing {node}: {wait}"),

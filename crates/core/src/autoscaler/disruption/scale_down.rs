@@ -29,7 +29,7 @@ impl Autoscaler {
         let limit = pass.policy.max_concurrent_drains as usize;
         let mut not_ours = BTreeSet::new();
         for d in &plan.scale_downs {
-            if self.drains.contains_key(&d.node) {
+            if self.disruption.drains.contains_key(&d.node) {
                 continue;
             }
             let Some(node) = pass.snapshot.nodes.iter().find(|n| n.name == d.node) else {
@@ -42,7 +42,7 @@ impl Autoscaler {
             // Dry-run lists no instance (it calls no cloud API): it says what it would drain.
             if !ours && !self.config.dry_run {
                 // Adopted through a pool's nodeSelector, or labelled by hand: never terminated.
-                if !self.not_ours_reported.contains(&d.node) {
+                if !self.disruption.not_ours_reported.contains(&d.node) {
                     out.push(Action::Event(Note {
                         subject: Subject::Node(d.node.clone()),
                         warning: false,
@@ -72,13 +72,13 @@ impl Autoscaler {
                 }));
                 continue;
             }
-            if self.drains.len() >= limit {
+            if self.disruption.drains.len() >= limit {
                 continue;
             }
             let deadline = pass.now + self.config.max_graceful_termination;
             out.push(self.drain(node, &pass.view, deadline, d.reason.clone()));
         }
-        self.not_ours_reported = not_ours;
+        self.disruption.not_ours_reported = not_ours;
     }
 
     pub(in crate::autoscaler) fn keep_unneeded(
@@ -88,7 +88,7 @@ impl Autoscaler {
         out: &mut Vec<Action>,
     ) {
         if self.config.dry_run {
-            self.unneeded_dry = plan
+            self.disruption.unneeded_dry = plan
                 .unneeded
                 .iter()
                 .map(|u| (u.node.clone(), u.since.clone()))
@@ -97,7 +97,7 @@ impl Autoscaler {
         }
         let changes =
             plan::scale_down::unneeded_changes(&pass.snapshot.nodes, &plan.unneeded, |n| {
-                self.drains.contains_key(&n.name)
+                self.disruption.drains.contains_key(&n.name)
             });
         for (node, value) in changes {
             out.push(Action::Annotate {
