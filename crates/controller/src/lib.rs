@@ -46,7 +46,7 @@ use crate::autoscaler::{
     status, Action, Autoscaler, Count, DrainOutcome, Feedback, Level, Observation, Subject,
 };
 use crate::model::node::GpuXid;
-use crate::model::{labels, Snapshot, Time};
+use crate::model::{Snapshot, Time};
 use crate::policy::{parse_policy, Policy};
 
 pub use crate::autoscaler::LAUNCH_FAILURE_REASONS;
@@ -902,7 +902,7 @@ impl Controller {
             None
         };
         let now = wall_now();
-        let (mut snapshot, other_provider_ids) = {
+        let (snapshot, other_provider_ids) = {
             let s = self.state.lock().unwrap();
             self.reacted.retain(|k| s.pods.items.contains_key(k));
             (
@@ -910,12 +910,7 @@ impl Controller {
                 s.rejected_provider_ids.values().cloned().collect(),
             )
         };
-        if let (Some(policy), Some(listed)) = (self.core.policy(), &instances) {
-            // Nodes adopted by a pool's nodeSelector count in its gauges as in its decisions.
-            let ours: HashSet<&str> = listed.iter().map(|i| i.provider_id.as_str()).collect();
-            autoscaler::fleet::adopt_nodes(&mut snapshot.nodes, &ours, &policy.pools);
-        }
-        self.publish_gauges(&snapshot, now);
+        self.publish_pending_gauges(&snapshot, now);
         self.read_queue().await;
         let gpu_xids = self.read_gpu_metrics().await;
         let obs = Observation {
@@ -930,6 +925,7 @@ impl Controller {
         let t0 = std::time::Instant::now();
         self.decided_at = Some(now);
         let actions = self.core.pass(obs);
+        self.publish_node_gauges();
         self.carry_out(actions, t0.elapsed()).await;
     }
 
@@ -1268,7 +1264,7 @@ impl Controller {
     }
 
     /// Gauges read off the cluster as it is.
-    fn publish_gauges(&self, snapshot: &Snapshot, now: Time) {
+    fn publish_pending_gauges(&self, snapshot: &Snapshot, now: Time) {
         let pending = snapshot
             .pods
             .iter()
@@ -1284,34 +1280,28 @@ impl Controller {
                 .unwrap_or(0)
         };
         self.metrics.oldest_pending_gpu_pod_seconds.set(oldest);
+    }
+
+    /// Nodes and GPUs per pool and capacity type, and unneeded nodes per pool, as the decision
+    /// core saw them in its last pass (pools adopted by nodeSelector).
+    fn publish_node_gauges(&self) {
+        let g = self.core.node_gauges();
         self.metrics.nodes.clear();
         self.metrics.gpus.clear();
         self.metrics.nodes_unneeded.clear();
-        for n in &snapshot.nodes {
-            let Some(pool) = n.pool() else { continue };
-            if n.annotations.contains_key(labels::UNNEEDED_SINCE) {
-                self.metrics
-                    .nodes_unneeded
-                    .get_or_create(&PoolLabel {
-                        pool: pool.to_string(),
-                    })
-                    .inc();
-            }
-            let ct = n
-                .labels
-                .get(labels::CAPACITY_TYPE)
-                .or_else(|| n.labels.get(labels::KARPENTER_CAPACITY_TYPE))
-                .cloned()
-                .unwrap_or_else(|| "unknown".into());
-            let key = PoolCapacity {
-                pool: pool.to_string(),
-                capacity_type: ct,
-            };
-            self.metrics.nodes.get_or_create(&key).inc();
+        for (pool, n) in &g.unneeded {
             self.metrics
-                .gpus
-                .get_or_create(&key)
-                .inc_by(n.advertised_gpus());
+                .nodes_unneeded
+                .get_or_create(&PoolLabel { pool: pool.clone() })
+                .set(*n);
+        }
+        for ((pool, ct), (nodes, gpus)) in &g.by_capacity {
+            let key = PoolCapacity {
+                pool: pool.clone(),
+                capacity_type: ct.clone(),
+            };
+            self.metrics.nodes.get_or_create(&key).set(*nodes);
+            self.metrics.gpus.get_or_create(&key).set(*gpus);
         }
     }
 

@@ -194,6 +194,35 @@ pub fn adopt_nodes(nodes: &mut [Node], ours: &HashSet<&str>, pools: &[Pool]) -> 
     adopted
 }
 
+/// What the node gauges show, from the nodes as a pass sees them (pools adopted).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeGauges {
+    /// (pool, capacity type as the node's labels give it, else `unknown`) → (nodes, advertised
+    /// GPUs).
+    pub by_capacity: BTreeMap<(String, String), (i64, i64)>,
+    /// Pool → nodes annotated unneeded.
+    pub unneeded: BTreeMap<String, i64>,
+}
+
+/// The node gauges of `nodes`: nodes of a pool only.
+pub fn node_gauges(nodes: &[Node]) -> NodeGauges {
+    let mut g = NodeGauges::default();
+    for n in nodes {
+        let Some(pool) = n.pool() else { continue };
+        if n.annotations.contains_key(labels::UNNEEDED_SINCE) {
+            *g.unneeded.entry(pool.to_string()).or_default() += 1;
+        }
+        let ct = n.capacity_type_label().unwrap_or("unknown");
+        let e = g
+            .by_capacity
+            .entry((pool.to_string(), ct.to_string()))
+            .or_default();
+        e.0 += 1;
+        e.1 += n.advertised_gpus();
+    }
+    g
+}
+
 /// The registrations due: every live instance of ours whose Node lacks a label or taint of its
 /// pool. A label an operator set to another value is overwritten only for the pool label, the
 /// capacity type and the launch id (which must be true); the pool's own labels, and the GPU model
@@ -368,6 +397,35 @@ mod tests {
             state,
             launched_at_ms: at_s * 1000,
         }
+    }
+
+    #[test]
+    fn node_gauges_count_nodes_by_pool_and_the_capacity_type_their_labels_give() {
+        let spot = NodeBuilder::new("s")
+            .pool("a10g", "g5.xlarge", "us-east-1a")
+            .label(labels::CAPACITY_TYPE, "spot")
+            .gpus(1)
+            .build();
+        let eks = NodeBuilder::new("e")
+            .label(labels::POOL, "a10g")
+            .label("eks.amazonaws.com/capacityType", "SPOT")
+            .gpus(4)
+            .annotation(labels::UNNEEDED_SINCE, "2026-01-01T00:00:00Z")
+            .build();
+        let mut bare = NodeBuilder::new("b").gpus(1).build();
+        Arc::make_mut(&mut bare.labels).insert(labels::POOL.into(), "a10g".into());
+        Arc::make_mut(&mut bare.labels).remove(labels::CAPACITY_TYPE);
+        let none = NodeBuilder::new("x").gpus(8).build();
+        let g = node_gauges(&[spot, eks, bare, none]);
+        let key = |ct: &str| ("a10g".to_string(), ct.to_string());
+        assert_eq!(g.by_capacity.get(&key("spot")), Some(&(2, 5)), "{g:?}");
+        assert_eq!(g.by_capacity.get(&key("unknown")), Some(&(1, 1)), "{g:?}");
+        assert_eq!(
+            g.by_capacity.len(),
+            2,
+            "a node of no pool is not counted: {g:?}"
+        );
+        assert_eq!(g.unneeded.get("a10g"), Some(&1));
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::model::{labels, Node, Snapshot, Time};
 use crate::plan::{Plan, Templates};
 use crate::policy::Policy;
 
-use fleet::{registrations, FleetView, NodeIndex, Registration};
+use fleet::{registrations, FleetView, NodeGauges, NodeIndex, Registration};
 use status::{PoolHistory, Status};
 
 /// The `reason` label values of `failed_launches_total`.
@@ -410,6 +410,8 @@ struct Reported {
     /// Nodes whose GPUs went missing, as last reported.
     gpus_lost: BTreeSet<String>,
     last_status: Option<(String, Time)>,
+    /// The node gauges of the last pass's observation (with reports only).
+    node_gauges: NodeGauges,
 }
 
 /// From the last finished pass, what [`Autoscaler::next_change`] needs.
@@ -439,6 +441,12 @@ impl Autoscaler {
             last_plan: None,
             wake: Wake::default(),
         }
+    }
+
+    /// The node gauges of the last pass's observation, its nodes adopted into pools as the pass
+    /// saw them (kept only when the core reports).
+    pub fn node_gauges(&self) -> &NodeGauges {
+        &self.reported.node_gauges
     }
 
     pub fn config(&self) -> &Config {
@@ -615,6 +623,14 @@ impl Autoscaler {
         self.pass = None;
         self.batch.clear();
         let mut out = Vec::new();
+        if let (Some(policy), Some(instances)) = (&self.policy, &obs.instances) {
+            // Nodes adopted by a pool's nodeSelector count as the pool's, in decisions and gauges.
+            let ours: HashSet<&str> = instances.iter().map(|i| i.provider_id.as_str()).collect();
+            fleet::adopt_nodes(&mut obs.snapshot.nodes, &ours, &policy.pools);
+        }
+        if self.config.report {
+            self.reported.node_gauges = fleet::node_gauges(&obs.snapshot.nodes);
+        }
         if !self.restored {
             // Deciding without the last leader's cooldowns and back-offs could scale too early.
             return out;
@@ -643,10 +659,6 @@ impl Autoscaler {
             now + policy.insufficient_capacity_ttl,
             &mut out,
         );
-        {
-            let ours: HashSet<&str> = instances.iter().map(|i| i.provider_id.as_str()).collect();
-            fleet::adopt_nodes(&mut obs.snapshot.nodes, &ours, &policy.pools);
-        }
         self.learn_templates(&obs.snapshot.nodes, &mut out);
         let index = NodeIndex::new(&obs.snapshot.nodes);
         let view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);

@@ -46,6 +46,12 @@ impl Node {
     /// `spot` or `on-demand`, from our label, Karpenter's or EKS's (`SPOT`/`ON_DEMAND`);
     /// on-demand when none says.
     pub fn capacity_type(&self) -> &str {
+        self.capacity_type_label().unwrap_or("on-demand")
+    }
+
+    /// The capacity type the node's labels give (ours, Karpenter's or EKS's `SPOT`/`ON_DEMAND`),
+    /// if one does.
+    pub fn capacity_type_label(&self) -> Option<&str> {
         self.labels
             .get(labels::CAPACITY_TYPE)
             .or_else(|| self.labels.get(labels::KARPENTER_CAPACITY_TYPE))
@@ -59,7 +65,6 @@ impl Node {
                     }
                 })
             })
-            .unwrap_or("on-demand")
     }
 
     /// Marked for deletion by us (the to-be-deleted taint).
