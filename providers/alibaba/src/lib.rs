@@ -134,6 +134,7 @@ impl Default for RateLimits {
 
 pub use gpu_node_autoscaler_provider::retry::RetryPolicy;
 use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
+use gpu_node_autoscaler_provider::rng::splitmix64;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AlibabaConfig {
@@ -324,13 +325,6 @@ pub fn client_token(launch_id: &str, role: CapacityType, count: u32) -> String {
         .take(30)
         .collect();
     format!("gna-{role_char}{count}-{readable}-{h:016x}")
-}
-
-fn splitmix(seed: u64) -> u64 {
-    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// `LifecycleState` of a scaling instance → our state.
@@ -553,7 +547,7 @@ impl AlibabaProvider {
         // while the old one still works) never draw the same nonce in the same millisecond.
         static SEQUENCE: AtomicU64 = AtomicU64::new(0);
         let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-        splitmix((now_ms() as u64) ^ n.rotate_left(32) ^ u64::from(std::process::id()))
+        splitmix64((now_ms() as u64) ^ n.rotate_left(32) ^ u64::from(std::process::id()))
     }
 
     /// A nonce no other call draws: this process's id and call number (distinct across
