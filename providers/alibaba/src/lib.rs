@@ -348,19 +348,7 @@ pub fn parse_time_ms(s: &str) -> Option<i64> {
 
 /// `GPUSpec` such as `NVIDIA A10` → (vendor, model `A10`).
 pub fn gpu_model(spec: &str) -> (GpuVendor, String) {
-    let s = spec.trim();
-    let lower = s.to_ascii_lowercase();
-    let vendor = if lower.starts_with("amd") {
-        GpuVendor::Amd
-    } else {
-        GpuVendor::Nvidia
-    };
-    let model = s
-        .split_once(' ')
-        .filter(|(v, _)| matches!(v.to_ascii_lowercase().as_str(), "nvidia" | "amd"))
-        .map(|(_, m)| m.trim().to_string())
-        .unwrap_or_else(|| s.to_string());
-    (vendor, model)
+    GpuVendor::split_name(spec)
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -679,18 +667,6 @@ impl AlibabaProvider {
             }
             tokio::time::sleep(delay).await;
         }
-    }
-
-    /// One signed RPC call with this provider's endpoints, region and credentials, at the
-    /// `Describe*` rate, throttled answers retried: for tools beside the provider that read the
-    /// same account (kube-sim's ESS bridge).
-    pub async fn signed_call(
-        &self,
-        api: Api,
-        action: &'static str,
-        params: &[(String, String)],
-    ) -> Result<Value, ApiError> {
-        self.call(api, action, &self.limits.describe, params).await
     }
 
     /// A `Describe*` call at the describe rate, its error as a [`ProviderError`].
