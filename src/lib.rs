@@ -6,7 +6,7 @@
 //! behind `controller`). This crate is the binary and re-exports them under one name.
 
 pub use gpu_node_autoscaler_core::{
-    autoscaler, catalog, convert, fixtures, model, plan, policy, provider, yaml,
+    autoscaler, catalog, convert, model, plan, policy, provider, yaml,
 };
 
 #[cfg(feature = "controller")]

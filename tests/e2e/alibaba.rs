@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fake::{Fake, KEY_ID, REGION, SECRET, TOKEN};
-use gpu_node_autoscaler_alibaba::{CredentialSource, Credentials};
+use kube_sim::alibaba_rpc::Credentials;
 
 use crate::support::{gpu_pod, Env, Options};
 
@@ -36,11 +36,7 @@ fn policy() -> String {
 fn start(name: &str, fake: &Fake) -> Env {
     let mut credentials = Credentials::new(KEY_ID, SECRET);
     credentials.security_token = Some(TOKEN.to_string());
-    let mut ess = kube_sim::EssConfig::new(
-        REGION,
-        &[SPOT, ON_DEMAND],
-        CredentialSource::Static(credentials),
-    );
+    let mut ess = kube_sim::EssConfig::new(REGION, &[SPOT, ON_DEMAND], credentials);
     ess.endpoint = Some(fake.url.clone());
     ess.pools = [(SPOT, "a10"), (ON_DEMAND, "a10")]
         .into_iter()

@@ -308,34 +308,61 @@ fn max_into(acc: &mut Resources, other: &Resources) {
     }
 }
 
-/// Effective pod requests as kube-scheduler computes them: the larger of the app containers (plus
-/// sidecars) and each init container (plus the sidecars started before it), plus overhead.
+/// A pod's effective requests as kube-scheduler computes them, over any per-resource amounts
+/// (`add` sums two, `max` keeps the larger of each resource): the larger of the app containers
+/// plus the sidecars (init containers with `restartPolicy: Always`, flagged `true`) and of each
+/// init container plus the sidecars started before it. The caller adds `spec.overhead`.
+pub fn effective_requests<R: Clone + Default>(
+    containers: &[R],
+    init_containers: &[(R, bool)],
+    add: impl Fn(&mut R, &R),
+    max: impl Fn(&mut R, &R),
+) -> R {
+    let mut sum = R::default();
+    for r in containers {
+        add(&mut sum, r);
+    }
+    let mut sidecars = R::default();
+    let mut init_max = R::default();
+    for (r, sidecar) in init_containers {
+        if *sidecar {
+            add(&mut sidecars, r);
+            max(&mut init_max, &sidecars);
+        } else {
+            let mut with = sidecars.clone();
+            add(&mut with, r);
+            max(&mut init_max, &with);
+        }
+    }
+    add(&mut sum, &sidecars);
+    max(&mut sum, &init_max);
+    sum
+}
+
+/// Whether an init container is a sidecar (`restartPolicy: Always`).
+pub fn is_sidecar(restart_policy: Option<&str>) -> bool {
+    restart_policy == Some("Always")
+}
+
+/// Effective pod requests ([`effective_requests`]) plus overhead; GPU shares are summed over the
+/// app containers and at least each init container's.
 fn pod_requests(spec: &PodSpec) -> Result<(Resources, GpuShare), String> {
-    let mut sum = Resources::default();
     let mut share = GpuShare::default();
+    let mut containers = Vec::with_capacity(spec.containers.len());
     for (i, c) in spec.containers.iter().enumerate() {
         let (r, s) = container_requests(c, &format!("spec.containers[{i}]"))?;
-        sum.add(&r);
+        containers.push(r);
         share.mem_gib = share.mem_gib.saturating_add(s.mem_gib);
         share.core_pct = share.core_pct.saturating_add(s.core_pct);
     }
-    let mut sidecars = Resources::default();
-    let mut init_max = Resources::default();
+    let mut init = Vec::with_capacity(spec.init_containers.len());
     for (i, c) in spec.init_containers.iter().enumerate() {
         let (r, s) = container_requests(c, &format!("spec.initContainers[{i}]"))?;
         share.mem_gib = share.mem_gib.max(s.mem_gib);
         share.core_pct = share.core_pct.max(s.core_pct);
-        if c.restart_policy.as_deref() == Some("Always") {
-            sidecars.add(&r);
-            max_into(&mut init_max, &sidecars);
-        } else {
-            let mut with = sidecars.clone();
-            with.add(&r);
-            max_into(&mut init_max, &with);
-        }
+        init.push((r, is_sidecar(c.restart_policy.as_deref())));
     }
-    sum.add(&sidecars);
-    max_into(&mut sum, &init_max);
+    let mut sum = effective_requests(&containers, &init, Resources::add, max_into);
     let mut s2 = GpuShare::default();
     add_resource_list(&spec.overhead, "spec.overhead", &mut sum, &mut s2)?;
     sum.pods = 1;

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use gpu_node_autoscaler_provider::rng::Rng;
+
 use crate::model::constraints::{Effect, Operator, Requirement, Taint, Term, Toleration};
 use crate::model::dra::{
     ClaimSpec, DeviceClass, DeviceCount, DeviceRequest, PodClaim, SubRequest, NVIDIA_GPU_CLASS,
@@ -376,31 +378,6 @@ impl NodeBuilder {
 
     pub fn build(self) -> Node {
         self.node
-    }
-}
-
-/// A small deterministic random generator (xorshift64*), so generated workloads need no
-/// dependency and are the same on every machine.
-#[derive(Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
     }
 }
 

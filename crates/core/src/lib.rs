@@ -3,12 +3,14 @@
 //! from a snapshot to a plan), and [`autoscaler`] (the decision core that the controller and the
 //! simulator both execute: state, passes, actions). [`convert`] turns Kubernetes objects (JSON)
 //! into model values; [`catalog`] reads instance catalogs; [`prices`] refreshes their prices;
-//! [`fixtures`] builds test values; [`yaml`] reads and writes YAML.
+//! `fixtures` builds test values (`cfg(test)` or the `test-fixtures` feature); [`yaml`] reads
+//! and writes YAML.
 
 pub mod autoscaler;
 pub mod catalog;
 pub mod convert;
 pub mod dra;
+#[cfg(any(test, feature = "test-fixtures"))]
 pub mod fixtures;
 pub mod model;
 pub mod plan;

@@ -6,12 +6,12 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use gpu_node_autoscaler_memory::{CapacityWindow, MemoryProvider};
+use gpu_node_autoscaler_provider::rng::Rng;
 use gpu_node_autoscaler_provider::{
     Instance, InstanceState, InstanceType, LaunchRequest, LaunchResult, Notice, NoticeKind,
     OfferingKey, ProviderError,
 };
 
-use crate::fixtures::Rng;
 use crate::model::constraints::{Effect, Taint};
 use crate::model::dra::{Allocation, Claim, Device, DraObjects, Slice};
 use crate::model::labels;

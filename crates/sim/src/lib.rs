@@ -24,7 +24,7 @@ mod baseline_tests;
 mod spot_tests;
 #[cfg(test)]
 use gpu_node_autoscaler_core::catalog;
-use gpu_node_autoscaler_core::{autoscaler, convert, fixtures, model, plan, policy, yaml};
+use gpu_node_autoscaler_core::{autoscaler, convert, model, plan, policy, yaml};
 use gpu_node_autoscaler_provider::Catalog;
 
 use crate::model::Pod;

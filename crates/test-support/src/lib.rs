@@ -6,8 +6,6 @@
 //! [`dra_driver`] (NVIDIA's DRA driver's DeviceClasses and ResourceSlices for kwok Nodes). Test
 //! code only: no product crate depends on it.
 
-#![allow(dead_code)]
-
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod counting_alloc;

@@ -134,6 +134,7 @@ impl Default for RateLimits {
 
 pub use gpu_node_autoscaler_provider::retry::RetryPolicy;
 use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
+use gpu_node_autoscaler_provider::rng::splitmix64;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AlibabaConfig {
@@ -326,13 +327,6 @@ pub fn client_token(launch_id: &str, role: CapacityType, count: u32) -> String {
     format!("gna-{role_char}{count}-{readable}-{h:016x}")
 }
 
-fn splitmix(seed: u64) -> u64 {
-    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// `LifecycleState` of a scaling instance → our state.
 pub fn instance_state(lifecycle: &str) -> InstanceState {
     match lifecycle {
@@ -354,19 +348,7 @@ pub fn parse_time_ms(s: &str) -> Option<i64> {
 
 /// `GPUSpec` such as `NVIDIA A10` → (vendor, model `A10`).
 pub fn gpu_model(spec: &str) -> (GpuVendor, String) {
-    let s = spec.trim();
-    let lower = s.to_ascii_lowercase();
-    let vendor = if lower.starts_with("amd") {
-        GpuVendor::Amd
-    } else {
-        GpuVendor::Nvidia
-    };
-    let model = s
-        .split_once(' ')
-        .filter(|(v, _)| matches!(v.to_ascii_lowercase().as_str(), "nvidia" | "amd"))
-        .map(|(_, m)| m.trim().to_string())
-        .unwrap_or_else(|| s.to_string());
-    (vendor, model)
+    GpuVendor::split_name(spec)
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -553,7 +535,7 @@ impl AlibabaProvider {
         // while the old one still works) never draw the same nonce in the same millisecond.
         static SEQUENCE: AtomicU64 = AtomicU64::new(0);
         let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-        splitmix((now_ms() as u64) ^ n.rotate_left(32) ^ u64::from(std::process::id()))
+        splitmix64((now_ms() as u64) ^ n.rotate_left(32) ^ u64::from(std::process::id()))
     }
 
     /// A nonce no other call draws: this process's id and call number (distinct across
@@ -685,18 +667,6 @@ impl AlibabaProvider {
             }
             tokio::time::sleep(delay).await;
         }
-    }
-
-    /// One signed RPC call with this provider's endpoints, region and credentials, at the
-    /// `Describe*` rate, throttled answers retried: for tools beside the provider that read the
-    /// same account (kube-sim's ESS bridge).
-    pub async fn signed_call(
-        &self,
-        api: Api,
-        action: &'static str,
-        params: &[(String, String)],
-    ) -> Result<Value, ApiError> {
-        self.call(api, action, &self.limits.describe, params).await
     }
 
     /// A `Describe*` call at the describe rate, its error as a [`ProviderError`].

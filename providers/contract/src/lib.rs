@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub mod retry;
+pub mod rng;
 
 /// How an instance is bought.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -53,6 +54,23 @@ pub enum GpuVendor {
 }
 
 impl GpuVendor {
+    /// A cloud's name of a GPU such as `NVIDIA A10` or `AMD MI300X` → (vendor, model `A10`); a
+    /// name without a vendor word is NVIDIA's, and is the model as it stands.
+    pub fn split_name(name: &str) -> (GpuVendor, String) {
+        let s = name.trim();
+        let vendor = if s.to_ascii_lowercase().starts_with("amd") {
+            GpuVendor::Amd
+        } else {
+            GpuVendor::Nvidia
+        };
+        let model = s
+            .split_once(' ')
+            .filter(|(v, _)| matches!(v.to_ascii_lowercase().as_str(), "nvidia" | "amd"))
+            .map(|(_, m)| m.trim().to_string())
+            .unwrap_or_else(|| s.to_string());
+        (vendor, model)
+    }
+
     /// The extended resource its device plugin advertises whole GPUs as.
     pub fn resource(self) -> &'static str {
         match self {

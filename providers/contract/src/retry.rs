@@ -32,11 +32,7 @@ pub fn backoff(base: Duration, max: Duration, attempt: u32, unit: f64) -> Durati
 
 /// A number in `[0, 1)` from a seed (splitmix64): jitter needs no better randomness.
 pub fn jitter_unit(seed: u64) -> f64 {
-    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 53) as f64
+    crate::rng::unit(seed)
 }
 
 #[cfg(test)]

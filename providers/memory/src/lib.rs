@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use gpu_node_autoscaler_provider::rng::SplitMix64;
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, CloudProvider, Instance, InstanceState, LaunchRequest, LaunchResult,
     OfferingKey, ProviderError,
@@ -128,20 +129,11 @@ struct State {
     /// Per launch id: its pool and how many instances it ever created.
     launches: HashMap<String, (String, u32)>,
     next_id: u64,
-    pick_rng: u64,
+    pick_rng: SplitMix64,
     calls: Vec<Call>,
     injected: HashMap<&'static str, VecDeque<ProviderError>>,
     launched_total: u64,
     terminated_total: u64,
-}
-
-const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// SplitMix64's output function: a bijection on u64.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 fn error_outcome(e: &ProviderError) -> String {
@@ -287,16 +279,13 @@ impl State {
     fn new_id(&mut self) -> String {
         let n = self.next_id;
         self.next_id += 1;
-        // Distinct counters give distinct inputs, and `mix` is a bijection: ids never repeat.
-        let z = self
-            .seed
-            .wrapping_add(n.wrapping_add(1).wrapping_mul(GAMMA));
-        format!("i-{:016x}", mix(z))
+        // Distinct counters give distinct inputs, and splitmix64's output function is a
+        // bijection: ids never repeat.
+        format!("i-{:016x}", SplitMix64::at(self.seed, n))
     }
 
     fn next_pick(&mut self) -> u64 {
-        self.pick_rng = self.pick_rng.wrapping_add(GAMMA);
-        mix(self.pick_rng)
+        self.pick_rng.next_u64()
     }
 
     fn catalog(&self) -> Catalog {
@@ -455,7 +444,7 @@ impl MemoryProvider {
                 shutting_down: BTreeSet::new(),
                 launches: HashMap::new(),
                 next_id: 0,
-                pick_rng: seed ^ 0xD1B5_4A32_D192_ED03,
+                pick_rng: SplitMix64::new(seed ^ 0xD1B5_4A32_D192_ED03),
                 calls: Vec::new(),
                 injected: HashMap::new(),
                 launched_total: 0,

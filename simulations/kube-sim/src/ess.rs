@@ -9,21 +9,19 @@
 //! [`Registrar`] does the rest as for the other bridges: a Node `boot_delay` after kube-sim first
 //! saw the instance, its GPUs `device_plugin_delay` after that, the Node and its pods deleted when
 //! the instance leaves the listing (or is `Removing`). A failed listing changes nothing. Requests
-//! are signed by the provider crate's client (`AlibabaProvider::signed_call`), so the fake checks
-//! them like the provider's own.
+//! are signed by kube-sim's own RPC client ([`crate::alibaba_rpc`]); the tests run it against the
+//! local fake, which checks every signature as it checks the provider's.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_node_autoscaler_alibaba::{
-    gpu_model, provider_id, AlibabaConfig, AlibabaProvider, Api, CredentialSource,
-};
 use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
 use gpu_node_autoscaler_provider::GpuVendor;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use crate::alibaba_rpc::{Client, Credentials};
 use crate::nodes::{
     sleep_until_next_poll, CloudBridge, InstanceView, NodeApi, NodeStyle, Registrar, TypeInfo,
     TAG_POOL,
@@ -42,7 +40,7 @@ pub struct EssConfig {
     /// Scaling group → the `gpu-node-autoscaler.io/pool` label of its Nodes, for instances
     /// without a `gpu-node-autoscaler.io/pool` tag.
     pub pools: BTreeMap<String, String>,
-    pub credentials: CredentialSource,
+    pub credentials: Credentials,
     /// How long after kube-sim first sees an instance its Node registers.
     pub boot_delay: Duration,
     /// How long after the Node registers its GPUs are advertised.
@@ -52,7 +50,7 @@ pub struct EssConfig {
 }
 
 impl EssConfig {
-    pub fn new(region: &str, scaling_groups: &[&str], credentials: CredentialSource) -> Self {
+    pub fn new(region: &str, scaling_groups: &[&str], credentials: Credentials) -> Self {
         EssConfig {
             endpoint: None,
             region: region.to_string(),
@@ -180,7 +178,7 @@ pub fn parse_instance_types(v: &Value) -> BTreeMap<String, TypeInfo> {
         .iter()
         .map(|t| {
             let count = number(t, "GPUAmount") as i64;
-            let (vendor, model) = gpu_model(&text(t, "GPUSpec"));
+            let (vendor, model) = GpuVendor::split_name(&text(t, "GPUSpec"));
             let gpu_memory_mib = (number(t, "GPUMemorySize") * 1024.0).round() as u64;
             let (gpus, product) = match (count, vendor) {
                 (0, _) => (None, None),
@@ -201,6 +199,15 @@ pub fn parse_instance_types(v: &Value) -> BTreeMap<String, TypeInfo> {
         .filter(|(name, _)| !name.is_empty())
         .collect()
 }
+
+/// ACK's providerID of an instance: `<region>.<instance-id>`.
+pub fn provider_id(region: &str, instance_id: &str) -> String {
+    format!("{region}.{instance_id}")
+}
+
+/// The ESS and ECS APIs: their `Version`s.
+const ESS_VERSION: &str = "2014-08-28";
+const ECS_VERSION: &str = "2014-05-26";
 
 /// The instance as the Node registrar needs it: ACK's providerID `<region>.<instance-id>`, named
 /// after the ECS host name (lower-cased), else the instance id; the pool label from the instance's
@@ -235,7 +242,10 @@ pub fn instance_view(
 /// The bridge: lists the scaling groups' instances, asks ECS about them, registers their Nodes.
 pub struct Bridge {
     config: EssConfig,
-    client: AlibabaProvider,
+    client: Client,
+    /// Where ESS and ECS answer.
+    ess_endpoint: String,
+    ecs_endpoint: String,
     /// ECS's answers, per instance id (asked once per instance).
     ecs: HashMap<String, EcsInstance>,
     /// ECS's instance types (asked once per type).
@@ -252,32 +262,34 @@ fn params(pairs: &[(&str, String)]) -> Vec<(String, String)> {
 
 impl Bridge {
     pub fn new(config: EssConfig, style: NodeStyle) -> Result<Bridge, String> {
-        let mut c = AlibabaConfig::new(config.region.clone());
-        c.ess_endpoint = config.endpoint.clone();
-        c.ecs_endpoint = config.endpoint.clone();
-        let client =
-            AlibabaProvider::new(c, config.credentials.clone()).map_err(|e| e.to_string())?;
+        let client = Client::new(&config.region, config.credentials.clone())?;
+        let ess_endpoint =
+            (config.endpoint.clone()).unwrap_or_else(|| "https://ess.aliyuncs.com".to_string());
+        let ecs_endpoint = (config.endpoint.clone())
+            .unwrap_or_else(|| format!("https://ecs.{}.aliyuncs.com", config.region));
         let registrar =
             Registrar::new("ess", config.boot_delay, config.device_plugin_delay).with_style(style);
         Ok(Bridge {
             config,
             client,
+            ess_endpoint,
+            ecs_endpoint,
             ecs: HashMap::new(),
             types: HashMap::new(),
             registrar,
         })
     }
 
-    async fn call(
-        &self,
-        api: Api,
-        action: &'static str,
-        p: &[(&str, String)],
-    ) -> Result<Value, String> {
-        self.client
-            .signed_call(api, action, &params(p))
+    async fn ess(&self, action: &str, p: &[(&str, String)]) -> Result<Value, String> {
+        (self.client)
+            .call(&self.ess_endpoint, ESS_VERSION, action, &params(p))
             .await
-            .map_err(|e| e.to_string())
+    }
+
+    async fn ecs(&self, action: &str, p: &[(String, String)]) -> Result<Value, String> {
+        (self.client)
+            .call(&self.ecs_endpoint, ECS_VERSION, action, p)
+            .await
     }
 
     /// The scaling instances of every group (every page), those that have Nodes.
@@ -287,8 +299,7 @@ impl Bridge {
         for group in &self.config.scaling_groups {
             for page in 1.. {
                 let v = self
-                    .call(
-                        Api::Ess,
+                    .ess(
                         "DescribeScalingInstances",
                         &[
                             ("ScalingGroupId", group.clone()),
@@ -311,16 +322,11 @@ impl Bridge {
     /// ECS `DescribeInstances` of the instances not yet known (≤ 100 per call).
     async fn learn_instances(&mut self, ids: &[String]) -> Result<(), String> {
         for chunk in ids.chunks(100) {
-            let v = self
-                .call(
-                    Api::Ecs,
-                    "DescribeInstances",
-                    &[
-                        ("InstanceIds", json!(chunk).to_string()),
-                        ("PageSize", "100".to_string()),
-                    ],
-                )
-                .await?;
+            let p = params(&[
+                ("InstanceIds", json!(chunk).to_string()),
+                ("PageSize", "100".to_string()),
+            ]);
+            let v = self.ecs("DescribeInstances", &p).await?;
             self.ecs.extend(parse_ecs_instances(&v));
         }
         Ok(())
@@ -335,11 +341,7 @@ impl Bridge {
                 .map(|(i, t)| (format!("InstanceTypes.{}", i + 1), t.clone()))
                 .collect();
             p.push(("MaxResults".into(), "100".into()));
-            let v = self
-                .client
-                .signed_call(Api::Ecs, "DescribeInstanceTypes", &p)
-                .await
-                .map_err(|e| e.to_string())?;
+            let v = self.ecs("DescribeInstanceTypes", &p).await?;
             self.types.extend(parse_instance_types(&v));
         }
         Ok(())
@@ -433,12 +435,25 @@ mod tests {
     use super::*;
     use crate::resources::{NODES, PODS};
     use crate::store::Store;
-    use gpu_node_autoscaler_alibaba::Credentials;
 
-    fn credentials() -> CredentialSource {
+    fn credentials() -> Credentials {
         let mut c = Credentials::new(KEY_ID, SECRET);
         c.security_token = Some(TOKEN.to_string());
-        CredentialSource::Static(c)
+        c
+    }
+
+    #[test]
+    fn provider_ids_and_gpu_names_read_as_the_provider_reads_them() {
+        assert_eq!(
+            provider_id(REGION, "i-abc"),
+            gpu_node_autoscaler_alibaba::provider_id(REGION, "i-abc")
+        );
+        for spec in ["NVIDIA A10", "AMD MI300X", "T4", " nvidia  V100 "] {
+            assert_eq!(
+                GpuVendor::split_name(spec),
+                gpu_node_autoscaler_alibaba::gpu_model(spec)
+            );
+        }
     }
 
     fn config() -> EssConfig {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use gpu_node_autoscaler_provider::rng::SplitMix64;
 use serde_json::{json, Map, Value};
 
 use crate::status::{ApiError, ApiResult};
@@ -123,22 +124,20 @@ impl Faults {
 #[derive(Debug)]
 pub struct FaultState {
     pub faults: Faults,
-    rng: u64,
+    rng: SplitMix64,
 }
 
 impl FaultState {
     pub fn new(faults: Faults, seed: u64) -> Self {
-        FaultState { faults, rng: seed }
+        FaultState {
+            faults,
+            rng: SplitMix64::new(seed),
+        }
     }
 
     /// The next number of a splitmix64 sequence, as a share in [0, 1).
     fn next_share(&mut self) -> f64 {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.next_unit()
     }
 
     /// Whether the next API request fails (draws from the sequence only when faults are on).

@@ -18,14 +18,10 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
-use crate::resources::{NODES, PODS};
+use crate::resources::{NODES, PODS, RUN_DURATION_ANNOTATION};
 use crate::server::App;
 use crate::store::{now_timestamp, EventType, Store, WatchEvent};
 use gpu_node_autoscaler_core::policy::duration::parse_duration;
-
-/// A pod with this annotation (a duration such as `30s` or `2m`) succeeds that long after it
-/// started running.
-pub const RUN_DURATION_ANNOTATION: &str = "kube-sim.gpu-node-autoscaler.io/run-duration";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Action {

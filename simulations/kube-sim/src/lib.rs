@@ -6,6 +6,7 @@
 //! kube-rs clients can drive it. Simulated controllers (a scheduler, the kubelets and a bridge to
 //! an EC2 endpoint) make pods run and nodes come and go; faults can be injected.
 
+pub mod alibaba_rpc;
 pub mod ec2;
 pub mod ess;
 pub mod faults;

@@ -49,7 +49,8 @@ struct Args {
     ec2_poll: Duration,
 
     /// ESS scaling groups whose instances become Nodes (comma-separated; credentials from
-    /// ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET and the rest of the chain).
+    /// ALIBABA_CLOUD_ACCESS_KEY_ID / ALIBABA_CLOUD_ACCESS_KEY_SECRET, and
+    /// ALIBABA_CLOUD_SECURITY_TOKEN for temporary ones).
     #[arg(long, value_delimiter = ',')]
     ess_scaling_groups: Vec<String>,
     /// Replaces the ESS and ECS endpoints (e.g. the Alibaba Cloud provider's local fake).
@@ -108,12 +109,10 @@ async fn main() {
     let ess = if args.ess_scaling_groups.is_empty() {
         None
     } else {
-        let overrides = gpu_node_autoscaler_alibaba::ChainOverrides::default();
-        let credentials = gpu_node_autoscaler_alibaba::CredentialSource::from_env(&overrides)
-            .unwrap_or_else(|e| {
-                eprintln!("kube-sim: ess bridge: {e}");
-                std::process::exit(2);
-            });
+        let credentials = kube_sim::alibaba_rpc::Credentials::from_env().unwrap_or_else(|e| {
+            eprintln!("kube-sim: ess bridge: {e}");
+            std::process::exit(2);
+        });
         let groups: Vec<&str> = args.ess_scaling_groups.iter().map(String::as_str).collect();
         Some(kube_sim::EssConfig {
             endpoint: args.ess_endpoint.clone(),

@@ -2,6 +2,10 @@
 
 use serde_json::{json, Value};
 
+/// A pod with this annotation (a duration such as `30s` or `2m`) succeeds that long after it
+/// started running (the kubelet acts on it, validation checks it).
+pub const RUN_DURATION_ANNOTATION: &str = "kube-sim.gpu-node-autoscaler.io/run-duration";
+
 /// One served resource (a group/version/plural).
 #[derive(Debug)]
 pub struct ResourceDef {

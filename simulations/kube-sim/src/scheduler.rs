@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpu_node_autoscaler_core::convert::{effective_requests, is_sidecar};
 use gpu_node_autoscaler_core::model::quantity::parse_quantity;
 use serde_json::{json, Value};
 
@@ -50,34 +51,39 @@ fn container_requests(c: &Value) -> Result<Resources, String> {
     Ok(r)
 }
 
-/// What a pod requests: the sum over its containers, at least each init container's request,
-/// plus `spec.overhead`.
+fn containers(pod: &Value, field: &str) -> Result<Vec<(Resources, bool)>, String> {
+    let list = pod
+        .pointer(&format!("/spec/{field}"))
+        .and_then(Value::as_array);
+    (list.into_iter().flatten())
+        .map(|c| {
+            let restart = c.get("restartPolicy").and_then(Value::as_str);
+            Ok((container_requests(c)?, is_sidecar(restart)))
+        })
+        .collect()
+}
+
+/// What a pod requests, as the core computes it ([`effective_requests`]): its containers plus
+/// sidecars, at least each init container plus the sidecars before it, plus `spec.overhead`.
 pub fn pod_requests(pod: &Value) -> Result<Resources, String> {
-    let mut total = Resources::new();
-    for c in pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
+    let apps: Vec<Resources> = containers(pod, "containers")?
         .into_iter()
-        .flatten()
-    {
-        for (k, v) in container_requests(c)? {
-            *total.entry(k).or_default() += v;
+        .map(|(r, _)| r)
+        .collect();
+    let init = containers(pod, "initContainers")?;
+    let add = |a: &mut Resources, b: &Resources| {
+        for (k, v) in b {
+            *a.entry(k.clone()).or_default() += v;
         }
-    }
-    for c in pod
-        .pointer("/spec/initContainers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        for (k, v) in container_requests(c)? {
-            let e = total.entry(k).or_default();
-            *e = (*e).max(v);
+    };
+    let max = |a: &mut Resources, b: &Resources| {
+        for (k, v) in b {
+            let e = a.entry(k.clone()).or_default();
+            *e = (*e).max(*v);
         }
-    }
-    for (k, v) in quantities(pod.pointer("/spec/overhead"))? {
-        *total.entry(k).or_default() += v;
-    }
+    };
+    let mut total = effective_requests(&apps, &init, add, max);
+    add(&mut total, &quantities(pod.pointer("/spec/overhead"))?);
     Ok(total)
 }
 
@@ -478,6 +484,28 @@ mod tests {
             &json!({"spec": {"containers": [{"resources": {"requests": {"cpu": "lots"}}}]}})
         )
         .is_err());
+    }
+
+    #[test]
+    fn sidecars_count_with_the_containers_and_before_later_init_containers() {
+        let pod = json!({"spec": {
+            "initContainers": [
+                {"restartPolicy": "Always", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+                {"resources": {"requests": {"cpu": "2"}}}],
+            "containers": [{"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}});
+        let r = pod_requests(&pod).unwrap();
+        // The sidecar runs beside the app container (1.5 CPU, 2 Gi) and beside the later init
+        // container (3 CPU): the larger wins per resource.
+        assert_eq!(r["cpu"], 3000);
+        assert_eq!(r["memory"], 2 * 1024 * 1024 * 1024 * 1000);
+        // The same pod as the core reads it.
+        let mut full = pod.clone();
+        full["metadata"] = json!({"name": "p", "namespace": "default", "uid": "u"});
+        let core = gpu_node_autoscaler_core::convert::Converter::new()
+            .pod(full)
+            .unwrap();
+        assert_eq!(core.requests.cpu_milli as i128, r["cpu"]);
+        assert_eq!(core.requests.memory as i128 * 1000, r["memory"]);
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use gpu_node_autoscaler_provider::rng::SplitMix64;
 use serde_json::{json, Map, Value};
 use tokio::sync::broadcast;
 
@@ -167,7 +168,7 @@ pub struct Store {
     /// Events with a resourceVersion at or below this one may have left the history.
     compacted_rv: u64,
     tx: broadcast::Sender<Arc<WatchEvent>>,
-    rng: u64,
+    rng: SplitMix64,
 }
 
 /// The current time as the API server writes timestamps (RFC 3339, seconds).
@@ -264,7 +265,7 @@ impl Store {
             history_cap: history_cap.max(1),
             compacted_rv: 0,
             tx,
-            rng: seed | 1,
+            rng: SplitMix64::new(seed | 1),
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             s.create(NAMESPACES, "", json!({"metadata": {"name": ns}}), false)
@@ -278,12 +279,7 @@ impl Store {
     }
 
     fn next_random(&mut self) -> u64 {
-        // splitmix64
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.rng.next_u64()
     }
 
     fn new_uid(&mut self) -> String {

@@ -2,8 +2,7 @@
 
 use serde_json::Value;
 
-use crate::kubelet::RUN_DURATION_ANNOTATION;
-use crate::resources::ResourceDef;
+use crate::resources::{ResourceDef, RUN_DURATION_ANNOTATION};
 use gpu_node_autoscaler_core::model::quantity::{parse_quantity, QuantityError};
 use gpu_node_autoscaler_core::policy::duration::parse_duration;
 

@@ -522,7 +522,7 @@ mod tests {
                 vec![alt(DeviceCount::Exact(2), &[0, 1])],
             ],
         ];
-        let mut rng = crate::fixtures::Rng::new(3);
+        let mut rng = gpu_node_autoscaler_provider::rng::Rng::new(3);
         for requests in demands {
             let d = DeviceDemand {
                 requests,
