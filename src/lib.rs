@@ -13,7 +13,21 @@ pub use gpu_node_autoscaler_core::{
 pub use gpu_node_autoscaler_controller as controller;
 #[cfg(feature = "alibaba")]
 pub use gpu_node_autoscaler_controller::alibaba;
-#[cfg(feature = "controller")]
+#[cfg(feature = "aws")]
 pub use gpu_node_autoscaler_controller::aws;
 #[cfg(feature = "simulator")]
 pub use gpu_node_autoscaler_sim as sim;
+
+/// The providers' parts of the policy this build checks pools against: the controller's
+/// registry (`controller::providers`), else every provider by its name only
+/// ([`policy::NAMES_ONLY`]: their sections are checked by builds with the controller).
+pub fn provider_policies() -> Vec<&'static dyn policy::ProviderPolicy> {
+    #[cfg(feature = "controller")]
+    {
+        gpu_node_autoscaler_controller::providers::policies()
+    }
+    #[cfg(not(feature = "controller"))]
+    {
+        policy::NAMES_ONLY.to_vec()
+    }
+}

@@ -107,7 +107,9 @@ fn read(path: &Path) -> Result<String> {
 
 fn load_policy(path: &Path) -> Result<Policy> {
     let text = read(path)?;
-    policy::parse_policy(&text, &path.display().to_string()).map_err(anyhow::Error::new)
+    let providers = gpu_node_autoscaler::provider_policies();
+    policy::parse_policy_with(&text, &path.display().to_string(), &providers)
+        .map_err(anyhow::Error::new)
 }
 
 /// The catalog `path`, else the built-in one for the policy's region (a warning on stderr when

@@ -1,13 +1,39 @@
 //! The Alibaba Cloud provider's configuration from the scaling policy (behind the `alibaba`
 //! feature).
 
+use gpu_node_autoscaler_alibaba::settings::AlibabaPoolSettings;
 use gpu_node_autoscaler_alibaba::{
     AlibabaConfig, AlibabaPool, AlibabaProvider, ChainOverrides, CredentialSource,
 };
-use gpu_node_autoscaler_provider::{CapacityType, Catalog};
+use std::sync::Arc;
+
+use gpu_node_autoscaler_provider::{CapacityType, Catalog, CloudProvider};
 
 use crate::plan::templates::pool_types_and_prices;
 use crate::policy::Policy;
+use crate::providers::{BuildContext, Building};
+
+/// The Alibaba Cloud provider of the policy's `provider: alibaba` pools (the registry's
+/// `build`).
+pub fn build<'a>(cx: &'a BuildContext<'a>) -> Building<'a> {
+    Box::pin(async move {
+        let region = cx
+            .policy
+            .region
+            .clone()
+            .or_else(|| std::env::var("ALIBABA_CLOUD_REGION_ID").ok())
+            .ok_or("no region: set `region` in the policy or ALIBABA_CLOUD_REGION_ID")?;
+        let mut config = config_from_policy(
+            cx.policy,
+            cx.catalog,
+            &region,
+            cx.args.alibaba_endpoint_url.clone(),
+        )
+        .map_err(|e| e.join("\n"))?;
+        config.cluster_id = Some(cx.cluster_id.to_string());
+        Ok(Arc::new(provider(config)?) as Arc<dyn CloudProvider>)
+    })
+}
 
 /// Pools with `provider: alibaba` become provider pools: their `alibaba` section (scaling groups,
 /// vSwitches), their instance types (listed, or resolved from `catalog` by their requirements)
@@ -26,12 +52,23 @@ pub fn config_from_policy(
     config.vpc_endpoint = endpoint_url;
     let mut errors = Vec::new();
     for pool in policy.pools.iter().filter(|p| p.provider == "alibaba") {
-        let Some(ali) = &pool.alibaba else {
-            errors.push(format!(
-                "pool {}: alibaba: missing (scalingGroupId and vSwitches are needed to launch)",
-                pool.name
-            ));
-            continue;
+        let ali = match pool
+            .settings
+            .as_ref()
+            .map(AlibabaPoolSettings::from_section)
+        {
+            Some(Ok(ali)) => ali,
+            Some(Err(e)) => {
+                errors.push(format!("pool {}: {e}", pool.name));
+                continue;
+            }
+            None => {
+                errors.push(format!(
+                    "pool {}: alibaba: missing (scalingGroupId and vSwitches are needed to launch)",
+                    pool.name
+                ));
+                continue;
+            }
         };
         let (types, prices) = match pool_types_and_prices(pool, catalog) {
             Ok(x) => x,
@@ -52,16 +89,16 @@ pub fn config_from_policy(
         let spot = pool.capacity_types.contains(&CapacityType::Spot);
         config.pools.push(AlibabaPool {
             name: pool.name.clone(),
-            scaling_group: ali.scaling_group_id.clone(),
+            scaling_group: ali.scaling_group_id,
             capacity_type: if spot {
                 CapacityType::Spot
             } else {
                 CapacityType::OnDemand
             },
             compensate_with_on_demand: ali.compensate_with_on_demand,
-            on_demand_group: ali.on_demand_scaling_group_id.clone(),
+            on_demand_group: ali.on_demand_scaling_group_id,
             instance_types: types,
-            vswitches: ali.vswitches.clone(),
+            vswitches: ali.vswitches,
             on_demand_prices: prices,
         });
     }

@@ -1,12 +1,45 @@
 //! The AWS provider's configuration from the scaling policy (behind the `aws` feature).
 
+use gpu_node_autoscaler_aws::settings::{AwsPoolSettings, LaunchTemplateBy};
 use gpu_node_autoscaler_aws::{
     AwsConfig, AwsPool, LaunchTemplateRef, OnDemandAllocation, SpotAllocation,
 };
-use gpu_node_autoscaler_provider::Catalog;
+use std::sync::Arc;
+
+use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
 
 use crate::plan::templates::pool_types_and_prices;
-use crate::policy::{LaunchTemplateBy, Policy};
+use crate::policy::Policy;
+use crate::providers::{BuildContext, Building};
+
+/// The policy's `region`, else the AWS SDK's environment.
+pub fn region(policy: &Policy) -> Result<String, String> {
+    policy
+        .region
+        .clone()
+        .or_else(|| std::env::var("AWS_REGION").ok())
+        .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+        .ok_or_else(|| "no region: set `region` in the policy or AWS_REGION".to_string())
+}
+
+/// The AWS provider of the policy's `provider: aws` pools (the registry's `build`).
+pub fn build<'a>(cx: &'a BuildContext<'a>) -> Building<'a> {
+    Box::pin(async move {
+        let region = region(cx.policy)?;
+        let mut config = config_from_policy(
+            cx.policy,
+            cx.catalog,
+            &region,
+            cx.args.aws_endpoint_url.clone(),
+        )
+        .map_err(|e| e.join("\n"))?;
+        config.cluster_id = Some(cx.cluster_id.to_string());
+        let provider = gpu_node_autoscaler_aws::AwsProvider::new(config)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(provider) as Arc<dyn CloudProvider>)
+    })
+}
 
 /// Pools with `provider: aws` become provider pools: their `aws` section, their instance types
 /// (listed, or resolved from `catalog` by their requirements) and on-demand prices (the pool's
@@ -21,12 +54,19 @@ pub fn config_from_policy(
     config.endpoint_url = endpoint_url;
     let mut errors = Vec::new();
     for pool in policy.pools.iter().filter(|p| p.provider == "aws") {
-        let Some(aws) = &pool.aws else {
-            errors.push(format!(
-                "pool {}: aws: missing (launchTemplate and subnets are needed to launch)",
-                pool.name
-            ));
-            continue;
+        let aws = match pool.settings.as_ref().map(AwsPoolSettings::from_section) {
+            Some(Ok(aws)) => aws,
+            Some(Err(e)) => {
+                errors.push(format!("pool {}: {e}", pool.name));
+                continue;
+            }
+            None => {
+                errors.push(format!(
+                    "pool {}: aws: missing (launchTemplate and subnets are needed to launch)",
+                    pool.name
+                ));
+                continue;
+            }
         };
         let (types, prices) = match pool_types_and_prices(pool, catalog) {
             Ok(x) => x,

@@ -2,14 +2,29 @@
 //! Nodes that kwok plays the kubelets of (see `gpu-node-autoscaler-kwok`).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gpu_node_autoscaler_kwok::KwokConfig;
-use gpu_node_autoscaler_provider::Catalog;
+use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
 
 use crate::model::gpu::nvidia_product_label;
 use crate::model::labels;
 use crate::plan::templates::{advertised_gpu_resources, pool_types_and_prices};
 use crate::policy::Policy;
+use crate::providers::{BuildContext, Building};
+
+/// The kwok provider of the policy's `provider: kwok` pools (the registry's `build`): Nodes on
+/// this very cluster, played by kwok. The client's credentials need create/delete on Nodes
+/// (deploy/overlays/kwok grants them).
+pub fn build<'a>(cx: &'a BuildContext<'a>) -> Building<'a> {
+    Box::pin(async move {
+        let config =
+            config_from_policy(cx.policy, cx.catalog, cx.cluster_id).map_err(|e| e.join("\n"))?;
+        let provider = gpu_node_autoscaler_kwok::KwokProvider::new(cx.client.clone(), config)
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(provider) as Arc<dyn CloudProvider>)
+    })
+}
 
 /// The region kwok Nodes are labelled with when the policy names none.
 pub const DEFAULT_REGION: &str = "kwok";

@@ -12,14 +12,17 @@
 
 #[cfg(feature = "alibaba")]
 pub mod alibaba;
+#[cfg(feature = "aws")]
 pub mod aws;
 pub mod drain;
 pub mod gpu_metrics;
 pub mod instrumented;
 pub mod kube_io;
+#[cfg(feature = "kwok")]
 pub mod kwok;
 pub mod leader;
 pub mod metrics;
+pub mod providers;
 pub mod store;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -47,7 +50,7 @@ use crate::autoscaler::{
 };
 use crate::model::node::GpuXid;
 use crate::model::{Snapshot, Time};
-use crate::policy::{parse_policy, Policy};
+use crate::policy::{parse_policy_with, Policy};
 
 pub use crate::autoscaler::LAUNCH_FAILURE_REASONS;
 
@@ -56,6 +59,22 @@ use kube_io::{configmap_ref, node_ref, pod_ref, EventSink, Note as KubeNote};
 use leader::Elector;
 use metrics::{FailedLaunch, Health, Metrics, PoolCapacity, PoolLabel};
 use store::{ClusterState, Kind};
+
+/// The interruption queue: EventBridge's EC2 notices in SQS (the `aws` feature).
+#[cfg(feature = "aws")]
+type Queue = gpu_node_autoscaler_aws::interruptions::InterruptionQueue;
+
+/// No interruption queue without the `aws` feature: a policy with `interruptionQueue` is not
+/// applied.
+#[cfg(not(feature = "aws"))]
+enum Queue {}
+
+#[cfg(not(feature = "aws"))]
+impl Queue {
+    async fn delete(&self, _receipt: &str) -> std::result::Result<(), String> {
+        match *self {}
+    }
+}
 
 /// Now, from the wall clock (the only place the controller reads it besides timers).
 pub fn wall_now() -> Time {
@@ -404,7 +423,7 @@ struct Controller {
     /// Pods whose reaction time was recorded.
     reacted: HashSet<String>,
     /// The policy's interruption queue (`interruptionQueue`), when set.
-    queue: Option<gpu_node_autoscaler_aws::interruptions::InterruptionQueue>,
+    queue: Option<Queue>,
     /// Notices received and not acknowledged yet: message id → (receipt, notice).
     notices: BTreeMap<String, (String, gpu_node_autoscaler_provider::Notice)>,
     /// For `gpuMetrics`' Prometheus.
@@ -555,7 +574,7 @@ impl Controller {
         let cm = configmap_ref(&ns, &name, &src.uid);
         let result = match &src.text {
             None => Err(format!("{file}: the key is missing")),
-            Some(text) => match parse_policy(text, &file) {
+            Some(text) => match parse_policy_with(text, &file, &providers::policies()) {
                 Ok(p) => match self.apply_policy(p).await {
                     Ok(warning) => Ok(warning),
                     Err(e) if self.policy_apply_failed.as_deref() == rv.as_deref() => {
@@ -691,11 +710,18 @@ impl Controller {
                     });
             }
         }
-        self.queue = match (&policy.interruption_queue, self.args.dry_run) {
+        #[cfg(not(feature = "aws"))]
+        if policy.interruption_queue.is_some() && !self.args.dry_run {
+            return Err(
+                "interruptionQueue: this controller is built without the `aws` feature".into(),
+            );
+        }
+        #[cfg(feature = "aws")]
+        let queue = match (&policy.interruption_queue, self.args.dry_run) {
             (Some(url), false) => {
                 if self.queue.as_ref().is_none_or(|q| q.url() != url) {
-                    let region =
-                        aws_region(&policy).map_err(|e| format!("interruptionQueue: {e}"))?;
+                    let region = crate::aws::region(&policy)
+                        .map_err(|e| format!("interruptionQueue: {e}"))?;
                     self.notices.clear();
                     Some(
                         gpu_node_autoscaler_aws::interruptions::InterruptionQueue::new(
@@ -711,6 +737,9 @@ impl Controller {
             }
             _ => None,
         };
+        #[cfg(not(feature = "aws"))]
+        let queue = None;
+        self.queue = queue;
         self.providers = providers;
         self.core.set_policy(Arc::new(policy), catalog);
         self.prices.read_at(wall_now());
@@ -789,8 +818,13 @@ impl Controller {
         }
     }
 
+    /// No interruption queue without the `aws` feature.
+    #[cfg(not(feature = "aws"))]
+    async fn read_queue(&mut self) {}
+
     /// Reads the interruption queue: notices are kept until the core acknowledges them; what
     /// is no notice (an instance starting, an unreadable body) is deleted at once.
+    #[cfg(feature = "aws")]
     async fn read_queue(&mut self) {
         use gpu_node_autoscaler_aws::interruptions::Parsed;
         let Some(q) = self.queue.clone() else { return };
@@ -1361,52 +1395,20 @@ async fn build_providers(
     let mut catalog = Catalog::default();
     let clouds: std::collections::BTreeSet<&str> =
         policy.pools.iter().map(|p| p.provider.as_str()).collect();
+    let context = providers::BuildContext {
+        policy,
+        catalog: file_catalog,
+        args,
+        cluster_id,
+        client,
+    };
     for cloud in clouds {
-        let provider: Arc<dyn CloudProvider> = match cloud {
-            "aws" => {
-                build_aws(
-                    policy,
-                    file_catalog,
-                    args.aws_endpoint_url.clone(),
-                    cluster_id,
-                )
-                .await?
-            }
-            #[cfg(feature = "alibaba")]
-            "alibaba" => {
-                let region = policy
-                    .region
-                    .clone()
-                    .or_else(|| std::env::var("ALIBABA_CLOUD_REGION_ID").ok())
-                    .ok_or("no region: set `region` in the policy or ALIBABA_CLOUD_REGION_ID")?;
-                let mut config = crate::alibaba::config_from_policy(
-                    policy,
-                    file_catalog,
-                    &region,
-                    args.alibaba_endpoint_url.clone(),
-                )
-                .map_err(|e| e.join("\n"))?;
-                config.cluster_id = Some(cluster_id.to_string());
-                Arc::new(crate::alibaba::provider(config)?)
-            }
-            // Nodes on this very cluster, played by kwok: the client's credentials need
-            // create/delete on Nodes (deploy/overlays/kwok grants them).
-            "kwok" => {
-                let config = crate::kwok::config_from_policy(policy, file_catalog, cluster_id)
-                    .map_err(|e| e.join("\n"))?;
-                Arc::new(
-                    gpu_node_autoscaler_kwok::KwokProvider::new(client.clone(), config)
-                        .map_err(|e| e.to_string())?,
-                )
-            }
-            other => {
+        let provider: Arc<dyn CloudProvider> = match providers::find(cloud).and_then(|p| p.build) {
+            Some(build) => build(&context).await?,
+            None => {
                 return Err(format!(
-                    "provider {other:?} cannot be run by this controller (built with: {})",
-                    if cfg!(feature = "alibaba") {
-                        "aws, alibaba, kwok"
-                    } else {
-                        "aws, kwok"
-                    }
+                    "provider {cloud:?} cannot be run by this controller (built with: {})",
+                    providers::runnable()
                 ))
             }
         };
@@ -1429,32 +1431,6 @@ async fn build_providers(
         }
     }
     Ok((providers, catalog))
-}
-
-/// The policy's `region`, else the AWS SDK's environment.
-fn aws_region(policy: &Policy) -> std::result::Result<String, String> {
-    policy
-        .region
-        .clone()
-        .or_else(|| std::env::var("AWS_REGION").ok())
-        .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
-        .ok_or_else(|| "no region: set `region` in the policy or AWS_REGION".to_string())
-}
-
-async fn build_aws(
-    policy: &Policy,
-    catalog: &Catalog,
-    endpoint: Option<String>,
-    cluster_id: &str,
-) -> std::result::Result<Arc<dyn CloudProvider>, String> {
-    let region = aws_region(policy)?;
-    let mut config = crate::aws::config_from_policy(policy, catalog, &region, endpoint)
-        .map_err(|e| e.join("\n"))?;
-    config.cluster_id = Some(cluster_id.to_string());
-    let provider = gpu_node_autoscaler_aws::AwsProvider::new(config)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(Arc::new(provider))
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@
 
 pub mod credentials;
 pub mod errors;
+pub mod settings;
 pub mod sign;
 
 use std::collections::{BTreeMap, BTreeSet};

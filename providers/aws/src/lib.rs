@@ -14,6 +14,7 @@
 pub mod errors;
 pub mod interruptions;
 pub mod plan;
+pub mod settings;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

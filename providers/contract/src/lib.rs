@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod policy;
 pub mod retry;
 pub mod rng;
 

@@ -45,6 +45,10 @@ pub const MAX_PODS: u32 = 110;
 /// The most Nodes one launch creates (a guard against a runaway request).
 pub const MAX_LAUNCH: u32 = 500;
 
+/// The kwok provider's part of the scaling policy: `provider: kwok`, no section of its own.
+pub static POLICY: gpu_node_autoscaler_provider::policy::NameOnly =
+    gpu_node_autoscaler_provider::policy::NameOnly::new("kwok");
+
 /// What the provider needs besides the API server.
 #[derive(Clone, Debug, Default)]
 pub struct KwokConfig {

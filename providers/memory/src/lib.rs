@@ -81,6 +81,10 @@ pub struct Call {
     pub outcome: String,
 }
 
+/// The memory provider's part of the scaling policy: `provider: memory`, no section of its own.
+pub static POLICY: gpu_node_autoscaler_provider::policy::NameOnly =
+    gpu_node_autoscaler_provider::policy::NameOnly::new("memory");
+
 /// The in-memory cloud. `Send + Sync`; every method takes `&self`.
 #[derive(Debug)]
 pub struct MemoryProvider {

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
+use gpu_node_autoscaler_provider::policy::{FieldError, PathKey, PoolFacts, PoolSection};
+pub use gpu_node_autoscaler_provider::policy::{NameOnly, ProviderPolicy};
 use gpu_node_autoscaler_provider::CapacityType;
 use serde::Deserialize;
 use serde_json::Value;
@@ -19,7 +21,19 @@ use source_map::{display_path, path_from_serde, PathSeg, SourceMap};
 
 pub const API_VERSION: &str = "gpu-node-autoscaler.io/v1alpha1";
 pub const KIND: &str = "ScalingPolicy";
-pub const PROVIDERS: [&str; 4] = ["aws", "alibaba", "kwok", "memory"];
+/// The provider of a pool that names none.
+pub const DEFAULT_PROVIDER: &str = "aws";
+
+/// The providers [`parse_policy`] knows when its caller names none (the simulator's, the
+/// benchmarks'): every provider by name, their pools' sections accepted as written. A program
+/// that builds providers passes its registry to [`parse_policy_with`] instead, so that their
+/// sections are checked.
+pub static NAMES_ONLY: [&dyn ProviderPolicy; 4] = [
+    &NameOnly::with_section("aws", "aws"),
+    &NameOnly::with_section("alibaba", "alibaba"),
+    &NameOnly::new("kwok"),
+    &NameOnly::new("memory"),
+];
 
 /// Defaults, in one place so docs and code agree.
 pub mod defaults {
@@ -163,10 +177,9 @@ pub struct Pool {
     /// How long a pending pod waits for spot capacity before on-demand is launched for it
     /// (zero: on-demand is in every scale-up's fallback list at once).
     pub spot_max_wait: Duration,
-    /// AWS settings (`aws:`), for pools with `provider: aws`.
-    pub aws: Option<AwsPoolSettings>,
-    /// Alibaba Cloud settings (`alibaba:`), required for pools with `provider: alibaba`.
-    pub alibaba: Option<AlibabaPoolSettings>,
+    /// The pool's section of its provider (`aws:`, `alibaba:`), as written: the provider checked
+    /// it ([`ProviderPolicy::validate_pool`]) and reads it when it is built.
+    pub settings: Option<Value>,
     /// The pool's GPUs are published through Dynamic Resource Allocation (`dra:`): its nodes run
     /// a DRA driver instead of the device plugin, and pods claim them with ResourceClaims.
     pub dra: Option<DraPool>,
@@ -184,45 +197,6 @@ pub struct DraPool {
     /// Capacities of the driver's domain that replace the predicted ones (e.g. `memory`).
     pub capacity: BTreeMap<String, crate::model::quantity::Quantity>,
 }
-
-/// A pool's `alibaba:` section: the ESS scaling group(s) its nodes come from.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AlibabaPoolSettings {
-    /// The group scaled first (`asg-...`): a spot group when the pool's `capacityTypes` include
-    /// `spot`, else an on-demand one.
-    pub scaling_group_id: String,
-    /// A second, on-demand group for what spot cannot deliver.
-    pub on_demand_scaling_group_id: Option<String>,
-    /// The spot group itself makes up for missing spot with on-demand instances.
-    pub compensate_with_on_demand: bool,
-    /// Zone → vSwitch id; every zone of the pool has one.
-    pub vswitches: BTreeMap<String, String>,
-}
-
-/// A pool's `aws:` section: where and from what its instances launch.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AwsPoolSettings {
-    pub launch_template: LaunchTemplate,
-    /// Zone → subnet id; every zone of the pool has one.
-    pub subnets: BTreeMap<String, String>,
-}
-
-/// The EC2 launch template of a pool.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LaunchTemplate {
-    pub by: LaunchTemplateBy,
-    /// A version number, `$Default` (the default) or `$Latest`.
-    pub version: String,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum LaunchTemplateBy {
-    Name(String),
-    Id(String),
-}
-
-/// The default `aws.launchTemplate.version`.
-pub const DEFAULT_LAUNCH_TEMPLATE_VERSION: &str = "$Default";
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Requirements {
@@ -479,34 +453,6 @@ struct RawPool {
     #[serde(default)]
     replace_on_rebalance: bool,
     spot_max_wait: Option<Dur>,
-    aws: Option<RawAwsPool>,
-    alibaba: Option<RawAlibabaPool>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawAlibabaPool {
-    scaling_group_id: Option<String>,
-    on_demand_scaling_group_id: Option<String>,
-    compensate_with_on_demand: Option<bool>,
-    #[serde(default)]
-    v_switches: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawAwsPool {
-    launch_template: Option<RawLaunchTemplate>,
-    #[serde(default)]
-    subnets: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawLaunchTemplate {
-    name: Option<String>,
-    id: Option<String>,
-    version: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -671,6 +617,8 @@ struct Collector<'a> {
     errors: Vec<PolicyError>,
     /// Where the policy sits in its document (empty for a policy file of its own).
     prefix: Vec<PathSeg>,
+    /// The providers pools may name, in the order their names are listed.
+    providers: &'a [&'a dyn ProviderPolicy],
 }
 
 impl Collector<'_> {
@@ -727,14 +675,48 @@ fn pool_path(i: usize, rest: &[&str]) -> Vec<PathSeg> {
     p
 }
 
-/// Parses and validates a policy. `file` names the source in error messages.
+/// The providers [`parse_policy`] validates with: [`NAMES_ONLY`] (in this crate's own tests,
+/// every provider with its checks).
+fn default_providers() -> &'static [&'static dyn ProviderPolicy] {
+    #[cfg(test)]
+    {
+        tests::PROVIDERS
+    }
+    #[cfg(not(test))]
+    {
+        &NAMES_ONLY
+    }
+}
+
+/// Parses and validates a policy. `file` names the source in error messages. Pools may name the
+/// providers of [`NAMES_ONLY`]; see [`parse_policy_with`].
 pub fn parse_policy(text: &str, file: &str) -> Result<Policy, PolicyErrors> {
-    parse_policy_at(text, file, &[])
+    parse_policy_with(text, file, default_providers())
+}
+
+/// Parses and validates a policy whose pools may name `providers` (a program's registry), each
+/// of which checks its pools' section.
+pub fn parse_policy_with(
+    text: &str,
+    file: &str,
+    providers: &[&dyn ProviderPolicy],
+) -> Result<Policy, PolicyErrors> {
+    parse_policy_at_with(text, file, &[], providers)
 }
 
 /// Parses the policy found at `at` inside a larger YAML document (a simulation scenario's
 /// `policy:`), with positions in that document.
 pub fn parse_policy_at(text: &str, file: &str, at: &[PathSeg]) -> Result<Policy, PolicyErrors> {
+    parse_policy_at_with(text, file, at, default_providers())
+}
+
+/// [`parse_policy_at`] with the providers pools may name.
+pub fn parse_policy_at_with(
+    text: &str,
+    file: &str,
+    at: &[PathSeg],
+    providers: &[&dyn ProviderPolicy],
+) -> Result<Policy, PolicyErrors> {
     let fail = |errors| PolicyErrors {
         file: file.to_string(),
         errors,
@@ -759,6 +741,7 @@ pub fn parse_policy_at(text: &str, file: &str, at: &[PathSeg]) -> Result<Policy,
         map: &map,
         errors: Vec::new(),
         prefix: at.to_vec(),
+        providers,
     };
     let mut root = root;
     for seg in at {
@@ -871,14 +854,11 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
                 c.at(&[key("pools")], "at least one pool is required");
             }
             for (i, item) in items.iter().enumerate() {
-                match serde_path_to_error::deserialize::<_, RawPool>(item.clone()) {
-                    Ok(rp) => {
-                        let global_zones = (!raw.zones_invalid).then_some(raw.zones.as_slice());
-                        if let Some(p) = validate_pool(i, rp, global_zones, c) {
-                            pools.push(p);
-                        }
+                if let Some((rp, sections)) = decode_pool(i, item, c) {
+                    let global_zones = (!raw.zones_invalid).then_some(raw.zones.as_slice());
+                    if let Some(p) = validate_pool(i, rp, sections, global_zones, c) {
+                        pools.push(p);
                     }
-                    Err(e) => c.serde_error(&[key("pools"), PathSeg::Index(i)], e),
                 }
             }
         }
@@ -899,28 +879,26 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
             }
         }
     }
-    // A scaling group belongs to one pool: ESS would mix their nodes.
-    let mut groups: BTreeMap<&str, &str> = BTreeMap::new();
-    for (i, pool) in pools.iter().enumerate() {
-        let Some(a) = &pool.alibaba else { continue };
-        let ids = [
-            ("scalingGroupId", Some(&a.scaling_group_id)),
-            (
-                "onDemandScalingGroupId",
-                a.on_demand_scaling_group_id.as_ref(),
-            ),
-        ];
-        for (field, id) in ids {
-            let Some(id) = id else { continue };
-            if let Some(other) = groups.insert(id, &pool.name) {
-                c.at(
-                    &pool_path(
-                        pool_index(&raw.pools, &pool.name).unwrap_or(i),
-                        &["alibaba", field],
-                    ),
-                    format!("scaling group {id} is already used by pool {other}"),
-                );
-            }
+    // Checks across pools, by each provider over the pools of its own.
+    let providers = c.providers;
+    for provider in providers {
+        let sections: Vec<PoolSection> = pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.provider == provider.name())
+            .filter_map(|(i, p)| {
+                Some(PoolSection {
+                    index: pool_index(&raw.pools, &p.name).unwrap_or(i),
+                    name: &p.name,
+                    section: p.settings.as_ref()?,
+                })
+            })
+            .collect();
+        if sections.is_empty() {
+            continue;
+        }
+        for (i, e) in provider.validate_pools(&sections) {
+            c.at(&in_pool(i, &e), e.message);
         }
     }
     Policy {
@@ -1144,10 +1122,100 @@ fn check_zones(zones: &[String], path: &[PathSeg], c: &mut Collector) {
     }
 }
 
+/// The path of a provider's error about the pool at `i`.
+fn in_pool(i: usize, e: &FieldError) -> Vec<PathSeg> {
+    let mut p = vec![key("pools"), PathSeg::Index(i)];
+    p.extend(e.path.iter().map(|k| match k {
+        PathKey::Key(k) => PathSeg::Key(k.clone()),
+        PathKey::Index(n) => PathSeg::Index(*n),
+    }));
+    p
+}
+
+/// Decodes the pool at `i`: its own fields, and each provider's section apart (kept as written
+/// for its provider to check). The error reported for a pool that does not decode is the one
+/// decoding it in one piece would meet first: the first field in the mapping's order that does
+/// not decode, else a missing one.
+fn decode_pool(
+    i: usize,
+    item: &Value,
+    c: &mut Collector,
+) -> Option<(RawPool, BTreeMap<String, Value>)> {
+    let at = [key("pools"), PathSeg::Index(i)];
+    let providers = c.providers;
+    let section_of = |k: &str| providers.iter().find(|p| p.section() == Some(k)).copied();
+    let mut own = item.clone();
+    let mut sections = BTreeMap::new();
+    if let Value::Object(m) = &mut own {
+        let keys: Vec<String> = m
+            .keys()
+            .filter(|k| section_of(k).is_some())
+            .cloned()
+            .collect();
+        for k in keys {
+            if let Some(v) = m.remove(&k) {
+                if !v.is_null() {
+                    sections.insert(k, v);
+                }
+            }
+        }
+    }
+    // The first section (in the mapping's order) that does not decode.
+    let section_error = sections.iter().find_map(|(k, v)| {
+        let e = section_of(k)?.decode(v).err()?;
+        let mut path = vec![PathKey::Key(k.clone())];
+        path.extend(e.path);
+        Some((
+            k.clone(),
+            FieldError {
+                path,
+                message: e.message,
+            },
+        ))
+    });
+    let own_error = match serde_path_to_error::deserialize::<_, RawPool>(own) {
+        Ok(rp) => match section_error {
+            None => return Some((rp, sections)),
+            Some(_) => None,
+        },
+        Err(e) => Some(e),
+    };
+    match (own_error, section_error) {
+        (Some(e), s) => {
+            let first_key = match e.path().iter().next() {
+                Some(serde_path_to_error::Segment::Map { key }) => Some(key.clone()),
+                _ => None,
+            };
+            match s {
+                Some((k, se)) if first_key.as_ref().is_none_or(|f| k < *f) => {
+                    c.at(&in_pool(i, &se), se.message);
+                }
+                _ => {
+                    let mut path = at.to_vec();
+                    path.extend(path_from_serde(e.path()));
+                    let mut message = e.inner().to_string();
+                    // The pool's own fields are listed as expected: the providers' sections too.
+                    if message.starts_with("unknown field `") && message.contains("expected one of")
+                    {
+                        for k in providers.iter().filter_map(|p| p.section()) {
+                            message.push_str(&format!(", `{k}`"));
+                        }
+                    }
+                    c.at(&path, message);
+                }
+            }
+        }
+        (None, Some((_, se))) => c.at(&in_pool(i, &se), se.message),
+        (None, None) => {}
+    }
+    None
+}
+
 /// `global_zones` is `None` when the top-level `zones` did not decode (already reported).
 fn validate_pool(
     i: usize,
     r: RawPool,
+    mut sections: BTreeMap<String, Value>,
     global_zones: Option<&[String]>,
     c: &mut Collector,
 ) -> Option<Pool> {
@@ -1162,13 +1230,15 @@ fn validate_pool(
             ),
         );
     }
-    let provider = r.provider.unwrap_or_else(|| "aws".to_string());
-    if !PROVIDERS.contains(&provider.as_str()) {
+    let provider = r.provider.unwrap_or_else(|| DEFAULT_PROVIDER.to_string());
+    let providers = c.providers;
+    if !providers.iter().any(|p| p.name() == provider) {
+        let names: Vec<&str> = providers.iter().map(|p| p.name()).collect();
         c.at(
             &at(&["provider"]),
             format!(
                 "unknown provider {provider:?} (expected one of {})",
-                PROVIDERS.join(", ")
+                names.join(", ")
             ),
         );
     }
@@ -1564,26 +1634,27 @@ fn validate_pool(
     }
     let consolidation = validate_consolidation(i, r.consolidation, c);
     let health = validate_health(i, r.health, c);
-    let aws = r.aws.map(|a| validate_aws(i, a, &provider, &zones, c));
-    let alibaba = match r.alibaba {
-        Some(a) => Some(validate_alibaba(
-            i,
-            a,
-            &provider,
-            &zones,
-            &capacity_types,
-            c,
-        )),
-        None => {
-            if provider == "alibaba" {
-                c.at(
-                    &at(&[]),
-                    "`provider: alibaba` needs an `alibaba` section (scalingGroupId, vSwitches)",
-                );
-            }
-            None
-        }
+    // Each provider checks its section, and the pools that name it.
+    let facts = PoolFacts {
+        name: &r.name,
+        provider: &provider,
+        zones: &zones,
+        capacity_types: &capacity_types,
     };
+    for p in providers {
+        let section = p.section().and_then(|k| sections.get(k));
+        if section.is_none() && p.name() != provider {
+            continue;
+        }
+        for e in p.validate_pool(section, &facts) {
+            c.at(&in_pool(i, &e), e.message);
+        }
+    }
+    let settings = providers
+        .iter()
+        .find(|p| p.name() == provider)
+        .and_then(|p| p.section())
+        .and_then(|k| sections.remove(k));
     if c.errors.len() > before {
         return None;
     }
@@ -1619,8 +1690,7 @@ fn validate_pool(
             backoff_after_failure,
         },
         consolidation,
-        aws,
-        alibaba,
+        settings,
         dra,
     })
 }
@@ -1656,220 +1726,6 @@ fn validate_consolidation(i: usize, r: RawConsolidation, c: &mut Collector) -> C
         move_jobs: r.move_jobs.unwrap_or(d.move_jobs),
         restart_cost: c.duration(&at("restartCost"), r.restart_cost, d.restart_cost),
     }
-}
-
-/// A pool's `alibaba:` section: `asg-...` scaling groups that fit the pool's capacity types, a
-/// `vsw-...` for every zone.
-fn validate_alibaba(
-    i: usize,
-    a: RawAlibabaPool,
-    provider: &str,
-    zones: &[String],
-    capacity_types: &[CapacityType],
-    c: &mut Collector,
-) -> AlibabaPoolSettings {
-    let at = |rest: &[&str]| {
-        let mut p = vec!["alibaba"];
-        p.extend_from_slice(rest);
-        pool_path(i, &p)
-    };
-    if provider != "alibaba" {
-        c.at(
-            &at(&[]),
-            format!(
-                "`alibaba` settings need `provider: alibaba` (the pool's provider is {provider})"
-            ),
-        );
-    }
-    let spot = capacity_types.contains(&CapacityType::Spot);
-    let on_demand = capacity_types.contains(&CapacityType::OnDemand);
-    let group = a.scaling_group_id.unwrap_or_default();
-    if group.is_empty() {
-        c.at(
-            &at(&[]),
-            "missing `scalingGroupId` (the ESS scaling group, asg-...)",
-        );
-    } else if !is_aws_id(&group, "asg-") {
-        c.at(
-            &at(&["scalingGroupId"]),
-            format!("{group:?} is not a scaling group id (asg-...)"),
-        );
-    }
-    if let Some(od) = &a.on_demand_scaling_group_id {
-        if !is_aws_id(od, "asg-") {
-            c.at(
-                &at(&["onDemandScalingGroupId"]),
-                format!("{od:?} is not a scaling group id (asg-...)"),
-            );
-        } else if *od == group {
-            c.at(
-                &at(&["onDemandScalingGroupId"]),
-                "must differ from scalingGroupId",
-            );
-        } else if !(spot && on_demand) {
-            c.at(
-                &at(&["onDemandScalingGroupId"]),
-                "a second, on-demand group needs `capacityTypes` with both spot and on-demand",
-            );
-        }
-    }
-    let compensate = a.compensate_with_on_demand.unwrap_or(false);
-    if compensate && !(spot && on_demand) {
-        c.at(
-            &at(&["compensateWithOnDemand"]),
-            "on-demand compensation needs `capacityTypes` with both spot and on-demand",
-        );
-    }
-    if spot && on_demand && a.on_demand_scaling_group_id.is_none() && !compensate {
-        c.at(
-            &at(&[]),
-            "`capacityTypes` include spot and on-demand: set `onDemandScalingGroupId` or \
-             `compensateWithOnDemand: true`",
-        );
-    }
-    for (zone, vsw) in &a.v_switches {
-        if !is_aws_id(vsw, "vsw-") {
-            c.at(
-                &at(&["vSwitches", zone]),
-                format!("{vsw:?} is not a vSwitch id (vsw-...)"),
-            );
-        } else if !zones.contains(zone) {
-            c.at(
-                &at(&["vSwitches", zone]),
-                format!("{zone} is not a zone of the pool ({})", zones.join(", ")),
-            );
-        }
-    }
-    if provider == "alibaba" {
-        for zone in zones {
-            if !a.v_switches.contains_key(zone) {
-                c.at(
-                    &at(&["vSwitches"]),
-                    format!("zone {zone} has no vSwitch in alibaba.vSwitches"),
-                );
-            }
-        }
-    }
-    AlibabaPoolSettings {
-        scaling_group_id: group,
-        on_demand_scaling_group_id: a.on_demand_scaling_group_id,
-        compensate_with_on_demand: compensate,
-        vswitches: a.v_switches,
-    }
-}
-
-/// A pool's `aws:` section: a launch template by name or id, a `subnet-...` for every zone.
-fn validate_aws(
-    i: usize,
-    a: RawAwsPool,
-    provider: &str,
-    zones: &[String],
-    c: &mut Collector,
-) -> AwsPoolSettings {
-    let at = |rest: &[&str]| {
-        let mut p = vec!["aws"];
-        p.extend_from_slice(rest);
-        pool_path(i, &p)
-    };
-    if provider != "aws" {
-        c.at(
-            &at(&[]),
-            format!("`aws` settings need `provider: aws` (the pool's provider is {provider})"),
-        );
-    }
-    let launch_template = match a.launch_template {
-        None => {
-            c.at(
-                &at(&[]),
-                "missing `launchTemplate` (give its `name` or `id`)",
-            );
-            LaunchTemplate {
-                by: LaunchTemplateBy::Name(String::new()),
-                version: DEFAULT_LAUNCH_TEMPLATE_VERSION.to_string(),
-            }
-        }
-        Some(lt) => {
-            let by = match (lt.name, lt.id) {
-                (Some(_), Some(_)) => {
-                    c.at(
-                        &at(&["launchTemplate"]),
-                        "give the launch template's `name` or its `id`, not both",
-                    );
-                    LaunchTemplateBy::Name(String::new())
-                }
-                (None, None) => {
-                    c.at(
-                        &at(&["launchTemplate"]),
-                        "needs the launch template's `name` or `id`",
-                    );
-                    LaunchTemplateBy::Name(String::new())
-                }
-                (Some(name), None) => {
-                    if name.trim().is_empty() {
-                        c.at(
-                            &at(&["launchTemplate", "name"]),
-                            "launch template name must not be empty",
-                        );
-                    }
-                    LaunchTemplateBy::Name(name)
-                }
-                (None, Some(id)) => {
-                    if !is_aws_id(&id, "lt-") {
-                        c.at(
-                            &at(&["launchTemplate", "id"]),
-                            format!("{id:?} is not a launch template id (lt-...)"),
-                        );
-                    }
-                    LaunchTemplateBy::Id(id)
-                }
-            };
-            let version = lt
-                .version
-                .unwrap_or_else(|| DEFAULT_LAUNCH_TEMPLATE_VERSION.to_string());
-            let numeric = !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit());
-            if !(numeric || version == "$Default" || version == "$Latest") {
-                c.at(
-                    &at(&["launchTemplate", "version"]),
-                    format!(
-                        "launch template version {version:?} must be a number, $Default or $Latest"
-                    ),
-                );
-            }
-            LaunchTemplate { by, version }
-        }
-    };
-    for (zone, subnet) in &a.subnets {
-        if !is_aws_id(subnet, "subnet-") {
-            c.at(
-                &at(&["subnets", zone]),
-                format!("{subnet:?} is not a subnet id (subnet-...)"),
-            );
-        }
-    }
-    if provider == "aws" {
-        for zone in zones {
-            if !a.subnets.contains_key(zone) {
-                c.at(
-                    &at(&["subnets"]),
-                    format!("zone {zone} has no subnet in aws.subnets"),
-                );
-            }
-        }
-    }
-    AwsPoolSettings {
-        launch_template,
-        subnets: a.subnets,
-    }
-}
-
-/// `prefix` followed by one or more lower-case letters or digits, e.g. `subnet-0abc12`.
-fn is_aws_id(s: &str, prefix: &str) -> bool {
-    s.strip_prefix(prefix).is_some_and(|rest| {
-        !rest.is_empty()
-            && rest
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    })
 }
 
 fn is_dns_label(s: &str) -> bool {

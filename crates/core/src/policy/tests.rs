@@ -4,6 +4,31 @@
 use std::time::Duration;
 
 use super::*;
+use gpu_node_autoscaler_alibaba::settings::AlibabaPoolSettings;
+use gpu_node_autoscaler_aws::settings::{AwsPoolSettings, LaunchTemplate, LaunchTemplateBy};
+
+/// The providers `parse_policy` validates with in these tests: each with its checks.
+pub(super) static PROVIDERS: &[&dyn ProviderPolicy] = &[
+    &gpu_node_autoscaler_aws::settings::POLICY,
+    &gpu_node_autoscaler_alibaba::settings::POLICY,
+    &NameOnly::new("kwok"),
+    &NameOnly::new("memory"),
+];
+
+/// A pool's `aws:` section, as the AWS provider reads it.
+fn aws_of(pool: &Pool) -> Option<AwsPoolSettings> {
+    let s = pool.settings.as_ref().filter(|_| pool.provider == "aws")?;
+    Some(AwsPoolSettings::from_section(s).unwrap())
+}
+
+/// A pool's `alibaba:` section, as the Alibaba Cloud provider reads it.
+fn alibaba_of(pool: &Pool) -> Option<AlibabaPoolSettings> {
+    let s = pool
+        .settings
+        .as_ref()
+        .filter(|_| pool.provider == "alibaba")?;
+    Some(AlibabaPoolSettings::from_section(s).unwrap())
+}
 
 const FILE: &str = "policy.yaml";
 const EXAMPLE: &str = include_str!("../../../../docs/examples/policy.yaml");
@@ -201,8 +226,7 @@ fn example_policy_parses_with_defaults_applied() {
                 xid_codes: vec![48, 63, 64, 74, 79, 94, 95],
                 xid_grace: mins(2),
             },
-            aws: None,
-            alibaba: None,
+            settings: None,
             dra: None,
         }
     );
@@ -1328,7 +1352,7 @@ fn aws_pool(aws: &[&str]) -> String {
 #[test]
 fn aws_section_is_optional() {
     let p = parse_ok(&aws_pool(&[]));
-    assert_eq!(p.pools[0].aws, None);
+    assert_eq!(aws_of(&p.pools[0]), None);
 }
 
 #[test]
@@ -1340,7 +1364,7 @@ fn aws_section_is_read_with_default_version() {
         "        us-east-1a: subnet-0a1",
         "        us-east-1b: subnet-0b2",
     ]));
-    let aws = p.pools[0].aws.as_ref().unwrap();
+    let aws = aws_of(&p.pools[0]).unwrap();
     assert_eq!(
         aws.launch_template,
         LaunchTemplate {
@@ -1355,7 +1379,7 @@ fn aws_section_is_read_with_default_version() {
         "      launchTemplate: {id: lt-0abc, version: \"3\"}",
         "      subnets: {us-east-1a: subnet-1, us-east-1b: subnet-2}",
     ]));
-    let lt = &p.pools[0].aws.as_ref().unwrap().launch_template;
+    let lt = &aws_of(&p.pools[0]).unwrap().launch_template;
     assert_eq!(lt.by, LaunchTemplateBy::Id("lt-0abc".into()));
     assert_eq!(lt.version, "3");
 }
@@ -1483,7 +1507,7 @@ fn alibaba_section_is_read() {
         VSWITCHES,
     ]));
     assert_eq!(
-        p.pools[0].alibaba,
+        alibaba_of(&p.pools[0]),
         Some(AlibabaPoolSettings {
             scaling_group_id: "asg-bp1spot".into(),
             on_demand_scaling_group_id: Some("asg-bp1od".into()),
@@ -1501,13 +1525,7 @@ fn alibaba_section_is_read() {
         "      compensateWithOnDemand: true",
         VSWITCHES,
     ]));
-    assert!(
-        p.pools[0]
-            .alibaba
-            .as_ref()
-            .unwrap()
-            .compensate_with_on_demand
-    );
+    assert!(alibaba_of(&p.pools[0]).unwrap().compensate_with_on_demand);
     // An on-demand-only pool: its one group is on-demand.
     let od_only = alibaba_pool(&["    alibaba:", "      scalingGroupId: asg-bp1od", VSWITCHES])
         .replace("[spot, on-demand]", "[on-demand]");

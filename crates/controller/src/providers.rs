@@ -1,0 +1,85 @@
+//! The providers this controller knows: one line each in [`REGISTRY`], gated by its feature.
+//! A line gives the provider's part of the policy (its name, its pool section and that
+//! section's checks, from its own crate) and, for a provider the controller can run, how it is
+//! built from the policy in force. `build_providers` and policy reloads go through this list
+//! only.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use gpu_node_autoscaler_provider::policy::ProviderPolicy;
+use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
+use kube::Client;
+
+use crate::policy::Policy;
+use crate::RunArgs;
+
+/// What a provider is built from: the policy in force (its pools that name the provider), the
+/// price file's catalog, the controller's flags, the cluster's identity and the API server.
+pub struct BuildContext<'a> {
+    pub policy: &'a Policy,
+    pub catalog: &'a Catalog,
+    pub args: &'a RunArgs,
+    pub cluster_id: &'a str,
+    pub client: &'a Client,
+}
+
+/// A provider being built.
+pub type Building<'a> =
+    Pin<Box<dyn Future<Output = Result<Arc<dyn CloudProvider>, String>> + Send + 'a>>;
+
+/// Builds a provider for the pools of the policy that name it; errors name the pool and field.
+pub type Build = for<'a> fn(&'a BuildContext<'a>) -> Building<'a>;
+
+/// One provider of the registry.
+pub struct Provider {
+    /// Its part of the policy.
+    pub policy: &'static dyn ProviderPolicy,
+    /// How it is built; `None` for one that pools may name but this controller does not run
+    /// (`memory`, the simulator's).
+    pub build: Option<Build>,
+}
+
+/// Every provider this controller knows, in the order policy errors list their names.
+pub static REGISTRY: &[Provider] = &[
+    #[cfg(feature = "aws")]
+    Provider {
+        policy: &gpu_node_autoscaler_aws::settings::POLICY,
+        build: Some(crate::aws::build),
+    },
+    #[cfg(feature = "alibaba")]
+    Provider {
+        policy: &gpu_node_autoscaler_alibaba::settings::POLICY,
+        build: Some(crate::alibaba::build),
+    },
+    #[cfg(feature = "kwok")]
+    Provider {
+        policy: &gpu_node_autoscaler_kwok::POLICY,
+        build: Some(crate::kwok::build),
+    },
+    Provider {
+        policy: &gpu_node_autoscaler_memory::POLICY,
+        build: None,
+    },
+];
+
+/// The providers' parts of the policy, for `parse_policy_with`.
+pub fn policies() -> Vec<&'static dyn ProviderPolicy> {
+    REGISTRY.iter().map(|p| p.policy).collect()
+}
+
+/// The registry's line of the provider named `name`.
+pub fn find(name: &str) -> Option<&'static Provider> {
+    REGISTRY.iter().find(|p| p.policy.name() == name)
+}
+
+/// The names of the providers this controller runs, for messages: `aws, alibaba, kwok`.
+pub fn runnable() -> String {
+    REGISTRY
+        .iter()
+        .filter(|p| p.build.is_some())
+        .map(|p| p.policy.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
