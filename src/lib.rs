@@ -19,8 +19,9 @@ pub use gpu_node_autoscaler_controller::aws;
 pub use gpu_node_autoscaler_sim as sim;
 
 /// The providers' parts of the policy this build checks pools against: the controller's
-/// registry (`controller::providers`), else every provider by its name only
-/// ([`policy::NAMES_ONLY`]: their sections are checked by builds with the controller).
+/// registry (`controller::providers`), else the same providers without the controller: the AWS
+/// and Alibaba Cloud sections checked by their crates' settings, kwok and the simulator's memory
+/// provider by name.
 pub fn provider_policies() -> Vec<&'static dyn policy::ProviderPolicy> {
     #[cfg(feature = "controller")]
     {
@@ -28,6 +29,14 @@ pub fn provider_policies() -> Vec<&'static dyn policy::ProviderPolicy> {
     }
     #[cfg(not(feature = "controller"))]
     {
-        policy::NAMES_ONLY.to_vec()
+        let checked: [&'static dyn policy::ProviderPolicy; 2] = [
+            &gpu_node_autoscaler_aws::settings::POLICY,
+            &gpu_node_autoscaler_alibaba::settings::POLICY,
+        ];
+        let by_name = policy::NAMES_ONLY
+            .iter()
+            .copied()
+            .filter(|p| p.section().is_none());
+        checked.into_iter().chain(by_name).collect()
     }
 }

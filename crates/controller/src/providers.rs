@@ -41,22 +41,33 @@ pub struct Provider {
     pub build: Option<Build>,
 }
 
-/// Every provider this controller knows, in the order policy errors list their names.
+/// `Some(build)` when the feature `$feature` of this crate is on, else `None`: a provider whose
+/// pools every build checks, and that only builds with its feature run.
+macro_rules! built_with {
+    ($feature:literal, $build:path) => {{
+        #[cfg(feature = $feature)]
+        let build: Option<Build> = Some($build);
+        #[cfg(not(feature = $feature))]
+        let build: Option<Build> = None;
+        build
+    }};
+}
+
+/// Every provider this controller knows, in the order policy errors list their names. Every
+/// build checks every provider's pools; a provider without its feature is not run ("cannot be
+/// run by this controller").
 pub static REGISTRY: &[Provider] = &[
-    #[cfg(feature = "aws")]
     Provider {
         policy: &gpu_node_autoscaler_aws::settings::POLICY,
-        build: Some(crate::aws::build),
+        build: built_with!("aws", crate::aws::build),
     },
-    #[cfg(feature = "alibaba")]
     Provider {
         policy: &gpu_node_autoscaler_alibaba::settings::POLICY,
-        build: Some(crate::alibaba::build),
+        build: built_with!("alibaba", crate::alibaba::build),
     },
-    #[cfg(feature = "kwok")]
     Provider {
         policy: &gpu_node_autoscaler_kwok::POLICY,
-        build: Some(crate::kwok::build),
+        build: built_with!("kwok", crate::kwok::build),
     },
     Provider {
         policy: &gpu_node_autoscaler_memory::POLICY,
