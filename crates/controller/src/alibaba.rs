@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::{CapacityType, Catalog, CloudProvider};
 
-use crate::plan::templates::pool_types_and_prices;
-use crate::policy::Policy;
 use crate::providers::{BuildContext, Building};
+use gpu_node_autoscaler_core::plan::templates::pool_types_and_prices;
+use gpu_node_autoscaler_core::policy::Policy;
 
 /// The Alibaba Cloud provider of the policy's `provider: alibaba` pools (the registry's
 /// `build`).
@@ -126,8 +126,8 @@ pub fn check_against_account(config: AlibabaConfig) -> Result<Vec<String>, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{offerings_from_list_prices, parse_csv};
-    use crate::policy::parse_policy;
+    use gpu_node_autoscaler_core::catalog::{offerings_from_list_prices, parse_csv};
+    use gpu_node_autoscaler_core::policy::parse_policy;
 
     const POLICY: &str = "region: cn-hangzhou
 zones: [cn-hangzhou-i]

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
 
-use crate::plan::templates::pool_types_and_prices;
-use crate::policy::Policy;
 use crate::providers::{BuildContext, Building};
+use gpu_node_autoscaler_core::plan::templates::pool_types_and_prices;
+use gpu_node_autoscaler_core::policy::Policy;
 
 /// The policy's `region`, else the AWS SDK's environment.
 pub fn region(policy: &Policy) -> Result<String, String> {

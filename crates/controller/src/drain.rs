@@ -21,10 +21,10 @@ use super::leader::Elector;
 use super::metrics::{EvictionResult, Metrics};
 use super::store::ClusterState;
 use super::wall_now;
-use crate::model::{labels, Time};
-use crate::plan::scale_down::{dies_with_node, not_movable};
+use gpu_node_autoscaler_core::model::{labels, Time};
+use gpu_node_autoscaler_core::plan::scale_down::{dies_with_node, not_movable};
 
-pub use crate::model::labels::{CORDONED_BY_DRAIN, DRAIN_STARTED};
+pub use gpu_node_autoscaler_core::model::labels::{CORDONED_BY_DRAIN, DRAIN_STARTED};
 
 pub struct DrainContext {
     pub client: Client,
@@ -56,7 +56,7 @@ pub struct DrainJob {
     pub reclaimed_at: Option<Time>,
 }
 
-pub use crate::autoscaler::DrainOutcome;
+pub use gpu_node_autoscaler_core::autoscaler::DrainOutcome;
 
 fn mark(node: &mut Node, started: Time) -> bool {
     let spec = node.spec.get_or_insert_with(Default::default);
@@ -155,7 +155,7 @@ async fn to_move(ctx: &DrainContext, node: &str) -> Result<Remaining, Unmovable>
         .values()
         .cloned()
         .collect();
-    let budgets = crate::model::Snapshot {
+    let budgets = gpu_node_autoscaler_core::model::Snapshot {
         pdbs,
         ..Default::default()
     };
@@ -168,9 +168,9 @@ async fn to_move(ctx: &DrainContext, node: &str) -> Result<Remaining, Unmovable>
 /// one we cannot tell is safe to move: the node stays).
 fn remaining(
     pods: Vec<k8s_openapi::api::core::v1::Pod>,
-    budgets: &crate::model::Snapshot,
+    budgets: &gpu_node_autoscaler_core::model::Snapshot,
 ) -> Result<Remaining, String> {
-    let mut conv = crate::convert::Converter::new();
+    let mut conv = gpu_node_autoscaler_core::convert::Converter::new();
     let mut out = Remaining::default();
     for p in pods {
         let name = format!(
@@ -302,7 +302,9 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
                 warning: true,
                 reason: "DrainCutShort",
                 action: "Drain",
-                message: crate::autoscaler::replace::window_closed_message(&job.node, at, &left),
+                message: gpu_node_autoscaler_core::autoscaler::replace::window_closed_message(
+                    &job.node, at, &left,
+                ),
             });
             break;
         }
@@ -333,9 +335,9 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
         }
         for (ns, name, grace) in evict {
             ctx.evictions.until_ready().await;
-            let cut = job
-                .reclaimed_at
-                .and_then(|at| crate::autoscaler::replace::grace_within(*grace, wall_now(), at));
+            let cut = job.reclaimed_at.and_then(|at| {
+                gpu_node_autoscaler_core::autoscaler::replace::grace_within(*grace, wall_now(), at)
+            });
             if let (Some(c), Some(at)) = (cut, job.reclaimed_at) {
                 if cut_reported.insert((ns.clone(), name.clone())) {
                     ctx.events.send(Note {
@@ -343,7 +345,7 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
                         warning: true,
                         reason: "GracePeriodCut",
                         action: "Drain",
-                        message: crate::autoscaler::replace::grace_cut_message(
+                        message: gpu_node_autoscaler_core::autoscaler::replace::grace_cut_message(
                             &format!("{ns}/{name}"),
                             &job.node,
                             c,
@@ -467,7 +469,7 @@ mod tests {
 
     #[test]
     fn a_pod_that_cannot_be_converted_keeps_the_node() {
-        let budgets = crate::model::Snapshot::default();
+        let budgets = gpu_node_autoscaler_core::model::Snapshot::default();
         let movable = remaining(vec![bound_pod(Some("worker"))], &budgets).unwrap();
         assert_eq!(
             movable.evict,

@@ -146,7 +146,7 @@ pub async fn modify_node(
 pub async fn set_taint(
     api: &Api<Node>,
     name: &str,
-    taint: &crate::model::Taint,
+    taint: &gpu_node_autoscaler_core::model::Taint,
     present: bool,
 ) -> Result<(), kube::Error> {
     let effect = taint.effect.as_str();

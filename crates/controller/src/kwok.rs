@@ -7,11 +7,11 @@ use std::sync::Arc;
 use gpu_node_autoscaler_kwok::KwokConfig;
 use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
 
-use crate::model::gpu::nvidia_product_label;
-use crate::model::labels;
-use crate::plan::templates::{advertised_gpu_resources, pool_types_and_prices};
-use crate::policy::Policy;
 use crate::providers::{BuildContext, Building};
+use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
+use gpu_node_autoscaler_core::model::labels;
+use gpu_node_autoscaler_core::plan::templates::{advertised_gpu_resources, pool_types_and_prices};
+use gpu_node_autoscaler_core::policy::Policy;
 
 /// The kwok provider of the policy's `provider: kwok` pools (the registry's `build`): Nodes on
 /// this very cluster, played by kwok. The client's credentials need create/delete on Nodes

@@ -13,7 +13,7 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 use tracing::{info, warn};
 
-use crate::model::Time;
+use gpu_node_autoscaler_core::model::Time;
 
 /// May `me` take or keep the Lease described by `spec`, which has not changed for `unchanged`
 /// (by our own clock: comparing the holder's `renewTime` with our clock would trust two clocks)?

@@ -42,17 +42,15 @@ use kube::runtime::watcher;
 use kube::Client;
 use tracing::{error, info, warn};
 
-use gpu_node_autoscaler_core::{autoscaler, catalog, convert, model, plan, policy};
-
-use crate::autoscaler::fleet::Registration;
-use crate::autoscaler::{
+use gpu_node_autoscaler_core::autoscaler::fleet::Registration;
+use gpu_node_autoscaler_core::autoscaler::{
     status, Action, Autoscaler, Count, DrainOutcome, Feedback, Level, Observation, Subject,
 };
-use crate::model::node::GpuXid;
-use crate::model::{Snapshot, Time};
-use crate::policy::{parse_policy_with, Policy};
+use gpu_node_autoscaler_core::model::node::GpuXid;
+use gpu_node_autoscaler_core::model::{Snapshot, Time};
+use gpu_node_autoscaler_core::policy::{parse_policy_with, Policy};
 
-pub use crate::autoscaler::LAUNCH_FAILURE_REASONS;
+pub use gpu_node_autoscaler_core::autoscaler::LAUNCH_FAILURE_REASONS;
 
 use drain::{DrainContext, DrainJob};
 use kube_io::{configmap_ref, node_ref, pod_ref, EventSink, Note as KubeNote};
@@ -95,7 +93,7 @@ pub enum LogFormat {
 }
 
 fn duration_arg(s: &str) -> std::result::Result<Duration, String> {
-    crate::policy::duration::parse_duration(s).map_err(|e| e.to_string())
+    gpu_node_autoscaler_core::policy::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// A duration, or a bare number of seconds (as the Cluster Autoscaler's `-sec` flags take).
@@ -333,7 +331,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         policy_apply_failed: None,
         policy_valid: false,
         providers: BTreeMap::new(),
-        core: Autoscaler::new(crate::autoscaler::Config {
+        core: Autoscaler::new(gpu_node_autoscaler_core::autoscaler::Config {
             dry_run: args.dry_run,
             max_graceful_termination: args.max_graceful_termination,
             identity: identity.clone(),
@@ -1373,10 +1371,10 @@ fn load_catalog(
         .transpose()?;
     let name = path.map(|p| p.display().to_string());
     let file = name.as_deref().zip(text.as_deref());
-    let (types, warning) =
-        crate::catalog::load(file, policy.region.as_deref()).map_err(|e| e.to_string())?;
+    let (types, warning) = gpu_node_autoscaler_core::catalog::load(file, policy.region.as_deref())
+        .map_err(|e| e.to_string())?;
     Ok((
-        crate::catalog::offerings_from_list_prices(policy, types),
+        gpu_node_autoscaler_core::catalog::offerings_from_list_prices(policy, types),
         warning,
     ))
 }

@@ -12,8 +12,8 @@ use gpu_node_autoscaler_provider::policy::ProviderPolicy;
 use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
 use kube::Client;
 
-use crate::policy::Policy;
 use crate::RunArgs;
+use gpu_node_autoscaler_core::policy::Policy;
 
 /// What a provider is built from: the policy in force (its pools that name the provider), the
 /// price file's catalog, the controller's flags, the cluster's identity and the API server.

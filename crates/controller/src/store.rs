@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::convert::Converter;
-use crate::model::dra::{Claim, ClaimSpec, DeviceClass, DraObjects, Slice};
-use crate::model::{Node, Pdb, Pod, Time};
+use gpu_node_autoscaler_core::convert::Converter;
+use gpu_node_autoscaler_core::model::dra::{Claim, ClaimSpec, DeviceClass, DraObjects, Slice};
+use gpu_node_autoscaler_core::model::{Node, Pdb, Pod, Time};
 
 /// One watch event, after conversion to JSON (what `kube::runtime::watcher` yields, minus the
 /// typed object).
@@ -363,7 +363,10 @@ impl ClusterState {
     /// pods' ResourceClaims joined with the cluster's DRA objects (devices published and
     /// allocated per node). Sorted by key, so that the same cluster always gives the same
     /// snapshot.
-    pub fn snapshot(&self, in_flight: Vec<crate::model::InFlight>) -> crate::model::Snapshot {
+    pub fn snapshot(
+        &self,
+        in_flight: Vec<gpu_node_autoscaler_core::model::InFlight>,
+    ) -> gpu_node_autoscaler_core::model::Snapshot {
         fn sorted<T: Clone>(m: &HashMap<String, T>) -> Vec<T> {
             let mut v: Vec<(&String, &T)> = m.iter().collect();
             v.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -372,7 +375,7 @@ impl ClusterState {
         fn by_key<T: Clone>(m: &HashMap<String, T>) -> BTreeMap<String, T> {
             m.iter().map(|(k, t)| (k.clone(), t.clone())).collect()
         }
-        let mut snapshot = crate::model::Snapshot {
+        let mut snapshot = gpu_node_autoscaler_core::model::Snapshot {
             pods: sorted(&self.pods.items),
             nodes: sorted(&self.nodes.items),
             pdbs: sorted(&self.pdbs.items),

@@ -43,17 +43,17 @@ use std::time::Duration;
 
 use gpu_node_autoscaler_provider::{Catalog, LaunchRequest, OfferingKey};
 
-use crate::model::dra::Device;
-use crate::model::resources::{place_share, Resources, SharedGpu};
-use crate::model::{Pod, Snapshot, Time};
-use crate::plan::templates::template_of_node;
-use crate::plan::{self, Template};
-use crate::policy::Policy;
+use gpu_node_autoscaler_core::model::dra::Device;
+use gpu_node_autoscaler_core::model::resources::{place_share, Resources, SharedGpu};
+use gpu_node_autoscaler_core::model::{Pod, Snapshot, Time};
+use gpu_node_autoscaler_core::plan::templates::template_of_node;
+use gpu_node_autoscaler_core::plan::{self, Template};
+use gpu_node_autoscaler_core::policy::Policy;
 
 use super::claims::DeviceMatcher;
 use super::engine::{Strategy, World};
 use super::{earliest, Ms, SimInput, MINUTE, SECOND};
-use crate::autoscaler::Batch;
+use gpu_node_autoscaler_core::autoscaler::Batch;
 
 /// Devices of a node (published, or of its group's template) and which of them are allocated.
 #[derive(Clone)]
@@ -94,7 +94,7 @@ struct Room {
     free: Resources,
     shared: Vec<SharedGpu>,
     labels: std::sync::Arc<BTreeMap<String, String>>,
-    taints: Vec<crate::model::Taint>,
+    taints: Vec<gpu_node_autoscaler_core::model::Taint>,
     name: Option<String>,
     /// Index into the snapshot's nodes (registered nodes only).
     node: Option<usize>,
@@ -220,7 +220,7 @@ fn count_unadvertised_at_template(
     s: &Snapshot,
     templates: &[Template],
     view: &DeviceView,
-    counts: impl Fn(&crate::model::Node) -> bool,
+    counts: impl Fn(&gpu_node_autoscaler_core::model::Node) -> bool,
 ) {
     for r in rooms.iter_mut() {
         let Some(n) = r.node.map(|i| &s.nodes[i]) else {
@@ -239,7 +239,10 @@ fn count_unadvertised_at_template(
         r.free.gpu += t.allocatable.gpu;
         r.free.amd_gpu += t.allocatable.amd_gpu;
         for (name, v) in t.allocatable.mig_slices() {
-            let key = format!("{}{name}", crate::model::resources::MIG_PREFIX);
+            let key = format!(
+                "{}{name}",
+                gpu_node_autoscaler_core::model::resources::MIG_PREFIX
+            );
             let cur = r.free.get(&key);
             r.free.set(&key, cur + v);
         }
@@ -306,7 +309,11 @@ fn scale_down(
     }
     for (node, since) in plan::scale_down::unneeded_changes(&snapshot.nodes, &p.unneeded, |_| false)
     {
-        world.annotate(node, crate::model::labels::UNNEEDED_SINCE, since);
+        world.annotate(
+            node,
+            gpu_node_autoscaler_core::model::labels::UNNEEDED_SINCE,
+            since,
+        );
     }
     p.unneeded
         .iter()
@@ -346,7 +353,7 @@ const CA_MAX_NODE_STARTUP: Ms = 15 * MINUTE;
 
 /// The Cluster Autoscaler's one set of scale-down settings for the whole cluster: the smallest
 /// of the pools' (none without pools).
-fn ca_scale_down(policy: &Policy) -> Option<crate::policy::ScaleDown> {
+fn ca_scale_down(policy: &Policy) -> Option<gpu_node_autoscaler_core::policy::ScaleDown> {
     let mut pools = policy.pools.iter().map(|p| &p.scale_down);
     let first = pools.next()?.clone();
     Some(pools.fold(first, |mut g, s| {
@@ -452,7 +459,8 @@ impl Strategy for CaLike {
         // A GPU node whose device plugin (or DRA driver) has not started is unready, and
         // upcoming at its template's capacity while it is young.
         count_unadvertised_at_template(&mut rooms, &snapshot, &templates, &view, |n| {
-            n.labels.contains_key(crate::model::labels::AWS_ACCELERATOR)
+            n.labels
+                .contains_key(gpu_node_autoscaler_core::model::labels::AWS_ACCELERATOR)
                 && now - n.created.0 < CA_MAX_NODE_STARTUP
         });
         let mut left: Vec<&Pod> = Vec::new();
@@ -613,11 +621,11 @@ struct Replacement {
 const REPLACEMENT_TTL: Ms = 15 * MINUTE;
 
 /// Karpenter's taint on a node it is disrupting.
-fn disrupted_taint() -> crate::model::Taint {
-    crate::model::Taint {
+fn disrupted_taint() -> gpu_node_autoscaler_core::model::Taint {
+    gpu_node_autoscaler_core::model::Taint {
         key: "karpenter.sh/disrupted".into(),
         value: String::new(),
-        effect: crate::model::constraints::Effect::NoSchedule,
+        effect: gpu_node_autoscaler_core::model::constraints::Effect::NoSchedule,
     }
 }
 
@@ -679,10 +687,11 @@ impl KarpenterLike {
 
 /// A NodePool's `consolidateAfter`: its pool's `scaleDown.unneededTime`, as `anchors` configures
 /// the real Karpenter (the policy's default without a pool).
-fn consolidate_after(pool: Option<&crate::policy::Pool>) -> Ms {
-    let t = pool.map_or(crate::policy::defaults::UNNEEDED_TIME, |p| {
-        p.scale_down.unneeded_time
-    });
+fn consolidate_after(pool: Option<&gpu_node_autoscaler_core::policy::Pool>) -> Ms {
+    let t = pool.map_or(
+        gpu_node_autoscaler_core::policy::defaults::UNNEEDED_TIME,
+        |p| p.scale_down.unneeded_time,
+    );
     t.as_millis() as Ms
 }
 
@@ -890,7 +899,7 @@ impl Strategy for KarpenterLike {
         }
         // A node that a pending pod fits is nominated for it: not consolidated.
         let pending = karpenter_pending(&snapshot);
-        let nominated = |n: &crate::model::Node| {
+        let nominated = |n: &gpu_node_autoscaler_core::model::Node| {
             let r = Room {
                 devices: None,
                 free: n.allocatable.clone(),
@@ -1009,7 +1018,7 @@ impl KarpenterLike {
         &mut self,
         world: &mut World,
         templates: &[Template],
-        n: &crate::model::Node,
+        n: &gpu_node_autoscaler_core::model::Node,
         leftover: &[Pod],
     ) -> bool {
         if !self.replacing.iter().all(|r| r.drained.is_some()) {
@@ -1089,7 +1098,7 @@ impl KarpenterLike {
         }
         // Since when each node's pods are what they are now.
         let mut live: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-        let mut candidates: Vec<(usize, &crate::model::Node)> = Vec::new();
+        let mut candidates: Vec<(usize, &gpu_node_autoscaler_core::model::Node)> = Vec::new();
         for n in &snapshot.nodes {
             let Some(pods) = pods_on.get(n.name.as_str()) else {
                 continue;
@@ -1112,11 +1121,11 @@ impl KarpenterLike {
             }
             let protected = n
                 .annotations
-                .get(crate::model::labels::KARPENTER_DO_NOT_DISRUPT)
+                .get(gpu_node_autoscaler_core::model::labels::KARPENTER_DO_NOT_DISRUPT)
                 .is_some_and(|v| v == "true")
                 || pods.iter().any(|p| {
                     p.annotations
-                        .get(crate::model::labels::KARPENTER_DO_NOT_DISRUPT)
+                        .get(gpu_node_autoscaler_core::model::labels::KARPENTER_DO_NOT_DISRUPT)
                         .is_some_and(|v| v == "true")
                 });
             if n.is_schedulable() && n.advertised_gpus() > 0 && n.pool().is_some() && !protected {

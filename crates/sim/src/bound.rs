@@ -11,9 +11,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::model::{Snapshot, Time};
-use crate::plan::bound::{BoundModel, Profile};
-use crate::plan::templates::build_templates;
+use gpu_node_autoscaler_core::model::{Snapshot, Time};
+use gpu_node_autoscaler_core::plan::bound::{BoundModel, Profile};
+use gpu_node_autoscaler_core::plan::templates::build_templates;
 
 use super::{Ms, SimInput, HOUR};
 

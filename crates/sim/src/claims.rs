@@ -6,10 +6,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::model::dra::{Device, DeviceClass, DeviceCount};
-use crate::model::gpu::parse_mig_profile;
-use crate::model::Pod;
 use gpu_node_autoscaler_core::dra::Selectors;
+use gpu_node_autoscaler_core::model::dra::{Device, DeviceClass, DeviceCount};
+use gpu_node_autoscaler_core::model::gpu::parse_mig_profile;
+use gpu_node_autoscaler_core::model::Pod;
 
 /// The devices a pod's claims took on a node: per claim (`namespace/name` of the claim), the
 /// indices of the node's devices.
@@ -96,7 +96,7 @@ impl DeviceMatcher {
 
 /// GPUs a device stands for: a whole GPU, or a MIG device's share of its GPU's compute.
 pub fn gpu_equivalent(d: &Device) -> f64 {
-    use crate::model::dra::AttrValue;
+    use gpu_node_autoscaler_core::model::dra::AttrValue;
     match (d.attribute("type"), d.attribute("profile")) {
         (Some(AttrValue::String(t)), Some(AttrValue::String(p))) if t == "mig" => {
             parse_mig_profile(p).map_or(1.0, |p| p.gpu_share())

@@ -12,16 +12,16 @@ use gpu_node_autoscaler_provider::{
     OfferingKey, ProviderError,
 };
 
-use crate::model::constraints::{Effect, Taint};
-use crate::model::dra::{Allocation, Claim, Device, DraObjects, Slice};
-use crate::model::labels;
-use crate::model::node::GpuXid;
-use crate::model::resources::{place_share, Resources, SharedGpu};
-use crate::model::snapshot::group_in_flight;
-use crate::model::{Node, Pod, PodPhase, Snapshot, Time};
-use crate::plan::templates::{build_templates, Template};
-use crate::policy::defaults::HEALTH_CONDITION as HARDWARE_CONDITION;
-use crate::policy::Policy;
+use gpu_node_autoscaler_core::model::constraints::{Effect, Taint};
+use gpu_node_autoscaler_core::model::dra::{Allocation, Claim, Device, DraObjects, Slice};
+use gpu_node_autoscaler_core::model::labels;
+use gpu_node_autoscaler_core::model::node::GpuXid;
+use gpu_node_autoscaler_core::model::resources::{place_share, Resources, SharedGpu};
+use gpu_node_autoscaler_core::model::snapshot::group_in_flight;
+use gpu_node_autoscaler_core::model::{Node, Pod, PodPhase, Snapshot, Time};
+use gpu_node_autoscaler_core::plan::templates::{build_templates, Template};
+use gpu_node_autoscaler_core::policy::defaults::HEALTH_CONDITION as HARDWARE_CONDITION;
+use gpu_node_autoscaler_core::policy::Policy;
 
 use super::claims::{gpu_equivalent, Allocated, DeviceMatcher};
 use super::report::{Metrics, SeriesPoint};
@@ -516,7 +516,7 @@ impl World {
 
     /// Gives a node what registration adds (labels, annotations, taints) and takes its startup
     /// taints away.
-    pub fn register_node(&mut self, r: &crate::autoscaler::fleet::Registration) {
+    pub fn register_node(&mut self, r: &gpu_node_autoscaler_core::autoscaler::fleet::Registration) {
         let Some(&i) = self.node_by_name.get(&r.node) else {
             return;
         };
@@ -669,9 +669,9 @@ impl World {
         let mut without_gpus = full.clone();
         without_gpus.gpu = 0;
         without_gpus.amd_gpu = 0;
-        without_gpus
-            .extended
-            .retain(|(n, _)| !n.starts_with(crate::model::resources::MIG_PREFIX));
+        without_gpus.extended.retain(|(n, _)| {
+            !n.starts_with(gpu_node_autoscaler_core::model::resources::MIG_PREFIX)
+        });
         let node = Node {
             name: name.clone(),
             labels: Arc::new(node_labels),
@@ -1289,10 +1289,9 @@ impl World {
         // The device plugin reports the node's GPUs unhealthy: none allocatable any more.
         n.node.allocatable.gpu = 0;
         n.node.allocatable.amd_gpu = 0;
-        n.node
-            .allocatable
-            .extended
-            .retain(|(name, _)| !name.starts_with(crate::model::resources::MIG_PREFIX));
+        n.node.allocatable.extended.retain(|(name, _)| {
+            !name.starts_with(gpu_node_autoscaler_core::model::resources::MIG_PREFIX)
+        });
         n.node.shared_gpus.clear();
         for &p in &n.pods {
             let st = &mut self.pods[p];

@@ -24,11 +24,11 @@ mod baseline_tests;
 mod spot_tests;
 #[cfg(test)]
 use gpu_node_autoscaler_core::catalog;
-use gpu_node_autoscaler_core::{autoscaler, convert, model, plan, policy, yaml};
+use gpu_node_autoscaler_core::model;
 use gpu_node_autoscaler_provider::Catalog;
 
-use crate::model::Pod;
-use crate::policy::Policy;
+use gpu_node_autoscaler_core::model::Pod;
+use gpu_node_autoscaler_core::policy::Policy;
 
 /// Milliseconds on the virtual clock.
 pub type Ms = i64;

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::autoscaler::{
+use gpu_node_autoscaler_core::autoscaler::{
     Action, Autoscaler, Config, DrainOutcome, Feedback, Observation, CAPACITY_ROUNDS,
 };
-use crate::model::Time;
+use gpu_node_autoscaler_core::model::Time;
 
 use super::engine::{Strategy, World};
 use super::{earliest, Ms, SimInput, MINUTE, SECOND};
@@ -47,7 +47,7 @@ impl Ours {
     }
 
     /// The decision core's last plan (what it placed, launched and could not help).
-    pub fn last_plan(&self) -> Option<&crate::plan::Plan> {
+    pub fn last_plan(&self) -> Option<&gpu_node_autoscaler_core::plan::Plan> {
         self.core.last_plan()
     }
 

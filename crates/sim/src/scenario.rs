@@ -8,15 +8,17 @@ use serde_json::{json, Value};
 
 use gpu_node_autoscaler_provider::CapacityType;
 
-use crate::convert::Converter;
-use crate::model::dra::{
+use gpu_node_autoscaler_core::convert::Converter;
+use gpu_node_autoscaler_core::dra::Selectors;
+use gpu_node_autoscaler_core::model::dra::{
     DeviceClass, DraObjects, NVIDIA_GPU_CLASS, NVIDIA_GPU_DRIVER, NVIDIA_MIG_CLASS,
 };
-use crate::policy::duration::parse_duration;
-use crate::policy::source_map::{display_path, path_from_serde, PathSeg, SourceMap};
-use crate::policy::{parse_policy_at, Policy};
-use crate::yaml::{self, YamlError};
-use gpu_node_autoscaler_core::dra::Selectors;
+use gpu_node_autoscaler_core::policy::duration::parse_duration;
+use gpu_node_autoscaler_core::policy::source_map::{
+    display_path, path_from_serde, PathSeg, SourceMap,
+};
+use gpu_node_autoscaler_core::policy::{parse_policy_at, Policy};
+use gpu_node_autoscaler_core::yaml::{self, YamlError};
 
 use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE};
 
@@ -492,7 +494,7 @@ fn make_pod(
     owner_kind: &str,
     claims: &ClaimRefs,
     dra: &DraObjects,
-) -> Result<crate::model::Pod, String> {
+) -> Result<gpu_node_autoscaler_core::model::Pod, String> {
     let mut annotations = serde_json::Map::new();
     if let Some((g, n)) = gang {
         annotations.insert("gpu-node-autoscaler.io/gang".into(), json!(g));
@@ -970,7 +972,7 @@ impl Scenario {
 
 fn push_replica(
     pods: &mut Vec<WorkloadPod>,
-    template: &crate::model::Pod,
+    template: &gpu_node_autoscaler_core::model::Pod,
     service: &str,
     r: u32,
     serial: u32,
@@ -985,8 +987,8 @@ fn push_replica(
     for c in &mut pod.claims {
         c.claim = format!("{}/{}/{}", pod.id.namespace, pod.id.name, c.name);
     }
-    pod.owner = Some(crate::model::Owner {
-        kind: crate::model::OwnerKind::ReplicaSet,
+    pod.owner = Some(gpu_node_autoscaler_core::model::Owner {
+        kind: gpu_node_autoscaler_core::model::OwnerKind::ReplicaSet,
         name: service.to_string(),
         uid: service.to_string(),
     });
@@ -1042,10 +1044,13 @@ mod tests {
             let sc = parse_scenario(&job(kind, false), "s.yaml").unwrap();
             sc.pods[0].pod.owner.as_ref().map(|o| o.kind.clone())
         };
-        assert_eq!(owner("Job"), Some(crate::model::OwnerKind::Job));
+        assert_eq!(
+            owner("Job"),
+            Some(gpu_node_autoscaler_core::model::OwnerKind::Job)
+        );
         assert_eq!(
             owner("Deployment"),
-            Some(crate::model::OwnerKind::ReplicaSet)
+            Some(gpu_node_autoscaler_core::model::OwnerKind::ReplicaSet)
         );
         let e = parse_scenario(&job("StatefulSet", false), "s.yaml")
             .err()
@@ -1067,7 +1072,7 @@ mod tests {
 
     #[test]
     fn claims_are_made_from_templates_through_the_core_converter() {
-        use crate::model::dra::DeviceCount;
+        use gpu_node_autoscaler_core::model::dra::DeviceCount;
         let s = parse_scenario(CLAIMS, "c.yaml").unwrap();
         assert_eq!(
             s.device_classes.keys().collect::<Vec<_>>(),

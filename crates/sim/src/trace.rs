@@ -19,10 +19,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::model::constraints::{Constraints, Operator, Requirement, Term};
-use crate::model::resources::{GpuShare, Resources};
-use crate::model::{Owner, OwnerKind, Pod, PodPhase, PodRef, Time};
-use crate::policy::Policy;
+use gpu_node_autoscaler_core::model::constraints::{Constraints, Operator, Requirement, Term};
+use gpu_node_autoscaler_core::model::resources::{GpuShare, Resources};
+use gpu_node_autoscaler_core::model::{Owner, OwnerKind, Pod, PodPhase, PodRef, Time};
+use gpu_node_autoscaler_core::policy::Policy;
 
 use super::{Ms, WorkloadPod, SECOND};
 
@@ -301,7 +301,7 @@ pub fn load_trace(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::parse_policy;
+    use gpu_node_autoscaler_core::policy::parse_policy;
 
     fn policy() -> Policy {
         parse_policy(&default_trace_policy(), "builtin").unwrap()
@@ -377,9 +377,14 @@ mod tests {
     fn the_default_trace_policy_is_valid_against_the_builtin_catalog() {
         let p = policy();
         assert_eq!(p.pools.len(), 14);
-        let types = crate::catalog::parse_csv(crate::catalog::BUILTIN_AWS, "b").unwrap();
-        let cat = crate::catalog::offerings_from_list_prices(&p, types);
-        let (t, errors) = crate::plan::build_templates(&p, &cat, &Default::default(), Time(0));
+        let types = gpu_node_autoscaler_core::catalog::parse_csv(
+            gpu_node_autoscaler_core::catalog::BUILTIN_AWS,
+            "b",
+        )
+        .unwrap();
+        let cat = gpu_node_autoscaler_core::catalog::offerings_from_list_prices(&p, types);
+        let (t, errors) =
+            gpu_node_autoscaler_core::plan::build_templates(&p, &cat, &Default::default(), Time(0));
         assert!(errors.is_empty(), "{errors:?}");
         assert!(t.len() > 40);
     }
