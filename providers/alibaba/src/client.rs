@@ -884,7 +884,8 @@ impl AlibabaProvider {
             Err(e) => {
                 let code = e.code.clone().unwrap_or_default();
                 if !e.is_throttle()
-                    && (crate::errors::is_no_stock(&code, &e.message) || crate::errors::is_quota(&code, ""))
+                    && (crate::errors::is_no_stock(&code, &e.message)
+                        || crate::errors::is_quota(&code, ""))
                 {
                     return Ok(GroupOutcome {
                         instances: Vec::new(),
