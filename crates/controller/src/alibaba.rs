@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::{CapacityType, Catalog, CloudProvider};
 
-use crate::providers::{BuildContext, Building};
+use crate::provider_build::{BuildContext, Building};
 use gpu_node_autoscaler_core::plan::templates::pool_types_and_prices;
 use gpu_node_autoscaler_core::policy::Policy;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
 
-use crate::providers::{BuildContext, Building};
+use crate::provider_build::{BuildContext, Building};
 use gpu_node_autoscaler_core::plan::templates::pool_types_and_prices;
 use gpu_node_autoscaler_core::policy::Policy;
 

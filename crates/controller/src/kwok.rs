@@ -7,7 +7,7 @@ use std::sync::Arc;
 use gpu_node_autoscaler_kwok::KwokConfig;
 use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
 
-use crate::providers::{BuildContext, Building};
+use crate::provider_build::{BuildContext, Building};
 use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
 use gpu_node_autoscaler_core::model::labels;
 use gpu_node_autoscaler_core::plan::templates::{advertised_gpu_resources, pool_types_and_prices};

@@ -22,6 +22,7 @@ pub mod kube_io;
 pub mod kwok;
 pub mod leader;
 pub mod metrics;
+pub mod provider_build;
 pub mod providers;
 pub mod store;
 
@@ -1393,7 +1394,7 @@ async fn build_providers(
     let mut catalog = Catalog::default();
     let clouds: std::collections::BTreeSet<&str> =
         policy.pools.iter().map(|p| p.provider.as_str()).collect();
-    let context = providers::BuildContext {
+    let context = provider_build::BuildContext {
         policy,
         catalog: file_catalog,
         args,

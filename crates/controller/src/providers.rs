@@ -4,33 +4,9 @@
 //! built from the policy in force. `build_providers` and policy reloads go through this list
 //! only.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-
 use gpu_node_autoscaler_provider::policy::ProviderPolicy;
-use gpu_node_autoscaler_provider::{Catalog, CloudProvider};
-use kube::Client;
 
-use crate::RunArgs;
-use gpu_node_autoscaler_core::policy::Policy;
-
-/// What a provider is built from: the policy in force (its pools that name the provider), the
-/// price file's catalog, the controller's flags, the cluster's identity and the API server.
-pub struct BuildContext<'a> {
-    pub policy: &'a Policy,
-    pub catalog: &'a Catalog,
-    pub args: &'a RunArgs,
-    pub cluster_id: &'a str,
-    pub client: &'a Client,
-}
-
-/// A provider being built.
-pub type Building<'a> =
-    Pin<Box<dyn Future<Output = Result<Arc<dyn CloudProvider>, String>> + Send + 'a>>;
-
-/// Builds a provider for the pools of the policy that name it; errors name the pool and field.
-pub type Build = for<'a> fn(&'a BuildContext<'a>) -> Building<'a>;
+use crate::provider_build::Build;
 
 /// One provider of the registry.
 pub struct Provider {

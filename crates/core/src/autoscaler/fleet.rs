@@ -57,6 +57,16 @@ pub struct FleetView {
     pub gpus_lost: Vec<String>,
 }
 
+impl FleetView {
+    /// Whether `n` is the Node of an instance of ours (launched by this autoscaler for this
+    /// cluster): only those are ever drained for removal or replaced.
+    pub fn is_ours(&self, n: &Node) -> bool {
+        n.provider_id
+            .as_ref()
+            .is_some_and(|p| self.instance_of_node.contains_key(p))
+    }
+}
+
 /// Joins the provider's instances with the Nodes by providerID. `expects_gpus` tells whether an
 /// offering's instance type has GPUs (a node of it without advertised GPUs is still starting).
 ///

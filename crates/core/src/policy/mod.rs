@@ -1194,8 +1194,11 @@ fn decode_pool(
                     let mut path = at.to_vec();
                     path.extend(path_from_serde(e.path()));
                     let mut message = e.inner().to_string();
-                    // The pool's own fields are listed as expected: the providers' sections too.
-                    if message.starts_with("unknown field `") && message.contains("expected one of")
+                    // The pool's own fields are listed as expected: the providers' sections too
+                    // (for a field of the pool itself, not of one of its sections).
+                    if e.path().iter().count() == 1
+                        && message.starts_with("unknown field `")
+                        && message.contains("expected one of")
                     {
                         for k in providers.iter().filter_map(|p| p.section()) {
                             message.push_str(&format!(", `{k}`"));

@@ -1052,6 +1052,33 @@ fn unknown_field_message_lists_the_known_fields() {
 }
 
 #[test]
+fn provider_sections_are_listed_for_a_pools_own_fields_only() {
+    let pool_level = parse_err(&yaml(&[
+        "zones: [us-east-1a]",
+        "pools:",
+        "  - name: a",
+        "    instanceTypes: [g5.xlarge]",
+        "    maxNode: 3",
+    ]));
+    let msg = &pool_level.errors[0].message;
+    assert!(msg.ends_with("`aws`, `alibaba`"), "{msg}");
+    let nested = parse_err(&yaml(&[
+        "zones: [us-east-1a]",
+        "pools:",
+        "  - name: a",
+        "    instanceTypes: [g5.xlarge]",
+        "    maxNodes: 3",
+        "    requirements: {zzz: 1}",
+    ]));
+    let msg = &nested.errors[0].message;
+    assert!(
+        msg.ends_with("`gpuModels`, `gpuCount`, `families`"),
+        "{msg}"
+    );
+    assert_eq!(nested.errors[0].path, "pools[0].requirements.zzz");
+}
+
+#[test]
 fn yaml_syntax_errors_have_a_position() {
     let cases = [
         // An unterminated flow sequence runs on into the next line, where `:` is illegal.

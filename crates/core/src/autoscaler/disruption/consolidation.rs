@@ -93,10 +93,7 @@ impl Autoscaler {
         // Only nodes of ours are replaced: others are left out of the candidates.
         let view = &pass.view;
         for n in &mut snapshot.nodes {
-            let ours = n
-                .provider_id
-                .as_ref()
-                .is_some_and(|p| view.instance_of_node.contains_key(p));
+            let ours = view.is_ours(n);
             if !ours {
                 Arc::make_mut(&mut n.annotations)
                     .insert(labels::SCALE_DOWN_DISABLED.into(), "true".into());

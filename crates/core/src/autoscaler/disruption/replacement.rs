@@ -63,10 +63,7 @@ impl Autoscaler {
         }
         let mut started: BTreeMap<String, usize> = BTreeMap::new();
         for n in &pass.snapshot.nodes {
-            let ours = n
-                .provider_id
-                .as_ref()
-                .is_some_and(|p| pass.view.instance_of_node.contains_key(p));
+            let ours = pass.view.is_ours(n);
             let pool = n.pool().and_then(|p| policy.pool(p));
             let (true, Some(pool)) = (ours, pool) else {
                 continue;

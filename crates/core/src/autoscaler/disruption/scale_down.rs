@@ -35,10 +35,7 @@ impl Autoscaler {
             let Some(node) = pass.snapshot.nodes.iter().find(|n| n.name == d.node) else {
                 continue;
             };
-            let ours = node
-                .provider_id
-                .as_ref()
-                .is_some_and(|p| pass.view.instance_of_node.contains_key(p));
+            let ours = pass.view.is_ours(node);
             // Dry-run lists no instance (it calls no cloud API): it says what it would drain.
             if !ours && !self.config.dry_run {
                 // Adopted through a pool's nodeSelector, or labelled by hand: never terminated.

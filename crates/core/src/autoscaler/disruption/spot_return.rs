@@ -45,10 +45,7 @@ impl Autoscaler {
                     .iter()
                     .any(|t| t.key == labels::SPOT_AVAILABLE_TAINT);
             // Only a node whose instance is ours: one we would not remove would sit idle.
-            let ours = n
-                .provider_id
-                .as_ref()
-                .is_some_and(|p| pass.view.instance_of_node.contains_key(p));
+            let ours = pass.view.is_ours(n);
             let wanted = ours && keep.contains(&n.name);
             if tainted == wanted || (tainted && draining.contains(n.name.as_str())) {
                 continue;
