@@ -78,6 +78,7 @@ impl Autoscaler {
         self.disruption.not_ours_reported = not_ours;
     }
 
+    /// Keeps "unneeded since" on the nodes (the annotation; in memory in dry-run).
     pub(in crate::autoscaler) fn keep_unneeded(
         &mut self,
         pass: &Pass,

@@ -20,7 +20,6 @@ impl Method for SpotReturn {
 }
 
 impl Autoscaler {
-    /// Keeps "unneeded since" on the nodes (the annotation; in memory in dry-run).
     /// Taints the empty on-demand nodes new pods should stay off while spot is to be had
     /// ([`plan::consolidate::keep_free_for_spot`]), and untaints those that no longer qualify.
     pub(in crate::autoscaler) fn keep_free_for_spot(
