@@ -38,7 +38,20 @@ impl Moto {
     /// it answers. Panics — the test fails, it is not skipped — when moto is not installed.
     pub fn start() -> Moto {
         set_test_credentials();
-        let port = free_port();
+        // The port is free when picked and taken only when moto binds it: another test's server
+        // may take it in between. Then moto exits ("address already in use") and starts again on
+        // another port; a port that answers but not as moto does (another server) is not taken
+        // for moto's.
+        for _ in 0..3 {
+            if let Some(moto) = Moto::start_on(free_port()) {
+                return moto;
+            }
+        }
+        panic!("moto_server found no free port in 3 tries (each taken by another server first)");
+    }
+
+    /// Starts moto on `port`; `None` when the port turned out to be another server's.
+    fn start_on(port: u16) -> Option<Moto> {
         let log = std::env::temp_dir().join(format!("moto-{port}.log"));
         let args = ["-H", "127.0.0.1", "-p", &port.to_string()];
         let spawn = |program: &str, pre: &[&str]| {
@@ -73,10 +86,13 @@ impl Moto {
         loop {
             if let Ok(Some(status)) = moto.child.try_wait() {
                 let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.contains("in use") {
+                    return None;
+                }
                 panic!("moto_server exited ({status}) before answering:\n{text}");
             }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return moto;
+            if answers_as_moto(&addr) {
+                return Some(moto);
             }
             assert!(
                 Instant::now() < deadline,
@@ -96,6 +112,21 @@ impl Drop for Moto {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether the server on `addr` is moto: its own API (`/moto-api/data.json`) answers 200.
+fn answers_as_moto(addr: &SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect_timeout(addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let request = format!("GET /moto-api/data.json HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if s.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
 }
 
 /// moto accepts any credentials; the provider finds these through the default chain.
