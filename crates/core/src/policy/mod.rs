@@ -675,23 +675,10 @@ fn pool_path(i: usize, rest: &[&str]) -> Vec<PathSeg> {
     p
 }
 
-/// The providers [`parse_policy`] validates with: [`NAMES_ONLY`] (in this crate's own tests,
-/// every provider with its checks).
-fn default_providers() -> &'static [&'static dyn ProviderPolicy] {
-    #[cfg(test)]
-    {
-        tests::PROVIDERS
-    }
-    #[cfg(not(test))]
-    {
-        &NAMES_ONLY
-    }
-}
-
 /// Parses and validates a policy. `file` names the source in error messages. Pools may name the
 /// providers of [`NAMES_ONLY`]; see [`parse_policy_with`].
 pub fn parse_policy(text: &str, file: &str) -> Result<Policy, PolicyErrors> {
-    parse_policy_with(text, file, default_providers())
+    parse_policy_with(text, file, &NAMES_ONLY)
 }
 
 /// Parses and validates a policy whose pools may name `providers` (a program's registry), each
@@ -707,7 +694,7 @@ pub fn parse_policy_with(
 /// Parses the policy found at `at` inside a larger YAML document (a simulation scenario's
 /// `policy:`), with positions in that document.
 pub fn parse_policy_at(text: &str, file: &str, at: &[PathSeg]) -> Result<Policy, PolicyErrors> {
-    parse_policy_at_with(text, file, at, default_providers())
+    parse_policy_at_with(text, file, at, &NAMES_ONLY)
 }
 
 /// [`parse_policy_at`] with the providers pools may name.

@@ -7,13 +7,19 @@ use super::*;
 use gpu_node_autoscaler_alibaba::settings::AlibabaPoolSettings;
 use gpu_node_autoscaler_aws::settings::{AwsPoolSettings, LaunchTemplate, LaunchTemplateBy};
 
-/// The providers `parse_policy` validates with in these tests: each with its checks.
-pub(super) static PROVIDERS: &[&dyn ProviderPolicy] = &[
+/// The providers these tests validate with: each with its checks, as the programs that read
+/// policies (the CLI, the controller) do.
+static PROVIDERS: &[&dyn ProviderPolicy] = &[
     &gpu_node_autoscaler_aws::settings::POLICY,
     &gpu_node_autoscaler_alibaba::settings::POLICY,
     &NameOnly::new("kwok"),
     &NameOnly::new("memory"),
 ];
+
+/// [`super::parse_policy`] with every provider's checks ([`PROVIDERS`]).
+fn parse_policy(text: &str, file: &str) -> Result<Policy, PolicyErrors> {
+    parse_policy_with(text, file, PROVIDERS)
+}
 
 /// A pool's `aws:` section, as the AWS provider reads it.
 fn aws_of(pool: &Pool) -> Option<AwsPoolSettings> {
