@@ -11,10 +11,6 @@ pub use gpu_node_autoscaler_core::{
 
 #[cfg(feature = "controller")]
 pub use gpu_node_autoscaler_controller as controller;
-#[cfg(feature = "alibaba")]
-pub use gpu_node_autoscaler_controller::alibaba;
-#[cfg(feature = "aws")]
-pub use gpu_node_autoscaler_controller::aws;
 #[cfg(feature = "simulator")]
 pub use gpu_node_autoscaler_sim as sim;
 

@@ -185,11 +185,14 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 bail!("{} error(s) in {}", errors.len(), file.display());
             }
-            if provider.as_deref() == Some("aws") {
-                check_aws(&policy, &catalog, &file, aws_region, aws_endpoint_url)?;
-            }
-            if provider.as_deref() == Some("alibaba") {
-                check_alibaba(&policy, &catalog, &file, alibaba_endpoint_url)?;
+            if let Some(name) = provider.as_deref() {
+                // The command line's flags of each provider.
+                let (region, endpoint) = match name {
+                    "aws" => (aws_region, aws_endpoint_url),
+                    "alibaba" => (None, alibaba_endpoint_url),
+                    _ => (None, None),
+                };
+                check_account(name, &policy, &catalog, &file, region, endpoint)?;
             }
             for line in policy::summary(&policy) {
                 println!("{line}");
@@ -199,82 +202,46 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-#[cfg(feature = "aws")]
-fn check_aws(
+/// `check-policy --provider NAME`: the pools of `policy` that name the provider, checked against
+/// its cloud account through the controller's registry.
+#[cfg(feature = "controller")]
+fn check_account(
+    name: &str,
     policy: &Policy,
     catalog: &Catalog,
     file: &Path,
     region: Option<String>,
     endpoint: Option<String>,
 ) -> Result<()> {
-    let region = region.or_else(|| policy.region.clone()).ok_or_else(|| {
-        anyhow::anyhow!("--provider aws needs a region: --aws-region or the policy's `region`")
-    })?;
-    let config = gpu_node_autoscaler::aws::config_from_policy(policy, catalog, &region, endpoint)
-        .map_err(|errors| {
-        for e in &errors {
-            eprintln!("{}: {e}", file.display());
+    use gpu_node_autoscaler::controller::providers;
+    use gpu_node_autoscaler::provider::spec::CheckFailed;
+    let report = |what: &str, lines: &[String]| {
+        for l in lines {
+            eprintln!("{}: {l}", file.display());
         }
-        anyhow::anyhow!("{} error(s) in {}", errors.len(), file.display())
-    })?;
-    let problems =
-        gpu_node_autoscaler::aws::check_against_account(config).map_err(anyhow::Error::msg)?;
-    if !problems.is_empty() {
-        for p in &problems {
-            eprintln!("{}: {p}", file.display());
-        }
-        bail!(
-            "{} problem(s) with the AWS account for {}",
-            problems.len(),
-            file.display()
-        );
+        anyhow::anyhow!("{} {what} {}", lines.len(), file.display())
+    };
+    match providers::check_against_account(name, policy, catalog, region, endpoint) {
+        Ok(found) if found.problems.is_empty() => Ok(()),
+        Ok(found) => Err(report(
+            &format!("problem(s) with the {} account for", found.account),
+            &found.problems,
+        )),
+        Err(CheckFailed::Spec(errors)) => Err(report("error(s) in", &errors)),
+        Err(CheckFailed::Cloud(e)) => Err(anyhow::Error::msg(e)),
     }
-    Ok(())
 }
 
-#[cfg(not(feature = "aws"))]
-fn check_aws(
+#[cfg(not(feature = "controller"))]
+fn check_account(
+    name: &str,
     _: &Policy,
     _: &Catalog,
     _: &Path,
     _: Option<String>,
     _: Option<String>,
 ) -> Result<()> {
-    bail!("this build has no AWS support (built without the `aws` feature)")
-}
-
-#[cfg(feature = "alibaba")]
-fn check_alibaba(
-    policy: &Policy,
-    catalog: &Catalog,
-    file: &Path,
-    endpoint: Option<String>,
-) -> Result<()> {
-    use gpu_node_autoscaler::alibaba;
-    let Some(region) = policy.region.as_deref() else {
-        bail!("--provider alibaba needs the policy's `region`");
-    };
-    let report = |what: String, lines: Vec<String>| {
-        for l in &lines {
-            eprintln!("{}: {l}", file.display());
-        }
-        anyhow::anyhow!("{} {what} {}", lines.len(), file.display())
-    };
-    let config = alibaba::config_from_policy(policy, catalog, region, endpoint)
-        .map_err(|e| report("error(s) in".into(), e))?;
-    let problems = alibaba::check_against_account(config).map_err(anyhow::Error::msg)?;
-    if !problems.is_empty() {
-        return Err(report(
-            "problem(s) with the Alibaba Cloud account for".into(),
-            problems,
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(not(feature = "alibaba"))]
-fn check_alibaba(_: &Policy, _: &Catalog, _: &Path, _: Option<String>) -> Result<()> {
-    bail!("this build has no Alibaba Cloud support (built without the `alibaba` feature)")
+    bail!("this build cannot check {name:?} pools against an account (built without the `controller` feature)")
 }
 
 #[cfg(feature = "simulator")]

@@ -10,19 +10,12 @@
 //! terminations, drains (as tasks, whose outcomes go back to the core), annotations, Events, the
 //! status ConfigMap and metrics. Only the Lease holder acts.
 
-#[cfg(feature = "alibaba")]
-pub mod alibaba;
-#[cfg(feature = "aws")]
-pub mod aws;
 pub mod drain;
 pub mod gpu_metrics;
 pub mod instrumented;
 pub mod kube_io;
-#[cfg(feature = "kwok")]
-pub mod kwok;
 pub mod leader;
 pub mod metrics;
-pub mod provider_build;
 pub mod providers;
 pub mod store;
 
@@ -35,6 +28,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
+use gpu_node_autoscaler_provider::interruptions::{InterruptionSource, Parsed};
 use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, LaunchResult, ProviderError};
 use k8s_openapi::api::core::v1::{ConfigMap, Node as K8sNode, Pod as K8sPod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -49,6 +43,7 @@ use gpu_node_autoscaler_core::autoscaler::{
 };
 use gpu_node_autoscaler_core::model::node::GpuXid;
 use gpu_node_autoscaler_core::model::{Snapshot, Time};
+use gpu_node_autoscaler_core::plan::templates::provider_spec;
 use gpu_node_autoscaler_core::policy::{parse_policy_with, Policy};
 
 pub use gpu_node_autoscaler_core::autoscaler::LAUNCH_FAILURE_REASONS;
@@ -58,22 +53,6 @@ use kube_io::{configmap_ref, node_ref, pod_ref, EventSink, Note as KubeNote};
 use leader::Elector;
 use metrics::{FailedLaunch, Health, Metrics, PoolCapacity, PoolLabel};
 use store::{ClusterState, Kind};
-
-/// The interruption queue: EventBridge's EC2 notices in SQS (the `aws` feature).
-#[cfg(feature = "aws")]
-type Queue = gpu_node_autoscaler_aws::interruptions::InterruptionQueue;
-
-/// No interruption queue without the `aws` feature: a policy with `interruptionQueue` is not
-/// applied.
-#[cfg(not(feature = "aws"))]
-enum Queue {}
-
-#[cfg(not(feature = "aws"))]
-impl Queue {
-    async fn delete(&self, _receipt: &str) -> std::result::Result<(), String> {
-        match *self {}
-    }
-}
 
 /// Now, from the wall clock (the only place the controller reads it besides timers).
 pub fn wall_now() -> Time {
@@ -184,6 +163,18 @@ pub struct RunArgs {
     /// prices.
     #[arg(long, default_value = "5m", value_parser = duration_arg)]
     pub price_refresh_interval: Duration,
+}
+
+impl RunArgs {
+    /// The endpoint that replaces the cloud of the provider `name` (`--aws-endpoint-url`,
+    /// `--alibaba-endpoint-url`): an emulator in tests.
+    pub fn endpoint_url(&self, name: &str) -> Option<String> {
+        match name {
+            "aws" => self.aws_endpoint_url.clone(),
+            "alibaba" => self.alibaba_endpoint_url.clone(),
+            _ => None,
+        }
+    }
 }
 
 fn split_ref(s: &str, what: &str) -> Result<(String, String)> {
@@ -422,7 +413,7 @@ struct Controller {
     /// Pods whose reaction time was recorded.
     reacted: HashSet<String>,
     /// The policy's interruption queue (`interruptionQueue`), when set.
-    queue: Option<Queue>,
+    queue: Option<Arc<dyn InterruptionSource>>,
     /// Notices received and not acknowledged yet: message id → (receipt, notice).
     notices: BTreeMap<String, (String, gpu_node_autoscaler_provider::Notice)>,
     /// For `gpuMetrics`' Prometheus.
@@ -709,35 +700,29 @@ impl Controller {
                     });
             }
         }
-        #[cfg(not(feature = "aws"))]
-        if policy.interruption_queue.is_some() && !self.args.dry_run {
-            return Err(
-                "interruptionQueue: this controller is built without the `aws` feature".into(),
-            );
-        }
-        #[cfg(feature = "aws")]
         let queue = match (&policy.interruption_queue, self.args.dry_run) {
-            (Some(url), false) => {
-                if self.queue.as_ref().is_none_or(|q| q.url() != url) {
-                    let region = crate::aws::region(&policy)
+            (Some(address), false) => {
+                if self.queue.as_ref().is_none_or(|q| q.address() != address) {
+                    let Some((name, open)) = providers::interruptions() else {
+                        return Err(format!(
+                            "interruptionQueue: this controller is built without a provider \
+                             that reads interruption notices (built with: {})",
+                            providers::runnable()
+                        ));
+                    };
+                    let mut spec = provider_spec(&policy, &catalog, name);
+                    spec.endpoint_url = self.args.endpoint_url(name);
+                    let source = open(&spec, address)
+                        .await
                         .map_err(|e| format!("interruptionQueue: {e}"))?;
                     self.notices.clear();
-                    Some(
-                        gpu_node_autoscaler_aws::interruptions::InterruptionQueue::new(
-                            &region,
-                            self.args.aws_endpoint_url.clone(),
-                            url,
-                        )
-                        .await,
-                    )
+                    Some(source)
                 } else {
                     self.queue.take()
                 }
             }
             _ => None,
         };
-        #[cfg(not(feature = "aws"))]
-        let queue = None;
         self.queue = queue;
         self.providers = providers;
         self.core.set_policy(Arc::new(policy), catalog);
@@ -817,15 +802,9 @@ impl Controller {
         }
     }
 
-    /// No interruption queue without the `aws` feature.
-    #[cfg(not(feature = "aws"))]
-    async fn read_queue(&mut self) {}
-
     /// Reads the interruption queue: notices are kept until the core acknowledges them; what
     /// is no notice (an instance starting, an unreadable body) is deleted at once.
-    #[cfg(feature = "aws")]
     async fn read_queue(&mut self) {
-        use gpu_node_autoscaler_aws::interruptions::Parsed;
         let Some(q) = self.queue.clone() else { return };
         let received = match q.receive(100).await {
             Ok(r) => r,
@@ -1394,23 +1373,13 @@ async fn build_providers(
     let mut catalog = Catalog::default();
     let clouds: std::collections::BTreeSet<&str> =
         policy.pools.iter().map(|p| p.provider.as_str()).collect();
-    let context = provider_build::BuildContext {
-        policy,
-        catalog: file_catalog,
-        args,
-        cluster_id,
-        client,
-    };
     for cloud in clouds {
-        let provider: Arc<dyn CloudProvider> = match providers::find(cloud).and_then(|p| p.build) {
-            Some(build) => build(&context).await?,
-            None => {
-                return Err(format!(
-                    "provider {cloud:?} cannot be run by this controller (built with: {})",
-                    providers::runnable()
-                ))
-            }
+        let host = providers::Host {
+            cluster_id,
+            client,
+            endpoint_url: args.endpoint_url(cloud),
         };
+        let provider = providers::build(cloud, policy, file_catalog, host).await?;
         let provider = crate::instrumented::Instrumented::wrap(provider, metrics.clone());
         let mut c = provider
             .catalog()

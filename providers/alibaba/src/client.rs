@@ -1124,16 +1124,6 @@ impl AlibabaProvider {
         Ok(None)
     }
 
-    /// [`Self::validate`] on a runtime of its own, for command-line checks outside any runtime.
-    pub fn validate_blocking(&self) -> Result<Vec<String>, String> {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the async runtime: {e}"))?
-            .block_on(self.validate())
-            .map_err(|e| format!("Alibaba Cloud: {e}"))
-    }
-
     /// ECS `DescribeAvailableResource` (`DestinationResource=InstanceType`) of one zone, for spot
     /// (`SpotAsPriceGo`) or on-demand (`NoSpot`) pay-as-you-go instances: the types offered there,
     /// each with whether it has stock (`WithStock` or `ClosedWithStock`, not `WithoutStock` /

@@ -7,16 +7,12 @@ use std::time::Duration;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
+use gpu_node_autoscaler_provider::interruptions::{InterruptionSource, Opening};
+use gpu_node_autoscaler_provider::spec::ProviderSpec;
 use gpu_node_autoscaler_provider::{Notice, NoticeKind};
 use serde_json::Value;
 
-/// What one message says: a notice, nothing for the autoscaler (an instance starting, another
-/// service's health event), or a body that is not an EventBridge event it knows.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Parsed {
-    Notice(Notice),
-    Irrelevant(String),
-}
+pub use gpu_node_autoscaler_provider::interruptions::{Parsed, Received};
 
 /// Reads an EventBridge event (the message body as EventBridge puts it on the queue).
 pub fn parse_event(message_id: &str, body: &str) -> Result<Parsed, String> {
@@ -99,14 +95,6 @@ pub fn parse_event(message_id: &str, body: &str) -> Result<Parsed, String> {
     }
 }
 
-/// One message received: its receipt (to delete it) and what it says.
-#[derive(Debug)]
-pub struct Received {
-    pub message_id: String,
-    pub receipt: String,
-    pub parsed: Result<Parsed, String>,
-}
-
 /// The SQS queue EventBridge delivers the notices to.
 #[derive(Clone, Debug)]
 pub struct InterruptionQueue {
@@ -138,10 +126,27 @@ impl InterruptionQueue {
     pub fn url(&self) -> &str {
         &self.url
     }
+}
+
+/// Opens the queue at `url` in the spec's region (else the SDK's environment's), through the
+/// spec's endpoint (the registry's `interruptions`).
+pub fn open<'a>(spec: &'a ProviderSpec<'a>, url: &'a str) -> Opening<'a> {
+    Box::pin(async move {
+        let region = crate::build::region(spec)?;
+        let queue = InterruptionQueue::new(&region, spec.endpoint_url.clone(), url).await;
+        Ok(std::sync::Arc::new(queue) as std::sync::Arc<dyn InterruptionSource>)
+    })
+}
+
+#[async_trait::async_trait]
+impl InterruptionSource for InterruptionQueue {
+    fn address(&self) -> &str {
+        &self.url
+    }
 
     /// The messages waiting now (no long poll: the control loop calls this every pass), up to
     /// `max` of them.
-    pub async fn receive(&self, max: usize) -> Result<Vec<Received>, String> {
+    async fn receive(&self, max: usize) -> Result<Vec<Received>, String> {
         let mut out = Vec::new();
         while out.len() < max {
             let r = self
@@ -171,7 +176,7 @@ impl InterruptionQueue {
         Ok(out)
     }
 
-    pub async fn delete(&self, receipt: &str) -> Result<(), String> {
+    async fn delete(&self, receipt: &str) -> Result<(), String> {
         self.client
             .delete_message()
             .queue_url(&self.url)

@@ -15,6 +15,8 @@
 //! section of the policy and its checks, with no cloud SDK, for programs that only read policies.
 
 #[cfg(feature = "client")]
+pub mod build;
+#[cfg(feature = "client")]
 pub mod errors;
 #[cfg(feature = "client")]
 pub mod interruptions;

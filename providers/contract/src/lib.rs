@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod interruptions;
 pub mod policy;
 pub mod retry;
 pub mod rng;
+pub mod spec;
 
 /// How an instance is bought.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

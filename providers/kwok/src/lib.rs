@@ -16,6 +16,8 @@
 //! creation; kwok's node stages decide when it turns Ready), and capacity shortages beyond the
 //! fixed set of unavailable offerings in [`KwokConfig::unavailable`].
 
+pub mod build;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_node_autoscaler_provider::{

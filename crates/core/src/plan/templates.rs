@@ -598,3 +598,74 @@ pub fn build_templates(
         t.errors,
     )
 }
+
+/// The spec a provider is built from: the pools of `policy` that name `provider`, resolved once
+/// against `catalog` (instance types and prices, startup taints, the GPU resources their Nodes
+/// advertise) and the GPU labels of the catalog's NVIDIA types. What the process adds (the
+/// cluster's identity, an endpoint, the API client) is left empty for the caller to fill.
+pub fn provider_spec<'a>(
+    policy: &Policy,
+    catalog: &'a Catalog,
+    provider: &str,
+) -> gpu_node_autoscaler_provider::spec::ProviderSpec<'a> {
+    use gpu_node_autoscaler_provider::spec::{PoolSpec, ProviderSpec};
+    let pools: Vec<PoolSpec> = policy
+        .pools
+        .iter()
+        .filter(|p| p.provider == provider)
+        .map(|pool| {
+            let types = pool_types_and_prices(pool, catalog);
+            let gpu_resources = types
+                .iter()
+                .flat_map(|(names, _)| names)
+                .filter_map(|name| catalog.instance_type(name))
+                .map(|t| (t.name.clone(), advertised_gpu_resources(pool, t)))
+                .collect();
+            PoolSpec {
+                name: pool.name.clone(),
+                settings: pool.settings.clone(),
+                zones: pool.zones.clone(),
+                capacity_types: pool.capacity_types.clone(),
+                types,
+                startup_taints: pool
+                    .startup_taints
+                    .iter()
+                    .map(|t| {
+                        (
+                            t.key.clone(),
+                            t.value.clone(),
+                            t.effect.as_str().to_string(),
+                        )
+                    })
+                    .collect(),
+                gpu_resources,
+            }
+        })
+        .collect();
+    let type_labels = catalog
+        .instance_types
+        .iter()
+        .filter_map(|t| {
+            let g = t.gpu.as_ref()?;
+            let mut l = BTreeMap::new();
+            if g.vendor == GpuVendor::Nvidia {
+                l.insert(
+                    labels::NVIDIA_PRODUCT.to_string(),
+                    gpu::nvidia_product_label(&g.model, g.memory_mib),
+                );
+                l.insert(labels::NVIDIA_COUNT.to_string(), g.count.to_string());
+            }
+            Some((t.name.clone(), l))
+        })
+        .collect();
+    ProviderSpec {
+        cluster_name: policy.cluster_name.clone(),
+        cluster_id: None,
+        region: policy.region.clone(),
+        endpoint_url: None,
+        catalog,
+        type_labels,
+        pools,
+        kube_client: None,
+    }
+}

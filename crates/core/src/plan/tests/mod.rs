@@ -1399,3 +1399,80 @@ fn the_gpus_a_pools_node_advertises_read_back_as_its_templates() {
     assert_eq!(mig.allocatable.gpu, 0);
     assert_eq!(node(&advertised("a10g", "g5.12xlarge")).allocatable.gpu, 4);
 }
+
+#[test]
+fn a_providers_spec_holds_its_pools_resolved_once() {
+    let text = "zones: [z1, z2]
+pools:
+  - name: listed
+    provider: kwok
+    instanceTypes: [g5.xlarge, g5.12xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 4
+    prices: {g5.xlarge: {onDemand: 0.5}}
+    startupTaints: [{key: gpu-driver, value: loading, effect: NoSchedule}]
+  - name: elsewhere
+    provider: memory
+    instanceTypes: [g5.xlarge]
+    maxNodes: 1
+  - name: mig
+    provider: kwok
+    instanceTypes: [p4d.24xlarge]
+    zones: [z1]
+    maxNodes: 1
+    gpuMode: mig
+    migLayout: {1g.5gb: 7}
+";
+    let p = policy(text);
+    let c = catalog_for(&p);
+    let spec = super::templates::provider_spec(&p, &c, "kwok");
+    assert_eq!(
+        spec.pools
+            .iter()
+            .map(|x| x.name.as_str())
+            .collect::<Vec<_>>(),
+        ["listed", "mig"],
+        "only the pools that name the provider, in policy order"
+    );
+    let listed = &spec.pools[0];
+    let (types, prices) = listed.types.as_ref().unwrap();
+    assert_eq!(types, &["g5.xlarge", "g5.12xlarge"]);
+    // The pool's price wins over the catalog's list price.
+    assert_eq!(prices["g5.xlarge"], 0.5);
+    assert_eq!(
+        prices["g5.12xlarge"],
+        c.instance_type("g5.12xlarge")
+            .unwrap()
+            .on_demand_price
+            .unwrap()
+    );
+    assert_eq!(
+        listed.startup_taints,
+        [(
+            "gpu-driver".to_string(),
+            "loading".to_string(),
+            "NoSchedule".to_string()
+        )]
+    );
+    assert_eq!(listed.zones, ["z1", "z2"]);
+    assert_eq!(
+        listed.gpu_resources["g5.12xlarge"].as_ref().unwrap()["nvidia.com/gpu"],
+        4
+    );
+    assert_eq!(
+        spec.pools[1].gpu_resources["p4d.24xlarge"]
+            .as_ref()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["nvidia.com/mig-1g.5gb"]
+    );
+    assert_eq!(
+        spec.type_labels["g5.xlarge"]["nvidia.com/gpu.count"], "1",
+        "the labels GPU feature discovery puts on a node of the type"
+    );
+    assert_eq!(
+        spec.cluster_id, None,
+        "what the process adds is the caller's"
+    );
+}

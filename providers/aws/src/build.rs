@@ -1,0 +1,110 @@
+//! The provider built from its spec: pools with `provider: aws` become [`AwsPool`]s (their `aws`
+//! section, their instance types and on-demand prices as the core resolved them), and the
+//! account check of `check-policy --provider aws`.
+
+use std::sync::Arc;
+
+use gpu_node_autoscaler_provider::spec::{
+    AccountProblems, Building, CheckFailed, Checking, ProviderSpec,
+};
+use gpu_node_autoscaler_provider::CloudProvider;
+
+use crate::settings::{AwsPoolSettings, LaunchTemplateBy};
+use crate::{
+    AwsConfig, AwsPool, AwsProvider, LaunchTemplateRef, OnDemandAllocation, SpotAllocation,
+};
+
+/// The spec's `region`, else the AWS SDK's environment.
+pub fn region(spec: &ProviderSpec<'_>) -> Result<String, String> {
+    spec.region
+        .clone()
+        .or_else(|| std::env::var("AWS_REGION").ok())
+        .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+        .ok_or_else(|| "no region: set `region` in the policy or AWS_REGION".to_string())
+}
+
+/// The AWS provider of the spec's pools (the registry's `build`).
+pub fn build<'a>(spec: &'a ProviderSpec<'a>) -> Building<'a> {
+    Box::pin(async move {
+        let region = region(spec)?;
+        let config = config_from_spec(spec, &region).map_err(|e| e.join("\n"))?;
+        let provider = AwsProvider::new(config).await.map_err(|e| e.to_string())?;
+        Ok(Arc::new(provider) as Arc<dyn CloudProvider>)
+    })
+}
+
+/// Checks the spec's pools against the account (instance types offered in their zones, subnets,
+/// launch templates): every problem found. The spec needs a region.
+pub fn check<'a>(spec: &'a ProviderSpec<'a>) -> Checking<'a> {
+    Box::pin(async move {
+        let Some(region) = spec.region.as_deref() else {
+            return Err(CheckFailed::Cloud(
+                "--provider aws needs a region: --aws-region or the policy's `region`".into(),
+            ));
+        };
+        let config = config_from_spec(spec, region).map_err(CheckFailed::Spec)?;
+        let provider = AwsProvider::new(config)
+            .await
+            .map_err(|e| CheckFailed::Cloud(e.to_string()))?;
+        let problems = provider
+            .validate()
+            .await
+            .map_err(|e| CheckFailed::Cloud(format!("EC2: {e}")))?;
+        Ok(AccountProblems {
+            account: "AWS",
+            problems,
+        })
+    })
+}
+
+/// The spec's pools as provider pools: their `aws` section, instance types and on-demand prices.
+/// Errors name the pool and field.
+pub fn config_from_spec(spec: &ProviderSpec<'_>, region: &str) -> Result<AwsConfig, Vec<String>> {
+    let mut config = AwsConfig::new(region, spec.cluster_name.clone());
+    config.endpoint_url = spec.endpoint_url.clone();
+    config.cluster_id = spec.cluster_id.clone();
+    let mut errors = Vec::new();
+    for pool in &spec.pools {
+        let aws = match pool.settings.as_ref().map(AwsPoolSettings::from_section) {
+            Some(Ok(aws)) => aws,
+            Some(Err(e)) => {
+                errors.push(format!("pool {}: {e}", pool.name));
+                continue;
+            }
+            None => {
+                errors.push(format!(
+                    "pool {}: aws: missing (launchTemplate and subnets are needed to launch)",
+                    pool.name
+                ));
+                continue;
+            }
+        };
+        let (types, prices) = match &pool.types {
+            Ok(x) => x.clone(),
+            Err(e) => {
+                errors.push(e.clone());
+                continue;
+            }
+        };
+        let id_or_name = match &aws.launch_template.by {
+            LaunchTemplateBy::Name(n) | LaunchTemplateBy::Id(n) => n.clone(),
+        };
+        config.pools.push(AwsPool {
+            name: pool.name.clone(),
+            launch_template: LaunchTemplateRef {
+                id_or_name,
+                version: aws.launch_template.version.clone(),
+            },
+            subnets: aws.subnets.clone(),
+            instance_types: types,
+            on_demand_prices: prices,
+            on_demand_allocation: OnDemandAllocation::Prioritized,
+            spot_allocation: SpotAllocation::PriceCapacityOptimized,
+        });
+    }
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
