@@ -799,9 +799,7 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     Ok(out)
 }
 
-#[path = "convert_dra.rs"]
 mod dra;
 
 #[cfg(test)]
-#[path = "convert_tests.rs"]
 mod tests;

@@ -1198,3 +1198,6 @@ impl KarpenterLike {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

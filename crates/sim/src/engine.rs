@@ -1543,8 +1543,4 @@ pub fn run_with_progress(
 }
 
 #[cfg(test)]
-#[path = "engine_dra_tests.rs"]
-mod dra_tests;
-#[cfg(test)]
-#[path = "engine_scheduler_tests.rs"]
-mod scheduler_tests;
+mod tests;

@@ -19,9 +19,7 @@ pub mod scenario;
 pub mod trace;
 
 #[cfg(test)]
-mod baseline_tests;
-#[cfg(test)]
-mod spot_tests;
+mod tests;
 #[cfg(test)]
 use gpu_node_autoscaler_core::catalog;
 use gpu_node_autoscaler_core::model;

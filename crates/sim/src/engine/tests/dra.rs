@@ -1,7 +1,7 @@
 //! Pods with ResourceClaims in the simulated cluster: where they run, what their claims hold,
 //! and what each strategy does for them.
 
-use super::*;
+use crate::engine::*;
 use crate::{baselines, ours, MINUTE, SECOND};
 
 /// Three pools from zero: A100 80GB and H100 nodes with NVIDIA's DRA driver, A10G nodes with the

@@ -9,7 +9,7 @@ use crate::model::OwnerKind;
 
 const GI: i64 = 1 << 30;
 const MI: i64 = 1 << 20;
-const CLUSTER_EXAMPLE: &str = include_str!("../../../docs/examples/cluster.yaml");
+const CLUSTER_EXAMPLE: &str = include_str!("../../../../docs/examples/cluster.yaml");
 
 // ---- builders ----
 

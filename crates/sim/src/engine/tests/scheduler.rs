@@ -1,7 +1,7 @@
 //! The simulated kube-scheduler: which feasible node a pod is bound to.
 
-use super::dra_tests::{launch_where, run_until};
-use super::*;
+use super::dra::{launch_where, run_until};
+use crate::engine::*;
 use crate::MINUTE;
 
 /// One A10G pool of g5.xlarge (4 CPUs) and g5.12xlarge (48 CPUs) nodes, launched by the test;

@@ -1,0 +1,4 @@
+//! The simulated cluster's tests, by subject.
+
+mod dra;
+mod scheduler;

@@ -1,0 +1,3 @@
+//! Tests of the simulator as a whole: the strategies side by side in one simulated cluster.
+
+mod spot;
