@@ -62,28 +62,14 @@ pub fn config_from_spec(
     config.cluster_id = spec.cluster_id.clone();
     let mut errors = Vec::new();
     for pool in &spec.pools {
-        let ali = match pool
-            .settings
-            .as_ref()
-            .map(AlibabaPoolSettings::from_section)
-        {
-            Some(Ok(ali)) => ali,
-            Some(Err(e)) => {
-                errors.push(format!("pool {}: {e}", pool.name));
-                continue;
-            }
-            None => {
-                errors.push(format!(
-                    "pool {}: alibaba: missing (scalingGroupId and vSwitches are needed to launch)",
-                    pool.name
-                ));
-                continue;
-            }
-        };
-        let (types, prices) = match &pool.types {
-            Ok(x) => x.clone(),
+        let (ali, types, prices) = match pool.resolve(
+            "alibaba",
+            AlibabaPoolSettings::from_section,
+            "scalingGroupId and vSwitches are needed to launch",
+        ) {
+            Ok(x) => x,
             Err(e) => {
-                errors.push(e.clone());
+                errors.push(e);
                 continue;
             }
         };

@@ -65,24 +65,14 @@ pub fn config_from_spec(spec: &ProviderSpec<'_>, region: &str) -> Result<AwsConf
     config.cluster_id = spec.cluster_id.clone();
     let mut errors = Vec::new();
     for pool in &spec.pools {
-        let aws = match pool.settings.as_ref().map(AwsPoolSettings::from_section) {
-            Some(Ok(aws)) => aws,
-            Some(Err(e)) => {
-                errors.push(format!("pool {}: {e}", pool.name));
-                continue;
-            }
-            None => {
-                errors.push(format!(
-                    "pool {}: aws: missing (launchTemplate and subnets are needed to launch)",
-                    pool.name
-                ));
-                continue;
-            }
-        };
-        let (types, prices) = match &pool.types {
-            Ok(x) => x.clone(),
+        let (aws, types, prices) = match pool.resolve(
+            "aws",
+            AwsPoolSettings::from_section,
+            "launchTemplate and subnets are needed to launch",
+        ) {
+            Ok(x) => x,
             Err(e) => {
-                errors.push(e.clone());
+                errors.push(e);
                 continue;
             }
         };

@@ -35,6 +35,35 @@ pub struct PoolSpec {
     pub gpu_resources: BTreeMap<String, Result<BTreeMap<String, i64>, String>>,
 }
 
+/// A pool ready to build: its section as the provider reads it, its instance types and their
+/// on-demand prices.
+pub type Resolved<T> = (T, Vec<String>, BTreeMap<String, f64>);
+
+impl PoolSpec {
+    /// The pool's section read back with `read` (the provider's settings type), with its
+    /// resolved instance types and prices; else what is wrong, naming the pool (`missing` tells
+    /// what the section is needed for when the pool has none).
+    pub fn resolve<T>(
+        &self,
+        section: &str,
+        read: impl FnOnce(&Value) -> Result<T, crate::policy::FieldError>,
+        missing: &str,
+    ) -> Result<Resolved<T>, String> {
+        let settings = match self.settings.as_ref().map(read) {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return Err(format!("pool {}: {e}", self.name)),
+            None => {
+                return Err(format!(
+                    "pool {}: {section}: missing ({missing})",
+                    self.name
+                ))
+            }
+        };
+        let (types, prices) = self.types.clone()?;
+        Ok((settings, types, prices))
+    }
+}
+
 /// A provider's pools and what it is built with.
 pub struct ProviderSpec<'a> {
     /// The policy's `clusterName`.
