@@ -1229,16 +1229,23 @@ fn counted_replaced(env: &Env, cause: &str) {
     );
 }
 
-#[test]
-fn a_node_whose_gpu_hardware_fails_is_replaced_and_its_trainer_moves() {
-    let mut env = Env::start("health", Options::default());
+/// A cluster whose pool replaces a node showing `AcceleratedHardwareReady=False` for 5 s, and
+/// its controller started with `args`.
+fn with_hardware_health(name: &str, args: &[&str]) -> Env {
+    let mut env = Env::start(name, Options::default());
     let policy = env.policy(
         &["us-east-1a"],
         "  health:\n    conditions:\n    \
          - {type: AcceleratedHardwareReady, status: \"False\", gracePeriod: 5s}\n",
     );
     env.create(&env.policy_configmap(&policy));
-    env.start_controller("r1", &[]);
+    env.start_controller("r1", args);
+    env
+}
+
+#[test]
+fn a_node_whose_gpu_hardware_fails_is_replaced_and_its_trainer_moves() {
+    let env = with_hardware_health("health", &[]);
     let old = gpu_trainer(&env);
     // What a GPU health agent (NVIDIA's GPU operator, node-problem-detector) reports on an XID
     // error.
@@ -1544,19 +1551,129 @@ fn a_spot_interruption_notice_drains_the_node_at_once_and_its_trainer_moves() {
     env.start_controller("r1", &[]);
     let old = gpu_trainer(&env);
     let instance = instance_of(&env, &old);
-    // The AWS Node Termination Handler's taint on a spot interruption notice.
-    env.kubectl_ok(&[
-        "taint",
-        "node",
-        &old,
-        "aws-node-termination-handler/spot-itn=notice:NoSchedule",
-    ]);
+    spot_interruption_notice(&env, &old);
     let ev = env.wait_for("a ReplacingInterruptedNode Event", MIN, || {
         env.events("ReplacingInterruptedNode").pop()
     });
     assert!(ev.starts_with(&format!("{old}: ")), "{ev}");
     drained_before_its_instance_went_and_replaced_once(&env, &old, &instance);
     counted_replaced(&env, "interrupted");
+}
+
+/// A GPU trainer that a voluntary drain leaves alone, three times over: a bare pod, annotated
+/// safe-to-evict "false", with an emptyDir at /dev/shm (as NCCL wants); it asks for ten minutes
+/// to checkpoint. Returns the node it runs on.
+fn bare_trainer_with_dev_shm(env: &Env) -> String {
+    env.create(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: trainer\n  namespace: default\n  \
+         annotations:\n    cluster-autoscaler.kubernetes.io/safe-to-evict: \"false\"\n\
+         spec:\n  terminationGracePeriodSeconds: 600\n  tolerations:\n  \
+         - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n  containers:\n  \
+         - name: main\n    image: cuda:12\n    resources:\n      \
+         requests: {cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}\n      \
+         limits: {nvidia.com/gpu: \"1\"}\n    volumeMounts:\n    - {name: shm, mountPath: /dev/shm}\n  \
+         volumes:\n  - {name: shm, emptyDir: {medium: Memory}}\n",
+    );
+    env.wait_for("the trainer to run", 2 * MIN, || {
+        let p = env.get_json(&["get", "pod", "-n", "default", "trainer"]);
+        (p["status"]["phase"] == "Running")
+            .then(|| p["spec"]["nodeName"].as_str().map(str::to_string))
+            .flatten()
+    })
+}
+
+/// The bare trainer of [`bare_trainer_with_dev_shm`] on `old` is evicted (the Eviction API) with
+/// its ten minutes cut to `at_most` seconds, which an Event that names `why` says; `old` is never
+/// given back (it stays tainted and cordoned) until it and its instance go.
+fn trainer_evicted_with_its_grace_cut_and_node_removed(
+    env: &Env,
+    old: &str,
+    at_most: u64,
+    why: &str,
+) {
+    let instance = instance_of(env, old);
+    let evicted = env.wait_for("the trainer to be evicted", 3 * MIN, || {
+        let p = env.get_json(&["get", "pod", "-n", "default", "trainer"]);
+        p["metadata"]["deletionTimestamp"].is_string().then_some(p)
+    });
+    let given = evicted["metadata"]["deletionGracePeriodSeconds"]
+        .as_u64()
+        .expect("a grace period");
+    assert!(given <= at_most, "grace period {given}s: {evicted}");
+    assert_trainer_evicted(env);
+    let ev = env.wait_for("a GracePeriodCut Event", MIN, || {
+        env.events("GracePeriodCut").pop()
+    });
+    assert!(ev.starts_with(&format!("{old}: default/trainer: ")), "{ev}");
+    assert!(ev.contains(&format!("cut from 600s to {given}s")), "{ev}");
+    assert!(ev.contains(why), "{ev}");
+    env.wait_for("the node and its instance to go", 3 * MIN, || {
+        let nodes = env.pool_nodes();
+        if let Some(n) = nodes.iter().find(|n| n["metadata"]["name"] == old) {
+            let taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+            assert!(
+                taints
+                    .iter()
+                    .any(|t| t["key"] == "gpu-node-autoscaler.io/to-be-deleted"),
+                "given back: {n}"
+            );
+            assert_eq!(n["spec"]["unschedulable"], true, "uncordoned: {n}");
+            return None;
+        }
+        let live = env.live_instances().iter().any(|(id, _)| *id == instance);
+        (!live).then_some(())
+    });
+    assert_eq!(env.events("ScaleDownFailed"), Vec::<String>::new());
+}
+
+#[test]
+fn interrupt_evicts_a_bare_trainer_with_dev_shm_cutting_its_grace_and_removes_the_node() {
+    let mut env = Env::start("interrupt-shm", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &[]);
+    let old = bare_trainer_with_dev_shm(&env);
+    let instance = instance_of(&env, &old);
+    assert!(
+        env.instances()
+            .iter()
+            .any(|(id, v)| *id == instance && v.spot),
+        "a spot instance"
+    );
+    // The instance goes in two minutes: the trainer gets what is left of them less the margin
+    // for the instance's termination, not its own ten minutes.
+    spot_interruption_notice(&env, &old);
+    trainer_evicted_with_its_grace_cut_and_node_removed(
+        &env,
+        &old,
+        105,
+        "aws-node-termination-handler/spot-itn",
+    );
+}
+
+#[test]
+fn a_broken_nodes_drain_is_forced_as_an_interrupt_is_and_evicts_a_bare_trainer_with_dev_shm() {
+    // A drain has two minutes: the trainer's ten are cut to end before then.
+    let env = with_hardware_health("interrupt-health", &["--max-graceful-termination", "2m"]);
+    let old = bare_trainer_with_dev_shm(&env);
+    set_hardware_ready(&env, &old, "False");
+    // Its replacement comes up first, then the broken node is drained.
+    trainer_evicted_with_its_grace_cut_and_node_removed(
+        &env,
+        &old,
+        105,
+        "AcceleratedHardwareReady=False",
+    );
+    counted_replaced(&env, "unhealthy");
+}
+
+/// The AWS Node Termination Handler's taint on a spot interruption notice.
+fn spot_interruption_notice(env: &Env, node: &str) {
+    env.kubectl_ok(&[
+        "taint",
+        "node",
+        node,
+        "aws-node-termination-handler/spot-itn=notice:NoSchedule",
+    ]);
 }
 
 /// The drain evicted the trainer (rather than its node vanishing under it).

@@ -1,8 +1,13 @@
-//! Draining a node the plan removes: taint `gpu-node-autoscaler.io/to-be-deleted:NoSchedule` and
+//! Draining a node the core removes: taint `gpu-node-autoscaler.io/to-be-deleted:NoSchedule` and
 //! cordon, evict its pods through the Eviction API (PDB refusals retried with back-off until the
-//! deadline), then terminate the instance and delete the Node. On timeout the node is given back
-//! (taint removed, uncordoned). The taint and the `drain-started` annotation are the drain's
-//! whole state, so a controller that restarts finds a drain again and finishes or rolls it back.
+//! deadline), then terminate the instance and delete the Node. What the drain evicts, with what
+//! grace period, and what happens at the deadline is the core's [`DrainKind`]: a voluntary drain
+//! (scale-down, consolidation) gives the node back (taint removed, uncordoned) when a pod cannot
+//! be moved or the deadline comes; a forced one (an unhealthy or interrupted node) evicts every
+//! pod but DaemonSet and mirror pods with grace periods cut to the deadline, and removes the node
+//! at the deadline with what is left. The taints and the `drain-started` annotation are the
+//! drain's whole state, so a controller that restarts finds a drain again and finishes or rolls
+//! it back.
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
@@ -21,8 +26,8 @@ use super::leader::Elector;
 use super::metrics::{EvictionResult, Metrics};
 use super::store::ClusterState;
 use super::wall_now;
+use gpu_node_autoscaler_core::autoscaler::drain::{self as rules, PodFate};
 use gpu_node_autoscaler_core::model::{labels, Time};
-use gpu_node_autoscaler_core::plan::scale_down::{dies_with_node, not_movable};
 
 pub use gpu_node_autoscaler_core::model::labels::{CORDONED_BY_DRAIN, DRAIN_STARTED};
 
@@ -48,15 +53,13 @@ pub struct DrainJob {
     pub pool: String,
     pub provider: Option<Arc<dyn CloudProvider>>,
     pub instance_id: Option<String>,
-    /// Give the node back when it is not empty by then.
+    /// Given back (voluntary) or removed with what is left (forced) when not empty by then.
     pub deadline: Time,
     pub reason: String,
-    /// The instance is taken back then (an interrupted spot node): grace periods are cut to end
-    /// before it, and at the deadline the node is not given back but removed with what is left.
-    pub reclaimed_at: Option<Time>,
+    pub kind: DrainKind,
 }
 
-pub use gpu_node_autoscaler_core::autoscaler::DrainOutcome;
+pub use gpu_node_autoscaler_core::autoscaler::{DrainKind, DrainOutcome};
 
 fn mark(node: &mut Node, started: Time) -> bool {
     let spec = node.spec.get_or_insert_with(Default::default);
@@ -138,8 +141,8 @@ impl Remaining {
 
 /// The pods the drain must still move or wait for, read from the API server (not the watch
 /// cache: a pod bound just before the cordon must not be lost with the node). `Err` names a pod
-/// that cannot be moved (see [`remaining`]), or an API failure.
-async fn to_move(ctx: &DrainContext, node: &str) -> Result<Remaining, Unmovable> {
+/// that keeps the node (see [`remaining`]), or an API failure.
+async fn to_move(ctx: &DrainContext, node: &str, kind: DrainKind) -> Result<Remaining, Unmovable> {
     let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(ctx.client.clone());
     let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
     let list = api
@@ -159,25 +162,27 @@ async fn to_move(ctx: &DrainContext, node: &str) -> Result<Remaining, Unmovable>
         pdbs,
         ..Default::default()
     };
-    remaining(list.items, &budgets).map_err(Unmovable::Pod)
+    remaining(list.items, &budgets, kind).map_err(Unmovable::Pod)
 }
 
-/// Sorts the pods listed on a node into those to evict and those still terminating. `Err` names
-/// a pod that cannot be moved: bare, safe-to-evict "false", do-not-disrupt, local storage,
-/// kube-system without a budget in `budgets`, or one that cannot be read (a pod we cannot read is
-/// one we cannot tell is safe to move: the node stays).
+/// Sorts the pods listed on a node into those to evict and those still terminating, as the
+/// drain's `kind` decides ([`DrainKind::fate`]). `Err` names a pod that keeps the node from a
+/// voluntary drain: bare, safe-to-evict "false", do-not-disrupt, local storage, kube-system
+/// without a budget in `budgets`, or one that cannot be read (a pod we cannot read is one we
+/// cannot tell is safe to move: the node stays).
 fn remaining(
     pods: Vec<k8s_openapi::api::core::v1::Pod>,
     budgets: &gpu_node_autoscaler_core::model::Snapshot,
+    kind: DrainKind,
 ) -> Result<Remaining, String> {
     let mut conv = gpu_node_autoscaler_core::convert::Converter::new();
     let mut out = Remaining::default();
     for p in pods {
-        let name = format!(
-            "{}/{}",
-            p.metadata.namespace.as_deref().unwrap_or(""),
-            p.metadata.name.as_deref().unwrap_or("")
+        let (ns, n) = (
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default(),
         );
+        let name = format!("{ns}/{n}");
         // The API server defaults it to 30 s.
         let grace = p
             .spec
@@ -185,22 +190,21 @@ fn remaining(
             .and_then(|s| s.termination_grace_period_seconds)
             .unwrap_or(30)
             .max(0) as u64;
-        let p = serde_json::to_value(&p)
+        let read = serde_json::to_value(&p)
             .map_err(|e| e.to_string())
-            .and_then(|v| conv.pod(v))
-            .map_err(|e| format!("pod {name} cannot be read ({e})"))?;
-        if !p.is_bound_active() || dies_with_node(&p) {
-            continue;
+            .and_then(|v| conv.pod(v));
+        let fate = match &read {
+            Ok(p) => kind.fate(p, budgets),
+            Err(e) => kind.fate_unread(&name, e),
+        };
+        match fate {
+            PodFate::Leave => {}
+            PodFate::Wait => out.terminating.push((ns, n)),
+            // A pod without a name cannot be evicted: the node goes with it.
+            PodFate::Evict if n.is_empty() => {}
+            PodFate::Evict => out.evict.push((ns, n, grace)),
+            PodFate::KeepsNode(why) => return Err(why),
         }
-        let id = (p.id.namespace.clone(), p.id.name.clone());
-        if p.deleting {
-            out.terminating.push(id);
-            continue;
-        }
-        if let Some(why) = not_movable(&p, budgets) {
-            return Err(why);
-        }
-        out.evict.push((id.0, id.1, grace));
     }
     Ok(out)
 }
@@ -263,7 +267,7 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
         if !ctx.elector.is_leader() {
             return DrainOutcome::Abandoned;
         }
-        let pods = match to_move(&ctx, &job.node).await {
+        let pods = match to_move(&ctx, &job.node, job.kind).await {
             Ok(p) => Some(p),
             Err(Unmovable::Pod(why)) => {
                 return give_back(&ctx, &job.node, format!("{why}, so it cannot be moved")).await
@@ -276,8 +280,8 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
         if pods.as_ref().is_some_and(Remaining::is_empty) {
             break;
         }
-        if let (Some(at), true) = (job.reclaimed_at, wall_now() >= job.deadline) {
-            // The instance goes now whatever is left on it: say what, and remove it.
+        if job.kind == DrainKind::Forced && wall_now() >= job.deadline {
+            // The node goes now whatever is left on it: say what, and remove it.
             let left: Vec<(String, &str)> = match &pods {
                 Some(r) => r
                     .evict
@@ -302,9 +306,7 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
                 warning: true,
                 reason: "DrainCutShort",
                 action: "Drain",
-                message: gpu_node_autoscaler_core::autoscaler::replace::window_closed_message(
-                    &job.node, at, &left,
-                ),
+                message: rules::window_closed_message(&job.node, job.deadline, &job.reason, &left),
             });
             break;
         }
@@ -335,21 +337,20 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
         }
         for (ns, name, grace) in evict {
             ctx.evictions.until_ready().await;
-            let cut = job.reclaimed_at.and_then(|at| {
-                gpu_node_autoscaler_core::autoscaler::replace::grace_within(*grace, wall_now(), at)
-            });
-            if let (Some(c), Some(at)) = (cut, job.reclaimed_at) {
+            let cut = job.kind.grace(*grace, wall_now(), job.deadline);
+            if let Some(c) = cut {
                 if cut_reported.insert((ns.clone(), name.clone())) {
                     ctx.events.send(Note {
                         object: node_ref(&job.node),
                         warning: true,
                         reason: "GracePeriodCut",
                         action: "Drain",
-                        message: gpu_node_autoscaler_core::autoscaler::replace::grace_cut_message(
+                        message: rules::grace_cut_message(
                             &format!("{ns}/{name}"),
                             &job.node,
                             c,
-                            at,
+                            job.deadline,
+                            &job.reason,
                         ),
                     });
                 }
@@ -376,6 +377,10 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
                             result: "forbidden".into(),
                         })
                         .inc();
+                    if job.kind == DrainKind::Forced {
+                        // Never given back: the node goes at the deadline with what is left.
+                        continue;
+                    }
                     let why = format!(
                         "evicting {ns}/{name} is forbidden to the controller ({msg}); grant it \
                          `create` on `pods/eviction` as deploy/base/rbac.yaml does"
@@ -470,17 +475,44 @@ mod tests {
     #[test]
     fn a_pod_that_cannot_be_converted_keeps_the_node() {
         let budgets = gpu_node_autoscaler_core::model::Snapshot::default();
-        let movable = remaining(vec![bound_pod(Some("worker"))], &budgets).unwrap();
+        let voluntary = |pods| remaining(pods, &budgets, DrainKind::Voluntary);
+        let movable = voluntary(vec![bound_pod(Some("worker"))]).unwrap();
         assert_eq!(
             movable.evict,
             [("ml".to_string(), "worker".to_string(), 30)]
         );
         // A pod without a name does not convert: nothing tells it may be moved, so the drain
         // may not count the node as empty once the other pod is gone.
-        let why =
-            remaining(vec![bound_pod(Some("worker")), bound_pod(None)], &budgets).unwrap_err();
+        let why = voluntary(vec![bound_pod(Some("worker")), bound_pod(None)]).unwrap_err();
         assert!(why.contains("pod ml/ cannot be read"), "{why}");
-        let why = remaining(vec![bound_pod(None)], &budgets).unwrap_err();
+        let why = voluntary(vec![bound_pod(None)]).unwrap_err();
         assert!(why.contains("cannot be read"), "{why}");
+    }
+
+    #[test]
+    fn an_interrupt_drain_evicts_a_bare_trainer_with_dev_shm() {
+        let budgets = gpu_node_autoscaler_core::model::Snapshot::default();
+        // A bare trainer, annotated safe-to-evict "false", with an emptyDir at /dev/shm, asking
+        // for ten minutes to checkpoint.
+        let mut trainer: serde_json::Value =
+            serde_json::to_value(bound_pod(Some("trainer"))).unwrap();
+        trainer["metadata"]["ownerReferences"] = serde_json::json!(null);
+        trainer["metadata"]["annotations"] =
+            serde_json::json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"});
+        trainer["spec"]["terminationGracePeriodSeconds"] = serde_json::json!(600);
+        trainer["spec"]["volumes"] =
+            serde_json::json!([{"name": "shm", "emptyDir": {"medium": "Memory"}}]);
+        let trainer: k8s_openapi::api::core::v1::Pod = serde_json::from_value(trainer).unwrap();
+        let why = remaining(vec![trainer.clone()], &budgets, DrainKind::Voluntary).unwrap_err();
+        assert!(why.contains("ml/trainer"), "{why}");
+        let forced = remaining(vec![trainer], &budgets, DrainKind::Forced).unwrap();
+        assert_eq!(
+            forced.evict,
+            [("ml".to_string(), "trainer".to_string(), 600)]
+        );
+        // A pod that cannot be read (here: without a name) does not keep the node from a forced
+        // drain; nameless, it cannot be evicted either: the node goes with it.
+        let forced = remaining(vec![bound_pod(None)], &budgets, DrainKind::Forced).unwrap();
+        assert!(forced.is_empty(), "{forced:?}");
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
-use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -242,19 +242,45 @@ pub async fn evict(
     grace_secs: Option<u64>,
 ) -> Evicted {
     let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
-    let params = EvictParams {
-        delete_options: grace_secs.map(|g| DeleteParams {
-            grace_period_seconds: Some(g.min(u32::MAX as u64) as u32),
-            ..DeleteParams::default()
-        }),
-        ..EvictParams::default()
-    };
-    match api.evict(name, &params).await {
+    let body = eviction(namespace, name, grace_secs);
+    let sent = api
+        .create_subresource::<_, kube::core::Status>(
+            "eviction",
+            name,
+            &PostParams::default(),
+            &body,
+        )
+        .await;
+    match sent {
         Ok(_) => Evicted::Done,
         Err(kube::Error::Api(s)) if s.code == 404 => Evicted::Done,
         Err(kube::Error::Api(s)) if s.code == 429 => Evicted::Blocked(s.message),
         Err(kube::Error::Api(s)) if s.code == 403 => Evicted::Forbidden(s.message),
         Err(e) => Evicted::Failed(e.to_string()),
+    }
+}
+
+/// The Eviction of pod `namespace/name`, with `grace_secs` as its grace period when set. Written
+/// out here rather than through kube's `Api::evict`, whose body names the field
+/// `delete_options`: the API server drops that unknown field, and the pod would keep its own
+/// grace period.
+fn eviction(
+    namespace: &str,
+    name: &str,
+    grace_secs: Option<u64>,
+) -> k8s_openapi::api::policy::v1::Eviction {
+    k8s_openapi::api::policy::v1::Eviction {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        },
+        delete_options: grace_secs.map(|g| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions {
+                grace_period_seconds: Some(g.min(i64::MAX as u64) as i64),
+                ..Default::default()
+            }
+        }),
     }
 }
 
@@ -421,4 +447,25 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interrupt_evictions_carry_the_cut_grace_period_where_the_api_server_reads_it() {
+        assert_eq!(
+            serde_json::to_value(eviction("ml", "trainer", Some(75))).unwrap(),
+            serde_json::json!({
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "trainer", "namespace": "ml"},
+                "deleteOptions": {"gracePeriodSeconds": 75},
+            })
+        );
+        // Its own grace period: no options at all.
+        let own = serde_json::to_value(eviction("ml", "trainer", None)).unwrap();
+        assert!(own.get("deleteOptions").is_none(), "{own}");
+    }
 }

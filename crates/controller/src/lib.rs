@@ -1069,7 +1069,7 @@ impl Controller {
                         instance_id: order.instance_id,
                         deadline: order.deadline,
                         reason: order.reason,
-                        reclaimed_at: order.reclaimed_at,
+                        kind: order.kind,
                     };
                     let ctx = self.drain_ctx.clone();
                     self.drains

@@ -15,6 +15,7 @@
 
 pub mod batch;
 mod disruption;
+pub mod drain;
 pub mod fleet;
 pub mod replace;
 mod report;
@@ -25,6 +26,7 @@ mod tests;
 mod tracking;
 
 pub use batch::Batch;
+pub use drain::DrainKind;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -178,19 +180,18 @@ pub enum Count {
 }
 
 /// A drain to run: taint and cordon the node, evict its pods, terminate its instance and delete
-/// the Node; give it back (untaint, uncordon) if it is not empty by the deadline.
+/// the Node. At the deadline a voluntary drain not done gives the node back (untaint, uncordon);
+/// a forced one removes it with what is left ([`DrainKind`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DrainOrder {
     pub node: String,
     pub pool: String,
     /// The instance, only as the pools' listing names it (never parsed out of a providerID).
     pub instance_id: Option<String>,
+    /// For an interrupted spot node, no later than when its instance is taken back.
     pub deadline: Time,
     pub reason: String,
-    /// The instance is taken back then whatever the drain does (an interrupted spot node): pods'
-    /// grace periods are cut to end before it, and a drain that runs out of time does not give
-    /// the node back (the deadline is no later than this).
-    pub reclaimed_at: Option<Time>,
+    pub kind: DrainKind,
 }
 
 /// An action for the executor, in order.

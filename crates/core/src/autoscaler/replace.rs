@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use gpu_node_autoscaler_provider::NoticeKind;
 
+use super::drain::DrainKind;
 use crate::model::constraints::{Effect, Taint};
 use crate::model::node::GpuXid;
 use crate::model::{labels, Node, PodPhase, Time};
@@ -38,7 +39,7 @@ impl Cause {
         }
     }
 
-    fn parse(s: &str) -> Cause {
+    pub(super) fn parse(s: &str) -> Cause {
         match s {
             "interrupted" => Cause::Interrupted,
             "consolidating" => Cause::Consolidating,
@@ -50,6 +51,15 @@ impl Cause {
     /// interrupted node is drained at once: the notice is shorter than a boot).
     pub fn waits_for_capacity(self) -> bool {
         self != Cause::Interrupted
+    }
+
+    /// How its node is drained: a broken or interrupted node goes whatever is on it; a
+    /// consolidation is a choice.
+    pub fn drain_kind(self) -> DrainKind {
+        match self {
+            Cause::Unhealthy | Cause::Interrupted => DrainKind::Forced,
+            Cause::Consolidating => DrainKind::Voluntary,
+        }
     }
 }
 
@@ -203,10 +213,6 @@ pub fn interruption_signal(
 /// minutes).
 pub const SPOT_NOTICE: Duration = Duration::from_secs(120);
 
-/// What a drain within a notice window keeps, at its end, for terminating the instance and
-/// deleting the Node once the pods are gone.
-pub const WINDOW_MARGIN: Duration = Duration::from_secs(15);
-
 /// When an interrupted node's instance is taken back, where that is soon: two minutes after a
 /// spot interruption warning from the queue was sent (`warned_at`), or, for a spot instance an
 /// interruption handler marks (it relays the same warning), two minutes after `now`, when it is
@@ -230,64 +236,6 @@ pub fn reclaimed_at(
 pub fn drain_deadline(now: Time, max_graceful: Duration, reclaimed_at: Option<Time>) -> Time {
     let usual = now + max_graceful;
     reclaimed_at.map_or(usual, |t| usual.min(t))
-}
-
-/// A pod's termination grace period cut to end before its node's instance is taken back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GraceCut {
-    /// Its own (`terminationGracePeriodSeconds`).
-    pub asked: u64,
-    /// What it is evicted with.
-    pub given: u64,
-}
-
-/// The grace period a pod evicted at `now` gets when its node's instance is taken back at
-/// `reclaimed_at`: its own (`None`) when that ends [`WINDOW_MARGIN`] before, otherwise what is
-/// left of the window less the margin (0 when nothing is).
-pub fn grace_within(asked_secs: u64, now: Time, reclaimed_at: Time) -> Option<GraceCut> {
-    let left = reclaimed_at
-        .since(now)
-        .saturating_sub(WINDOW_MARGIN)
-        .as_secs();
-    (now >= reclaimed_at || asked_secs > left).then_some(GraceCut {
-        asked: asked_secs,
-        given: left.min(asked_secs),
-    })
-}
-
-/// The Event message for a pod whose grace period was cut.
-pub fn grace_cut_message(pod: &str, node: &str, cut: GraceCut, reclaimed_at: Time) -> String {
-    format!(
-        "{pod}: termination grace period cut from {}s to {}s: the spot instance of node {node} \
-         is taken back at {}",
-        cut.asked,
-        cut.given,
-        reclaimed_at.to_rfc3339()
-    )
-}
-
-/// The Event message for a drain whose window closed with pods left on the node (a
-/// PodDisruptionBudget refused their eviction, or they were still terminating): the instance
-/// goes anyway, and the Node is deleted with them. `left` names them (`namespace/name`, why).
-pub fn window_closed_message(node: &str, reclaimed_at: Time, left: &[(String, &str)]) -> String {
-    let names: Vec<String> = left
-        .iter()
-        .take(5)
-        .map(|(p, why)| format!("{p} ({why})"))
-        .collect();
-    let more = left.len().saturating_sub(names.len());
-    format!(
-        "the spot instance of {node} is taken back at {}: {} pod(s) could not be moved before \
-         then and go with it: {}{}",
-        reclaimed_at.to_rfc3339(),
-        left.len(),
-        names.join(", "),
-        if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        }
-    )
 }
 
 /// A node's decision for this pass.

@@ -636,6 +636,7 @@ fn an_idle_node_is_drained_after_its_unneeded_time_and_the_outcome_recorded() {
     assert_eq!(d.len(), 1);
     assert_eq!(d[0].instance_id.as_deref(), Some("i-1"));
     assert_eq!(d[0].deadline, T0 + secs(381) + secs(600));
+    assert_eq!(d[0].kind, DrainKind::Voluntary, "a scale-down is a choice");
     assert!(run.core.draining("node-i-1"));
     // Not drained twice.
     assert!(drains(&run.pass(T0 + secs(391))).is_empty());
@@ -1243,6 +1244,7 @@ fn an_unhealthy_node_is_replaced_after_its_grace_period_and_drained_once_its_pod
     let d = drains(&a);
     assert_eq!(d.len(), 1, "{a:?}");
     assert_eq!(d[0].node, "node-i-1");
+    assert_eq!(d[0].kind, DrainKind::Forced, "a broken node goes anyway");
     assert!(
         d[0].reason.contains("AcceleratedHardwareReady=False"),
         "{}",
@@ -1529,7 +1531,8 @@ fn an_interruption_handlers_taint_or_condition_marks_the_reclaimed_spot_offering
 
 #[test]
 fn an_interrupted_spot_nodes_drain_fits_in_the_notice_window() {
-    use replace::{grace_within, GraceCut, SPOT_NOTICE};
+    use drain::{grace_within, GraceCut};
+    use replace::SPOT_NOTICE;
     // A spot interruption warning sent 30 s before the pass reads it: the instance goes two
     // minutes after it was sent, not after it was read.
     let mut run = run_with_busy_node();
@@ -1544,7 +1547,7 @@ fn an_interrupted_spot_nodes_drain_fits_in_the_notice_window() {
     let goes = T0 + secs(30) + SPOT_NOTICE;
     let d = drains(&a);
     assert_eq!(d.len(), 1, "{a:?}");
-    assert_eq!(d[0].reclaimed_at, Some(goes));
+    assert_eq!(d[0].kind, DrainKind::Forced);
     assert_eq!(
         d[0].deadline, goes,
         "not maxGracefulTermination (10 minutes) from now"
@@ -1559,8 +1562,9 @@ fn an_interrupted_spot_nodes_drain_fits_in_the_notice_window() {
             given: 75
         }
     );
-    let m = replace::grace_cut_message("ml/p", "node-i-1", cut, goes);
+    let m = drain::grace_cut_message("ml/p", "node-i-1", cut, goes, &d[0].reason);
     assert!(m.contains("cut from 600s to 75s"), "{m}");
+    assert!(m.contains("spot interruption notice"), "{m}");
     assert!(m.contains(&goes.to_rfc3339()), "{m}");
     // A pod whose grace fits keeps it; once the window is over, nothing is left.
     assert_eq!(grace_within(30, now, goes), None);
@@ -1576,7 +1580,7 @@ fn an_interrupted_spot_nodes_drain_fits_in_the_notice_window() {
     let left: Vec<(String, &str)> = (0..7)
         .map(|i| (format!("ml/w{i}"), "PodDisruptionBudget"))
         .collect();
-    let m = replace::window_closed_message("node-i-1", goes, &left);
+    let m = drain::window_closed_message("node-i-1", goes, &d[0].reason, &left);
     assert!(m.contains("7 pod(s)"), "{m}");
     assert!(m.contains("ml/w0 (PodDisruptionBudget)"), "{m}");
     assert!(m.ends_with(" and 2 more"), "{m}");
@@ -1590,7 +1594,7 @@ fn an_interrupted_spot_nodes_drain_fits_in_the_notice_window() {
     });
     let d = run.pass(now);
     let d = drains(&d);
-    assert_eq!(d[0].reclaimed_at, Some(now + SPOT_NOTICE));
+    assert_eq!(d[0].kind, DrainKind::Forced);
     assert_eq!(d[0].deadline, now + SPOT_NOTICE);
 
     // An on-demand node (a scheduled retirement, days ahead): the usual deadline, no window.
@@ -1603,11 +1607,128 @@ fn an_interrupted_spot_nodes_drain_fits_in_the_notice_window() {
     });
     let d = run.pass(now);
     let d = drains(&d);
-    assert_eq!(d[0].reclaimed_at, None);
+    assert_eq!(d[0].kind, DrainKind::Forced);
     assert_eq!(
         d[0].deadline,
         now + Config::default().max_graceful_termination
     );
+}
+
+#[test]
+fn interrupt_and_health_drains_evict_the_pods_a_scale_down_leaves_its_node_for() {
+    use drain::{GraceCut, PodFate};
+    let budgets = Snapshot::default();
+    let on = |b: PodBuilder| b.gpus(1).on("node-i-1").build();
+    // What keeps a node from a voluntary drain: a trainer with an emptyDir at /dev/shm, a bare
+    // pod, safe-to-evict "false", do-not-disrupt, a kube-system pod without a budget.
+    let kept = [
+        on(PodBuilder::new("ml", "shm").local_storage()),
+        on(PodBuilder::new("ml", "bare").bare()),
+        on(PodBuilder::new("ml", "pinned").annotation(labels::SAFE_TO_EVICT, "false")),
+        on(PodBuilder::new("ml", "busy").annotation(labels::KARPENTER_DO_NOT_DISRUPT, "true")),
+        on(PodBuilder::new("kube-system", "dns")),
+    ];
+    for p in &kept {
+        let voluntary = DrainKind::Voluntary.fate(p, &budgets);
+        assert!(
+            matches!(&voluntary, PodFate::KeepsNode(why) if why.contains(&p.id.to_string())),
+            "{}: {voluntary:?}",
+            p.id
+        );
+        assert_eq!(
+            DrainKind::Forced.fate(p, &budgets),
+            PodFate::Evict,
+            "{}",
+            p.id
+        );
+    }
+    // Alike for both: what goes with the node and what finished are left, a pod being deleted
+    // is waited for, a pod of a controller is evicted.
+    let daemon = on(PodBuilder::new("ml", "agent").daemonset("agent"));
+    let mirror =
+        on(PodBuilder::new("kube-system", "etcd").annotation("kubernetes.io/config.mirror", "1"));
+    let mut done = on(PodBuilder::new("ml", "done"));
+    done.phase = crate::model::PodPhase::Succeeded;
+    let mut going = on(PodBuilder::new("ml", "going").bare());
+    going.deleting = true;
+    let worker = on(PodBuilder::new("ml", "worker"));
+    for kind in [DrainKind::Voluntary, DrainKind::Forced] {
+        assert_eq!(kind.fate(&daemon, &budgets), PodFate::Leave, "{kind:?}");
+        assert_eq!(kind.fate(&mirror, &budgets), PodFate::Leave, "{kind:?}");
+        assert_eq!(kind.fate(&done, &budgets), PodFate::Leave, "{kind:?}");
+        assert_eq!(kind.fate(&going, &budgets), PodFate::Wait, "{kind:?}");
+        assert_eq!(kind.fate(&worker, &budgets), PodFate::Evict, "{kind:?}");
+    }
+    // A pod that cannot be read: nothing says it may be moved, but the node goes anyway.
+    assert_eq!(
+        DrainKind::Voluntary.fate_unread("ml/x", "bad quantity"),
+        PodFate::KeepsNode("pod ml/x cannot be read (bad quantity)".into())
+    );
+    assert_eq!(
+        DrainKind::Forced.fate_unread("ml/x", "bad quantity"),
+        PodFate::Evict
+    );
+    // Grace periods: a pod's own in a voluntary drain; cut to end before a forced drain's
+    // deadline (less the margin for terminating the instance), with as much as is left.
+    let deadline = T0 + secs(120);
+    assert_eq!(DrainKind::Voluntary.grace(600, T0, deadline), None);
+    assert_eq!(
+        DrainKind::Forced.grace(600, T0, deadline),
+        Some(GraceCut {
+            asked: 600,
+            given: 105
+        })
+    );
+    assert_eq!(DrainKind::Forced.grace(30, T0, deadline), None);
+}
+
+#[test]
+fn interrupt_and_health_drains_of_a_previous_leader_are_finished_past_their_deadline_not_rolled_back(
+) {
+    let mut run = Run::new(Config::default());
+    // Drains a crashed leader started 15 minutes ago (their deadline, 10 minutes, has passed).
+    let started = T0 - secs(900);
+    let tainted = |name: &str, replacing: Option<&str>| {
+        let mut n = NodeBuilder::new(name)
+            .pool("a10g", "g5.xlarge", "us-east-1a")
+            .gpus(1)
+            .taint(labels::TO_BE_DELETED_TAINT, Effect::NoSchedule)
+            .annotation(labels::DRAIN_STARTED, &started.to_rfc3339())
+            .build();
+        if let Some(cause) = replacing {
+            n.taints.push(crate::model::Taint {
+                key: labels::REPLACING_TAINT.into(),
+                value: cause.into(),
+                effect: Effect::NoSchedule,
+            });
+        }
+        n
+    };
+    run.nodes.push(tainted("interrupted", Some("interrupted")));
+    run.nodes.push(tainted("unhealthy", Some("unhealthy")));
+    run.nodes
+        .push(tainted("consolidated", Some("consolidating")));
+    run.nodes.push(tainted("unneeded", None));
+    let a = run.pass(T0);
+    let rolled_back: Vec<&str> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::RollBack { node, .. } => Some(node.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rolled_back, ["consolidated", "unneeded"], "{a:?}");
+    let d = drains(&a);
+    let resumed: Vec<&str> = d.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(resumed, ["interrupted", "unhealthy"], "{a:?}");
+    for d in d {
+        assert_eq!(d.kind, DrainKind::Forced, "{d:?}");
+        assert_eq!(
+            d.deadline,
+            started + secs(600),
+            "its own deadline, passed: the node goes with what is left"
+        );
+    }
 }
 
 /// The account's GPU quota is used up: the next `n` launches fail.
@@ -1887,6 +2008,7 @@ fn four_small_nodes_are_consolidated_onto_one_launched_for_their_pods_then_drain
     let a = run.pass(T0 + secs(130));
     let d = drains(&a);
     assert_eq!(d.len(), 4, "{id}: {a:?}");
+    assert!(d.iter().all(|d| d.kind == DrainKind::Voluntary), "{d:?}");
     assert!(
         d[0].reason.starts_with("replacing: 4 pod(s)"),
         "{}",

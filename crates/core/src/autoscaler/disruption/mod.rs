@@ -21,8 +21,8 @@ mod spot_return;
 
 use crate::autoscaler::fleet::FleetView;
 use crate::autoscaler::{
-    drain_deadline, has_drain_taint, replace, Action, Autoscaler, Count, DrainOrder, DrainOutcome,
-    Level, Pass,
+    drain_deadline, has_drain_taint, replace, Action, Autoscaler, Count, DrainKind, DrainOrder,
+    DrainOutcome, Level, Pass,
 };
 use crate::model::{Node, Snapshot, Time};
 use crate::plan::Plan;
@@ -136,7 +136,8 @@ impl Autoscaler {
         out
     }
 
-    /// Drains of a previous leader (found from the taint) past their deadline: given back.
+    /// Voluntary drains of a previous leader (found from the taint) past their deadline: given
+    /// back. A forced one is never given back: [`Self::resume_drains`] finishes it.
     pub(in crate::autoscaler) fn roll_back_expired_drains(
         &mut self,
         snapshot: &Snapshot,
@@ -151,6 +152,7 @@ impl Autoscaler {
                 || self.disruption.removed.contains_key(&n.name)
                 || n.deleting
                 || !has_drain_taint(n)
+                || DrainKind::of_node(n) == DrainKind::Forced
                 || drain_deadline(n, self.config.max_graceful_termination, now) > now
             {
                 continue;
@@ -165,7 +167,8 @@ impl Autoscaler {
         }
     }
 
-    /// Drains of a previous leader (found from the taint) within their deadline: finished.
+    /// Drains of a previous leader (found from the taint) within their deadline, and forced ones
+    /// past it (removed with what is left): finished.
     pub(in crate::autoscaler) fn resume_drains(&mut self, pass: &Pass, out: &mut Vec<Action>) {
         if self.config.dry_run {
             return;
@@ -179,14 +182,19 @@ impl Autoscaler {
                 continue;
             }
             let deadline = drain_deadline(n, self.config.max_graceful_termination, pass.now);
-            if deadline <= pass.now {
+            let kind = DrainKind::of_node(n);
+            if deadline <= pass.now && kind == DrainKind::Voluntary {
                 continue;
             }
             out.push(Action::Log {
                 level: Level::Info,
                 message: format!("resuming an interrupted drain: node {}", n.name),
             });
-            out.push(self.drain(n, &pass.view, deadline, "resumed after a restart".into()));
+            let reason = match kind {
+                DrainKind::Voluntary => "resumed after a restart".to_string(),
+                DrainKind::Forced => "resumed after a restart: the node is being replaced".into(),
+            };
+            out.push(self.drain(n, &pass.view, deadline, reason, kind));
         }
     }
 
@@ -196,6 +204,7 @@ impl Autoscaler {
         view: &FleetView,
         deadline: Time,
         reason: String,
+        kind: DrainKind,
     ) -> Action {
         let pool = n.pool().unwrap_or("").to_string();
         self.disruption
@@ -210,7 +219,7 @@ impl Autoscaler {
                 .and_then(|p| view.instance_of_node.get(p).cloned()),
             deadline,
             reason,
-            reclaimed_at: None,
+            kind,
         })
     }
 }

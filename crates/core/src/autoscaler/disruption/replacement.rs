@@ -343,17 +343,13 @@ impl Autoscaler {
                     });
                 }
             }
-            let reclaimed_at = r.reclaimed_at;
             let deadline = replace::drain_deadline(
                 pass.now,
                 self.config.max_graceful_termination,
-                reclaimed_at,
+                r.reclaimed_at,
             );
-            let mut order = self.drain(n, &pass.view, deadline, why);
-            if let Action::Drain(d) = &mut order {
-                d.reclaimed_at = reclaimed_at;
-            }
-            out.push(order);
+            let kind = r.cause.drain_kind();
+            out.push(self.drain(n, &pass.view, deadline, why, kind));
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::autoscaler::{Action, Autoscaler, Note, Pass, Subject};
+use crate::autoscaler::{Action, Autoscaler, DrainKind, Note, Pass, Subject};
 use crate::model::labels;
 use crate::plan;
 use crate::plan::Plan;
@@ -73,7 +73,13 @@ impl Autoscaler {
                 continue;
             }
             let deadline = pass.now + self.config.max_graceful_termination;
-            out.push(self.drain(node, &pass.view, deadline, d.reason.clone()));
+            out.push(self.drain(
+                node,
+                &pass.view,
+                deadline,
+                d.reason.clone(),
+                DrainKind::Voluntary,
+            ));
         }
         self.disruption.not_ours_reported = not_ours;
     }
