@@ -173,6 +173,18 @@ fn run(cli: Cli) -> Result<()> {
             }
             let explicit = catalog.is_some();
             let catalog = load_catalog(catalog.as_deref(), &policy)?;
+            let mig = plan::templates::check_mig_layouts(&policy, &catalog);
+            if !mig.is_empty() {
+                let n = mig.len();
+                eprintln!(
+                    "{}",
+                    policy::PolicyErrors {
+                        file: file.display().to_string(),
+                        errors: mig,
+                    }
+                );
+                bail!("{n} error(s) in {}", file.display());
+            }
             let mut checked = policy.clone();
             if !explicit {
                 checked.pools.retain(|p| p.provider == "aws");

@@ -389,3 +389,41 @@ items:
         "{reason}"
     );
 }
+
+#[test]
+fn check_policy_refuses_a_mig_layout_an_h100_does_not_offer_at_its_position() {
+    let p = temp_file(
+        "h100-mig.yaml",
+        "clusterName: ml-prod
+region: us-east-1
+zones: [us-east-1a]
+pools:
+  - name: h100-mig
+    instanceTypes: [p5.48xlarge]
+    maxNodes: 2
+    gpuMode: mig
+    migLayout: {1g.5gb: 7}
+",
+    );
+    let o = run(&["check-policy", p.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "{}:9:17: pools[0].migLayout[\"1g.5gb\"]: no MIG profile 1g.5gb on the NVIDIA H100 \
+             80GB HBM3 GPUs of p5.48xlarge (they offer 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, \
+             3g.40gb, 4g.40gb, 7g.80gb)",
+            p.display()
+        )),
+        "{err}"
+    );
+    // The H100's own profiles pass.
+    let ok = temp_file(
+        "h100-mig-ok.yaml",
+        &std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("{1g.5gb: 7}", "{1g.10gb: 7}"),
+    );
+    let o = run(&["check-policy", ok.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -564,7 +564,9 @@ impl Controller {
         let cm = configmap_ref(&ns, &name, &src.uid);
         let result = match &src.text {
             None => Err(format!("{file}: the key is missing")),
-            Some(text) => match parse_policy_with(text, &file, &providers::policies()) {
+            Some(text) => match parse_policy_with(text, &file, &providers::policies())
+                .and_then(|p| self.check_against_catalog(p, &file))
+            {
                 Ok(p) => match self.apply_policy(p).await {
                     Ok(warning) => Ok(warning),
                     Err(e) if self.policy_apply_failed.as_deref() == rv.as_deref() => {
@@ -631,6 +633,29 @@ impl Controller {
     fn set_policy_valid(&mut self, ok: bool) {
         self.policy_valid = ok;
         self.metrics.policy_valid.set(i64::from(ok));
+    }
+
+    /// What of a parsed policy is checked against the price file's catalog (the MIG layouts of
+    /// its pools against their GPUs), with positions as parse errors have them.
+    fn check_against_catalog(
+        &self,
+        policy: Policy,
+        file: &str,
+    ) -> std::result::Result<Policy, gpu_node_autoscaler_core::policy::PolicyErrors> {
+        // A catalog that cannot be read is reported when the policy is applied.
+        let Ok((catalog, _)) = load_catalog(self.args.catalog.as_deref(), &policy) else {
+            return Ok(policy);
+        };
+        let errors =
+            gpu_node_autoscaler_core::plan::templates::check_mig_layouts(&policy, &catalog);
+        if errors.is_empty() {
+            Ok(policy)
+        } else {
+            Err(gpu_node_autoscaler_core::policy::PolicyErrors {
+                file: file.to_string(),
+                errors,
+            })
+        }
     }
 
     /// Builds providers and the catalog for a new policy; nothing changes on error. Returns the

@@ -2,16 +2,19 @@
 //! model, count, memory) and the pool's GPU mode (whole GPUs or a MIG layout), with the
 //! attribute and capacity names of NVIDIA's DRA driver (`gpu.nvidia.com`): `type` (`gpu` or
 //! `mig`), `productName`, `brand`, `architecture`, `cudaComputeCapability` (a version), and
-//! for MIG devices `profile`; capacity `memory` (as NVML reports it, see [`nvidia_memory_mib`]). What only the booted node knows (`uuid`,
-//! `pcieBusID`, driver versions unless the pool's `dra.attributes` names them) is left out, so a
-//! selector on it cannot match a node that does not exist yet, and says so.
-
+//! for MIG devices `profile`; capacity `memory` (as NVML reports it, see [`nvidia_memory_mib`],
+//! and for a MIG device its GPU's table, [`crate::model::mig`]) and for MIG devices
+//! `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines` and `ofaEngines`
+//! where the table has them. What only the booted node knows (`uuid`, `parentUUID`,
+//! `pcieBusID`, driver versions unless the pool's `dra.attributes` names them) is left out, so
+//! a selector on it cannot match a node that does not exist yet, and says so.
 use std::collections::BTreeMap;
 
 use gpu_node_autoscaler_provider::{GpuVendor, InstanceType};
 
 use crate::model::dra::{AttrValue, Device};
 use crate::model::gpu::{nvidia_product_name, parse_mig_profile};
+use crate::model::mig::{mig_gpu, Units};
 use crate::model::quantity::parse_quantity;
 use crate::policy::{DraPool, GpuMode, Pool};
 
@@ -67,6 +70,7 @@ pub fn predicted_devices(pool: &Pool, t: &InstanceType) -> Vec<Device> {
     let device = |name: String,
                   mut attrs: BTreeMap<String, AttrValue>,
                   memory: String,
+                  units: Option<&Units>,
                   dra: &DraPool|
      -> Device {
         for (k, v) in &dra.attributes {
@@ -75,6 +79,20 @@ pub fn predicted_devices(pool: &Pool, t: &InstanceType) -> Vec<Device> {
         let mut caps = BTreeMap::new();
         if let Ok(q) = parse_quantity(&memory) {
             caps.insert("memory".to_string(), q);
+        }
+        if let Some(u) = units {
+            for (k, n) in [
+                ("multiprocessors", u.multiprocessors),
+                ("copyEngines", u.copy_engines),
+                ("decoders", u.decoders),
+                ("encoders", u.encoders),
+                ("jpegEngines", u.jpeg_engines),
+                ("ofaEngines", u.ofa_engines),
+            ] {
+                if let Ok(q) = parse_quantity(&n.to_string()) {
+                    caps.insert(k.to_string(), q);
+                }
+            }
         }
         for (k, q) in &dra.capacity {
             caps.insert(k.clone(), q.clone());
@@ -93,6 +111,14 @@ pub fn predicted_devices(pool: &Pool, t: &InstanceType) -> Vec<Device> {
                     let Some(p) = parse_mig_profile(profile) else {
                         continue;
                     };
+                    // The GPU's table where there is one: memory as NVML reports it, and the
+                    // multiprocessors and engines; else the gigabytes of the profile's name.
+                    let spec = mig_gpu(&g.model, g.memory_mib).and_then(|t| t.profile(profile));
+                    let memory = match spec.and_then(|s| s.memory_mib) {
+                        Some(mib) => format!("{mib}Mi"),
+                        None => format!("{}G", p.memory_gb),
+                    };
+                    let units = spec.and_then(|s| s.units.as_ref());
                     for j in 0..*n {
                         let mut attrs = common.clone();
                         attrs.insert("type".into(), AttrValue::String("mig".into()));
@@ -100,7 +126,8 @@ pub fn predicted_devices(pool: &Pool, t: &InstanceType) -> Vec<Device> {
                         out.push(device(
                             format!("gpu-{i}-mig-{profile}-{j}"),
                             attrs,
-                            format!("{}G", p.memory_gb),
+                            memory.clone(),
+                            units,
                             dra,
                         ));
                     }
@@ -113,6 +140,7 @@ pub fn predicted_devices(pool: &Pool, t: &InstanceType) -> Vec<Device> {
                     format!("gpu-{i}"),
                     attrs,
                     format!("{}Mi", nvidia_memory_mib(&g.model, g.memory_mib)),
+                    None,
                     dra,
                 ));
             }

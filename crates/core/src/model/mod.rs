@@ -4,6 +4,7 @@
 pub mod constraints;
 pub mod dra;
 pub mod gpu;
+pub mod mig;
 pub mod node;
 pub mod pod;
 pub mod quantity;

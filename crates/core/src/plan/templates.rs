@@ -9,9 +9,10 @@ use gpu_node_autoscaler_provider::{Catalog, GpuVendor, InstanceType, OfferingKey
 use crate::model::constraints::Taint;
 use crate::model::gpu::{self, parse_mig_profile};
 use crate::model::labels;
+use crate::model::mig::{self, LayoutError, MigGpu};
 use crate::model::resources::{Resources, SharedGpu, MIG_PREFIX};
 use crate::model::{Node, Pod, Snapshot, Time};
-use crate::policy::{GpuMode, Policy, Pool};
+use crate::policy::{GpuMode, Policy, PolicyError, Pool};
 
 /// One way to buy a node of a template.
 #[derive(Clone, Debug, PartialEq)]
@@ -234,16 +235,27 @@ fn base_allocatable(pool: &Pool, t: &InstanceType) -> Result<(Resources, Vec<Sha
                         pool.name, t.name, g.model
                     ));
                 }
-                let gb: u32 = layout
-                    .iter()
-                    .filter_map(|(p, n)| parse_mig_profile(p).map(|p| p.memory_gb * n))
-                    .sum();
-                let have = (g.memory_mib / 1024) as u32;
-                if gb > have + have / 10 {
-                    return Err(format!(
-                        "pool {}: MIG layout needs {gb} GB per GPU but a {} GPU of {} has {have} GB",
-                        pool.name, g.model, t.name
-                    ));
+                if let Some(table) = mig::mig_gpu(&g.model, g.memory_mib) {
+                    if let Err(e) = table.check(&layout_map(layout)) {
+                        return Err(format!(
+                            "pool {}: migLayout: {}",
+                            pool.name,
+                            mig_layout_message(&e, table, &t.name)
+                        ));
+                    }
+                } else {
+                    // A model without a table: its profiles' gigabytes within the GPU's.
+                    let gb: u32 = layout
+                        .iter()
+                        .filter_map(|(p, n)| parse_mig_profile(p).map(|p| p.memory_gb * n))
+                        .sum();
+                    let have = (g.memory_mib / 1024) as u32;
+                    if gb > have + have / 10 {
+                        return Err(format!(
+                            "pool {}: MIG layout needs {gb} GB per GPU but a {} GPU of {} has {have} GB",
+                            pool.name, g.model, t.name
+                        ));
+                    }
                 }
                 for (profile, n) in layout {
                     if pool.dra.is_none() {
@@ -668,4 +680,78 @@ pub fn provider_spec<'a>(
         pools,
         kube_client: None,
     }
+}
+
+/// A layout as a map, profile → instances per GPU.
+fn layout_map(layout: &[(String, u32)]) -> BTreeMap<String, u32> {
+    layout.iter().cloned().collect()
+}
+
+/// What is wrong with a layout on the GPUs of `instance_type`, naming the GPU and, for a profile
+/// it does not offer, the ones it does.
+fn mig_layout_message(e: &LayoutError, table: &MigGpu, instance_type: &str) -> String {
+    match e {
+        LayoutError::UnknownProfile { .. } => format!(
+            "{e} on the {} GPUs of {instance_type} (they offer {})",
+            table.product,
+            table.profile_names()
+        ),
+        _ => format!("{e} (the {} GPUs of {instance_type})", table.product),
+    }
+}
+
+/// The MIG layouts of `policy` checked against the GPUs of their pools' instance types (NVIDIA's
+/// profiles of each GPU model, their maximum counts, slices and placements: [`mig`]), each error
+/// at the position of the profile it is about, else of the layout. Instance types that cannot be
+/// resolved, and models without a table, are left to [`build_templates`]'s errors.
+pub fn check_mig_layouts(policy: &Policy, catalog: &Catalog) -> Vec<PolicyError> {
+    let mut out: Vec<PolicyError> = Vec::new();
+    for (i, pool) in policy.pools.iter().enumerate() {
+        let GpuMode::Mig(layout) = &pool.gpu_mode else {
+            continue;
+        };
+        let Ok((types, _)) = pool_types_and_prices(pool, catalog) else {
+            continue;
+        };
+        let layout = layout_map(layout);
+        let mut seen = BTreeSet::new();
+        for t in types.iter().filter_map(|t| catalog.instance_type(t)) {
+            let Some(table) = t
+                .gpu
+                .as_ref()
+                .and_then(|g| mig::mig_gpu(&g.model, g.memory_mib))
+            else {
+                continue;
+            };
+            let Err(e) = table.check(&layout) else {
+                continue;
+            };
+            // One error per GPU model and problem, not one per instance type.
+            if !seen.insert((table.product, format!("{e}"))) {
+                continue;
+            }
+            let profile = match &e {
+                LayoutError::UnknownProfile { profile } | LayoutError::TooMany { profile, .. } => {
+                    Some(profile.clone())
+                }
+                _ => None,
+            };
+            let at = policy
+                .positions
+                .mig_layouts
+                .get(&(i, profile))
+                .or_else(|| policy.positions.mig_layouts.get(&(i, None)));
+            let message = mig_layout_message(&e, table, &t.name);
+            out.push(match at {
+                Some(at) => at.error(message),
+                None => PolicyError {
+                    line: 0,
+                    col: 0,
+                    path: String::new(),
+                    message: format!("pool {}: migLayout: {message}", pool.name),
+                },
+            });
+        }
+    }
+    out
 }

@@ -104,6 +104,44 @@ pub struct Policy {
     /// Where dcgm-exporter's metrics are read from, when set.
     pub gpu_metrics: Option<GpuMetrics>,
     pub pools: Vec<Pool>,
+    /// Where parts of the policy are written, for errors found once the catalog is known.
+    pub positions: Positions,
+}
+
+/// Where a part of the policy is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub line: usize,
+    pub col: usize,
+    /// As errors show it: `pools[2].migLayout["1g.5gb"]`.
+    pub path: String,
+}
+
+impl Written {
+    /// An error there.
+    pub fn error(&self, message: impl fmt::Display) -> PolicyError {
+        PolicyError {
+            line: self.line,
+            col: self.col,
+            path: self.path.clone(),
+            message: format!("{}: {message}", self.path),
+        }
+    }
+}
+
+/// Where the parts of a policy checked against the catalog are written. Not part of what the
+/// policy says: two policies that differ only in their layout on the page are equal.
+#[derive(Clone, Debug, Default)]
+pub struct Positions {
+    /// Each MIG pool's `migLayout` (by the pool's index; `None`) and its profiles
+    /// (`Some(profile)`).
+    pub mig_layouts: BTreeMap<(usize, Option<String>), Written>,
+}
+
+impl PartialEq for Positions {
+    fn eq(&self, _: &Positions) -> bool {
+        true
+    }
 }
 
 /// A Node condition that says the node is about to be taken back.
@@ -619,6 +657,8 @@ struct Collector<'a> {
     prefix: Vec<PathSeg>,
     /// The providers pools may name, in the order their names are listed.
     providers: &'a [&'a dyn ProviderPolicy],
+    /// Where the parts checked once the catalog is known are written.
+    positions: Positions,
 }
 
 impl Collector<'_> {
@@ -631,6 +671,18 @@ impl Collector<'_> {
                 self.at(path, e);
                 default
             }
+        }
+    }
+
+    /// Where `path` is written: its position and its path as errors show it.
+    fn written(&self, path: &[PathSeg]) -> Written {
+        let mut full = self.prefix.clone();
+        full.extend_from_slice(path);
+        let loc = self.map.locate_nearest(&full);
+        Written {
+            line: loc.line,
+            col: loc.col,
+            path: display_path(&full),
         }
     }
 
@@ -729,6 +781,7 @@ pub fn parse_policy_at_with(
         errors: Vec::new(),
         prefix: at.to_vec(),
         providers,
+        positions: Positions::default(),
     };
     let mut root = root;
     for seg in at {
@@ -949,6 +1002,7 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
             }
         }),
         pools,
+        positions: std::mem::take(&mut c.positions),
     }
 }
 
@@ -1415,6 +1469,14 @@ fn validate_pool(
             Some(layout) => {
                 let mut compute = 0u32;
                 let mut out = Vec::new();
+                let written = c.written(&at(&["migLayout"]));
+                c.positions.mig_layouts.insert((i, None), written);
+                for profile in layout.keys() {
+                    let written = c.written(&at(&["migLayout", profile]));
+                    c.positions
+                        .mig_layouts
+                        .insert((i, Some(profile.clone())), written);
+                }
                 for (profile, n) in layout {
                     match gpu::parse_mig_profile(profile) {
                         Some(p) => compute = compute.saturating_add(p.compute.saturating_mul(*n)),

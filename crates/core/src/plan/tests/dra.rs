@@ -643,3 +643,33 @@ fn the_lower_bound_counts_claimed_devices_against_a_templates_devices() {
     let refs: Vec<&Pod> = allocated.pods.iter().collect();
     assert!(bound::lower_bound(&refs, &templates) < lb / 10.0);
 }
+
+#[test]
+fn mig_devices_of_an_h100_carry_its_real_sizes_so_a_claim_for_9900mi_fits_a_1g_10gb() {
+    let text = DRA_POLICY.replace(
+        "    migLayout: {1g.5gb: 7}\n    maxNodes: 2\n",
+        "    migLayout: {1g.10gb: 7}\n    maxNodes: 2\n",
+    );
+    let text = text.replace(
+        "  - name: mig\n    instanceTypes: [p4d.24xlarge]",
+        "  - name: mig\n    instanceTypes: [p5.48xlarge]",
+    );
+    // NVML reports 9984 MiB for a 1g.10gb of an H100 80GB: the name's `10G` (9537 MiB) would
+    // refuse this claim although the real device takes it.
+    let pod = claiming(
+        "m",
+        &[(
+            "mig.nvidia.com",
+            &[
+                "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
+                "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('9900Mi')) >= 0",
+                "device.capacity['gpu.nvidia.com'].multiprocessors.compareTo(quantity('16')) >= 0",
+            ],
+            1,
+        )],
+    )
+    .build();
+    let plan = run(&dra_snap(vec![pod], vec![]), &text);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert_eq!(types(&plan), [("p5.48xlarge".to_string(), 1)]);
+}

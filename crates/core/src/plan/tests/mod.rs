@@ -1476,3 +1476,59 @@ pools:
         "what the process adds is the caller's"
     );
 }
+
+#[test]
+fn mig_layouts_are_checked_against_the_gpus_of_their_instance_types_at_their_positions() {
+    let text = "zones: [us-east-1a]
+pools:
+  - name: h100
+    instanceTypes: [p5.48xlarge]
+    maxNodes: 2
+    gpuMode: mig
+    migLayout: {1g.5gb: 7}
+  - name: a100
+    instanceTypes: [p4d.24xlarge]
+    maxNodes: 2
+    gpuMode: mig
+    migLayout:
+      3g.20gb: 2
+      1g.5gb: 1
+  - name: over
+    instanceTypes: [p5.48xlarge]
+    maxNodes: 2
+    gpuMode: mig
+    migLayout: {1g.20gb: 5}
+  - name: valid
+    instanceTypes: [p5.48xlarge]
+    maxNodes: 2
+    gpuMode: mig
+    migLayout: {3g.40gb: 1, 2g.20gb: 1, 1g.10gb: 2}
+";
+    let p = policy(text);
+    let c = catalog_for(&p);
+    let errors = super::templates::check_mig_layouts(&p, &c);
+    let shown: Vec<String> = errors
+        .iter()
+        .map(|e| format!("{}:{}: {}", e.line, e.col, e.message))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "7:17: pools[0].migLayout[\"1g.5gb\"]: no MIG profile 1g.5gb on the NVIDIA H100 80GB HBM3 \
+             GPUs of p5.48xlarge (they offer 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, \
+             4g.40gb, 7g.80gb)",
+            "12:5: pools[1].migLayout: the layout takes 9 memory slices, the GPU has 8 (the \
+             NVIDIA A100-SXM4-40GB GPUs of p4d.24xlarge)",
+            "19:17: pools[2].migLayout[\"1g.20gb\"]: 5 × 1g.20gb, at most 4 fit on one GPU (the NVIDIA \
+             H100 80GB HBM3 GPUs of p5.48xlarge)",
+        ]
+    );
+    // The planner refuses the same layouts: no template, the reason in its errors.
+    let (_, template_errors) = super::build_templates(&p, &c, &Snapshot::default(), NOW);
+    assert!(
+        template_errors
+            .iter()
+            .any(|e| e.starts_with("pool h100: migLayout: no MIG profile 1g.5gb")),
+        "{template_errors:?}"
+    );
+}
