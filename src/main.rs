@@ -253,7 +253,7 @@ fn check_account(
     _: Option<String>,
     _: Option<String>,
 ) -> Result<()> {
-    bail!("this build cannot check {name:?} pools against an account (built without the `controller` feature)")
+    bail!("this build has no {name} support (built without the `{name}` feature)")
 }
 
 #[cfg(feature = "simulator")]

@@ -143,8 +143,7 @@ pub fn check_against_account(
 ) -> Result<AccountProblems, CheckFailed> {
     let Some(check) = find(name).and_then(|p| p.check) else {
         return Err(CheckFailed::Cloud(format!(
-            "this build cannot check {name:?} pools against an account (it checks: {})",
-            checkable()
+            "this build has no {name} support (built without the `{name}` feature)"
         )));
     };
     let mut spec: ProviderSpec<'_> = provider_spec(policy, catalog, name);
@@ -155,14 +154,4 @@ pub fn check_against_account(
         .build()
         .map_err(|e| CheckFailed::Cloud(format!("cannot start the async runtime: {e}")))?
         .block_on(check(&spec))
-}
-
-/// The names of the providers whose pools this build checks against an account.
-pub fn checkable() -> String {
-    REGISTRY
-        .iter()
-        .filter(|p| p.check.is_some())
-        .map(|p| p.policy.name())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
