@@ -14,25 +14,8 @@ pub use gpu_node_autoscaler_controller as controller;
 #[cfg(feature = "simulator")]
 pub use gpu_node_autoscaler_sim as sim;
 
-/// The providers' parts of the policy this build checks pools against: the controller's
-/// registry (`controller::providers`), else the same providers without the controller: the AWS
-/// and Alibaba Cloud sections checked by their crates' settings, kwok and the simulator's memory
-/// provider by name.
+/// The providers' parts of the policy this build checks pools against: the registry's, the
+/// same with or without the controller.
 pub fn provider_policies() -> Vec<&'static dyn policy::ProviderPolicy> {
-    #[cfg(feature = "controller")]
-    {
-        gpu_node_autoscaler_controller::providers::policies()
-    }
-    #[cfg(not(feature = "controller"))]
-    {
-        let checked: [&'static dyn policy::ProviderPolicy; 2] = [
-            &gpu_node_autoscaler_aws::settings::POLICY,
-            &gpu_node_autoscaler_alibaba::settings::POLICY,
-        ];
-        let by_name = policy::NAMES_ONLY
-            .iter()
-            .copied()
-            .filter(|p| p.section().is_none());
-        checked.into_iter().chain(by_name).collect()
-    }
+    gpu_node_autoscaler_registry::policies()
 }

@@ -36,3 +36,18 @@ pub mod sign;
 mod client;
 #[cfg(feature = "client")]
 pub use client::*;
+
+/// The Alibaba Cloud provider as the registry lists it.
+pub static PROVIDER: gpu_node_autoscaler_provider::spec::Provider =
+    gpu_node_autoscaler_provider::spec::Provider {
+        policy: &settings::POLICY,
+        #[cfg(feature = "client")]
+        build: Some(build::build),
+        #[cfg(not(feature = "client"))]
+        build: None,
+        #[cfg(feature = "client")]
+        check: Some(build::check),
+        #[cfg(not(feature = "client"))]
+        check: None,
+        interruptions: None,
+    };

@@ -28,3 +28,21 @@ pub mod settings;
 mod client;
 #[cfg(feature = "client")]
 pub use client::*;
+
+/// The AWS provider as the registry lists it.
+pub static PROVIDER: gpu_node_autoscaler_provider::spec::Provider =
+    gpu_node_autoscaler_provider::spec::Provider {
+        policy: &settings::POLICY,
+        #[cfg(feature = "client")]
+        build: Some(build::build),
+        #[cfg(not(feature = "client"))]
+        build: None,
+        #[cfg(feature = "client")]
+        check: Some(build::check),
+        #[cfg(not(feature = "client"))]
+        check: None,
+        #[cfg(feature = "client")]
+        interruptions: Some(interruptions::open),
+        #[cfg(not(feature = "client"))]
+        interruptions: None,
+    };

@@ -11,7 +11,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::policy::Value;
+use crate::interruptions::Open;
+use crate::policy::{ProviderPolicy, Value};
 use crate::{CapacityType, Catalog, CloudProvider};
 
 /// One pool of the policy as its provider builds it.
@@ -33,6 +34,19 @@ pub struct PoolSpec {
     /// (whole GPUs, MIG slices or shared GPUs as its `gpuMode` says, none where a DRA driver
     /// publishes them), or why they cannot be told (the message names the pool).
     pub gpu_resources: BTreeMap<String, Result<BTreeMap<String, i64>, String>>,
+}
+
+/// A provider as its crate offers it to the registry: its part of the policy, and what its
+/// build can do (`None` where the crate is built without its client, or has no such thing).
+pub struct Provider {
+    /// Its part of the policy: its name, its pool section and that section's checks.
+    pub policy: &'static dyn ProviderPolicy,
+    /// How it is built from its spec.
+    pub build: Option<Build>,
+    /// How its pools are checked against the cloud account (`check-policy --provider`).
+    pub check: Option<Check>,
+    /// How its interruption notices are read (the policy's `interruptionQueue`).
+    pub interruptions: Option<Open>,
 }
 
 /// A pool ready to build: its section as the provider reads it, its instance types and their

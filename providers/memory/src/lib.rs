@@ -85,6 +85,16 @@ pub struct Call {
 pub static POLICY: gpu_node_autoscaler_provider::policy::NameOnly =
     gpu_node_autoscaler_provider::policy::NameOnly::new("memory");
 
+/// The memory provider as the registry lists it: pools may name it; the simulator builds it
+/// itself, so the controller does not run it.
+pub static PROVIDER: gpu_node_autoscaler_provider::spec::Provider =
+    gpu_node_autoscaler_provider::spec::Provider {
+        policy: &POLICY,
+        build: None,
+        check: None,
+        interruptions: None,
+    };
+
 /// The in-memory cloud. `Send + Sync`; every method takes `&self`.
 #[derive(Debug)]
 pub struct MemoryProvider {
