@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that a change leaves every simulated figure as it was: runs `simulate --compare --format
 # json` (ours and both baselines) on every scenario under simulations/scenarios and on the three
-# Alibaba traces the benchmarks use (../shared/traces), for seeds 1, 2 and 3, once with a release
+# Alibaba traces the benchmarks use (simulations/traces), for seeds 1, 2 and 3, once with a release
 # build of BASE (a git revision, default HEAD) and once with a release build of the working tree,
 # and compares the outputs byte for byte with `wall_s` (wall time) taken out.
 #
@@ -30,10 +30,10 @@ done
 
 CACHE="${GNA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-autoscaler}"
 OUT="$CACHE/same-figures"
-TRACES="$ROOT/../shared/traces/alibaba-gpu-v2023"
+TRACES="$ROOT/simulations/traces/alibaba-gpu-v2023"
 for t in default gpushare40 multigpu40; do
   [ -r "$TRACES/openb_pod_list_$t.csv" ] || {
-    echo "error: $TRACES/openb_pod_list_$t.csv is missing (the traces are read from ../shared beside the checkout)" >&2
+    echo "error: $TRACES/openb_pod_list_$t.csv is missing (the traces ship in simulations/traces)" >&2
     exit 1
   }
 done

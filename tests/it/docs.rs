@@ -334,3 +334,36 @@ fn every_direct_dependency_has_a_row_in_the_architecture_dependency_table() {
         );
     }
 }
+
+/// A clone alone runs every documented command: no path outside the repository in README, the
+/// docs or the benchmarks.
+#[test]
+fn readme_docs_and_benches_name_no_path_outside_the_repository() {
+    let mut files = vec![root().join("README.md")];
+    for dir in ["docs", "crates/sim/benches", "crates/core/benches"] {
+        for e in std::fs::read_dir(root().join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "md" || x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(
+            !text.contains("../shared"),
+            "{} reads ../shared, outside the repository",
+            f.display()
+        );
+    }
+    // The traces they replay ship, with their attribution.
+    for t in ["default", "gpushare40", "multigpu40"] {
+        assert!(root()
+            .join(format!(
+                "simulations/traces/alibaba-gpu-v2023/openb_pod_list_{t}.csv"
+            ))
+            .is_file());
+    }
+    let notice = std::fs::read_to_string(root().join("NOTICE")).unwrap();
+    assert!(notice.contains("CC BY 4.0") && notice.contains("Alibaba Group"));
+}

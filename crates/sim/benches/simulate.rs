@@ -1,6 +1,6 @@
 //! `cargo bench -p gpu-node-autoscaler-sim --bench simulate -- [STRATEGY] [--seeds 1,2,3] [--only INPUT] [--without-consolidation] [--detail]`:
-//! replays the shipped scenarios and the Alibaba GPU traces (from `../shared/traces`; missing
-//! traces are an error) with every strategy, once per seed, printing wall time, peak heap and
+//! replays the shipped scenarios and the Alibaba GPU traces (shipped in `simulations/traces`;
+//! missing traces are an error) with every strategy, once per seed, printing wall time, peak heap and
 //! the headline numbers per run, then per input the mean over the seeds: who is cheapest, and
 //! our wait p95 against the better baseline's.
 //! A plain benchmark binary: one run each is the measurement (a trace replay takes seconds).
@@ -217,7 +217,7 @@ fn main() {
         }
     }
     let traces =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/alibaba-gpu-v2023");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../simulations/traces/alibaba-gpu-v2023");
     for name in [
         "openb_pod_list_default.csv",
         "openb_pod_list_gpushare40.csv",
@@ -229,7 +229,7 @@ fn main() {
         let path = traces.join(name);
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
             panic!(
-                "{}: {e} (the traces are read from ../shared beside the checkout)",
+                "{}: {e} (the traces ship in simulations/traces)",
                 path.display()
             )
         });
