@@ -64,8 +64,10 @@ impl MigProfile {
     }
 }
 
-/// Parses `<g>g.<m>gb` (the part after `nvidia.com/mig-`).
+/// Parses `<g>g.<m>gb` (the part after `nvidia.com/mig-`), or `<g>g.<m>gb+me` (the profile with
+/// the GPU's media extensions, see [`media_extensions`]).
 pub fn parse_mig_profile(s: &str) -> Option<MigProfile> {
+    let s = s.strip_suffix("+me").unwrap_or(s);
     let (g, rest) = s.split_once("g.")?;
     let m = rest.strip_suffix("gb")?;
     let compute: u32 = g.parse().ok()?;
@@ -74,6 +76,13 @@ pub fn parse_mig_profile(s: &str) -> Option<MigProfile> {
         return None;
     }
     Some(MigProfile { compute, memory_gb })
+}
+
+/// Whether a profile is one with the GPU's media extensions (`1g.10gb+me`: the decoders, JPEG
+/// and OFA engines of the whole GPU). `+` is not allowed in a Kubernetes resource name, so such
+/// an instance is not an extended resource: only a DRA driver publishes it (attribute `profile`).
+pub fn media_extensions(profile: &str) -> bool {
+    profile.ends_with("+me")
 }
 
 /// MIG compute slices on one GPU.
@@ -105,7 +114,24 @@ mod tests {
             })
         );
         assert_eq!(parse_mig_profile("3g.40gb").unwrap().compute, 3);
-        for bad in ["1g", "g.5gb", "8g.80gb", "1g.5", "0g.5gb", "1g.gb"] {
+        assert_eq!(
+            parse_mig_profile("1g.10gb+me"),
+            Some(MigProfile {
+                compute: 1,
+                memory_gb: 10
+            })
+        );
+        assert!(media_extensions("1g.10gb+me") && !media_extensions("1g.10gb"));
+        for bad in [
+            "1g",
+            "g.5gb",
+            "8g.80gb",
+            "1g.5",
+            "0g.5gb",
+            "1g.gb",
+            "1g.5gb+x",
+            "1g.5gb+me+me",
+        ] {
             assert_eq!(parse_mig_profile(bad), None, "{bad}");
         }
     }

@@ -1488,6 +1488,16 @@ fn validate_pool(
                     if *n == 0 {
                         c.at(&at(&["migLayout", profile]), "count must be at least 1");
                     }
+                    if gpu::media_extensions(profile) && r.dra.is_none() {
+                        c.at(
+                            &at(&["migLayout", profile]),
+                            format!(
+                                "{profile} is published only through Dynamic Resource Allocation \
+                                 (`dra:`): `+` is not allowed in a resource name, so the device \
+                                 plugin cannot advertise it"
+                            ),
+                        );
+                    }
                     out.push((profile.clone(), *n));
                 }
                 if compute > gpu::MIG_COMPUTE_SLICES {

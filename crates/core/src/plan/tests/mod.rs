@@ -1532,3 +1532,44 @@ pools:
         "{template_errors:?}"
     );
 }
+
+#[test]
+fn a_media_extensions_profile_is_a_dra_pools_only() {
+    let pool = |dra: &str| {
+        format!(
+            "zones: [us-east-1a]
+pools:
+  - name: h100
+    instanceTypes: [p5.48xlarge]
+    maxNodes: 2
+    gpuMode: mig
+    migLayout: {{1g.10gb+me: 1, 1g.10gb: 6}}
+{dra}"
+        )
+    };
+    let err = parse_policy(&pool(""), "p.yaml").unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "p.yaml:7:17: pools[0].migLayout[\"1g.10gb+me\"]: 1g.10gb+me is published only \
+             through Dynamic Resource Allocation"
+        ),
+        "{err}"
+    );
+    let p = policy(&pool("    dra: {}\n"));
+    let c = catalog_for(&p);
+    assert_eq!(super::templates::check_mig_layouts(&p, &c), []);
+    let t = c.instance_type("p5.48xlarge").unwrap();
+    let devices = crate::dra::predicted_devices(&p.pools[0], t);
+    let me: Vec<_> = devices
+        .iter()
+        .filter(|d| {
+            d.attributes["gpu.nvidia.com"].get("profile")
+                == Some(&crate::model::dra::AttrValue::String("1g.10gb+me".into()))
+        })
+        .collect();
+    assert_eq!(me.len(), 8, "one per GPU");
+    assert_eq!(
+        me[0].capacity["gpu.nvidia.com"]["ofaEngines"],
+        crate::model::quantity::parse_quantity("1").unwrap()
+    );
+}
