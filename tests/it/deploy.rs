@@ -640,7 +640,6 @@ fn rbac_is_least_privilege() {
         ),
         ("resource.k8s.io", "deviceclasses", "list watch", ""),
         ("resource.k8s.io", "resourceslices", "list watch", ""),
-        ("core", "events", "create patch", ""),
         ("events.k8s.io", "events", "create patch", ""),
         ("core", "namespaces", "get", "kube-system"),
     ]);
