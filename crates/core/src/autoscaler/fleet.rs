@@ -242,7 +242,7 @@ pub fn node_gauges(nodes: &[Node]) -> NodeGauges {
             .entry((pool.to_string(), ct.to_string()))
             .or_default();
         e.0 += 1;
-        e.1 += n.advertised_gpus();
+        e.1 = e.1.saturating_add(n.advertised_gpus());
     }
     g
 }

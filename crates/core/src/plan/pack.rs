@@ -141,7 +141,8 @@ struct Opened {
     shared: Vec<SharedGpu>,
 }
 
-/// What counts against the pools' and the cluster's limits.
+/// What counts against the pools' and the cluster's limits. Sums saturate: a Node reporting an
+/// absurd GPU count (up to `i64::MAX`) fills the limits, it does not wrap them.
 #[derive(Clone)]
 struct Usage {
     pool_nodes: Vec<i64>,
@@ -154,11 +155,11 @@ impl Usage {
     /// Adds `nodes` nodes with `gpus` GPUs in all, in pool `pool` (none: counted for the cluster
     /// only).
     fn add(&mut self, pool: Option<usize>, nodes: i64, gpus: i64) {
-        self.nodes += nodes;
-        self.gpus += gpus;
+        self.nodes = self.nodes.saturating_add(nodes);
+        self.gpus = self.gpus.saturating_add(gpus);
         if let Some(pi) = pool {
-            self.pool_nodes[pi] += nodes;
-            self.pool_gpus[pi] += gpus;
+            self.pool_nodes[pi] = self.pool_nodes[pi].saturating_add(nodes);
+            self.pool_gpus[pi] = self.pool_gpus[pi].saturating_add(gpus);
         }
     }
 }
@@ -449,7 +450,7 @@ impl<'a> Packer<'a> {
             .iter()
             .position(|t| t.pool == pi && t.instance_type == f.offering.instance_type);
         let n = i64::from(f.count);
-        let g = ti.map_or(0, |ti| self.templates[ti].gpus as i64 * n);
+        let g = ti.map_or(0, |ti| (self.templates[ti].gpus as i64).saturating_mul(n));
         self.usage.add(Some(pi), n, g);
         ti
     }
@@ -657,22 +658,23 @@ impl<'a> Packer<'a> {
         let t = &self.templates[t];
         let pool = &self.policy.pools[t.pool];
         let g = t.gpus as i64;
-        let mut r = pool.max_nodes as i64 - usage.pool_nodes[t.pool];
+        let left = |max: u32, used: i64| i64::from(max).saturating_sub(used);
+        let mut r = left(pool.max_nodes, usage.pool_nodes[t.pool]);
         if let (Some(mg), true) = (pool.max_gpus, g > 0) {
-            r = r.min((mg as i64 - usage.pool_gpus[t.pool]) / g);
+            r = r.min(left(mg, usage.pool_gpus[t.pool]) / g);
         }
         if let Some(mn) = self.policy.limits.max_nodes {
-            r = r.min(mn as i64 - usage.nodes);
+            r = r.min(left(mn, usage.nodes));
         }
         if let (Some(mg), true) = (self.policy.limits.max_gpus, g > 0) {
-            r = r.min((mg as i64 - usage.gpus) / g);
+            r = r.min(left(mg, usage.gpus) / g);
         }
         r.max(0)
     }
 
     fn add_usage(&self, usage: &mut Usage, t: usize, n: i64) {
         let t = &self.templates[t];
-        usage.add(Some(t.pool), n, t.gpus as i64 * n);
+        usage.add(Some(t.pool), n, (t.gpus as i64).saturating_mul(n));
     }
 
     fn compat(&mut self, c: usize, b: usize) -> bool {

@@ -911,6 +911,47 @@ fn pool_and_cluster_limits_are_never_exceeded() {
 }
 
 #[test]
+fn overrun_a_node_reporting_i64_max_gpus_fills_the_gpu_limits_instead_of_wrapping_them() {
+    // Cordoned (no capacity to place on), of a type no pool has: its GPUs as it reports them.
+    let absurd = NodeBuilder::new("absurd")
+        .pool("a10g", "x9.metal", "us-east-1a")
+        .cpu_milli(8000)
+        .memory_gib(32)
+        .gpus(i64::MAX)
+        .cordoned()
+        .build();
+    let other = NodeBuilder::new("n1")
+        .pool("a10g", "g5.12xlarge", "us-east-1a")
+        .cpu_milli(47_000)
+        .memory_gib(180)
+        .gpus(4)
+        .cordoned()
+        .build();
+    let snapshot = snap(
+        vec![gpu_pod("p", 1).selector(labels::POOL, "a10g").build()],
+        vec![absurd, other],
+    );
+    // The cluster's maxGpus, then the pool's: both already reached, no launch.
+    let pool_limit = POLICY.replace(
+        "maxNodes: 100\n  - name: l4",
+        "maxNodes: 100\n    maxGpus: 64\n  - name: l4",
+    );
+    for text in [format!("limits: {{maxGpus: 64}}\n{POLICY}"), pool_limit] {
+        let plan = run(&snapshot, &text);
+        assert!(plan.scale_ups.is_empty(), "{plan:?}");
+        assert_eq!(plan.unschedulable.len(), 1, "{plan:?}");
+        assert!(
+            plan.unschedulable[0].reason.contains("limits"),
+            "{:?}",
+            plan.unschedulable[0]
+        );
+    }
+    // Without a GPU limit, only maxNodes counts: the pod gets its node.
+    let plan = run(&snapshot, POLICY);
+    assert_eq!(plan.scale_ups.len(), 1, "{plan:?}");
+}
+
+#[test]
 fn higher_priority_pools_are_used_first() {
     // l4 is cheaper per GPU than a10g for 1-GPU pods (spot $0.32 vs $0.40); with a10g at
     // priority 10 the pods go there anyway, until it is full.
