@@ -544,13 +544,14 @@ impl Controller {
         true
     }
 
-    /// Reads a changed policy ConfigMap; an invalid one leaves the last good policy in force.
-    /// A valid one that cannot be applied yet (the cloud's catalog unreachable) is tried again
-    /// on the next pass.
+    /// Reads a changed policy ConfigMap; an invalid one leaves the last good policy in force
+    /// and is reported once (Event, log), not again until the ConfigMap changes, also when no
+    /// policy is in force yet. A valid one that cannot be applied yet (the cloud's catalog
+    /// unreachable) is tried again on the next pass.
     async fn reload_policy(&mut self) {
         let src = self.state.lock().unwrap().policy_source().cloned();
         let rv = src.as_ref().map(|s| s.resource_version.clone());
-        if rv == self.policy_seen && (self.core.policy().is_some() || rv.is_none()) {
+        if rv == self.policy_seen {
             return;
         }
         let (ns, name) = self.policy_name.clone();
