@@ -304,17 +304,45 @@ mod tests {
     use crate::policy::parse_policy;
     use gpu_node_autoscaler_provider::CapacityType;
 
+    /// What a pass knows besides the nodes and the launches in flight.
+    #[derive(Default)]
+    struct Known {
+        history: BTreeMap<String, PoolHistory>,
+        unavailable: BTreeMap<OfferingKey, Time>,
+        given_up: std::collections::HashMap<String, Time>,
+    }
+
+    /// The status at 200 s under `policy` (g5.xlarge: one GPU), with nothing planned.
+    fn status_of(policy: &str, nodes: &[&Node], in_flight: &[InFlight], known: &Known) -> Status {
+        let policy = parse_policy(policy, "p.yaml").unwrap();
+        build(&StatusInput {
+            now: Time::from_secs(200),
+            leader: "r1",
+            dry_run: false,
+            policy_valid: true,
+            policy: &policy,
+            nodes,
+            in_flight,
+            gpus_of: &|t| i64::from(t == "g5.xlarge"),
+            plan: &Plan::default(),
+            history: &known.history,
+            unavailable: &known.unavailable,
+            given_up: &known.given_up,
+            replacements: &Default::default(),
+        })
+    }
+
+    /// A node of pool `a` advertising `gpus`.
+    fn node_of_a(name: &str, gpus: i64) -> Node {
+        NodeBuilder::new(name)
+            .label(labels::POOL, "a")
+            .gpus(gpus)
+            .build()
+    }
+
     #[test]
     fn pools_count_ready_in_flight_and_target() {
-        let policy = parse_policy(
-            "clusterName: c\nzones: [z]\npools:\n- name: a\n  instanceTypes: [g5.xlarge]\n  maxNodes: 5\n  scaleDown: {cooldownAfterScaleUp: 10m}\n",
-            "p.yaml",
-        )
-        .unwrap();
-        let ready = NodeBuilder::new("n1")
-            .label(labels::POOL, "a")
-            .gpus(1)
-            .build();
+        let ready = node_of_a("n1", 1);
         let booting = NodeBuilder::new("n2").label(labels::POOL, "a").build();
         let nodes = [&ready, &booting];
         let flights = [InFlight {
@@ -328,8 +356,8 @@ mod tests {
             count: 2,
             launched_at: Time(0),
         }];
-        let mut history = BTreeMap::new();
-        history.insert(
+        let mut known = Known::default();
+        known.history.insert(
             "a".to_string(),
             PoolHistory {
                 last_scale_up: Some(Time::from_secs(100)),
@@ -337,23 +365,19 @@ mod tests {
                 last_scale_down_failure: Some(Time::from_secs(150)),
             },
         );
-        let mut unavailable = BTreeMap::new();
-        unavailable.insert(flights[0].offering.clone(), Time::from_secs(400));
-        let s = build(&StatusInput {
-            now: Time::from_secs(200),
-            leader: "r1",
-            dry_run: false,
-            policy_valid: true,
-            policy: &policy,
-            nodes: &nodes,
-            in_flight: &flights,
-            gpus_of: &|t| i64::from(t == "g5.xlarge"),
-            plan: &Plan::default(),
-            history: &history,
-            unavailable: &unavailable,
-            given_up: &[("a-123".to_string(), Time::from_secs(160))].into(),
-            replacements: &Default::default(),
-        });
+        known
+            .unavailable
+            .insert(flights[0].offering.clone(), Time::from_secs(400));
+        known
+            .given_up
+            .insert("a-123".to_string(), Time::from_secs(160));
+        let s = status_of(
+            "clusterName: c\nzones: [z]\npools:\n- name: a\n  instanceTypes: [g5.xlarge]\n  maxNodes: 5\n  scaleDown: {cooldownAfterScaleUp: 10m}\n",
+            &nodes,
+            &flights,
+            &known,
+        );
+        let history = &known.history;
         let p = &s.pools[0];
         assert_eq!((p.ready_nodes, p.ready_gpus, p.in_flight_nodes), (1, 1, 3));
         assert_eq!(p.target_nodes, 4);
@@ -380,34 +404,13 @@ mod tests {
 
     #[test]
     fn overrun_a_node_reporting_i64_max_gpus_saturates_the_pools_gpu_figures() {
-        let policy = parse_policy(
+        let (absurd, other) = (node_of_a("n1", i64::MAX), node_of_a("n2", 1));
+        let s = status_of(
             "zones: [z]\npools:\n- name: a\n  instanceTypes: [g5.xlarge]\n  maxNodes: 5\n",
-            "p.yaml",
-        )
-        .unwrap();
-        let absurd = NodeBuilder::new("n1")
-            .label(labels::POOL, "a")
-            .gpus(i64::MAX)
-            .build();
-        let other = NodeBuilder::new("n2")
-            .label(labels::POOL, "a")
-            .gpus(1)
-            .build();
-        let s = build(&StatusInput {
-            now: Time::from_secs(200),
-            leader: "r1",
-            dry_run: false,
-            policy_valid: true,
-            policy: &policy,
-            nodes: &[&absurd, &other],
-            in_flight: &[],
-            gpus_of: &|_| 1,
-            plan: &Plan::default(),
-            history: &BTreeMap::new(),
-            unavailable: &BTreeMap::new(),
-            given_up: &Default::default(),
-            replacements: &Default::default(),
-        });
+            &[&absurd, &other],
+            &[],
+            &Known::default(),
+        );
         let p = &s.pools[0];
         assert_eq!(
             (p.ready_nodes, p.ready_gpus, p.target_gpus),
