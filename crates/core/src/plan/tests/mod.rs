@@ -912,21 +912,14 @@ fn pool_and_cluster_limits_are_never_exceeded() {
 
 #[test]
 fn overrun_a_node_reporting_i64_max_gpus_fills_the_gpu_limits_instead_of_wrapping_them() {
-    // Cordoned (no capacity to place on), of a type no pool has: its GPUs as it reports them.
-    let absurd = NodeBuilder::new("absurd")
-        .pool("a10g", "x9.metal", "us-east-1a")
-        .cpu_milli(8000)
-        .memory_gib(32)
-        .gpus(i64::MAX)
-        .cordoned()
-        .build();
-    let other = NodeBuilder::new("n1")
-        .pool("a10g", "g5.12xlarge", "us-east-1a")
-        .cpu_milli(47_000)
-        .memory_gib(180)
-        .gpus(4)
-        .cordoned()
-        .build();
+    // Both cordoned (no room to place on, only counted). Of a type no pool has, a node counts
+    // with the GPUs it reports; of a pool's type, with its template's (4 for a g5.12xlarge).
+    let cordoned = |name: &str, instance_type: &str, gpus: i64| {
+        let node = NodeBuilder::new(name).pool("a10g", instance_type, "us-east-1a");
+        node.gpus(gpus).cordoned().build()
+    };
+    let absurd = cordoned("absurd", "x9.metal", i64::MAX);
+    let other = cordoned("n1", "g5.12xlarge", 4);
     let snapshot = snap(
         vec![gpu_pod("p", 1).selector(labels::POOL, "a10g").build()],
         vec![absurd, other],
