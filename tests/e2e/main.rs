@@ -355,6 +355,60 @@ fn an_invalid_policy_update_keeps_the_last_good_policy_and_warns_on_the_configma
     });
 }
 
+#[test]
+fn overrun_an_invalid_policy_at_start_up_is_reported_once_not_at_every_pass() {
+    let mut env = Env::start("policy-start", Options::default());
+    let good = env.policy(&["us-east-1a"], "");
+    let bad = good.replace("maxNodes: 6", "maxNodes: -1");
+    assert_ne!(bad, good);
+    env.create(&env.policy_configmap(&bad));
+    env.start_controller("r1", &[]);
+    env.wait_for("a PolicyInvalid Event", MIN, || {
+        env.events("PolicyInvalid").pop()
+    });
+    // Passes go on (every 2 s) with the same invalid policy: five more at least.
+    let last_pass = |env: &Env| {
+        env.metric("r1", "gpu_node_autoscaler_last_pass_timestamp_seconds ")
+            .unwrap_or(0.0)
+    };
+    let first = last_pass(&env);
+    env.wait_for("passes after the first", MIN, || {
+        (last_pass(&env) >= first + 10.0).then_some(())
+    });
+    // Each rejection is logged, and each Event sent is logged with its reason.
+    let sent = |log: &str| {
+        (
+            log.matches("policy rejected").count(),
+            log.lines().filter(|l| l.contains("PolicyInvalid")).count(),
+        )
+    };
+    let log = env.log("r1");
+    assert_eq!(
+        sent(&log),
+        (1, 1),
+        "the same policy rejected and its Event sent again:\n{log}"
+    );
+    assert_eq!(
+        env.metric("r1", "gpu_node_autoscaler_policy_valid "),
+        Some(0.0)
+    );
+    // A new version of the policy is read: invalid again, reported again, once.
+    env.apply(&env.policy_configmap(&good.replace("maxNodes: 6", "maxNodes: -2")));
+    env.wait_for("the second version rejected", MIN, || {
+        (sent(&env.log("r1")).0 == 2).then_some(())
+    });
+    let second = last_pass(&env);
+    env.wait_for("passes after the second", MIN, || {
+        (last_pass(&env) >= second + 6.0).then_some(())
+    });
+    assert_eq!(sent(&env.log("r1")), (2, 2));
+    // A valid one is put in force.
+    env.apply(&env.policy_configmap(&good));
+    env.wait_for("the valid policy to be in force", MIN, || {
+        (env.metric("r1", "gpu_node_autoscaler_policy_valid ") == Some(1.0)).then_some(())
+    });
+}
+
 /// A service with one replica on the GPU `node` and one on the system node (two ReplicaSets,
 /// each preferring its node: free to move elsewhere), under two PodDisruptionBudgets that each still allow one
 /// disruption. The planner sees room in both; the Eviction API refuses to evict a pod that more

@@ -1564,6 +1564,7 @@ fn the_alerts_and_the_dashboard_read_metrics_the_controller_exports() {
     m.gpus.get_or_create(&capacity()).set(4);
     m.scale_ups.get_or_create(&pool()).inc();
     m.scale_downs.get_or_create(&pool()).inc();
+    m.give_up_terminations_failed.get_or_create(&pool()).inc();
     m.failed_launches
         .get_or_create(&FailedLaunch {
             pool: "a10g".into(),

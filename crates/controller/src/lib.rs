@@ -544,13 +544,14 @@ impl Controller {
         true
     }
 
-    /// Reads a changed policy ConfigMap; an invalid one leaves the last good policy in force.
-    /// A valid one that cannot be applied yet (the cloud's catalog unreachable) is tried again
-    /// on the next pass.
+    /// Reads a changed policy ConfigMap; an invalid one leaves the last good policy in force
+    /// and is reported once (Event, log), not again until the ConfigMap changes, also when no
+    /// policy is in force yet. A valid one that cannot be applied yet (the cloud's catalog
+    /// unreachable) is tried again on the next pass.
     async fn reload_policy(&mut self) {
         let src = self.state.lock().unwrap().policy_source().cloned();
         let rv = src.as_ref().map(|s| s.resource_version.clone());
-        if rv == self.policy_seen && (self.core.policy().is_some() || rv.is_none()) {
+        if rv == self.policy_seen {
             return;
         }
         let (ns, name) = self.policy_name.clone();
@@ -689,6 +690,10 @@ impl Controller {
                 pool: p.name.clone(),
             };
             let _ = self.metrics.scale_ups.get_or_create(&pool);
+            let _ = self
+                .metrics
+                .give_up_terminations_failed
+                .get_or_create(&pool);
             let _ = self.metrics.scale_downs.get_or_create(&pool);
             for reason in LAUNCH_FAILURE_REASONS {
                 let _ = self.metrics.failed_launches.get_or_create(&FailedLaunch {
@@ -1074,11 +1079,19 @@ impl Controller {
                     why,
                 } => {
                     info!(instance = %instance_id, pool = %pool, "terminating: {why}");
-                    if let Some(p) = self.providers.get(&pool) {
-                        if let Err(e) = p.terminate(&instance_id).await {
-                            warn!(instance = %instance_id, "terminating: {e}");
-                        }
+                    let result = match self.providers.get(&pool) {
+                        Some(p) => p.terminate(&instance_id).await,
+                        None => Err(ProviderError::InvalidRequest {
+                            message: format!("no provider for pool {pool}"),
+                        }),
+                    };
+                    if let Err(e) = &result {
+                        warn!(instance = %instance_id, "terminating: {e}");
                     }
+                    feedback.push(Feedback::Terminated {
+                        instance_id,
+                        result,
+                    });
                 }
                 Action::DeleteNode { node } => {
                     let api: Api<K8sNode> = Api::all(self.client.clone());
@@ -1154,6 +1167,7 @@ impl Controller {
                             uid,
                         } => pod_ref(namespace, name, uid),
                         Subject::Node(n) => node_ref(n),
+                        Subject::Pool(_) => self.policy_ref(),
                     },
                     warning: note.warning,
                     reason: note.reason,
@@ -1233,7 +1247,26 @@ impl Controller {
                     })
                     .inc();
             }
+            Count::GiveUpTerminateFailed { pool } => {
+                self.metrics
+                    .give_up_terminations_failed
+                    .get_or_create(&PoolLabel { pool })
+                    .inc();
+            }
         }
+    }
+
+    /// The policy ConfigMap, what Events about a pool are recorded on.
+    fn policy_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        let (ns, name) = &self.policy_name;
+        let uid = self
+            .state
+            .lock()
+            .unwrap()
+            .policy_source()
+            .map(|s| s.uid.clone())
+            .unwrap_or_default();
+        configmap_ref(ns, name, &uid)
     }
 
     /// Gives a Node of ours its pool's labels and taints (a real node registers with what its

@@ -102,6 +102,7 @@ pub struct Metrics {
     pub scale_ups: Family<PoolLabel, Counter>,
     pub scale_downs: Family<PoolLabel, Counter>,
     pub failed_launches: Family<FailedLaunch, Counter>,
+    pub give_up_terminations_failed: Family<PoolLabel, Counter>,
     pub evictions: Family<EvictionResult, Counter>,
     pub nodes_gpus_lost: Gauge,
     pub nodes_unhealthy: Gauge,
@@ -217,6 +218,7 @@ impl Metrics {
             scale_ups: Family::default(),
             scale_downs: Family::default(),
             failed_launches: Family::default(),
+            give_up_terminations_failed: Family::default(),
             evictions: Family::default(),
             nodes_gpus_lost: Gauge::default(),
             nodes_unhealthy: Gauge::default(),
@@ -347,6 +349,12 @@ impl Metrics {
             "failed_launches",
             "Launch failures per pool and reason",
             m.failed_launches.clone(),
+        );
+        registry.register(
+            "give_up_terminations_failed",
+            "Terminations of instances given up (never became nodes) that failed, per pool; \
+             retried with back-off",
+            m.give_up_terminations_failed.clone(),
         );
         registry.register(
             "evictions",

@@ -71,7 +71,13 @@ impl Ours {
                         result,
                     });
                 }
-                Action::Terminate { instance_id, .. } => world.terminate_instance(&instance_id),
+                Action::Terminate { instance_id, .. } => {
+                    world.terminate_instance(&instance_id);
+                    feedback.push(Feedback::Terminated {
+                        instance_id,
+                        result: Ok(()),
+                    });
+                }
                 Action::DeleteNode { node } => world.delete_node(&node),
                 Action::Drain(order) => {
                     // The simulated drain is immediate: evicted pods go back to pending.
@@ -152,7 +158,7 @@ impl Strategy for Ours {
             short |= feedback.iter().any(|f| match f {
                 Feedback::Launched { result: Ok(r), .. } => !r.failures.is_empty(),
                 Feedback::Launched { result: Err(_), .. } => true,
-                Feedback::Registered { .. } => false,
+                Feedback::Registered { .. } | Feedback::Terminated { .. } => false,
             });
             actions = self.core.resume(feedback);
         }

@@ -58,6 +58,20 @@ pub struct FleetView {
 }
 
 impl FleetView {
+    /// The overdue instances without a Node, grouped as launches: no capacity, but the cloud
+    /// lists them, so they count against their pools' limits (an overdue Node counts as a node).
+    pub fn held(&self) -> Vec<InFlight> {
+        group_in_flight(self.overdue.iter().filter(|o| o.node.is_none()).map(|o| {
+            let i = &o.instance;
+            (
+                i.launch_id.as_str(),
+                i.pool.as_str(),
+                &i.offering,
+                Time(i.launched_at_ms),
+            )
+        }))
+    }
+
     /// Whether `n` is the Node of an instance of ours (launched by this autoscaler for this
     /// cluster): only those are ever drained for removal or replaced.
     pub fn is_ours(&self, n: &Node) -> bool {
@@ -228,7 +242,7 @@ pub fn node_gauges(nodes: &[Node]) -> NodeGauges {
             .entry((pool.to_string(), ct.to_string()))
             .or_default();
         e.0 += 1;
-        e.1 += n.advertised_gpus();
+        e.1 = e.1.saturating_add(n.advertised_gpus());
     }
     g
 }

@@ -129,6 +129,9 @@ pub enum Subject {
         uid: String,
     },
     Node(String),
+    /// A pool of the policy (about its instances that have no Node): the executor records it on
+    /// the policy's ConfigMap.
+    Pool(String),
 }
 
 /// A Kubernetes Event to record.
@@ -177,6 +180,10 @@ pub enum Count {
         pool: String,
         cause: &'static str,
     },
+    /// The termination of an instance given up (never became a node) failed; it is retried.
+    GiveUpTerminateFailed {
+        pool: String,
+    },
 }
 
 /// A drain to run: taint and cordon the node, evict its pods, terminate its instance and delete
@@ -207,7 +214,8 @@ pub enum Action {
         /// The pods (`namespace/name`) the nodes are for.
         pods: Vec<String>,
     },
-    /// Terminate an instance of ours (a launch given up or given back).
+    /// Terminate an instance of ours (a launch given up or given back). Answered with
+    /// [`Feedback::Terminated`].
     Terminate {
         pool: String,
         instance_id: String,
@@ -268,6 +276,12 @@ pub enum Feedback {
     Launched {
         launch_id: String,
         result: Result<LaunchResult, ProviderError>,
+    },
+    /// What the cloud answered to a [`Action::Terminate`] (success: the termination was
+    /// accepted; the instance counts until the cloud no longer lists it).
+    Terminated {
+        instance_id: String,
+        result: Result<(), ProviderError>,
     },
 }
 
@@ -377,6 +391,9 @@ struct FleetTracking {
     /// Instances seen with a Node; and since when those without one any more lost it.
     registered: HashSet<String>,
     lost: HashMap<String, Time>,
+    /// Instances of launches given up, while the cloud lists them: their termination, retried
+    /// with back-off while it fails.
+    terminating: HashMap<String, tracking::Terminating>,
 }
 
 /// Disruption state: drains running, nodes removed, replacements, consolidation timers, unneeded
@@ -703,6 +720,16 @@ impl Autoscaler {
     /// Continues the pass with the outcomes of its last actions.
     pub fn resume(&mut self, feedback: Vec<Feedback>) -> Vec<Action> {
         let mut out = Vec::new();
+        // Answers to terminations come back whatever the step (also after the pass's last one).
+        for f in &feedback {
+            if let Feedback::Terminated {
+                instance_id,
+                result: Err(e),
+            } = f
+            {
+                self.give_up_terminate_failed(instance_id, e, &mut out);
+            }
+        }
         let Some(mut pass) = self.pass.take() else {
             return out;
         };

@@ -34,6 +34,7 @@ impl Autoscaler {
             self.before_replan(&mut pass, out);
         }
         pass.snapshot.in_flight = pass.view.in_flight.clone();
+        pass.snapshot.held = pass.view.held();
         let keep = pass.policy.max_node_provision_time;
         self.launches
             .planned
@@ -302,7 +303,7 @@ impl Autoscaler {
             .into_iter()
             .filter_map(|f| match f {
                 Feedback::Launched { launch_id, result } => Some((launch_id, result)),
-                Feedback::Registered { .. } => None,
+                Feedback::Registered { .. } | Feedback::Terminated { .. } => None,
             })
             .collect();
         let ttl = pass.policy.insufficient_capacity_ttl;

@@ -125,7 +125,7 @@ pub fn build(i: &StatusInput) -> Status {
             name: p.name.clone(),
             ..Default::default()
         };
-        let mut down_gpus = 0;
+        let mut down_gpus: i64 = 0;
         let down_nodes: Vec<&str> = i
             .plan
             .scale_downs
@@ -138,22 +138,25 @@ pub fn build(i: &StatusInput) -> Status {
                 0 => n.instance_type().map_or(0, |t| (i.gpus_of)(t)),
                 g => g,
             };
+            // GPU sums saturate: a Node reporting an absurd count must not wrap them.
             if down_nodes.contains(&n.name.as_str()) {
-                down_gpus += gpus;
+                down_gpus = down_gpus.saturating_add(gpus);
             }
             if n.is_being_deleted() {
                 s.draining_nodes += 1;
             } else if n.ready && n.advertised_gpus() > 0 {
                 s.ready_nodes += 1;
-                s.ready_gpus += gpus;
+                s.ready_gpus = s.ready_gpus.saturating_add(gpus);
             } else {
                 s.in_flight_nodes += 1;
-                s.in_flight_gpus += gpus;
+                s.in_flight_gpus = s.in_flight_gpus.saturating_add(gpus);
             }
         }
         for f in i.in_flight.iter().filter(|f| f.pool == p.name) {
             s.in_flight_nodes += f.count;
-            s.in_flight_gpus += i64::from(f.count) * (i.gpus_of)(&f.offering.instance_type);
+            s.in_flight_gpus = s.in_flight_gpus.saturating_add(
+                i64::from(f.count).saturating_mul((i.gpus_of)(&f.offering.instance_type)),
+            );
         }
         let ups = i.plan.scale_ups.iter().filter(|u| u.pool == p.name);
         let up: u32 = ups.clone().map(|u| u.count).sum();
@@ -167,7 +170,12 @@ pub fn build(i: &StatusInput) -> Status {
             .sum();
         let down = down_nodes.len() as u32;
         s.target_nodes = (s.ready_nodes + s.in_flight_nodes + up).saturating_sub(down);
-        s.target_gpus = (s.ready_gpus + s.in_flight_gpus + up_gpus - down_gpus).max(0);
+        s.target_gpus = s
+            .ready_gpus
+            .saturating_add(s.in_flight_gpus)
+            .saturating_add(up_gpus)
+            .saturating_sub(down_gpus)
+            .max(0);
         if let Some(h) = i.history.get(&p.name) {
             s.last_scale_up = h.last_scale_up.map(Time::to_rfc3339);
             s.last_scale_down = h.last_scale_down.map(Time::to_rfc3339);
@@ -296,17 +304,45 @@ mod tests {
     use crate::policy::parse_policy;
     use gpu_node_autoscaler_provider::CapacityType;
 
+    /// What a pass knows besides the nodes and the launches in flight.
+    #[derive(Default)]
+    struct Known {
+        history: BTreeMap<String, PoolHistory>,
+        unavailable: BTreeMap<OfferingKey, Time>,
+        given_up: std::collections::HashMap<String, Time>,
+    }
+
+    /// The status at 200 s under `policy` (g5.xlarge: one GPU), with nothing planned.
+    fn status_of(policy: &str, nodes: &[&Node], in_flight: &[InFlight], known: &Known) -> Status {
+        let policy = parse_policy(policy, "p.yaml").unwrap();
+        build(&StatusInput {
+            now: Time::from_secs(200),
+            leader: "r1",
+            dry_run: false,
+            policy_valid: true,
+            policy: &policy,
+            nodes,
+            in_flight,
+            gpus_of: &|t| i64::from(t == "g5.xlarge"),
+            plan: &Plan::default(),
+            history: &known.history,
+            unavailable: &known.unavailable,
+            given_up: &known.given_up,
+            replacements: &Default::default(),
+        })
+    }
+
+    /// A node of pool `a` advertising `gpus`.
+    fn node_of_a(name: &str, gpus: i64) -> Node {
+        NodeBuilder::new(name)
+            .label(labels::POOL, "a")
+            .gpus(gpus)
+            .build()
+    }
+
     #[test]
     fn pools_count_ready_in_flight_and_target() {
-        let policy = parse_policy(
-            "clusterName: c\nzones: [z]\npools:\n- name: a\n  instanceTypes: [g5.xlarge]\n  maxNodes: 5\n  scaleDown: {cooldownAfterScaleUp: 10m}\n",
-            "p.yaml",
-        )
-        .unwrap();
-        let ready = NodeBuilder::new("n1")
-            .label(labels::POOL, "a")
-            .gpus(1)
-            .build();
+        let ready = node_of_a("n1", 1);
         let booting = NodeBuilder::new("n2").label(labels::POOL, "a").build();
         let nodes = [&ready, &booting];
         let flights = [InFlight {
@@ -320,8 +356,8 @@ mod tests {
             count: 2,
             launched_at: Time(0),
         }];
-        let mut history = BTreeMap::new();
-        history.insert(
+        let mut known = Known::default();
+        known.history.insert(
             "a".to_string(),
             PoolHistory {
                 last_scale_up: Some(Time::from_secs(100)),
@@ -329,23 +365,19 @@ mod tests {
                 last_scale_down_failure: Some(Time::from_secs(150)),
             },
         );
-        let mut unavailable = BTreeMap::new();
-        unavailable.insert(flights[0].offering.clone(), Time::from_secs(400));
-        let s = build(&StatusInput {
-            now: Time::from_secs(200),
-            leader: "r1",
-            dry_run: false,
-            policy_valid: true,
-            policy: &policy,
-            nodes: &nodes,
-            in_flight: &flights,
-            gpus_of: &|t| i64::from(t == "g5.xlarge"),
-            plan: &Plan::default(),
-            history: &history,
-            unavailable: &unavailable,
-            given_up: &[("a-123".to_string(), Time::from_secs(160))].into(),
-            replacements: &Default::default(),
-        });
+        known
+            .unavailable
+            .insert(flights[0].offering.clone(), Time::from_secs(400));
+        known
+            .given_up
+            .insert("a-123".to_string(), Time::from_secs(160));
+        let s = status_of(
+            "clusterName: c\nzones: [z]\npools:\n- name: a\n  instanceTypes: [g5.xlarge]\n  maxNodes: 5\n  scaleDown: {cooldownAfterScaleUp: 10m}\n",
+            &nodes,
+            &flights,
+            &known,
+        );
+        let history = &known.history;
         let p = &s.pools[0];
         assert_eq!((p.ready_nodes, p.ready_gpus, p.in_flight_nodes), (1, 1, 3));
         assert_eq!(p.target_nodes, 4);
@@ -368,5 +400,21 @@ mod tests {
             [("a-123".to_string(), Time::from_secs(160))]
         );
         assert!(history_of("not json").is_empty());
+    }
+
+    #[test]
+    fn overrun_a_node_reporting_i64_max_gpus_saturates_the_pools_gpu_figures() {
+        let (absurd, other) = (node_of_a("n1", i64::MAX), node_of_a("n2", 1));
+        let s = status_of(
+            "zones: [z]\npools:\n- name: a\n  instanceTypes: [g5.xlarge]\n  maxNodes: 5\n",
+            &[&absurd, &other],
+            &[],
+            &Known::default(),
+        );
+        let p = &s.pools[0];
+        assert_eq!(
+            (p.ready_nodes, p.ready_gpus, p.target_gpus),
+            (2, i64::MAX, i64::MAX)
+        );
     }
 }

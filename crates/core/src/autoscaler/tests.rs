@@ -52,6 +52,8 @@ struct Cloud {
     capacity: BTreeMap<OfferingKey, u32>,
     /// The next launches fail with these, whatever they ask for.
     fail_next: Vec<ProviderError>,
+    /// Terminations fail with this (an IAM condition that denies them), leaving the instance.
+    terminate_fails: Option<ProviderError>,
     next_id: u32,
 }
 
@@ -106,6 +108,15 @@ impl Cloud {
             .filter(|i| i.state != InstanceState::Terminated)
             .cloned()
             .collect()
+    }
+
+    /// Terminates `id`, or fails as scripted.
+    fn try_terminate(&mut self, id: &str) -> Result<(), ProviderError> {
+        if let Some(e) = &self.terminate_fails {
+            return Err(e.clone());
+        }
+        self.terminate(id);
+        Ok(())
     }
 
     fn terminate(&mut self, id: &str) {
@@ -190,7 +201,10 @@ impl Run {
                         launch_id: request.launch_id.clone(),
                         result: self.cloud.launch(request, now),
                     }),
-                    Action::Terminate { instance_id, .. } => self.cloud.terminate(instance_id),
+                    Action::Terminate { instance_id, .. } => feedback.push(Feedback::Terminated {
+                        instance_id: instance_id.clone(),
+                        result: self.cloud.try_terminate(instance_id),
+                    }),
                     Action::Taint {
                         node,
                         taint,
@@ -526,6 +540,89 @@ fn a_launch_that_never_becomes_a_node_is_given_up_and_planned_elsewhere() {
         again[0].offerings[0], first.offerings[0],
         "the offering that did not come up is avoided"
     );
+}
+
+/// Policies where two g5.xlarge (one GPU each) are the most: by the pool's `maxNodes`, its
+/// `maxGpus`, the cluster's `maxNodes`, the cluster's `maxGpus`.
+const AT_MOST_TWO: [&str; 4] = [
+    "pools: [{name: a10g, instanceTypes: [g5.xlarge], capacityTypes: [on-demand], maxNodes: 2}]",
+    "pools: [{name: a10g, instanceTypes: [g5.xlarge], capacityTypes: [on-demand], maxNodes: 20, \
+     maxGpus: 2}]",
+    "limits: {maxNodes: 2}\n\
+     pools: [{name: a10g, instanceTypes: [g5.xlarge], capacityTypes: [on-demand], maxNodes: 20}]",
+    "limits: {maxGpus: 2}\n\
+     pools: [{name: a10g, instanceTypes: [g5.xlarge], capacityTypes: [on-demand], maxNodes: 20}]",
+];
+
+#[test]
+fn overrun_instances_that_never_join_and_cannot_be_terminated_hold_the_limits() {
+    for limits in AT_MOST_TWO {
+        let text =
+            format!("zones: [us-east-1a, us-east-1b]\nmaxNodeProvisionTime: 10m\n{limits}\n");
+        let mut run = Run::with_policy(Config::default(), &text);
+        run.cloud.terminate_fails = Some(ProviderError::Other {
+            message: "UnauthorizedOperation: an explicit deny in a service control policy".into(),
+        });
+        for p in ["p1", "p2", "p3", "p4"] {
+            run.pods.push(gpu_pod(p, 1));
+        }
+        // No instance ever joins. A pass a minute for three hours, terminations denied.
+        let mut tries = Vec::new();
+        for minute in 0..180 {
+            let actions = run.pass(T0 + secs(60 * minute));
+            if terminated(&actions).contains(&"i-1") {
+                tries.push(minute);
+            }
+            let live = run.cloud.live().len();
+            assert!(live <= 2, "{limits}: {live} instances at minute {minute}");
+        }
+        assert_eq!(run.cloud.instances.len(), 2, "{limits}: launched once");
+        // Given up at 10 minutes, then tried again with a growing wait, up to 10 minutes.
+        let gaps: Vec<u64> = tries.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(tries[0], 10, "{limits}");
+        assert_eq!(gaps[..6], [1, 1, 2, 4, 8, 10], "{limits}: {tries:?}");
+        assert!(gaps[6..].iter().all(|g| *g == 10), "{limits}: {tries:?}");
+        // Each failure reported and counted; the give-up itself counted once per instance.
+        let failed = 2 * tries.len();
+        assert_eq!(events(&run.actions, "GiveUpTerminateFailed").len(), failed);
+        let counted = |f: &dyn Fn(&Count) -> bool| {
+            run.actions
+                .iter()
+                .filter(|a| matches!(a, Action::Count(c) if f(c)))
+                .count()
+        };
+        assert_eq!(
+            counted(&|c| matches!(c, Count::GiveUpTerminateFailed { pool } if pool == "a10g")),
+            failed
+        );
+        assert_eq!(
+            counted(&|c| matches!(
+                c,
+                Count::FailedLaunch {
+                    reason: "provision_timeout",
+                    ..
+                }
+            )),
+            2
+        );
+        // Once terminations go through (at the next try, minute 186), the instances go and the
+        // pods are launched for again (those never join either, and are given up at 196).
+        run.cloud.terminate_fails = None;
+        let mut relaunched = 0;
+        for minute in 180..195 {
+            let actions = run.pass(T0 + secs(60 * minute));
+            relaunched += launches(&actions).iter().map(|l| l.count).sum::<u32>();
+            assert!(run.cloud.live().len() <= 2, "{limits}: at minute {minute}");
+        }
+        assert_eq!(relaunched, 2, "{limits}");
+        assert!(
+            run.cloud
+                .live()
+                .iter()
+                .all(|i| i.id != "i-1" && i.id != "i-2"),
+            "{limits}"
+        );
+    }
 }
 
 #[test]

@@ -4,14 +4,38 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
-use gpu_node_autoscaler_provider::{Instance, InstanceState, OfferingKey};
+use gpu_node_autoscaler_provider::retry::backoff;
+use gpu_node_autoscaler_provider::{Instance, InstanceState, OfferingKey, ProviderError};
 
 use crate::autoscaler::fleet::{fleet_view, FleetView, NodeIndex};
 use crate::autoscaler::{Action, Autoscaler, Count, Level, Note, Pass, Subject, RECENT_FOR};
 use crate::model::{Node, Time};
 use crate::policy::duration::format_duration;
 use crate::policy::Policy;
+
+/// The first retry of a give-up's termination that failed comes this long after it; each
+/// further failure doubles the wait, up to [`TERMINATE_RETRY_MAX`].
+const TERMINATE_RETRY_BASE: Duration = Duration::from_secs(30);
+const TERMINATE_RETRY_MAX: Duration = Duration::from_secs(600);
+
+/// An instance given up (it never became a working node) that the cloud still lists.
+#[derive(Clone, Debug)]
+pub(in crate::autoscaler) struct Terminating {
+    pool: String,
+    /// Terminations of it that failed, in a row.
+    failures: u32,
+    /// No new termination before then (the cloud may take a while to list it as gone).
+    retry_at: Time,
+}
+
+/// When the termination asked for at `now` is asked for again if the instance is still listed,
+/// after `failures` failed ones.
+fn terminate_retry_at(now: Time, failures: u32) -> Time {
+    // No jitter: a handful of instances, retried at the pace of the passes.
+    now + backoff(TERMINATE_RETRY_BASE, TERMINATE_RETRY_MAX, failures, 1.0)
+}
 
 impl Autoscaler {
     /// Corrects the templates by what registered nodes allocate, so that a pod that did not fit
@@ -65,6 +89,10 @@ impl Autoscaler {
             }
             there
         });
+        // Terminated at last (or the cloud no longer lists it): it no longer counts.
+        self.fleet
+            .terminating
+            .retain(|id, _| current.contains_key(id.as_str()));
         for (id, launch_id) in current {
             if !self.fleet.seen.contains_key(id) {
                 self.fleet
@@ -137,6 +165,38 @@ impl Autoscaler {
                 Some(n) => format!("node {n} never advertised its GPUs"),
                 None => "no Node registered".to_string(),
             };
+            if let Some(t) = self.fleet.terminating.get_mut(&i.id) {
+                // Given up already: terminated again once its back-off has run out.
+                if now < t.retry_at {
+                    continue;
+                }
+                t.retry_at = terminate_retry_at(now, t.failures);
+                out.push(Action::Log {
+                    level: Level::Warn,
+                    message: format!(
+                        "terminating instance {} of launch {} again (given up, still listed, \
+                         {} failed termination(s))",
+                        i.id, i.launch_id, t.failures
+                    ),
+                });
+                out.push(Action::Terminate {
+                    pool: i.pool.clone(),
+                    instance_id: i.id.clone(),
+                    why,
+                });
+                if let Some(n) = &o.node {
+                    out.push(Action::DeleteNode { node: n.clone() });
+                }
+                continue;
+            }
+            self.fleet.terminating.insert(
+                i.id.clone(),
+                Terminating {
+                    pool: i.pool.clone(),
+                    failures: 0,
+                    retry_at: terminate_retry_at(now, 0),
+                },
+            );
             out.push(Action::Log {
                 level: Level::Warn,
                 message: format!(
@@ -173,6 +233,40 @@ impl Autoscaler {
                 }));
             }
         }
+    }
+
+    /// The termination of an instance given up failed: counted, reported, and retried later
+    /// (until then, and as long as the cloud lists it, it counts against its pool's limits).
+    pub(in crate::autoscaler) fn give_up_terminate_failed(
+        &mut self,
+        instance_id: &str,
+        e: &ProviderError,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(t) = self.fleet.terminating.get_mut(instance_id) else {
+            return;
+        };
+        t.failures += 1;
+        let message = format!(
+            "instance {instance_id} of pool {}, given up (it never became a node), could not be \
+             terminated ({} time(s) in a row): {e}; it counts against the pool's limits until \
+             the cloud no longer lists it, and termination is tried again",
+            t.pool, t.failures
+        );
+        out.push(Action::Log {
+            level: Level::Warn,
+            message: message.clone(),
+        });
+        out.push(Action::Event(Note {
+            subject: Subject::Pool(t.pool.clone()),
+            warning: true,
+            reason: "GiveUpTerminateFailed",
+            action: "Terminate",
+            message,
+        }));
+        out.push(Action::Count(Count::GiveUpTerminateFailed {
+            pool: t.pool.clone(),
+        }));
     }
 
     /// Nodes whose GPUs went missing after they advertised them: reported (Event, log, gauge),

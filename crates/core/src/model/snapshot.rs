@@ -81,6 +81,11 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     pub pdbs: Vec<Pdb>,
     pub in_flight: Vec<InFlight>,
+    /// Instances the cloud still lists that are neither capacity nor a Node: launches given up
+    /// (no Node within the max node provision time) whose termination the cloud has not
+    /// confirmed, or that failed. They count against the pools' and the cluster's limits until
+    /// the cloud no longer lists them.
+    pub held: Vec<InFlight>,
     /// Per launch id: the pods the plan that launched it meant for each of its nodes (pod keys,
     /// `namespace/name`), while its nodes are on their way, so that a later plan puts them
     /// back there instead of packing them again from scratch.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::model::resources::{
     place_share, place_shares, share_copies, GpuShare, Resources, SharedGpu,
 };
-use crate::model::{Constraints, Pod, Snapshot, Time};
+use crate::model::{Constraints, InFlight, Pod, Snapshot, Time};
 use crate::policy::Policy;
 use gpu_node_autoscaler_provider::CapacityType;
 
@@ -141,12 +141,27 @@ struct Opened {
     shared: Vec<SharedGpu>,
 }
 
+/// What counts against the pools' and the cluster's limits. Sums saturate: a Node reporting an
+/// absurd GPU count (up to `i64::MAX`) fills the limits, it does not wrap them.
 #[derive(Clone)]
 struct Usage {
     pool_nodes: Vec<i64>,
     pool_gpus: Vec<i64>,
     nodes: i64,
     gpus: i64,
+}
+
+impl Usage {
+    /// Adds `nodes` nodes with `gpus` GPUs in all, in pool `pool` (none: counted for the cluster
+    /// only).
+    fn add(&mut self, pool: Option<usize>, nodes: i64, gpus: i64) {
+        self.nodes = self.nodes.saturating_add(nodes);
+        self.gpus = self.gpus.saturating_add(gpus);
+        if let Some(pi) = pool {
+            self.pool_nodes[pi] = self.pool_nodes[pi].saturating_add(nodes);
+            self.pool_gpus[pi] = self.pool_gpus[pi].saturating_add(gpus);
+        }
+    }
 }
 
 struct Packer<'a> {
@@ -317,13 +332,9 @@ impl<'a> Packer<'a> {
         for (ni, n) in snap.nodes.iter().enumerate() {
             let tmpl = template_of_node(n, self.templates);
             if !n.deleting {
-                self.usage.nodes += 1;
                 let g = gpu_count_of_node(n, self.templates);
-                self.usage.gpus += g;
-                if let Some(pi) = n.pool().and_then(|p| self.pool_index(p)) {
-                    self.usage.pool_nodes[pi] += 1;
-                    self.usage.pool_gpus[pi] += g;
-                }
+                let pool = n.pool().and_then(|p| self.pool_index(p));
+                self.usage.add(pool, 1, g);
             }
             if n.unschedulable || n.is_being_deleted() {
                 continue;
@@ -392,22 +403,16 @@ impl<'a> Packer<'a> {
             let Some(pi) = self.pool_index(&f.pool) else {
                 continue;
             };
+            // The cloud lists it: it counts against the limits until it is gone.
+            let ti = self.count_listed(pi, f);
             // Not registered within the max node provision time: given up, not capacity.
             if now.since(f.launched_at) >= self.policy.max_node_provision_time {
                 continue;
             }
-            self.usage.nodes += f.count as i64;
-            self.usage.pool_nodes[pi] += f.count as i64;
-            let Some(ti) = self
-                .templates
-                .iter()
-                .position(|t| t.pool == pi && t.instance_type == f.offering.instance_type)
-            else {
+            let Some(ti) = ti else {
                 continue;
             };
             let t = &self.templates[ti];
-            self.usage.gpus += t.gpus as i64 * f.count as i64;
-            self.usage.pool_gpus[pi] += t.gpus as i64 * f.count as i64;
             let Some(oi) = t.offerings.iter().position(|o| o.key == f.offering) else {
                 continue;
             };
@@ -425,9 +430,29 @@ impl<'a> Packer<'a> {
                 });
             }
         }
+        // Given up and not terminated yet (or its termination failed): no capacity, but still
+        // the pool's until the cloud no longer lists it.
+        for f in &snap.held {
+            if let Some(pi) = self.pool_index(&f.pool) {
+                self.count_listed(pi, f);
+            }
+        }
         self.bins = ready;
         self.bins.extend(booting);
         self.bins.extend(inflight);
+    }
+
+    /// Counts instances the cloud lists without a Node against the limits of pool `pi` and of
+    /// the cluster (their GPUs from the pool's template of their type). Returns that template.
+    fn count_listed(&mut self, pi: usize, f: &InFlight) -> Option<usize> {
+        let ti = self
+            .templates
+            .iter()
+            .position(|t| t.pool == pi && t.instance_type == f.offering.instance_type);
+        let n = i64::from(f.count);
+        let g = ti.map_or(0, |ti| (self.templates[ti].gpus as i64).saturating_mul(n));
+        self.usage.add(Some(pi), n, g);
+        ti
     }
 
     fn build_classes(&mut self, now: Time) {
@@ -633,26 +658,23 @@ impl<'a> Packer<'a> {
         let t = &self.templates[t];
         let pool = &self.policy.pools[t.pool];
         let g = t.gpus as i64;
-        let mut r = pool.max_nodes as i64 - usage.pool_nodes[t.pool];
+        let left = |max: u32, used: i64| i64::from(max).saturating_sub(used);
+        let mut r = left(pool.max_nodes, usage.pool_nodes[t.pool]);
         if let (Some(mg), true) = (pool.max_gpus, g > 0) {
-            r = r.min((mg as i64 - usage.pool_gpus[t.pool]) / g);
+            r = r.min(left(mg, usage.pool_gpus[t.pool]) / g);
         }
         if let Some(mn) = self.policy.limits.max_nodes {
-            r = r.min(mn as i64 - usage.nodes);
+            r = r.min(left(mn, usage.nodes));
         }
         if let (Some(mg), true) = (self.policy.limits.max_gpus, g > 0) {
-            r = r.min((mg as i64 - usage.gpus) / g);
+            r = r.min(left(mg, usage.gpus) / g);
         }
         r.max(0)
     }
 
     fn add_usage(&self, usage: &mut Usage, t: usize, n: i64) {
         let t = &self.templates[t];
-        let g = t.gpus as i64 * n;
-        usage.pool_nodes[t.pool] += n;
-        usage.pool_gpus[t.pool] += g;
-        usage.nodes += n;
-        usage.gpus += g;
+        usage.add(Some(t.pool), n, (t.gpus as i64).saturating_mul(n));
     }
 
     fn compat(&mut self, c: usize, b: usize) -> bool {

@@ -911,6 +911,40 @@ fn pool_and_cluster_limits_are_never_exceeded() {
 }
 
 #[test]
+fn overrun_a_node_reporting_i64_max_gpus_fills_the_gpu_limits_instead_of_wrapping_them() {
+    // Both cordoned (no room to place on, only counted). Of a type no pool has, a node counts
+    // with the GPUs it reports; of a pool's type, with its template's (4 for a g5.12xlarge).
+    let cordoned = |name: &str, instance_type: &str, gpus: i64| {
+        let node = NodeBuilder::new(name).pool("a10g", instance_type, "us-east-1a");
+        node.gpus(gpus).cordoned().build()
+    };
+    let absurd = cordoned("absurd", "x9.metal", i64::MAX);
+    let other = cordoned("n1", "g5.12xlarge", 4);
+    let snapshot = snap(
+        vec![gpu_pod("p", 1).selector(labels::POOL, "a10g").build()],
+        vec![absurd, other],
+    );
+    // The cluster's maxGpus, then the pool's: both already reached, no launch.
+    let pool_limit = POLICY.replace(
+        "maxNodes: 100\n  - name: l4",
+        "maxNodes: 100\n    maxGpus: 64\n  - name: l4",
+    );
+    for text in [format!("limits: {{maxGpus: 64}}\n{POLICY}"), pool_limit] {
+        let plan = run(&snapshot, &text);
+        assert!(plan.scale_ups.is_empty(), "{plan:?}");
+        assert_eq!(plan.unschedulable.len(), 1, "{plan:?}");
+        assert!(
+            plan.unschedulable[0].reason.contains("limits"),
+            "{:?}",
+            plan.unschedulable[0]
+        );
+    }
+    // Without a GPU limit, only maxNodes counts: the pod gets its node.
+    let plan = run(&snapshot, POLICY);
+    assert_eq!(plan.scale_ups.len(), 1, "{plan:?}");
+}
+
+#[test]
 fn higher_priority_pools_are_used_first() {
     // l4 is cheaper per GPU than a10g for 1-GPU pods (spot $0.32 vs $0.40); with a10g at
     // priority 10 the pods go there anyway, until it is full.
