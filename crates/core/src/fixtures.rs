@@ -263,6 +263,12 @@ impl PodBuilder {
         self
     }
 
+    /// Its rules across nodes (host ports, pod affinity, spread).
+    pub fn topology(mut self, t: crate::model::PodTopology) -> Self {
+        self.constraints.topology = Some(Arc::new(t));
+        self
+    }
+
     pub fn build(mut self) -> Pod {
         self.pod.constraints = Arc::new(self.constraints);
         self.pod
