@@ -201,16 +201,20 @@ impl Profile {
     }
 }
 
-/// Counts per domain of the pods a selector selects.
+/// Counts per domain of the pods that all of some selectors select.
 #[derive(Clone, Debug, Default)]
 struct Counter {
     key: String,
-    selector: PodSelector,
+    selectors: Vec<PodSelector>,
     by_domain: HashMap<String, i64>,
     total: i64,
 }
 
 impl Counter {
+    fn selects(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.selectors.iter().all(|s| s.selects(namespace, labels))
+    }
+
     fn add(&mut self, site: &Site, k: i64) {
         if let Some(v) = site.domain(&self.key) {
             *self.by_domain.entry(v.to_string()).or_default() += k;
@@ -230,9 +234,9 @@ impl Counter {
 #[derive(Clone, Debug, Default)]
 pub struct TopologyIndex {
     counted: Vec<Counter>,
-    counted_ix: HashMap<(String, PodSelector), usize>,
+    counted_ix: HashMap<(String, Vec<PodSelector>), usize>,
     repel: Vec<Counter>,
-    repel_ix: HashMap<(String, PodSelector), usize>,
+    repel_ix: HashMap<(String, Vec<PodSelector>), usize>,
     ports: HashMap<String, Vec<HostPort>>,
     /// Sites that exist: labels and node name.
     nodes: Vec<(Arc<BTreeMap<String, String>>, String)>,
@@ -262,22 +266,26 @@ impl TopologyIndex {
             if !seen.insert(Arc::as_ptr(t)) {
                 continue;
             }
-            for a in t.affinity.iter().chain(&t.anti_affinity) {
-                ix.counter(&a.topology_key, &a.selector);
+            // kube-scheduler counts for a pod's affinity the pods that match all its terms.
+            let all = affinity_selectors(t);
+            for a in &t.affinity {
+                ix.counter(&a.topology_key, &all);
             }
             for a in &t.anti_affinity {
-                let key = (a.topology_key.clone(), a.selector.clone());
+                let selectors = vec![a.selector.clone()];
+                ix.counter(&a.topology_key, &selectors);
+                let key = (a.topology_key.clone(), selectors);
                 if !ix.repel_ix.contains_key(&key) {
-                    ix.repel_ix.insert(key, ix.repel.len());
+                    ix.repel_ix.insert(key.clone(), ix.repel.len());
                     ix.repel.push(Counter {
-                        key: a.topology_key.clone(),
-                        selector: a.selector.clone(),
+                        key: key.0,
+                        selectors: key.1,
                         ..Counter::default()
                     });
                 }
             }
             for s in &t.spread {
-                ix.counter(&s.topology_key, &s.selector);
+                ix.counter(&s.topology_key, std::slice::from_ref(&s.selector));
             }
             ix.keys
                 .extend(t.keys().filter(|k| *k != HOSTNAME).map(str::to_string));
@@ -291,14 +299,14 @@ impl TopologyIndex {
         &self.keys
     }
 
-    fn counter(&mut self, key: &str, selector: &PodSelector) -> usize {
-        let k = (key.to_string(), selector.clone());
+    fn counter(&mut self, key: &str, selectors: &[PodSelector]) -> usize {
+        let k = (key.to_string(), selectors.to_vec());
         if let Some(&i) = self.counted_ix.get(&k) {
             return i;
         }
         self.counted.push(Counter {
             key: key.to_string(),
-            selector: selector.clone(),
+            selectors: selectors.to_vec(),
             ..Counter::default()
         });
         self.counted_ix.insert(k, self.counted.len() - 1);
@@ -312,10 +320,10 @@ impl TopologyIndex {
         let labels = &pod.labels;
         (
             (0..self.counted.len())
-                .filter(|&i| self.counted[i].selector.selects(ns, labels))
+                .filter(|&i| self.counted[i].selects(ns, labels))
                 .collect(),
             (0..self.repel.len())
-                .filter(|&i| self.repel[i].selector.selects(ns, labels))
+                .filter(|&i| self.repel[i].selects(ns, labels))
                 .collect(),
         )
     }
@@ -332,7 +340,7 @@ impl TopologyIndex {
             p.own_repel = t
                 .anti_affinity
                 .iter()
-                .map(|a| self.repel_ix[&(a.topology_key.clone(), a.selector.clone())])
+                .map(|a| self.repel_ix[&(a.topology_key.clone(), vec![a.selector.clone()])])
                 .collect();
             p.ports = t.host_ports.clone();
         }
@@ -353,14 +361,24 @@ impl TopologyIndex {
         let Some(t) = &pod.constraints.topology else {
             return p;
         };
-        let id = |a: &AffinityTerm| self.counted_ix[&(a.topology_key.clone(), a.selector.clone())];
-        p.affinity = t.affinity.iter().map(id).collect();
+        let id =
+            |key: &str, selectors: Vec<PodSelector>| self.counted_ix[&(key.to_string(), selectors)];
+        let all = affinity_selectors(t);
+        p.affinity = t
+            .affinity
+            .iter()
+            .map(|a| id(&a.topology_key, all.clone()))
+            .collect();
         p.self_affine = t.affinity.iter().all(|a| a.selector.selects(ns, labels));
-        p.anti = t.anti_affinity.iter().map(id).collect();
+        p.anti = t
+            .anti_affinity
+            .iter()
+            .map(|a| id(&a.topology_key, vec![a.selector.clone()]))
+            .collect();
         p.own_repel = t
             .anti_affinity
             .iter()
-            .map(|a| self.repel_ix[&(a.topology_key.clone(), a.selector.clone())])
+            .map(|a| self.repel_ix[&(a.topology_key.clone(), vec![a.selector.clone()])])
             .collect();
         p.ports = t.host_ports.clone();
         let spread_keys: Vec<&str> = t.spread.iter().map(|s| s.topology_key.as_str()).collect();
@@ -368,7 +386,7 @@ impl TopologyIndex {
             let (domains, fresh) =
                 self.eligible_domains(&pod.constraints, &s.topology_key, &spread_keys);
             p.spread.push(SpreadCheck {
-                counted: self.counted_ix[&(s.topology_key.clone(), s.selector.clone())],
+                counted: id(&s.topology_key, vec![s.selector.clone()]),
                 max_skew: s.max_skew as i64,
                 min_domains: s.min_domains.max(1) as usize,
                 self_match: s.selector.selects(ns, labels) as i64,
@@ -527,6 +545,11 @@ impl TopologyIndex {
             }
         }
     }
+}
+
+/// The selectors of a pod's affinity terms: a pod counts for each of them when it matches all.
+fn affinity_selectors(t: &PodTopology) -> Vec<PodSelector> {
+    t.affinity.iter().map(|a| a.selector.clone()).collect()
 }
 
 /// An index of `pods`' rules over `nodes` (and the `offerings` that may be launched) with the
