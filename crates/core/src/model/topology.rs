@@ -9,10 +9,11 @@
 //! [`TopologyIndex::admits`] at a [`Site`] (a node, or a node not launched yet), then records
 //! it with [`TopologyIndex::add`].
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::constraints::{Constraints, Requirement};
+use super::constraints::{Constraints, Operator, Requirement};
 use super::pod::Pod;
 
 /// The node label every node carries with its own name.
@@ -206,7 +207,7 @@ impl Profile {
 struct Counter {
     key: String,
     selectors: Vec<PodSelector>,
-    by_domain: HashMap<String, i64>,
+    by_domain: fnv::FnvHashMap<String, i64>,
     total: i64,
 }
 
@@ -217,7 +218,12 @@ impl Counter {
 
     fn add(&mut self, site: &Site, k: i64) {
         if let Some(v) = site.domain(&self.key) {
-            *self.by_domain.entry(v.to_string()).or_default() += k;
+            match self.by_domain.get_mut(v) {
+                Some(n) => *n += k,
+                None => {
+                    self.by_domain.insert(v.to_string(), k);
+                }
+            }
             self.total += k;
         }
     }
@@ -244,6 +250,60 @@ pub struct TopologyIndex {
     offerings: Vec<Arc<BTreeMap<String, String>>>,
     /// Every topology key of a term, but the hostname.
     keys: BTreeSet<String>,
+    /// The counters a pod may be selected by, from the label keys it has.
+    counted_by_key: Prefilter,
+    repel_by_key: Prefilter,
+    /// Eligible domains per constraints and topology key, as [`TopologyIndex::profile`] found
+    /// them (pods of one template share them).
+    domains: RefCell<HashMap<(Constraints, String), Domains>>,
+}
+
+/// The domains of a key a pod may be placed in, and whether a new node is a fresh one.
+type Domains = (Vec<String>, bool);
+
+/// Counters by a label key every pod they select has (a requirement `In` or `Exists` on it),
+/// and those without one.
+#[derive(Clone, Debug, Default)]
+struct Prefilter {
+    by_key: HashMap<String, Vec<usize>>,
+    rest: Vec<usize>,
+}
+
+impl Prefilter {
+    fn new(counters: &[Counter]) -> Prefilter {
+        let mut p = Prefilter::default();
+        for (i, c) in counters.iter().enumerate() {
+            let anchor = c
+                .selectors
+                .iter()
+                .filter_map(|s| s.labels.as_ref())
+                .flatten()
+                .find(|r| matches!(r.operator, Operator::In | Operator::Exists));
+            match anchor {
+                Some(r) => p.by_key.entry(r.key.clone()).or_default().push(i),
+                None => p.rest.push(i),
+            }
+        }
+        p
+    }
+
+    /// Indices of the counters that select a pod with these labels, in order.
+    fn select(
+        &self,
+        counters: &[Counter],
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<usize> {
+        let mut out: Vec<usize> = self
+            .rest
+            .iter()
+            .chain(labels.keys().filter_map(|k| self.by_key.get(k)).flatten())
+            .copied()
+            .filter(|&i| counters[i].selects(namespace, labels))
+            .collect();
+        out.sort_unstable();
+        out
+    }
 }
 
 impl TopologyIndex {
@@ -290,6 +350,8 @@ impl TopologyIndex {
             ix.keys
                 .extend(t.keys().filter(|k| *k != HOSTNAME).map(str::to_string));
         }
+        ix.counted_by_key = Prefilter::new(&ix.counted);
+        ix.repel_by_key = Prefilter::new(&ix.repel);
         ix
     }
 
@@ -319,12 +381,8 @@ impl TopologyIndex {
         let ns = pod.id.namespace.as_str();
         let labels = &pod.labels;
         (
-            (0..self.counted.len())
-                .filter(|&i| self.counted[i].selects(ns, labels))
-                .collect(),
-            (0..self.repel.len())
-                .filter(|&i| self.repel[i].selects(ns, labels))
-                .collect(),
+            self.counted_by_key.select(&self.counted, ns, labels),
+            self.repel_by_key.select(&self.repel, ns, labels),
         )
     }
 
@@ -407,6 +465,10 @@ impl TopologyIndex {
         key: &str,
         spread_keys: &[&str],
     ) -> (Vec<String>, bool) {
+        let memo = (c.clone(), key.to_string());
+        if let Some(d) = self.domains.borrow().get(&memo) {
+            return d.clone();
+        }
         let mut out: BTreeSet<String> = BTreeSet::new();
         for (labels, name) in &self.nodes {
             let site = Site { labels, node: name };
@@ -434,7 +496,9 @@ impl TopologyIndex {
                 }
             }
         }
-        (out.into_iter().collect(), fresh)
+        let found = (out.into_iter().collect::<Vec<_>>(), fresh);
+        self.domains.borrow_mut().insert(memo, found.clone());
+        found
     }
 
     /// Whether kube-scheduler would let a pod of profile `p` onto `site`, with the pods placed
@@ -485,6 +549,31 @@ impl TopologyIndex {
             }
         }
         Ok(())
+    }
+
+    /// What, besides the counts at a site, decides whether a pod of profile `p` is admitted
+    /// there: the global minimum of each spread and whether any pod counts for its affinity.
+    /// While it stays the same, a site that refused the pod still refuses it once more pods of
+    /// the profile are added elsewhere.
+    pub fn floor(&self, p: &Profile) -> Vec<i64> {
+        let mut out: Vec<i64> = p
+            .spread
+            .iter()
+            .map(|s| {
+                let c = &self.counted[s.counted];
+                s.domains
+                    .iter()
+                    .map(|d| c.by_domain.get(d).copied().unwrap_or(0))
+                    .min()
+                    .unwrap_or(0)
+            })
+            .collect();
+        out.extend(
+            p.affinity
+                .iter()
+                .map(|&a| (self.counted[a].total > 0) as i64),
+        );
+        out
     }
 
     /// Records a pod of profile `p` at `site`.

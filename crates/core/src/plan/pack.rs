@@ -1202,32 +1202,69 @@ impl<'a> Packer<'a> {
             return;
         };
         let bound = prof.is_bound_to_domains();
+        // The bins are tried again after a node is opened only when what refused the pods there
+        // may have changed (a spread's global minimum, the first pod an affinity counts): else
+        // the new node is all there is to try.
+        let floor = |p: &Self| p.topology.as_ref().map(|t| t.floor(&prof));
+        // The templates the class may use, each split into parts of one domain; what a new
+        // node admits depends on its domains only, so each domain is probed once a round.
+        let mut domain_of: HashMap<Vec<Option<String>>, usize> = HashMap::new();
+        let mut domain_labels: Vec<Arc<BTreeMap<String, String>>> = Vec::new();
+        // (template, copies on an empty node, [(offerings of one domain, domain)])
+        type Candidate = (usize, i64, Vec<(u64, usize)>);
+        let mut candidates: Vec<Candidate> = Vec::new();
+        for (ti, t) in self.templates.iter().enumerate() {
+            let base = self.classes[c].tmask[ti] & self.available[ti];
+            let copies = self.classes[c].copies(&t.allocatable, &t.shared);
+            if base == 0 || copies <= 0 {
+                continue;
+            }
+            let mut parts = Vec::new();
+            for part in self.domain_parts(t, base, bound) {
+                let labels = t.offerings_in(part).next().map(|o| o.labels.clone());
+                let labels = labels.unwrap_or_default();
+                let domains: Vec<Option<String>> = match &self.topology {
+                    Some(topo) => topo.keys().iter().map(|k| labels.get(k).cloned()).collect(),
+                    None => Vec::new(),
+                };
+                let d = *domain_of.entry(domains).or_insert_with(|| {
+                    domain_labels.push(labels);
+                    domain_labels.len() - 1
+                });
+                parts.push((part, d));
+            }
+            candidates.push((ti, copies, parts));
+        }
+        let mut tried: Option<Option<Vec<i64>>> = None;
         while self.classes[c].remaining() > 0 {
             let want = self.classes[c].remaining();
-            if self.place_on_bins(c, want, None) == want {
+            let now = floor(self);
+            if tried.as_ref() != Some(&now) && self.place_on_bins(c, want, None) == want {
                 return;
             }
+            tried = Some(now);
             let want = self.classes[c].remaining();
             // (priority, price per pod, template, part)
             let mut best: Option<(i32, f64, usize, u64)> = None;
             let mut blocked = None;
-            for ti in 0..self.templates.len() {
-                let t = &self.templates[ti];
-                let base = self.classes[c].tmask[ti] & self.available[ti];
-                if base == 0 || self.room(&self.usage, ti) == 0 {
+            let mut probes: Vec<Option<(i64, Option<Refusal>)>> = vec![None; domain_labels.len()];
+            for (ti, copies, parts) in &candidates {
+                let t = &self.templates[*ti];
+                if best.is_some_and(|b| b.0 > t.priority) || self.room(&self.usage, *ti) == 0 {
                     continue;
                 }
-                if best.is_some_and(|b| b.0 > t.priority) {
-                    continue;
-                }
-                let fit = self.classes[c].copies(&t.allocatable, &t.shared).min(want);
-                if fit <= 0 {
-                    continue;
-                }
-                for part in self.domain_parts(t, base, bound) {
-                    let labels = t.offerings_in(part).next().map(|o| o.labels.clone());
-                    let labels = labels.unwrap_or_default();
-                    let (k, refusal) = self.admitted_on_new(&prof, &labels, fit);
+                let fit = (*copies).min(want);
+                for &(part, d) in parts {
+                    let probed = match probes[d] {
+                        Some(p) => p,
+                        None => {
+                            let labels = domain_labels[d].clone();
+                            let p = self.admitted_on_new(&prof, &labels, want);
+                            probes[d] = Some(p);
+                            p
+                        }
+                    };
+                    let (k, refusal) = (probed.0.min(fit), probed.1);
                     if k == 0 {
                         blocked = blocked.or(refusal);
                         continue;
@@ -1238,7 +1275,7 @@ impl<'a> Packer<'a> {
                         Some((p, b, _, _)) => t.priority > p || per_pod < b * (1.0 - 1e-9),
                     };
                     if better {
-                        best = Some((t.priority, per_pod, ti, part));
+                        best = Some((t.priority, per_pod, *ti, part));
                     }
                 }
             }
