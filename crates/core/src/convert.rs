@@ -558,21 +558,24 @@ fn pod_topology(
         }
     }
     if let Some(a) = &spec.affinity {
-        if let Some(pa) = &a.pod_affinity {
-            t.affinity = affinity_terms(
-                &pa.required_during_scheduling_ignored_during_execution,
-                namespace,
-                pod_labels,
-                "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution",
-            )?;
-        }
-        if let Some(pa) = &a.pod_anti_affinity {
-            t.anti_affinity = affinity_terms(
-                &pa.required_during_scheduling_ignored_during_execution,
-                namespace,
-                pod_labels,
-                "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution",
-            )?;
+        for (terms, into, field) in [
+            (&a.pod_affinity, &mut t.affinity, "podAffinity"),
+            (
+                &a.pod_anti_affinity,
+                &mut t.anti_affinity,
+                "podAntiAffinity",
+            ),
+        ] {
+            if let Some(pa) = terms {
+                *into = affinity_terms(
+                    &pa.required_during_scheduling_ignored_during_execution,
+                    namespace,
+                    pod_labels,
+                    &format!(
+                        "spec.affinity.{field}.requiredDuringSchedulingIgnoredDuringExecution"
+                    ),
+                )?;
+            }
         }
     }
     for (i, s) in spec.topology_spread_constraints.iter().enumerate() {

@@ -700,6 +700,18 @@ pub fn generated_busy_cluster(
     out
 }
 
+/// The pods of `namespace` labelled `app: <app>`.
+pub fn app_selector(namespace: &str, app: &str) -> crate::model::topology::PodSelector {
+    crate::model::topology::PodSelector {
+        labels: Some(vec![Requirement {
+            key: "app".into(),
+            operator: Operator::In,
+            values: vec![app.into()],
+        }]),
+        namespaces: Some(vec![namespace.into()]),
+    }
+}
+
 /// [`generated_cluster`] in which about `percent` % of the pending pods (all of them single
 /// pods, none of a gang) belong to one of 40 services whose pods carry rules across nodes, in turn: spread
 /// over zones (maxSkew 1), one per node (hostname anti-affinity), both, or required affinity to
@@ -711,18 +723,11 @@ pub fn generated_cluster_with_topology(
     percent: u64,
     seed: u64,
 ) -> crate::model::Snapshot {
-    use crate::model::topology::{AffinityTerm, PodSelector, PodTopology, Spread, HOSTNAME};
+    use crate::model::topology::{AffinityTerm, PodTopology, Spread, HOSTNAME};
     const SERVICES: usize = 40;
     let mut out = generated_cluster(pods, nodes, seed);
     let mut rng = Rng::new(seed ^ 0x7090);
-    let selector = |app: &str| PodSelector {
-        labels: Some(vec![Requirement {
-            key: "app".into(),
-            operator: Operator::In,
-            values: vec![app.into()],
-        }]),
-        namespaces: Some(vec!["gen".into()]),
-    };
+    let selector = |app: &str| app_selector("gen", app);
     let rules: Vec<Arc<PodTopology>> = (0..SERVICES)
         .map(|s| {
             let app = format!("svc-{s}");

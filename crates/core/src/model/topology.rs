@@ -181,13 +181,7 @@ impl Profile {
     /// Neither has rules of its own nor is looked at by another pod's: the index never
     /// refuses it and need not record it.
     pub fn is_free(&self) -> bool {
-        self.matched.is_empty()
-            && self.repelled_by.is_empty()
-            && self.own_repel.is_empty()
-            && self.affinity.is_empty()
-            && self.anti.is_empty()
-            && self.spread.is_empty()
-            && self.ports.is_empty()
+        self.ports.is_empty() && !self.is_bound_to_domains()
     }
 
     /// Has rules of its own or is looked at by other pods' rules: its new nodes must each be
@@ -410,12 +404,8 @@ impl TopologyIndex {
     pub fn profile(&self, pod: &Pod) -> Profile {
         let ns = pod.id.namespace.as_str();
         let labels = &pod.labels;
-        let (matched, repelled_by) = self.selected(pod);
-        let mut p = Profile {
-            matched,
-            repelled_by,
-            ..Profile::default()
-        };
+        let mut p = self.footprint(pod);
+        p.repelled_by = self.selected(pod).1;
         let Some(t) = &pod.constraints.topology else {
             return p;
         };
@@ -433,12 +423,6 @@ impl TopologyIndex {
             .iter()
             .map(|a| id(&a.topology_key, vec![a.selector.clone()]))
             .collect();
-        p.own_repel = t
-            .anti_affinity
-            .iter()
-            .map(|a| self.repel_ix[&(a.topology_key.clone(), vec![a.selector.clone()])])
-            .collect();
-        p.ports = t.host_ports.clone();
         let spread_keys: Vec<&str> = t.spread.iter().map(|s| s.topology_key.as_str()).collect();
         for s in &t.spread {
             let (domains, fresh) =

@@ -6,15 +6,7 @@ use crate::{engine, StrategyKind};
 /// Six one-GPU serving replicas, spread over three zones (maxSkew 1) and one per node, on a
 /// pool of 4-GPU nodes only: packed without the rules, two nodes would hold them all and the
 /// scheduler would refuse four.
-const SPREAD_SERVING: &str = "name: t\n\
-     timing: {bootMin: 60s, bootMax: 60s, devicePluginDelay: 30s}\n\
-     policy:\n\
-     \x20 clusterName: sim\n\
-     \x20 zones: [us-east-1a, us-east-1b, us-east-1c]\n\
-     \x20 pools:\n\
-     \x20   - {name: a10g, instanceTypes: [g5.12xlarge], capacityTypes: [spot, on-demand], maxNodes: 12}\n\
-     jobs:\n\
-     \x20 - name: llm\n    kind: Deployment\n    arrival: 0s\n    duration: 1h\n    pods:\n\
+const SPREAD_SERVING: &str = "  - name: llm\n    kind: Deployment\n    arrival: 0s\n    duration: 1h\n    pods:\n\
      \x20     - name: r\n        replicas: 6\n        labels: {app: llm}\n\
      \x20       requests: {cpu: \"3\", memory: 12Gi, nvidia.com/gpu: 1}\n\
      \x20       topologySpreadConstraints:\n\
@@ -24,7 +16,11 @@ const SPREAD_SERVING: &str = "name: t\n\
 
 #[test]
 fn ours_launches_one_node_per_spread_replica_and_every_replica_runs_at_once() {
-    let input = crate::test_input(SPREAD_SERVING);
+    let input = crate::test_a10g_input(
+        "us-east-1a, us-east-1b, us-east-1c",
+        "instanceTypes: [g5.12xlarge], capacityTypes: [spot, on-demand], maxNodes: 12",
+        SPREAD_SERVING,
+    );
     let mut s = StrategyKind::Ours.build(&input);
     let m = engine::run(&input, s.as_mut());
     assert_eq!(m.pods_never_placed, 0);

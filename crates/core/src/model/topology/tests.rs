@@ -1,6 +1,5 @@
 use super::*;
 use crate::fixtures::PodBuilder;
-use crate::model::constraints::Operator;
 use crate::model::labels::ZONE;
 
 fn labels(kv: &[(&str, &str)]) -> Arc<BTreeMap<String, String>> {
@@ -12,14 +11,7 @@ fn labels(kv: &[(&str, &str)]) -> Arc<BTreeMap<String, String>> {
 }
 
 fn app(v: &str) -> PodSelector {
-    PodSelector {
-        labels: Some(vec![Requirement {
-            key: "app".into(),
-            operator: Operator::In,
-            values: vec![v.into()],
-        }]),
-        namespaces: Some(vec!["default".into()]),
-    }
+    crate::fixtures::app_selector("default", v)
 }
 
 fn site<'a>(l: &'a Arc<BTreeMap<String, String>>, node: &'a str) -> Site<'a> {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 use crate::model::topology::{AffinityTerm, HostPort, PodSelector, PodTopology, Spread, HOSTNAME};
-use crate::model::{labels, Pod, Requirement};
+use crate::model::{labels, Pod};
 
 /// One A10G pool over three zones: g5.xlarge (1 GPU) and g5.12xlarge (4 GPUs), spot first.
 const THREE_ZONES: &str = r#"
@@ -19,14 +19,7 @@ pools:
 "#;
 
 fn app(value: &str) -> PodSelector {
-    PodSelector {
-        labels: Some(vec![Requirement {
-            key: "app".into(),
-            operator: Operator::In,
-            values: vec![value.into()],
-        }]),
-        namespaces: Some(vec!["default".into()]),
-    }
+    crate::fixtures::app_selector("default", value)
 }
 
 fn term(value: &str, key: &str) -> AffinityTerm {
@@ -74,6 +67,14 @@ fn new_nodes(plan: &Plan) -> u32 {
     plan.scale_ups.iter().map(|s| s.count).sum()
 }
 
+/// Plans of the cluster without the pods' rules across nodes (as the planner saw it before it
+/// modelled them) and with them.
+fn before_and_after(pods: &[Pod], nodes: &[crate::model::Node], policy: &str) -> (Plan, Plan) {
+    let before = run(&snap(without_rules(pods.to_vec()), nodes.to_vec()), policy);
+    let after = run(&snap(pods.to_vec(), nodes.to_vec()), policy);
+    (before, after)
+}
+
 fn without_rules(pods: Vec<Pod>) -> Vec<Pod> {
     pods.into_iter()
         .map(|mut p| {
@@ -100,18 +101,8 @@ fn a_pod_whose_host_port_is_taken_on_a_node_gets_another_node() {
         .build();
     let nodes = vec![big_node("n1", "us-east-1a")];
     // Without the port, the pod fits the free GPUs of n1: where the planner used to put it.
-    let before = run(
-        &snap(
-            without_rules(vec![running.clone(), pending.clone()]),
-            nodes.clone(),
-        ),
-        THREE_ZONES,
-    );
+    let (before, after) = before_and_after(&[running.clone(), pending], &nodes, THREE_ZONES);
     assert_eq!(targets(&before).get("default/agent-1"), Some(&"n1"));
-    let after = run(
-        &snap(vec![running.clone(), pending], nodes.clone()),
-        THREE_ZONES,
-    );
     assert!(after.existing_capacity.is_empty(), "{after:#?}");
     assert_eq!(new_nodes(&after), 1);
     // Another port, or the same port on another protocol, shares the node.
@@ -140,13 +131,12 @@ fn pending_pods_with_one_host_port_get_a_node_each() {
         })
         .collect();
     let only_big = THREE_ZONES.replace("[g5.xlarge, g5.12xlarge]", "[g5.12xlarge]");
-    let before = run(&snap(without_rules(pods.clone()), vec![]), &only_big);
+    let (before, after) = before_and_after(&pods, &[], &only_big);
     assert_eq!(
         new_nodes(&before),
         1,
         "one 4-GPU node held all three: {before:#?}"
     );
-    let after = run(&snap(pods, vec![]), &only_big);
     assert_eq!(new_nodes(&after), 3, "{after:#?}");
     assert!(after
         .scale_ups
@@ -180,12 +170,8 @@ fn hostname_anti_affinity_keeps_replicas_off_a_node_with_one() {
         );
     }
     let nodes = vec![big_node("n1", "us-east-1a")];
-    let before = run(
-        &snap(without_rules(pods.clone()), nodes.clone()),
-        THREE_ZONES,
-    );
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
     assert_eq!(before.existing_capacity.len(), 3, "{before:#?}");
-    let after = run(&snap(pods, nodes), THREE_ZONES);
     assert!(after.existing_capacity.is_empty(), "{after:#?}");
     assert_eq!(new_nodes(&after), 3);
     assert!(after
@@ -207,29 +193,27 @@ fn a_running_pods_anti_affinity_repels_a_pod_without_rules() {
         .build();
     let noisy = replica("noisy", "noisy").build();
     let nodes = vec![big_node("n1", "us-east-1a")];
-    let before = run(
-        &snap(
-            without_rules(vec![running.clone(), noisy.clone()]),
-            nodes.clone(),
-        ),
-        THREE_ZONES,
-    );
+    let (before, after) = before_and_after(&[running, noisy], &nodes, THREE_ZONES);
     assert_eq!(targets(&before).get("default/noisy"), Some(&"n1"));
-    let after = run(&snap(vec![running, noisy], nodes), THREE_ZONES);
     assert!(after.existing_capacity.is_empty(), "{after:#?}");
     assert_eq!(new_nodes(&after), 1);
+}
+
+/// Zone spread of the pods labelled app=`app`, maxSkew 1.
+fn zone_spread(app_label: &str) -> Spread {
+    Spread {
+        max_skew: 1,
+        topology_key: labels::ZONE.into(),
+        selector: app(app_label),
+        min_domains: 1,
+    }
 }
 
 fn serving(i: usize) -> Pod {
     replica(&format!("llm-{i}"), "llm")
         .topology(PodTopology {
             anti_affinity: vec![term("llm", HOSTNAME)],
-            spread: vec![Spread {
-                max_skew: 1,
-                topology_key: labels::ZONE.into(),
-                selector: app("llm"),
-                min_domains: 1,
-            }],
+            spread: vec![zone_spread("llm")],
             ..Default::default()
         })
         .build()
@@ -238,14 +222,13 @@ fn serving(i: usize) -> Pod {
 #[test]
 fn six_replicas_spread_over_zones_get_two_nodes_per_zone_with_fallbacks_in_their_zone() {
     let pods: Vec<Pod> = (0..6).map(serving).collect();
-    let before = run(&snap(without_rules(pods.clone()), vec![]), THREE_ZONES);
+    let (before, after) = before_and_after(&pods, &[], THREE_ZONES);
     let before_zones: BTreeSet<String> = zones_of_new(&before).into_values().collect();
     assert_eq!(
         before_zones.len(),
         1,
         "all in the cheapest zone: {before:#?}"
     );
-    let after = run(&snap(pods, vec![]), THREE_ZONES);
     let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
     for z in zones_of_new(&after).into_values() {
         *per_zone.entry(z).or_default() += 1;
@@ -275,12 +258,7 @@ fn zone_spread_counts_running_replicas_and_skips_room_in_the_crowded_zone() {
     // Two replicas run in zone a on n1, which has room for two more.
     let spread_only = |name: &str| {
         replica(name, "llm").topology(PodTopology {
-            spread: vec![Spread {
-                max_skew: 1,
-                topology_key: labels::ZONE.into(),
-                selector: app("llm"),
-                min_domains: 1,
-            }],
+            spread: vec![zone_spread("llm")],
             ..Default::default()
         })
     };
@@ -291,12 +269,8 @@ fn zone_spread_counts_running_replicas_and_skips_room_in_the_crowded_zone() {
         spread_only("llm-3").build(),
     ];
     let nodes = vec![big_node("n1", "us-east-1a")];
-    let before = run(
-        &snap(without_rules(pods.clone()), nodes.clone()),
-        THREE_ZONES,
-    );
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
     assert_eq!(before.existing_capacity.len(), 2, "{before:#?}");
-    let after = run(&snap(pods, nodes), THREE_ZONES);
     assert!(after.existing_capacity.is_empty(), "{after:#?}");
     let zones = zones_of_new(&after);
     assert_eq!(zones.len(), 2);
@@ -320,18 +294,8 @@ fn required_pod_affinity_follows_the_selected_pods_zone() {
         .memory_gib(14)
         .build();
     let nodes = vec![big_node("n1", "us-east-1a"), n2];
-    let before = run(
-        &snap(
-            without_rules(vec![cache.clone(), user.clone()]),
-            nodes.clone(),
-        ),
-        THREE_ZONES,
-    );
+    let (before, after) = before_and_after(&[cache, user.clone()], &nodes, THREE_ZONES);
     assert_eq!(targets(&before).get("default/user"), Some(&"n1"));
-    let after = run(
-        &snap(vec![cache.clone(), user.clone()], nodes.clone()),
-        THREE_ZONES,
-    );
     assert!(after.existing_capacity.is_empty(), "{after:#?}");
     assert_eq!(after.scale_ups.len(), 1);
     assert!(after.scale_ups[0]
@@ -388,12 +352,8 @@ fn scale_down_keeps_a_node_whose_pod_anti_affinity_allows_nowhere_else() {
             .insert(labels::UNNEEDED_SINCE.into(), Time(0).to_rfc3339());
     }
     let policy_text = format!("{THREE_ZONES}    minNodes: 0\n");
-    let before = run(
-        &snap(without_rules(pods.clone()), nodes.clone()),
-        &policy_text,
-    );
+    let (before, after) = before_and_after(&pods, &nodes, &policy_text);
     assert_eq!(before.scale_downs.len(), 1, "{before:#?}");
-    let after = run(&snap(pods, nodes), &policy_text);
     assert!(after.scale_downs.is_empty(), "{after:#?}");
     assert!(
         after

@@ -92,20 +92,15 @@ fn a_node_nominated_for_a_pod_keeps_its_room_from_a_smaller_pod_that_would_score
 /// Two g5.12xlarge nodes (4 GPUs each) in zones a and b, launched at 0 s, and three one-GPU
 /// pods arriving at 3 minutes with `rules` (YAML lines of a pod group, indented 8 spaces).
 fn three_pods_on_two_big_nodes(rules: &str) -> World {
-    let text = format!(
-        "name: t\n\
-         timing: {{bootMin: 60s, bootMax: 60s, devicePluginDelay: 30s}}\n\
-         policy:\n\
-         \x20 clusterName: sim\n\
-         \x20 zones: [us-east-1a, us-east-1b]\n\
-         \x20 pools:\n\
-         \x20   - {{name: a10g, instanceTypes: [g5.12xlarge], capacityTypes: [on-demand], maxNodes: 4}}\n\
-         jobs:\n\
-         \x20 - name: serve\n    kind: Deployment\n    arrival: 3m\n    duration: 30m\n    pods:\n\
-         \x20     - name: w\n        replicas: 3\n        labels: {{app: serve}}\n\
-         \x20       requests: {{cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}}\n{rules}"
+    let input = crate::test_a10g_input(
+        "us-east-1a, us-east-1b",
+        "instanceTypes: [g5.12xlarge], capacityTypes: [on-demand], maxNodes: 4",
+        &format!(
+            "  - name: serve\n    kind: Deployment\n    arrival: 3m\n    duration: 30m\n    pods:\n\
+             \x20     - name: w\n        replicas: 3\n        labels: {{app: serve}}\n\
+             \x20       requests: {{cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}}\n{rules}"
+        ),
     );
-    let input = crate::test_input(&text);
     let mut w = World::new(&input);
     launch_where(&mut w, "a10g", |k| k.zone == "us-east-1a");
     launch_where(&mut w, "a10g", |k| k.zone == "us-east-1b");
