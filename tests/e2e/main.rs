@@ -14,6 +14,7 @@ mod kwok;
 mod prices;
 mod prometheus;
 mod support;
+mod topology;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,13 +1,14 @@
 //! `cargo bench -p gpu-node-autoscaler-core --bench plan`: the scale-up planner on generated clusters (100 / 1,000 / 10,000
 //! pending pods, 1,000 existing nodes, ~400 offerings), plus its peak heap use per run; and
 //! (`plan-claims`) the same clusters with 30 % of the GPU pods asking through DRA ResourceClaims,
-//! with a DRA twin of every NVIDIA pool.
+//! with a DRA twin of every NVIDIA pool; and (`plan-topology`) with 30 % of the pending single
+//! whole-GPU pods in services with zone spread, hostname anti-affinity or zone affinity.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpu_node_autoscaler_core::catalog;
 use gpu_node_autoscaler_core::fixtures::{
     bench_policy, bench_policy_with_dra, generated_cluster, generated_cluster_with_claims,
-    SYNTHETIC_TYPES_CSV,
+    generated_cluster_with_topology, SYNTHETIC_TYPES_CSV,
 };
 use gpu_node_autoscaler_core::model::Snapshot;
 use gpu_node_autoscaler_core::model::Time;
@@ -26,6 +27,9 @@ fn bench(c: &mut Criterion) {
     group(c, "plan-claims", &bench_policy_with_dra(), |pods| {
         generated_cluster_with_claims(pods, 1_000, 34, 42)
     });
+    group(c, "plan-topology", &bench_policy(), |pods| {
+        generated_cluster_with_topology(pods, 1_000, 30, 42)
+    });
 }
 
 fn group(c: &mut Criterion, name: &str, policy: &str, cluster: impl Fn(usize) -> Snapshot) {
@@ -43,12 +47,17 @@ fn group(c: &mut Criterion, name: &str, policy: &str, cluster: impl Fn(usize) ->
             .iter()
             .filter(|p| !p.claims.is_empty())
             .count();
+        let ruled = snapshot
+            .pods
+            .iter()
+            .filter(|p| p.is_pending() && p.constraints.topology.is_some())
+            .count();
         // One run outside the timer: report size, quality and peak heap above the input.
         let base = counting_alloc::start();
         let p = plan::plan(&snapshot, &cat, &policy, now);
         let peak = counting_alloc::peak_above(base);
         eprintln!(
-            "{name}/{pods}: {claiming} pods with claims, {} offerings, {} scale-ups ({} nodes, ${:.2}/h), {} on existing capacity, {} unschedulable, peak heap {:.1} MiB",
+            "{name}/{pods}: {claiming} pods with claims, {ruled} with rules across nodes, {} offerings, {} scale-ups ({} nodes, ${:.2}/h), {} on existing capacity, {} unschedulable, peak heap {:.1} MiB",
             cat.offerings.len(),
             p.scale_ups.len(),
             p.scale_ups.iter().map(|s| s.count).sum::<u32>(),

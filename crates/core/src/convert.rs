@@ -13,6 +13,7 @@ use crate::model::constraints::{
 use crate::model::labels;
 use crate::model::quantity::parse_quantity;
 use crate::model::resources::{self, GpuShare, Resources, SharedGpu};
+use crate::model::topology::{AffinityTerm, HostPort, PodSelector, PodTopology, Spread};
 use crate::model::{GangRef, Node, Owner, OwnerKind, Pdb, Pod, PodPhase, PodRef, Snapshot, Time};
 
 // ---- the subset of the Kubernetes schema we read ----
@@ -53,12 +54,51 @@ struct PodSpec {
     priority: Option<i32>,
     volumes: Vec<Volume>,
     resource_claims: Vec<dra::PodClaimRef>,
+    topology_spread_constraints: Vec<RawSpread>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct Affinity {
     node_affinity: Option<NodeAffinity>,
+    pod_affinity: Option<PodAffinity>,
+    pod_anti_affinity: Option<PodAffinity>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodAffinity {
+    required_during_scheduling_ignored_during_execution: Vec<PodAffinityTerm>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodAffinityTerm {
+    label_selector: Option<LabelSelector>,
+    namespaces: Vec<String>,
+    namespace_selector: Option<LabelSelector>,
+    topology_key: String,
+    match_label_keys: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct RawSpread {
+    max_skew: i32,
+    topology_key: String,
+    when_unsatisfiable: String,
+    label_selector: Option<LabelSelector>,
+    min_domains: Option<i32>,
+    match_label_keys: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct ContainerPort {
+    host_port: Option<i32>,
+    protocol: Option<String>,
+    #[serde(rename = "hostIP")]
+    host_ip: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -103,6 +143,7 @@ struct Container {
     name: String,
     resources: ContainerResources,
     restart_policy: Option<String>,
+    ports: Vec<ContainerPort>,
 }
 
 #[derive(Deserialize, Default)]
@@ -411,6 +452,160 @@ fn tolerations(list: &[RawToleration]) -> Result<Vec<Toleration>, String> {
         .collect()
 }
 
+/// A label selector as requirements (`matchLabels` as `In`), with the pod's values of
+/// `matchLabelKeys` added; `None` when absent (it selects no pod).
+fn label_selector(
+    sel: Option<&LabelSelector>,
+    match_label_keys: &[String],
+    pod_labels: &BTreeMap<String, String>,
+) -> Result<Option<Vec<Requirement>>, String> {
+    let Some(sel) = sel else { return Ok(None) };
+    let mut reqs: Vec<Requirement> = sel
+        .match_labels
+        .iter()
+        .map(|(k, v)| Requirement {
+            key: k.clone(),
+            operator: Operator::In,
+            values: vec![v.clone()],
+        })
+        .collect();
+    for e in &sel.match_expressions {
+        let r = requirement(e)?;
+        if matches!(r.operator, Operator::Gt | Operator::Lt) {
+            return Err(format!(
+                "operator {:?} is not allowed in a label selector",
+                e.operator
+            ));
+        }
+        reqs.push(r);
+    }
+    for k in match_label_keys {
+        if let Some(v) = pod_labels.get(k) {
+            reqs.push(Requirement {
+                key: k.clone(),
+                operator: Operator::In,
+                values: vec![v.clone()],
+            });
+        }
+    }
+    Ok(Some(reqs))
+}
+
+/// Required pod (anti-)affinity terms. Namespaces: the listed ones, or the pod's own when none
+/// are listed and there is no `namespaceSelector`; `namespaceSelector: {}` is every namespace.
+/// A non-empty `namespaceSelector` needs the Namespaces' labels, which are not read: its term
+/// looks at the listed namespaces and the pod's own.
+fn affinity_terms(
+    terms: &[PodAffinityTerm],
+    namespace: &str,
+    pod_labels: &BTreeMap<String, String>,
+    path: &str,
+) -> Result<Vec<AffinityTerm>, String> {
+    let mut out = Vec::new();
+    for (i, t) in terms.iter().enumerate() {
+        if t.topology_key.is_empty() {
+            return Err(format!("{path}[{i}].topologyKey: required"));
+        }
+        let labels = label_selector(t.label_selector.as_ref(), &t.match_label_keys, pod_labels)
+            .map_err(|e| format!("{path}[{i}].labelSelector: {e}"))?;
+        let everywhere = t
+            .namespace_selector
+            .as_ref()
+            .is_some_and(|s| s.match_labels.is_empty() && s.match_expressions.is_empty());
+        let namespaces = if everywhere {
+            None
+        } else {
+            let mut ns = t.namespaces.clone();
+            if ns.is_empty() || t.namespace_selector.is_some() {
+                ns.push(namespace.to_string());
+            }
+            ns.sort();
+            ns.dedup();
+            Some(ns)
+        };
+        out.push(AffinityTerm {
+            selector: PodSelector { labels, namespaces },
+            topology_key: t.topology_key.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// A pod's rules across nodes: host ports of its containers (and of its sidecars), required
+/// pod affinity and anti-affinity, and its `DoNotSchedule` spread constraints (`ScheduleAnyway`
+/// ones are preferences, never a reason to launch: left out). `None` when it has none.
+fn pod_topology(
+    spec: &PodSpec,
+    namespace: &str,
+    pod_labels: &BTreeMap<String, String>,
+) -> Result<Option<Arc<PodTopology>>, String> {
+    let mut t = PodTopology::default();
+    let sidecars = spec
+        .init_containers
+        .iter()
+        .filter(|c| is_sidecar(c.restart_policy.as_deref()));
+    for c in spec.containers.iter().chain(sidecars) {
+        for p in &c.ports {
+            let Some(port) = p.host_port.filter(|&p| p > 0) else {
+                continue;
+            };
+            let ip = p.host_ip.clone().unwrap_or_default();
+            t.host_ports.push(HostPort {
+                port,
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                ip: if ip == "0.0.0.0" { String::new() } else { ip },
+            });
+        }
+    }
+    if let Some(a) = &spec.affinity {
+        for (terms, into, field) in [
+            (&a.pod_affinity, &mut t.affinity, "podAffinity"),
+            (
+                &a.pod_anti_affinity,
+                &mut t.anti_affinity,
+                "podAntiAffinity",
+            ),
+        ] {
+            if let Some(pa) = terms {
+                *into = affinity_terms(
+                    &pa.required_during_scheduling_ignored_during_execution,
+                    namespace,
+                    pod_labels,
+                    &format!(
+                        "spec.affinity.{field}.requiredDuringSchedulingIgnoredDuringExecution"
+                    ),
+                )?;
+            }
+        }
+    }
+    for (i, s) in spec.topology_spread_constraints.iter().enumerate() {
+        let path = format!("spec.topologySpreadConstraints[{i}]");
+        match s.when_unsatisfiable.as_str() {
+            "DoNotSchedule" => {}
+            "ScheduleAnyway" => continue,
+            other => return Err(format!("{path}.whenUnsatisfiable: unknown {other:?}")),
+        }
+        if s.max_skew < 1 {
+            return Err(format!("{path}.maxSkew: must be at least 1"));
+        }
+        if s.topology_key.is_empty() {
+            return Err(format!("{path}.topologyKey: required"));
+        }
+        let labels = label_selector(s.label_selector.as_ref(), &s.match_label_keys, pod_labels)
+            .map_err(|e| format!("{path}.labelSelector: {e}"))?;
+        t.spread.push(Spread {
+            max_skew: s.max_skew,
+            topology_key: s.topology_key.clone(),
+            selector: PodSelector {
+                labels,
+                namespaces: Some(vec![namespace.to_string()]),
+            },
+            min_domains: s.min_domains.unwrap_or(1),
+        });
+    }
+    Ok((!t.is_empty()).then(|| Arc::new(t)))
+}
+
 fn first_of<'a>(maps: [&'a BTreeMap<String, String>; 2], keys: &[&str]) -> Option<&'a String> {
     keys.iter()
         .find_map(|k| maps.iter().find_map(|m| m.get(*k)))
@@ -504,10 +699,15 @@ impl Converter {
             problem.get_or_insert(e);
             Vec::new()
         });
+        let topology = pod_topology(&raw.spec, &id.namespace, &m.labels).unwrap_or_else(|e| {
+            problem.get_or_insert(e);
+            None
+        });
         let constraints = self.intern(Constraints {
             node_selector: raw.spec.node_selector.clone(),
             affinity,
             tolerations,
+            topology,
         });
         let owner = m
             .owner_references

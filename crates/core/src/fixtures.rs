@@ -263,6 +263,12 @@ impl PodBuilder {
         self
     }
 
+    /// Its rules across nodes (host ports, pod affinity, spread).
+    pub fn topology(mut self, t: crate::model::PodTopology) -> Self {
+        self.constraints.topology = Some(Arc::new(t));
+        self
+    }
+
     pub fn build(mut self) -> Pod {
         self.pod.constraints = Arc::new(self.constraints);
         self.pod
@@ -691,5 +697,104 @@ pub fn generated_busy_cluster(
         }],
         disruptions_allowed: 1,
     });
+    out
+}
+
+/// The pods of `namespace` labelled `app: <app>`.
+pub fn app_selector(namespace: &str, app: &str) -> crate::model::topology::PodSelector {
+    crate::model::topology::PodSelector {
+        labels: Some(vec![Requirement {
+            key: "app".into(),
+            operator: Operator::In,
+            values: vec![app.into()],
+        }]),
+        namespaces: Some(vec![namespace.into()]),
+    }
+}
+
+/// [`generated_cluster`] in which about `percent` % of the pending pods (all of them single
+/// pods, none of a gang) belong to one of 40 services whose pods carry rules across nodes, in turn: spread
+/// over zones (maxSkew 1), one per node (hostname anti-affinity), both, or required affinity to
+/// their service's zone; one running pod of each service is labelled so that the counts start
+/// from it.
+pub fn generated_cluster_with_topology(
+    pods: usize,
+    nodes: usize,
+    percent: u64,
+    seed: u64,
+) -> crate::model::Snapshot {
+    use crate::model::topology::{AffinityTerm, PodTopology, Spread, HOSTNAME};
+    const SERVICES: usize = 40;
+    let mut out = generated_cluster(pods, nodes, seed);
+    let mut rng = Rng::new(seed ^ 0x7090);
+    let selector = |app: &str| app_selector("gen", app);
+    let rules: Vec<Arc<PodTopology>> = (0..SERVICES)
+        .map(|s| {
+            let app = format!("svc-{s}");
+            let spread = Spread {
+                max_skew: 1,
+                topology_key: labels::ZONE.into(),
+                selector: selector(&app),
+                min_domains: 1,
+            };
+            let term = |key: &str| AffinityTerm {
+                selector: selector(&app),
+                topology_key: key.into(),
+            };
+            Arc::new(match s % 4 {
+                0 => PodTopology {
+                    spread: vec![spread],
+                    ..Default::default()
+                },
+                1 => PodTopology {
+                    anti_affinity: vec![term(HOSTNAME)],
+                    ..Default::default()
+                },
+                2 => PodTopology {
+                    spread: vec![spread],
+                    anti_affinity: vec![term(HOSTNAME)],
+                    ..Default::default()
+                },
+                _ => PodTopology {
+                    affinity: vec![term(labels::ZONE)],
+                    ..Default::default()
+                },
+            })
+        })
+        .collect();
+    let mut constraints: BTreeMap<(usize, Arc<Constraints>), Arc<Constraints>> = BTreeMap::new();
+    let mut running = 0;
+    // Of the pending pods not in gangs, enough for `percent` % of all pending pods.
+    let eligible = out
+        .pods
+        .iter()
+        .filter(|p| p.is_pending() && p.gang.is_none())
+        .count()
+        .max(1) as u64;
+    let per_mille = (pods as u64 * percent * 10 / eligible).min(1000);
+    for p in out.pods.iter_mut() {
+        if !p.is_pending() {
+            if running < SERVICES && p.node_name.is_some() && p.id.namespace == "run" {
+                // The first running pods, one per service, move to its namespace and label.
+                p.id.namespace = "gen".into();
+                Arc::make_mut(&mut p.labels).insert("app".into(), format!("svc-{running}"));
+                running += 1;
+            }
+            continue;
+        }
+        if p.gang.is_some() || rng.below(1000) >= per_mille {
+            continue;
+        }
+        let s = rng.below(SERVICES as u64) as usize;
+        Arc::make_mut(&mut p.labels).insert("app".into(), format!("svc-{s}"));
+        p.constraints = constraints
+            .entry((s, p.constraints.clone()))
+            .or_insert_with(|| {
+                let mut c = (*p.constraints).clone();
+                c.topology = Some(rules[s].clone());
+                Arc::new(c)
+            })
+            .clone();
+    }
     out
 }

@@ -18,6 +18,7 @@ use gpu_node_autoscaler_core::model::labels;
 use gpu_node_autoscaler_core::model::node::GpuXid;
 use gpu_node_autoscaler_core::model::resources::{place_share, Resources, SharedGpu};
 use gpu_node_autoscaler_core::model::snapshot::group_in_flight;
+use gpu_node_autoscaler_core::model::topology::{Profile, Site, TopologyIndex};
 use gpu_node_autoscaler_core::model::{Node, Pod, PodPhase, Snapshot, Time};
 use gpu_node_autoscaler_core::plan::templates::{build_templates, Template};
 use gpu_node_autoscaler_core::policy::defaults::HEALTH_CONDITION as HARDWARE_CONDITION;
@@ -164,6 +165,9 @@ pub struct World {
     /// published, as the API server holds them.
     dra: DraObjects,
     matcher: RefCell<DeviceMatcher>,
+    /// Some pod has rules across nodes (host ports, pod affinity, spread): the scheduler keeps
+    /// a topology index while it binds.
+    topology: bool,
 }
 
 impl World {
@@ -248,6 +252,10 @@ impl World {
             last_series: i64::MIN,
             matcher: RefCell::new(DeviceMatcher::new(input.device_classes.clone())),
             dra,
+            topology: input
+                .pods
+                .iter()
+                .any(|w| w.pod.constraints.topology.is_some()),
         };
         for (i, p) in input.pods.iter().enumerate() {
             w.push(p.arrival, Event::Arrive(i));
@@ -983,6 +991,49 @@ impl World {
         self.fits_in(pod, ni, &self.room_left(i, ni, free.clone(), nominees))
     }
 
+    /// The pods that hold a live node, per topology domain of every rule across nodes the
+    /// arrived pods have (kube-scheduler's view: the nodes that exist, no others).
+    fn topology_index(&self) -> Option<TopologyIndex> {
+        if !self.topology {
+            return None;
+        }
+        let sites = self
+            .live_nodes
+            .iter()
+            .map(|&n| {
+                (
+                    self.nodes[n].node.labels.clone(),
+                    self.nodes[n].node.name.clone(),
+                )
+            })
+            .collect();
+        let active = || self.active.iter().map(|&i| &self.pods[i].pod);
+        let mut ix = TopologyIndex::new(active(), sites, Vec::new());
+        for &i in &self.active {
+            let Some(n) = self.pods[i].node else { continue };
+            let fp = ix.footprint(&self.pods[i].pod);
+            if !fp.is_free() {
+                ix.add(&fp, &self.site(n));
+            }
+        }
+        Some(ix)
+    }
+
+    fn site(&self, n: usize) -> Site<'_> {
+        Site {
+            labels: &self.nodes[n].node.labels,
+            node: &self.nodes[n].node.name,
+        }
+    }
+
+    /// Whether the rules across nodes let a pod of profile `p` onto node `n`.
+    fn admits(&self, topo: &Option<TopologyIndex>, p: &Option<Profile>, n: usize) -> bool {
+        match (topo, p) {
+            (Some(t), Some(p)) => t.admits(p, &self.site(n)).is_ok(),
+            _ => true,
+        }
+    }
+
     /// kube-scheduler-like pass: each pending pod is bound to the feasible node its default
     /// scoring prefers ([`score`]); a gang's pending members are bound together or not at all
     /// (coscheduling). Returns whether any pod was newly found unschedulable.
@@ -1013,25 +1064,41 @@ impl World {
         }
         let mut gangs: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut newly = false;
+        let mut topo = self.topology_index();
+        let profile_of = |w: &World, topo: &Option<TopologyIndex>, i: usize| {
+            let t = topo.as_ref()?;
+            Some(t.profile(&w.pods[i].pod)).filter(|p| !p.is_free())
+        };
         for &i in &pending {
             if let Some(g) = &self.pods[i].pod.gang {
                 gangs.entry(g.key.clone()).or_default().push(i);
                 continue;
             }
+            let prof = profile_of(self, &topo, i);
             // Its nominated node first, as kube-scheduler does.
             if let Some(n) = nominated(self, i) {
-                if self.fits_nominated(i, n, &self.nodes[n].free, &nominees) {
+                if self.fits_nominated(i, n, &self.nodes[n].free, &nominees)
+                    && self.admits(&topo, &prof, n)
+                {
+                    if let (Some(t), Some(p)) = (&mut topo, &prof) {
+                        t.add(p, &self.site(n));
+                    }
                     self.bind(i, n);
                     continue;
                 }
             }
-            // A pod that failed before can only fit where capacity grew since.
-            let candidates = if fresh.contains(&i) { &live } else { &grown };
+            // A pod that failed before can only fit where capacity grew since, unless rules
+            // across nodes kept it off: then where other pods came or went too.
+            let candidates = if fresh.contains(&i) || prof.is_some() {
+                &live
+            } else {
+                &grown
+            };
             let pod = &self.pods[i].pod;
-            let feasible = candidates
-                .iter()
-                .copied()
-                .filter(|&n| self.fits_nominated(i, n, &self.nodes[n].free, &nominees));
+            let feasible = candidates.iter().copied().filter(|&n| {
+                self.fits_nominated(i, n, &self.nodes[n].free, &nominees)
+                    && self.admits(&topo, &prof, n)
+            });
             let best = best_scored(
                 feasible.map(|n| {
                     (
@@ -1042,7 +1109,12 @@ impl World {
                 live.len(),
             );
             match best {
-                Some(n) => self.bind(i, n),
+                Some(n) => {
+                    if let (Some(t), Some(p)) = (&mut topo, &prof) {
+                        t.add(p, &self.site(n));
+                    }
+                    self.bind(i, n);
+                }
                 None => {
                     if !self.pods[i].pod.unschedulable {
                         self.pods[i].pod.unschedulable = true;
@@ -1073,14 +1145,18 @@ impl World {
                 .map(|&i| &self.pods[i])
                 .filter(|p| p.node.is_some() && p.pod.gang.as_ref().map(|g| &g.key) == key.as_ref())
                 .count();
-            let mut plan = Vec::new();
+            let mut plan: Vec<(usize, usize)> = Vec::new();
             if members.len() + bound >= min {
                 // Tentatively bind on scratch copies: free resources, shared GPUs, devices.
                 type Scratch = (Resources, Vec<SharedGpu>, Vec<bool>);
                 let mut scratch: BTreeMap<usize, Scratch> = BTreeMap::new();
                 for &i in &members {
                     let p = &self.pods[i].pod;
+                    let prof = profile_of(self, &topo, i);
                     let option = |n: usize| {
+                        if !self.admits(&topo, &prof, n) {
+                            return None;
+                        }
                         let node = &self.nodes[n];
                         let (free, shared, taken) = scratch.get(&n).cloned().unwrap_or_else(|| {
                             (
@@ -1111,6 +1187,15 @@ impl World {
                         None => best_scored(live.iter().copied().filter_map(option), live.len()),
                     };
                     let Some((n, allocated)) = chosen else {
+                        // Not all of the gang: what its members took in the index goes back.
+                        if let Some(t) = &mut topo {
+                            for &(j, m) in &plan {
+                                let p = t.profile(&self.pods[j].pod);
+                                if !p.is_free() {
+                                    t.remove(&p, &self.site(m));
+                                }
+                            }
+                        }
                         plan.clear();
                         break;
                     };
@@ -1127,6 +1212,9 @@ impl World {
                     }
                     for d in allocated.iter().flat_map(|(_, d)| d) {
                         e.2[*d] = true;
+                    }
+                    if let (Some(t), Some(p)) = (&mut topo, &prof) {
+                        t.add(p, &self.site(n));
                     }
                     plan.push((i, n));
                 }

@@ -173,3 +173,15 @@ pub(crate) fn test_input(text: &str) -> SimInput {
     let catalog = catalog::offerings_from_list_prices(&sc.policy, types);
     sc.into_input(catalog, None)
 }
+
+/// [`test_input`] of a scenario with a one-minute boot, a 30 s device plugin, these zones, one
+/// A10G pool (its fields after `name: a10g`, in flow style) and these jobs (YAML list items).
+#[cfg(test)]
+pub(crate) fn test_a10g_input(zones: &str, pool: &str, jobs: &str) -> SimInput {
+    test_input(&format!(
+        "name: t\n\
+         timing: {{bootMin: 60s, bootMax: 60s, devicePluginDelay: 30s}}\n\
+         policy:\n  clusterName: sim\n  zones: [{zones}]\n  pools:\n    - {{name: a10g, {pool}}}\n\
+         jobs:\n{jobs}"
+    ))
+}

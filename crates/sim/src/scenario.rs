@@ -160,6 +160,22 @@ struct RawPodGroup {
     affinity: Option<Value>,
     #[serde(default)]
     claims: Vec<RawClaim>,
+    /// How the pods place themselves against other pods, in the Pod's own words: their labels,
+    /// `topologySpreadConstraints` and their container's `ports` (with `hostPort`).
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    topology_spread_constraints: Vec<Value>,
+    #[serde(default)]
+    ports: Vec<Value>,
+}
+
+/// A pod group's labels, spread constraints and container ports ([`RawPodGroup`]).
+#[derive(Default)]
+struct Placement<'a> {
+    labels: Option<&'a BTreeMap<String, String>>,
+    topology_spread_constraints: &'a [Value],
+    ports: &'a [Value],
 }
 
 fn one() -> u32 {
@@ -489,6 +505,7 @@ fn make_pod(
     node_selector: &BTreeMap<String, String>,
     tolerations: &[Value],
     affinity: Option<&Value>,
+    placement: &Placement<'_>,
     gang: Option<(&str, usize)>,
     priority: i32,
     owner_kind: &str,
@@ -516,6 +533,12 @@ fn make_pod(
     if let Some(a) = affinity {
         spec["affinity"] = a.clone();
     }
+    if !placement.topology_spread_constraints.is_empty() {
+        spec["topologySpreadConstraints"] = json!(placement.topology_spread_constraints);
+    }
+    if !placement.ports.is_empty() {
+        spec["containers"][0]["ports"] = json!(placement.ports);
+    }
     if !claims.is_empty() {
         spec["resourceClaims"] = claims
             .iter()
@@ -529,6 +552,7 @@ fn make_pod(
     let obj = json!({
         "metadata": {
             "name": name, "namespace": "sim", "annotations": annotations,
+            "labels": placement.labels.cloned().unwrap_or_default(),
             "ownerReferences": [{
                 "apiVersion": if owner_kind == "Job" { "batch/v1" } else { "apps/v1" },
                 "kind": owner_kind, "name": name, "uid": name, "controller": true,
@@ -673,6 +697,11 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                         &g.node_selector,
                         &g.tolerations,
                         g.affinity.as_ref(),
+                        &Placement {
+                            labels: Some(&g.labels),
+                            topology_spread_constraints: &g.topology_spread_constraints,
+                            ports: &g.ports,
+                        },
                         j.gang.then_some((instance.as_str(), size)),
                         j.priority,
                         owner_kind,
@@ -767,6 +796,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             &s.node_selector,
             &s.tolerations,
             None,
+            &Placement::default(),
             None,
             0,
             "ReplicaSet",

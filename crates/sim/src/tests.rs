@@ -1,3 +1,4 @@
 //! Tests of the simulator as a whole: the strategies side by side in one simulated cluster.
 
 mod spot;
+mod topology;

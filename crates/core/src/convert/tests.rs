@@ -1583,3 +1583,114 @@ fn a_pods_nominated_node_is_read_and_an_empty_one_is_none() {
     assert_eq!(p.nominated_node, None);
     assert_eq!(convert(pod_with(json!({}))).nominated_node, None);
 }
+
+#[test]
+fn host_ports_pod_affinity_and_spread_are_read_with_the_schedulers_defaults() {
+    let p = convert_yaml(
+        r#"
+metadata: {name: llm-0, namespace: serve, labels: {app: llm, pod-template-hash: abc}}
+spec:
+  containers:
+    - name: main
+      ports:
+        - {containerPort: 80}
+        - {containerPort: 9400, hostPort: 9400}
+        - {containerPort: 53, hostPort: 53, protocol: UDP, hostIP: 0.0.0.0}
+        - {containerPort: 8080, hostPort: 8080, hostIP: 10.0.0.5}
+  affinity:
+    podAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        - topologyKey: topology.kubernetes.io/zone
+          labelSelector: {matchLabels: {app: cache}}
+          namespaces: [data]
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        - topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchExpressions: [{key: app, operator: In, values: [llm]}]
+        - topologyKey: kubernetes.io/hostname
+          labelSelector: {matchLabels: {app: noisy}}
+          namespaceSelector: {}
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 1
+          podAffinityTerm: {topologyKey: kubernetes.io/hostname, labelSelector: {}}
+  topologySpreadConstraints:
+    - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule,
+       labelSelector: {matchLabels: {app: llm}}, matchLabelKeys: [pod-template-hash], minDomains: 3}
+    - {maxSkew: 2, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway,
+       labelSelector: {matchLabels: {app: llm}}}
+status: {phase: Pending}
+"#,
+    );
+    assert_eq!(p.problem, None);
+    let t = p.constraints.topology.as_ref().expect("rules across nodes");
+    let port = |port, protocol: &str, ip: &str| HostPort {
+        port,
+        protocol: protocol.into(),
+        ip: ip.into(),
+    };
+    assert_eq!(
+        t.host_ports,
+        vec![
+            port(9400, "TCP", ""),
+            port(53, "UDP", ""),
+            port(8080, "TCP", "10.0.0.5")
+        ]
+    );
+    let app = |v: &str| Requirement {
+        key: "app".into(),
+        operator: Operator::In,
+        values: vec![v.into()],
+    };
+    // Listed namespaces; the pod's own when none are; `namespaceSelector: {}` is every one.
+    assert_eq!(t.affinity.len(), 1);
+    assert_eq!(t.affinity[0].selector.labels, Some(vec![app("cache")]));
+    assert_eq!(t.affinity[0].selector.namespaces, Some(vec!["data".into()]));
+    assert_eq!(t.affinity[0].topology_key, labels::ZONE);
+    assert_eq!(t.anti_affinity.len(), 2, "preferred terms are left out");
+    assert_eq!(
+        t.anti_affinity[0].selector.namespaces,
+        Some(vec!["serve".into()])
+    );
+    assert_eq!(t.anti_affinity[1].selector.namespaces, None);
+    // ScheduleAnyway is a preference: left out. matchLabelKeys adds the pod's own value.
+    assert_eq!(t.spread.len(), 1);
+    let s = &t.spread[0];
+    assert_eq!((s.max_skew, s.min_domains), (1, 3));
+    assert_eq!(
+        s.selector.labels,
+        Some(vec![
+            app("llm"),
+            Requirement {
+                key: "pod-template-hash".into(),
+                operator: Operator::In,
+                values: vec!["abc".into()],
+            }
+        ])
+    );
+    assert_eq!(s.selector.namespaces, Some(vec!["serve".into()]));
+    // A pod without any of these has no rules across nodes.
+    assert_eq!(convert(pod_with(json!({}))).constraints.topology, None);
+}
+
+#[test]
+fn malformed_spread_and_affinity_are_reported_on_the_pod() {
+    let cases = [
+        (
+            json!({"topologySpreadConstraints": [{"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]}),
+            "spec.topologySpreadConstraints[0].maxSkew",
+        ),
+        (
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Sometimes"}]}),
+            "whenUnsatisfiable",
+        ),
+        (
+            json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}}}),
+            "topologyKey: required",
+        ),
+    ];
+    for (spec, want) in cases {
+        let p = convert(pod_with(json!({ "spec": spec })));
+        assert!(problem(&p).contains(want), "{}", problem(&p));
+    }
+}

@@ -1,7 +1,9 @@
-//! Where a pod may run: `nodeSelector`, required node affinity, and tolerations against taints.
+//! Where a pod may run: `nodeSelector`, required node affinity, and tolerations against taints;
+//! its rules across nodes are in [`super::topology`].
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Operator {
@@ -139,6 +141,9 @@ pub struct Constraints {
     /// Required node affinity: any one term must hold. `None` means no affinity.
     pub affinity: Option<Vec<Term>>,
     pub tolerations: Vec<Toleration>,
+    /// Host ports, required pod (anti-)affinity and topology spread: rules across nodes,
+    /// checked against a [`super::topology::TopologyIndex`]. `None` for most pods.
+    pub topology: Option<Arc<super::topology::PodTopology>>,
 }
 
 impl Constraints {

@@ -11,6 +11,7 @@ pub mod quantity;
 pub mod resources;
 pub mod snapshot;
 pub mod time;
+pub mod topology;
 
 pub use constraints::{Constraints, Effect, Operator, Requirement, Taint, Term, Toleration};
 pub use node::Node;
@@ -18,6 +19,7 @@ pub use pod::{GangRef, Owner, OwnerKind, Pod, PodPhase, PodRef};
 pub use resources::{GpuShare, Resources, SharedGpu};
 pub use snapshot::{InFlight, Pdb, Snapshot};
 pub use time::Time;
+pub use topology::{HostPort, PodTopology, Site, TopologyIndex};
 
 /// Labels and annotations this project reads and writes.
 pub mod labels {

@@ -388,7 +388,7 @@ fn evaluate(
             *e = (*e).max(expected(p));
         }
     }
-    let (plan, _, _) = pack::scale_up(&scratch, templates, policy, now);
+    let (plan, ..) = pack::scale_up(&scratch, templates, policy, now);
     if let Some(u) = plan.unschedulable.first() {
         return Err(format!("pod {} would have no place: {}", u.pod, u.reason));
     }

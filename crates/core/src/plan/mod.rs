@@ -191,15 +191,13 @@ pub fn plan(snapshot: &Snapshot, catalog: &Catalog, policy: &Policy, now: Time) 
 pub fn plan_with(snapshot: &Snapshot, templates: &Templates, policy: &Policy, now: Time) -> Plan {
     let warnings = templates.errors.clone();
     let templates = templates.for_snapshot(snapshot, now);
-    let (mut plan, rooms, devices) = pack::scale_up(snapshot, &templates, policy, now);
+    let (mut plan, left, devices) = pack::scale_up(snapshot, &templates, policy, now);
     let targeted: std::collections::BTreeSet<&str> = plan
         .existing_capacity
         .iter()
         .map(|p| p.target.as_str())
         .collect();
-    let down = scale_down::scale_down(
-        snapshot, &templates, policy, now, rooms, &devices, &targeted,
-    );
+    let down = scale_down::scale_down(snapshot, &templates, policy, now, left, &devices, &targeted);
     plan.scale_downs = down.scale_downs;
     plan.kept = down.kept;
     plan.unneeded = down.unneeded;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::model::resources::{
     place_share, place_shares, share_copies, GpuShare, Resources, SharedGpu,
 };
+use crate::model::topology::{self, Profile, Refusal, Site, TopologyIndex};
 use crate::model::{Constraints, InFlight, Pod, Snapshot, Time};
 use crate::policy::Policy;
 use gpu_node_autoscaler_provider::CapacityType;
@@ -47,6 +48,10 @@ struct Class {
     spot_until: Option<Time>,
     /// Devices its claims take (Dynamic Resource Allocation); `None` for most pods.
     devices: Option<Arc<DeviceDemand>>,
+    /// Its rules across nodes, or other pods' rules that look at it; `None` for most pods.
+    profile: Option<Arc<Profile>>,
+    /// Why those rules kept it off capacity it would otherwise have had.
+    refused: Option<Refusal>,
 }
 
 impl Class {
@@ -187,6 +192,10 @@ struct Packer<'a> {
     spares: i64,
     /// Every zone of a template or a bin, sorted.
     zones: Vec<String>,
+    /// The pods placed so far per topology domain, when some pod has rules across nodes
+    /// (host ports, pod affinity, spread); then `sites` holds each bin's labels and identity.
+    topology: Option<TopologyIndex>,
+    sites: Vec<(Arc<BTreeMap<String, String>>, String)>,
 }
 
 /// Hands out each launch's planned node lists ([`Snapshot::planned`]), one per node of the
@@ -293,8 +302,22 @@ impl<'a> Packer<'a> {
             zone_bins: BTreeMap::new(),
             zones: Vec::new(),
             spares: 0,
+            topology: None,
+            sites: Vec::new(),
         };
         p.build_bins(now);
+        p.topology = topology::index_of(
+            &snapshot.pods,
+            &snapshot.nodes,
+            templates
+                .iter()
+                .flat_map(|t| t.offerings.iter().filter(|o| o.available))
+                .map(|o| o.labels.clone())
+                .collect(),
+        );
+        if p.topology.is_some() {
+            p.sites = (0..p.bins.len()).map(|b| p.site_of(b)).collect();
+        }
         for b in 0..p.bins.len() {
             p.bins[b].update_full();
             p.index_bin(b);
@@ -534,6 +557,7 @@ impl<'a> Packer<'a> {
             i32,
             u64,
             *const DeviceDemand,
+            (Vec<usize>, Vec<usize>),
         );
         let mut class_of: HashMap<ClassKey, usize> = HashMap::new();
         for &pi in &pending {
@@ -576,6 +600,12 @@ impl<'a> Packer<'a> {
                 _ => None,
             };
             let gpu_eq = pod.gpu_equivalents() + demand.as_ref().map_or(0.0, |d| d.devices);
+            // Pods that rules across nodes tell apart are apart.
+            let selected = self
+                .topology
+                .as_ref()
+                .map(|t| t.selected(pod))
+                .unwrap_or_default();
             let key = (
                 pod.requests.clone(),
                 pod.share,
@@ -584,6 +614,7 @@ impl<'a> Packer<'a> {
                 pod.priority,
                 spot_only,
                 demand.as_ref().map_or(std::ptr::null(), Arc::as_ptr),
+                selected,
             );
             let ci = *class_of.entry(key).or_insert_with(|| {
                 self.classes.push(Class {
@@ -600,6 +631,13 @@ impl<'a> Packer<'a> {
                     spot_only,
                     spot_until,
                     devices: demand,
+                    profile: self
+                        .topology
+                        .as_ref()
+                        .map(|t| t.profile(pod))
+                        .filter(|p| !p.is_free())
+                        .map(Arc::new),
+                    refused: None,
                 });
                 if let Some(g) = gang {
                     self.gangs[g].classes.push(self.classes.len() - 1);
@@ -721,9 +759,26 @@ impl<'a> Packer<'a> {
             return 0;
         }
         let bin = &self.bins[b];
-        let k = self.classes[c].copies(&bin.free, &bin.shared).min(want);
+        let mut k = self.classes[c].copies(&bin.free, &bin.shared).min(want);
         if k <= 0 {
             return 0;
+        }
+        if let (Some(prof), Some(topo)) = (self.classes[c].profile.clone(), &mut self.topology) {
+            let (labels, node) = &self.sites[b];
+            let site = Site { labels, node };
+            let mut n = 0;
+            while n < k {
+                if let Err(r) = topo.admits(&prof, &site) {
+                    self.classes[c].refused = Some(r);
+                    break;
+                }
+                topo.add(&prof, &site);
+                n += 1;
+            }
+            k = n;
+            if k == 0 {
+                return 0;
+            }
         }
         let bin = &mut self.bins[b];
         self.classes[c].apply(&mut bin.free, &mut bin.shared, k);
@@ -1085,7 +1140,7 @@ impl<'a> Packer<'a> {
                 if as_bins {
                     let t = &self.templates[o.template];
                     let zone = t.offerings_in(o.mask).next().map(|x| x.key.zone.clone());
-                    self.bins.push(Bin {
+                    self.push_bin(Bin {
                         free: o.free.clone(),
                         shared: o.shared.clone(),
                         zone,
@@ -1096,12 +1151,220 @@ impl<'a> Packer<'a> {
                         starting: false,
                         reserved: Vec::new(),
                     });
-                    let b = self.bins.len() - 1;
-                    self.bins[b].update_full();
-                    self.index_bin(b);
                 }
             }
         }
+    }
+
+    /// Adds a bin (a node opened in this plan), its site and its zone.
+    fn push_bin(&mut self, bin: Bin) -> usize {
+        self.bins.push(bin);
+        let b = self.bins.len() - 1;
+        self.bins[b].update_full();
+        self.index_bin(b);
+        if self.topology.is_some() {
+            let site = self.site_of(b);
+            self.sites.push(site);
+        }
+        b
+    }
+
+    /// A bin's labels and identity for rules across nodes: a registered node's own; for a node
+    /// on its way or opened in this plan, the labels of its preferred offering and a name of its
+    /// own (its own hostname domain).
+    fn site_of(&self, b: usize) -> (Arc<BTreeMap<String, String>>, String) {
+        let bin = &self.bins[b];
+        match bin.kind {
+            BinKind::Node(n) => {
+                let n = &self.snapshot.nodes[n];
+                (n.labels.clone(), n.name.clone())
+            }
+            BinKind::InFlight(_) | BinKind::New(_) => {
+                let labels = self.templates[bin.template]
+                    .offerings_in(bin.mask)
+                    .next()
+                    .map(|o| o.labels.clone())
+                    .unwrap_or_default();
+                (labels, format!("\0bin/{b}"))
+            }
+        }
+    }
+
+    /// The offerings of `base` split by their values of the topology keys rules use (each
+    /// part one zone, say), in preference order; one part when the pod is not bound to
+    /// domains (host ports only).
+    fn domain_parts(&self, t: &Template, base: u64, bound: bool) -> Vec<u64> {
+        let Some(topo) = self.topology.as_ref().filter(|_| bound) else {
+            return vec![base];
+        };
+        let mut parts: Vec<(Vec<Option<&String>>, u64)> = Vec::new();
+        for (i, o) in t.offerings.iter().enumerate() {
+            if base & (1u64 << i) == 0 {
+                continue;
+            }
+            let values: Vec<Option<&String>> =
+                topo.keys().iter().map(|k| o.labels.get(k)).collect();
+            match parts.iter_mut().find(|(v, _)| *v == values) {
+                Some((_, m)) => *m |= 1u64 << i,
+                None => parts.push((values, 1u64 << i)),
+            }
+        }
+        parts.into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// New nodes for the pods of class `c` (not in a gang) that rules across nodes look at,
+    /// one at a time, each in one domain of every topology key these rules use, so that each
+    /// pod is placed knowing where the earlier ones went: the pods go first-fit onto the bins
+    /// (registered, on their way and opened in this plan), then a node is opened of the
+    /// template and domain where these rules admit the most pods for the lowest price (pools
+    /// of a higher priority first). Its fallbacks stay in that domain (spot, then on-demand,
+    /// in one zone).
+    fn open_for_topology(&mut self, c: usize) {
+        let Some(prof) = self.classes[c].profile.clone() else {
+            return;
+        };
+        let bound = prof.is_bound_to_domains();
+        // The bins are tried again after a node is opened only when what refused the pods there
+        // may have changed (a spread's global minimum, the first pod an affinity counts): else
+        // the new node is all there is to try.
+        let floor = |p: &Self| p.topology.as_ref().map(|t| t.floor(&prof));
+        // The templates the class may use, each split into parts of one domain; what a new
+        // node admits depends on its domains only, so each domain is probed once a round.
+        let mut domain_of: HashMap<Vec<Option<String>>, usize> = HashMap::new();
+        let mut domain_labels: Vec<Arc<BTreeMap<String, String>>> = Vec::new();
+        // (template, copies on an empty node, [(offerings of one domain, domain)])
+        type Candidate = (usize, i64, Vec<(u64, usize)>);
+        let mut candidates: Vec<Candidate> = Vec::new();
+        for (ti, t) in self.templates.iter().enumerate() {
+            let base = self.classes[c].tmask[ti] & self.available[ti];
+            let copies = self.classes[c].copies(&t.allocatable, &t.shared);
+            if base == 0 || copies <= 0 {
+                continue;
+            }
+            let mut parts = Vec::new();
+            for part in self.domain_parts(t, base, bound) {
+                let labels = t.offerings_in(part).next().map(|o| o.labels.clone());
+                let labels = labels.unwrap_or_default();
+                let domains: Vec<Option<String>> = match &self.topology {
+                    Some(topo) => topo.keys().iter().map(|k| labels.get(k).cloned()).collect(),
+                    None => Vec::new(),
+                };
+                let d = *domain_of.entry(domains).or_insert_with(|| {
+                    domain_labels.push(labels);
+                    domain_labels.len() - 1
+                });
+                parts.push((part, d));
+            }
+            candidates.push((ti, copies, parts));
+        }
+        let mut tried: Option<Option<Vec<i64>>> = None;
+        while self.classes[c].remaining() > 0 {
+            let want = self.classes[c].remaining();
+            let now = floor(self);
+            if tried.as_ref() != Some(&now) && self.place_on_bins(c, want, None) == want {
+                return;
+            }
+            tried = Some(now);
+            let want = self.classes[c].remaining();
+            // (priority, price per pod, template, part)
+            let mut best: Option<(i32, f64, usize, u64)> = None;
+            let mut blocked = None;
+            let mut probes: Vec<Option<(i64, Option<Refusal>)>> = vec![None; domain_labels.len()];
+            for (ti, copies, parts) in &candidates {
+                let t = &self.templates[*ti];
+                if best.is_some_and(|b| b.0 > t.priority) || self.room(&self.usage, *ti) == 0 {
+                    continue;
+                }
+                let fit = (*copies).min(want);
+                for &(part, d) in parts {
+                    let probed = match probes[d] {
+                        Some(p) => p,
+                        None => {
+                            let labels = domain_labels[d].clone();
+                            let p = self.admitted_on_new(&prof, &labels, want);
+                            probes[d] = Some(p);
+                            p
+                        }
+                    };
+                    let (k, refusal) = (probed.0.min(fit), probed.1);
+                    if k == 0 {
+                        blocked = blocked.or(refusal);
+                        continue;
+                    }
+                    let per_pod = t.price(part) / k as f64;
+                    let better = match best {
+                        None => true,
+                        Some((p, b, _, _)) => t.priority > p || per_pod < b * (1.0 - 1e-9),
+                    };
+                    if better {
+                        best = Some((t.priority, per_pod, *ti, part));
+                    }
+                }
+            }
+            let Some((_, _, ti, mask)) = best else {
+                // The reason is these rules only when they, not limits, left no node.
+                self.classes[c].refused = blocked;
+                return;
+            };
+            let t = &self.templates[ti];
+            let id = self.new_nodes.len();
+            self.new_nodes.push(NewNode {
+                template: ti,
+                mask,
+                gang: None,
+                pods: Vec::new(),
+            });
+            let zone = t.offerings_in(mask).next().map(|o| o.key.zone.clone());
+            let b = self.push_bin(Bin {
+                free: t.allocatable.clone(),
+                shared: t.shared.clone(),
+                zone,
+                kind: BinKind::New(id),
+                template: ti,
+                mask,
+                full: false,
+                starting: false,
+                reserved: Vec::new(),
+            });
+            let mut usage = self.usage.clone();
+            self.add_usage(&mut usage, ti, 1);
+            self.usage = usage;
+            if self.place_on_bin(c, b, want) == 0 {
+                // Cannot happen (the node was chosen for admitting a pod): never loop on it.
+                return;
+            }
+        }
+    }
+
+    /// How many of `up_to` pods of profile `prof` the rules across nodes admit on one new node
+    /// with these labels, as things are now, and why not more.
+    fn admitted_on_new(
+        &mut self,
+        prof: &Profile,
+        labels: &BTreeMap<String, String>,
+        up_to: i64,
+    ) -> (i64, Option<Refusal>) {
+        let Some(topo) = self.topology.as_mut() else {
+            return (up_to, None);
+        };
+        let site = Site {
+            labels,
+            node: "\0probe",
+        };
+        let mut k = 0;
+        let mut refusal = None;
+        while k < up_to {
+            if let Err(r) = topo.admits(prof, &site) {
+                refusal = Some(r);
+                break;
+            }
+            topo.add(prof, &site);
+            k += 1;
+        }
+        for _ in 0..k {
+            topo.remove(prof, &site);
+        }
+        (k, refusal)
     }
 
     fn gang_zones(&self, g: &Gang) -> Vec<String> {
@@ -1300,10 +1563,21 @@ impl<'a> Packer<'a> {
                 Unit::Gang(g) => self.place_gang(g),
             }
         }
+        // Singles that rules across nodes look at get their new nodes first, one at a time.
+        for (_, _, u) in &units {
+            if let Unit::Class(c) = *u {
+                if self.classes[c].profile.is_some() {
+                    self.open_for_topology(c);
+                }
+            }
+        }
         // Singles left: leftovers of nodes opened for gangs, then new nodes.
         let mut items: Vec<(usize, i64)> = Vec::new();
         for (_, _, u) in &units {
             if let Unit::Class(c) = *u {
+                if self.classes[c].profile.is_some() {
+                    continue;
+                }
                 let want = self.classes[c].remaining();
                 if want > 0 {
                     let placed = self.place_on_bins(c, want, None);
@@ -1360,6 +1634,13 @@ impl<'a> Packer<'a> {
             return "no pool offers nodes matching its nodeSelector/node affinity (GPU model, instance type, zone or capacity type not offered)".into();
         }
         if cl.tmask.iter().any(|m| *m != 0) {
+            if let Some(r) = cl.refused {
+                return format!(
+                    "kube-scheduler would refuse it on every node it fits, existing or that \
+                     could be launched within limits: {}",
+                    r.describe()
+                );
+            }
             return self.dynamic_reason(c);
         }
         // Nothing can ever host it: say why, pool by pool.
@@ -1616,7 +1897,7 @@ pub(super) fn scale_up(
     templates: &[Template],
     policy: &Policy,
     now: Time,
-) -> (Plan, Vec<NodeRoom>, Devices) {
+) -> (Plan, Left, Devices) {
     let planned: Vec<usize> = snapshot
         .pods
         .iter()
@@ -1647,7 +1928,18 @@ pub(super) fn scale_up(
         moving: std::mem::take(&mut p.devices.moving),
         ..Devices::default()
     };
-    (p.into_plan(), rooms, devices)
+    let left = Left {
+        rooms,
+        topology: p.topology.take(),
+    };
+    (p.into_plan(), left, devices)
+}
+
+/// What a scale-up leaves to scale-down: the room on registered nodes, and the pods (running
+/// and placed by the plan) per topology domain when some pod has rules across nodes.
+pub(super) struct Left {
+    pub rooms: Vec<NodeRoom>,
+    pub topology: Option<TopologyIndex>,
 }
 
 /// What is free on a registered node (index into `Snapshot::nodes`).

@@ -13,15 +13,17 @@
 //! needed again, so it survives a restart of the controller.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::model::resources::place_share;
+use crate::model::topology::{Profile, Site, TopologyIndex};
 use crate::model::{labels, Node, Pod, Snapshot, Time};
 use crate::policy::{Policy, Pool};
 
 use super::disrupt::{annotation_true, do_not_disrupt, drains_left};
-use super::pack::NodeRoom;
+use super::pack::{Left, NodeRoom};
 use super::templates::{template_of_node, Template};
 use super::{Kept, ScaleDown};
 
@@ -290,10 +292,14 @@ pub(super) fn scale_down(
     templates: &[Template],
     policy: &Policy,
     now: Time,
-    mut rooms: Vec<NodeRoom>,
+    left: Left,
     devices: &super::devices::Devices,
     targeted: &BTreeSet<&str>,
 ) -> Outcome {
+    let Left {
+        mut rooms,
+        mut topology,
+    } = left;
     let mut out = Outcome {
         scale_downs: Vec::new(),
         kept: Vec::new(),
@@ -448,7 +454,8 @@ pub(super) fn scale_down(
             out.kept.push(keep(why));
             continue;
         }
-        let (moves, scratch) = match place_elsewhere(snapshot, &c, &rooms, &removed, devices) {
+        let placed = place_elsewhere(snapshot, &c, &rooms, &removed, devices, &mut topology);
+        let (moves, scratch) = match placed {
             Ok(placed) => placed,
             Err(p) => {
                 out.kept.push(keep(format!(
@@ -537,13 +544,16 @@ fn pdbs_refuse(snapshot: &Snapshot, need: &[i32], used: &[i32]) -> Option<String
 
 /// Places a candidate's pods on the nodes that stay (never itself or a node this plan removes),
 /// largest first, on a scratch copy of their room: the evictions and the rooms they change, or
-/// the first pod that fits nowhere.
+/// the first pod that fits nowhere. With rules across nodes (host ports, pod affinity, spread),
+/// the pods leave their node in `topology` and each goes only where kube-scheduler would take
+/// it; `topology` is left as it was when one fits nowhere.
 fn place_elsewhere(
     snapshot: &Snapshot,
     c: &Candidate,
     rooms: &[NodeRoom],
     removed: &BTreeSet<usize>,
     devices: &super::devices::Devices,
+    topology: &mut Option<TopologyIndex>,
 ) -> Result<(Vec<Eviction>, BTreeMap<usize, NodeRoom>), String> {
     let mut order = c.movable.clone();
     order.sort_by(|a, b| {
@@ -552,9 +562,31 @@ fn place_elsewhere(
             .then(b.requests.cpu_milli.cmp(&a.requests.cpu_milli))
             .then(a.id.cmp(&b.id))
     });
+    let site = |n: &Node| (n.labels.clone(), n.name.clone());
+    let from = site(&snapshot.nodes[c.node]);
+    let profiles: Vec<Option<Profile>> = order
+        .iter()
+        .map(|p| {
+            let t = topology.as_ref()?;
+            Some(t.profile(p)).filter(|x| !x.is_free())
+        })
+        .collect();
+    fn at(s: &(Arc<BTreeMap<String, String>>, String)) -> Site<'_> {
+        Site {
+            labels: &s.0,
+            node: &s.1,
+        }
+    }
+    if let Some(t) = topology.as_mut() {
+        for prof in profiles.iter().flatten() {
+            t.remove(prof, &at(&from));
+        }
+    }
     let mut scratch: BTreeMap<usize, NodeRoom> = BTreeMap::new();
     let mut moves = Vec::new();
-    for p in &order {
+    let mut recorded: Vec<(usize, usize)> = Vec::new();
+    let mut failed = None;
+    for (i, p) in order.iter().enumerate() {
         let mut placed = None;
         // Its claims' devices must be found where it goes.
         let claims = devices.moved_claims(p, &snapshot.nodes[c.node].name);
@@ -575,6 +607,17 @@ fn place_elsewhere(
             {
                 continue;
             }
+            let to = Site {
+                labels: &dest.labels,
+                node: &dest.name,
+            };
+            if let (Some(t), Some(prof)) = (topology.as_mut(), &profiles[i]) {
+                if t.admits(prof, &to).is_err() {
+                    continue;
+                }
+                t.add(prof, &to);
+                recorded.push((i, r.node));
+            }
             let room = scratch.entry(r.node).or_insert_with(|| r.clone());
             room.free.sub(&p.requests);
             claims.take_from(&mut room.free);
@@ -590,13 +633,30 @@ fn place_elsewhere(
                 to: snapshot.nodes[d].name.clone(),
             }),
             None if claims.any() => {
-                return Err(format!(
+                failed = Some(format!(
                     "{} (no node that remains has the devices its ResourceClaims need)",
                     p.id
-                ))
+                ));
+                break;
             }
-            None => return Err(p.id.to_string()),
+            None => {
+                failed = Some(p.id.to_string());
+                break;
+            }
         }
     }
-    Ok((moves, scratch))
+    let Some(why) = failed else {
+        return Ok((moves, scratch));
+    };
+    if let Some(t) = topology.as_mut() {
+        for &(i, node) in &recorded {
+            if let Some(prof) = &profiles[i] {
+                t.remove(prof, &at(&site(&snapshot.nodes[node])));
+            }
+        }
+        for prof in profiles.iter().flatten() {
+            t.add(prof, &at(&from));
+        }
+    }
+    Err(why)
 }

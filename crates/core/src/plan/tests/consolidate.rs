@@ -246,3 +246,25 @@ fn pod_disruption_budgets_bound_what_moves_at_once() {
         "{why}"
     );
 }
+
+#[test]
+fn replicas_one_per_node_by_anti_affinity_are_not_repacked_onto_one_node() {
+    use crate::model::topology::{AffinityTerm, PodTopology, HOSTNAME};
+    let anti = PodTopology {
+        anti_affinity: vec![AffinityTerm {
+            selector: crate::fixtures::app_selector("serve", "srv"),
+            topology_key: HOSTNAME.into(),
+        }],
+        ..Default::default()
+    };
+    let replica = |name: &str, node: &str| {
+        server(name, node)
+            .label("app", "srv")
+            .topology(anti.clone())
+    };
+    // The same four nodes without the rule are repacked onto one g4dn.12xlarge (the test
+    // above); with it, each replica needs a node of its own: the best repack is the same four
+    // nodes, which saves nothing.
+    let err = run_consolidate(&four_alone(replica), POLICY).unwrap_err();
+    assert!(err.contains("saves $0.00/h"), "{err}");
+}

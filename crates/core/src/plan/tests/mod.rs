@@ -1374,6 +1374,7 @@ fn a_plans_templates_are_shared_until_daemonsets_or_unavailable_offerings_change
 mod consolidate;
 mod dra;
 mod scale_down;
+mod topology;
 
 #[test]
 fn the_gpus_a_pools_node_advertises_read_back_as_its_templates() {

@@ -88,3 +88,65 @@ fn a_node_nominated_for_a_pod_keeps_its_room_from_a_smaller_pod_that_would_score
     assert_eq!(on(&w, 0).instance_type, "g5.xlarge");
     assert_eq!(w.pods[1].pod.nominated_node, None, "dropped once bound");
 }
+
+/// Two g5.12xlarge nodes (4 GPUs each) in zones a and b, launched at 0 s, and three one-GPU
+/// pods arriving at 3 minutes with `rules` (YAML lines of a pod group, indented 8 spaces).
+fn three_pods_on_two_big_nodes(rules: &str) -> World {
+    let input = crate::test_a10g_input(
+        "us-east-1a, us-east-1b",
+        "instanceTypes: [g5.12xlarge], capacityTypes: [on-demand], maxNodes: 4",
+        &format!(
+            "  - name: serve\n    kind: Deployment\n    arrival: 3m\n    duration: 30m\n    pods:\n\
+             \x20     - name: w\n        replicas: 3\n        labels: {{app: serve}}\n\
+             \x20       requests: {{cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}}\n{rules}"
+        ),
+    );
+    let mut w = World::new(&input);
+    launch_where(&mut w, "a10g", |k| k.zone == "us-east-1a");
+    launch_where(&mut w, "a10g", |k| k.zone == "us-east-1b");
+    run_until(&mut w, 4 * MINUTE);
+    w
+}
+
+/// Pods bound per node name.
+fn bound_per_node(w: &World) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for p in &w.pods {
+        if let Some(n) = p.node {
+            *out.entry(w.nodes[n].node.name.clone()).or_default() += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_scheduler_binds_no_two_pods_with_one_host_port_to_a_node() {
+    // Without rules the three pods share the nodes as scoring puts them.
+    let w = three_pods_on_two_big_nodes("");
+    assert_eq!(bound_per_node(&w).values().sum::<usize>(), 3);
+    let w = three_pods_on_two_big_nodes("        ports: [{containerPort: 9400, hostPort: 9400}]\n");
+    let per_node = bound_per_node(&w);
+    assert_eq!(per_node.values().copied().collect::<Vec<_>>(), vec![1, 1]);
+    let waiting: Vec<&PodState> = w.pods.iter().filter(|p| p.node.is_none()).collect();
+    assert_eq!(waiting.len(), 1);
+    assert!(waiting[0].pod.unschedulable);
+}
+
+#[test]
+fn the_scheduler_keeps_zone_spread_and_anti_affinity() {
+    // Spread over the two zones with maxSkew 1: a third pod makes 2/1, allowed; anti-affinity
+    // per node then leaves it nowhere.
+    let spread = "        topologySpreadConstraints:\n\
+         \x20         - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: serve}}}\n";
+    let w = three_pods_on_two_big_nodes(spread);
+    let per_node = bound_per_node(&w);
+    assert_eq!(per_node.values().sum::<usize>(), 3);
+    assert!(per_node.values().all(|&n| n <= 2), "{per_node:?}");
+    let anti = format!(
+        "{spread}        affinity:\n          podAntiAffinity:\n            requiredDuringSchedulingIgnoredDuringExecution:\n\
+         \x20             - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: serve}}}}}}\n"
+    );
+    let w = three_pods_on_two_big_nodes(&anti);
+    let per_node = bound_per_node(&w);
+    assert_eq!(per_node.values().copied().collect::<Vec<_>>(), vec![1, 1]);
+}

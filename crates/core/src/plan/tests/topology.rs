@@ -1,0 +1,365 @@
+//! Rules across nodes that kube-scheduler enforces: host ports, required pod (anti-)affinity
+//! and topology spread. Each test also plans the same cluster without the rule, which is how
+//! the planner saw it before it modelled the rule, to show what the rule changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+use crate::model::topology::{AffinityTerm, HostPort, PodSelector, PodTopology, Spread, HOSTNAME};
+use crate::model::{labels, Pod};
+
+/// One A10G pool over three zones: g5.xlarge (1 GPU) and g5.12xlarge (4 GPUs), spot first.
+const THREE_ZONES: &str = r#"
+zones: [us-east-1a, us-east-1b, us-east-1c]
+pools:
+  - name: a10g
+    instanceTypes: [g5.xlarge, g5.12xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 50
+"#;
+
+fn app(value: &str) -> PodSelector {
+    crate::fixtures::app_selector("default", value)
+}
+
+fn term(value: &str, key: &str) -> AffinityTerm {
+    AffinityTerm {
+        selector: app(value),
+        topology_key: key.into(),
+    }
+}
+
+fn port(p: i32, ip: &str) -> HostPort {
+    HostPort {
+        port: p,
+        protocol: "TCP".into(),
+        ip: ip.into(),
+    }
+}
+
+/// A 1-GPU pod labelled `app`.
+fn replica(name: &str, app: &str) -> PodBuilder {
+    gpu_pod(name, 1).label("app", app)
+}
+
+/// A Ready g5.12xlarge (4 GPUs) of pool a10g in `zone`.
+fn big_node(name: &str, zone: &str) -> crate::model::Node {
+    NodeBuilder::new(name)
+        .pool("a10g", "g5.12xlarge", zone)
+        .gpus(4)
+        .cpu_milli(47_000)
+        .memory_gib(180)
+        .build()
+}
+
+/// Zone of each pod placed on a new node.
+fn zones_of_new(plan: &Plan) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for su in &plan.scale_ups {
+        for p in &su.pods {
+            out.insert(p.key.clone(), su.offerings[0].zone.clone());
+        }
+    }
+    out
+}
+
+fn new_nodes(plan: &Plan) -> u32 {
+    plan.scale_ups.iter().map(|s| s.count).sum()
+}
+
+/// Plans of the cluster without the pods' rules across nodes (as the planner saw it before it
+/// modelled them) and with them.
+fn before_and_after(pods: &[Pod], nodes: &[crate::model::Node], policy: &str) -> (Plan, Plan) {
+    let before = run(&snap(without_rules(pods.to_vec()), nodes.to_vec()), policy);
+    let after = run(&snap(pods.to_vec(), nodes.to_vec()), policy);
+    (before, after)
+}
+
+fn without_rules(pods: Vec<Pod>) -> Vec<Pod> {
+    pods.into_iter()
+        .map(|mut p| {
+            let mut c = (*p.constraints).clone();
+            c.topology = None;
+            p.constraints = std::sync::Arc::new(c);
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn a_pod_whose_host_port_is_taken_on_a_node_gets_another_node() {
+    let ports = |p: i32, ip: &str| PodTopology {
+        host_ports: vec![port(p, ip)],
+        ..Default::default()
+    };
+    let running = replica("agent-0", "agent")
+        .topology(ports(9400, ""))
+        .on("n1")
+        .build();
+    let pending = replica("agent-1", "agent")
+        .topology(ports(9400, "10.0.0.5"))
+        .build();
+    let nodes = vec![big_node("n1", "us-east-1a")];
+    // Without the port, the pod fits the free GPUs of n1: where the planner used to put it.
+    let (before, after) = before_and_after(&[running.clone(), pending], &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/agent-1"), Some(&"n1"));
+    assert!(after.existing_capacity.is_empty(), "{after:#?}");
+    assert_eq!(new_nodes(&after), 1);
+    // Another port, or the same port on another protocol, shares the node.
+    let mut udp = ports(9400, "");
+    udp.host_ports[0].protocol = "UDP".into();
+    for t in [ports(9401, ""), udp] {
+        let other = replica("agent-2", "agent").topology(t).build();
+        let plan = run(
+            &snap(vec![running.clone(), other], nodes.clone()),
+            THREE_ZONES,
+        );
+        assert_eq!(targets(&plan).get("default/agent-2"), Some(&"n1"));
+    }
+}
+
+#[test]
+fn pending_pods_with_one_host_port_get_a_node_each() {
+    let pods: Vec<Pod> = (0..3)
+        .map(|i| {
+            replica(&format!("w-{i}"), "w")
+                .topology(PodTopology {
+                    host_ports: vec![port(8080, "")],
+                    ..Default::default()
+                })
+                .build()
+        })
+        .collect();
+    let only_big = THREE_ZONES.replace("[g5.xlarge, g5.12xlarge]", "[g5.12xlarge]");
+    let (before, after) = before_and_after(&pods, &[], &only_big);
+    assert_eq!(
+        new_nodes(&before),
+        1,
+        "one 4-GPU node held all three: {before:#?}"
+    );
+    assert_eq!(new_nodes(&after), 3, "{after:#?}");
+    assert!(after
+        .scale_ups
+        .iter()
+        .all(|s| s.pods_per_node.iter().all(|&n| n == 1)));
+    // Host ports alone bind no zone: the fallbacks still span the zones.
+    let zones: BTreeSet<&str> = after.scale_ups[0]
+        .offerings
+        .iter()
+        .map(|o| o.zone.as_str())
+        .collect();
+    assert_eq!(zones.len(), 3);
+}
+
+#[test]
+fn hostname_anti_affinity_keeps_replicas_off_a_node_with_one() {
+    let anti = PodTopology {
+        anti_affinity: vec![term("serve", HOSTNAME)],
+        ..Default::default()
+    };
+    let running = replica("serve-0", "serve")
+        .topology(anti.clone())
+        .on("n1")
+        .build();
+    let mut pods = vec![running];
+    for i in 1..4 {
+        pods.push(
+            replica(&format!("serve-{i}"), "serve")
+                .topology(anti.clone())
+                .build(),
+        );
+    }
+    let nodes = vec![big_node("n1", "us-east-1a")];
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
+    assert_eq!(before.existing_capacity.len(), 3, "{before:#?}");
+    assert!(after.existing_capacity.is_empty(), "{after:#?}");
+    assert_eq!(new_nodes(&after), 3);
+    assert!(after
+        .scale_ups
+        .iter()
+        .all(|s| s.pods_per_node.iter().all(|&n| n == 1)));
+}
+
+#[test]
+fn a_running_pods_anti_affinity_repels_a_pod_without_rules() {
+    // The running pod refuses company labelled app=noisy on its node; the pending pod has no
+    // rule of its own.
+    let running = replica("quiet", "quiet")
+        .topology(PodTopology {
+            anti_affinity: vec![term("noisy", HOSTNAME)],
+            ..Default::default()
+        })
+        .on("n1")
+        .build();
+    let noisy = replica("noisy", "noisy").build();
+    let nodes = vec![big_node("n1", "us-east-1a")];
+    let (before, after) = before_and_after(&[running, noisy], &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/noisy"), Some(&"n1"));
+    assert!(after.existing_capacity.is_empty(), "{after:#?}");
+    assert_eq!(new_nodes(&after), 1);
+}
+
+/// Zone spread of the pods labelled app=`app`, maxSkew 1.
+fn zone_spread(app_label: &str) -> Spread {
+    Spread {
+        max_skew: 1,
+        topology_key: labels::ZONE.into(),
+        selector: app(app_label),
+        min_domains: 1,
+    }
+}
+
+fn serving(i: usize) -> Pod {
+    replica(&format!("llm-{i}"), "llm")
+        .topology(PodTopology {
+            anti_affinity: vec![term("llm", HOSTNAME)],
+            spread: vec![zone_spread("llm")],
+            ..Default::default()
+        })
+        .build()
+}
+
+#[test]
+fn six_replicas_spread_over_zones_get_two_nodes_per_zone_with_fallbacks_in_their_zone() {
+    let pods: Vec<Pod> = (0..6).map(serving).collect();
+    let (before, after) = before_and_after(&pods, &[], THREE_ZONES);
+    let before_zones: BTreeSet<String> = zones_of_new(&before).into_values().collect();
+    assert_eq!(
+        before_zones.len(),
+        1,
+        "all in the cheapest zone: {before:#?}"
+    );
+    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for z in zones_of_new(&after).into_values() {
+        *per_zone.entry(z).or_default() += 1;
+    }
+    assert_eq!(
+        per_zone.values().copied().collect::<Vec<_>>(),
+        vec![2, 2, 2],
+        "{after:#?}"
+    );
+    assert_eq!(new_nodes(&after), 6);
+    for su in &after.scale_ups {
+        assert!(su.pods_per_node.iter().all(|&n| n == 1), "{su:?}");
+        // Fallbacks stay in the zone: spot, then on-demand there.
+        let zones: BTreeSet<&str> = su.offerings.iter().map(|o| o.zone.as_str()).collect();
+        assert_eq!(zones.len(), 1, "{su:?}");
+        let types: Vec<CapacityType> = su.offerings.iter().map(|o| o.capacity_type).collect();
+        assert_eq!(
+            types,
+            vec![CapacityType::Spot, CapacityType::OnDemand],
+            "{su:?}"
+        );
+    }
+}
+
+#[test]
+fn zone_spread_counts_running_replicas_and_skips_room_in_the_crowded_zone() {
+    // Two replicas run in zone a on n1, which has room for two more.
+    let spread_only = |name: &str| {
+        replica(name, "llm").topology(PodTopology {
+            spread: vec![zone_spread("llm")],
+            ..Default::default()
+        })
+    };
+    let pods = vec![
+        spread_only("llm-0").on("n1").build(),
+        spread_only("llm-1").on("n1").build(),
+        spread_only("llm-2").build(),
+        spread_only("llm-3").build(),
+    ];
+    let nodes = vec![big_node("n1", "us-east-1a")];
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
+    assert_eq!(before.existing_capacity.len(), 2, "{before:#?}");
+    assert!(after.existing_capacity.is_empty(), "{after:#?}");
+    let zones = zones_of_new(&after);
+    assert_eq!(zones.len(), 2);
+    assert!(zones.values().all(|z| z != "us-east-1a"), "{zones:?}");
+}
+
+#[test]
+fn required_pod_affinity_follows_the_selected_pods_zone() {
+    let cache = replica("cache", "cache").on("n2").build();
+    let user = replica("user", "user")
+        .topology(PodTopology {
+            affinity: vec![term("cache", labels::ZONE)],
+            ..Default::default()
+        })
+        .build();
+    // n1 in zone a has room; n2 in zone b, where the cache runs, is full.
+    let n2 = NodeBuilder::new("n2")
+        .pool("a10g", "g5.xlarge", "us-east-1b")
+        .gpus(1)
+        .cpu_milli(3_000)
+        .memory_gib(14)
+        .build();
+    let nodes = vec![big_node("n1", "us-east-1a"), n2];
+    let (before, after) = before_and_after(&[cache, user.clone()], &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/user"), Some(&"n1"));
+    assert!(after.existing_capacity.is_empty(), "{after:#?}");
+    assert_eq!(after.scale_ups.len(), 1);
+    assert!(after.scale_ups[0]
+        .offerings
+        .iter()
+        .all(|o| o.zone == "us-east-1b"));
+    // With no pod it selects anywhere, a pod whose affinity does not select itself waits.
+    let alone = run(&snap(vec![user], vec![]), THREE_ZONES);
+    assert!(alone.scale_ups.is_empty(), "{alone:#?}");
+    assert!(
+        alone.unschedulable[0]
+            .reason
+            .contains("required pod affinity"),
+        "{alone:#?}"
+    );
+}
+
+#[test]
+fn the_first_of_a_group_whose_affinity_selects_itself_starts_it_and_the_rest_follow() {
+    let pods: Vec<Pod> = (0..3)
+        .map(|i| {
+            replica(&format!("ring-{i}"), "ring")
+                .topology(PodTopology {
+                    affinity: vec![term("ring", labels::ZONE)],
+                    ..Default::default()
+                })
+                .build()
+        })
+        .collect();
+    let plan = run(&snap(pods, vec![]), THREE_ZONES);
+    let zones: BTreeSet<String> = zones_of_new(&plan).into_values().collect();
+    assert_eq!(zones.len(), 1, "{plan:#?}");
+    assert_eq!(zones_of_new(&plan).len(), 3);
+}
+
+#[test]
+fn scale_down_keeps_a_node_whose_pod_anti_affinity_allows_nowhere_else() {
+    let anti = PodTopology {
+        anti_affinity: vec![term("serve", HOSTNAME)],
+        ..Default::default()
+    };
+    // Two half-used 4-GPU nodes, one replica each: without the rule either could take the
+    // other's replica.
+    let pods = vec![
+        replica("serve-0", "serve")
+            .topology(anti.clone())
+            .on("n1")
+            .build(),
+        replica("serve-1", "serve").topology(anti).on("n2").build(),
+    ];
+    let mut nodes = vec![big_node("n1", "us-east-1a"), big_node("n2", "us-east-1a")];
+    for n in &mut nodes {
+        std::sync::Arc::make_mut(&mut n.annotations)
+            .insert(labels::UNNEEDED_SINCE.into(), Time(0).to_rfc3339());
+    }
+    let policy_text = format!("{THREE_ZONES}    minNodes: 0\n");
+    let (before, after) = before_and_after(&pods, &nodes, &policy_text);
+    assert_eq!(before.scale_downs.len(), 1, "{before:#?}");
+    assert!(after.scale_downs.is_empty(), "{after:#?}");
+    assert!(
+        after
+            .kept
+            .iter()
+            .all(|k| k.reason.contains("would not fit on the nodes that remain")),
+        "{after:#?}"
+    );
+}

@@ -1,0 +1,126 @@
+//! Rules across nodes that kube-scheduler enforces, on the real scheduler: zone spread with
+//! hostname anti-affinity, and host ports. The kwok provider's Nodes carry the zone and hostname
+//! labels a kubelet and the cloud would set.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::kwok::kwok_env;
+use crate::support::Env;
+use crate::MIN;
+
+/// Three zones, one pool of 4-GPU g5.12xlarge nodes only: without the rules one node would be
+/// planned for up to four of the one-GPU pods below.
+const POLICY: &str = "clusterName: e2e\nzones: [us-east-1a, us-east-1b, us-east-1c]\n\
+batching: {idle: 1s, max: 3s}\nmaxNodeProvisionTime: 2m\n\
+pools:\n- name: kwok-a10g\n  provider: kwok\n  instanceTypes: [g5.12xlarge]\n\
+\x20 capacityTypes: [spot, on-demand]\n  maxNodes: 8\n\
+\x20 taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n\
+\x20 scaleDown: {cooldownAfterScaleUp: 5m, unneededTime: 5m}\n";
+
+/// A pod template's spec part: one container asking for a GPU, tolerating the pool's taint,
+/// with `extra` (YAML at the spec's indentation, 6 spaces) and `ports` for the container.
+fn gpu_spec(extra: &str, ports: &str) -> String {
+    format!(
+        "      tolerations:\n      - {{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}\n\
+         {extra}      containers:\n      - name: main\n        image: cuda:12\n{ports}\
+         \x20       resources:\n          requests: {{cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}}\n\
+         \x20         limits: {{nvidia.com/gpu: \"1\"}}\n"
+    )
+}
+
+fn started(name: &str) -> Env {
+    let mut env = kwok_env(name);
+    env.create(&env.policy_configmap(POLICY));
+    env.start_controller("r1", &[]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    env
+}
+
+/// The Running pods labelled `app=<app>`, once there are `n`: their Nodes' names.
+fn running_on(env: &Env, app: &str, n: usize) -> Vec<String> {
+    env.wait_for(&format!("{n} pods of {app} to run"), 3 * MIN, || {
+        let pods = env.get_json(&["get", "pods", "-n", "default", "-l", &format!("app={app}")]);
+        let nodes: Vec<String> = pods["items"]
+            .as_array()?
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
+            .collect();
+        (nodes.len() == n).then_some(nodes)
+    })
+}
+
+/// The Nodes the kwok provider launched for the pool (by its annotation: the controller's pool
+/// label comes later, at registration).
+fn launched(env: &Env) -> usize {
+    let nodes = env.get_json(&["get", "nodes"]);
+    nodes["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|n| {
+                    n["metadata"]["annotations"]["kwok.gpu-node-autoscaler.io/pool"] == "kwok-a10g"
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn zone_of(env: &Env, node: &str) -> String {
+    let n: Value = env.get_json(&["get", "node", node]);
+    n["metadata"]["labels"]["topology.kubernetes.io/zone"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no zone on {n}"))
+        .to_string()
+}
+
+/// A Deployment of `replicas` one-GPU pods labelled `app=<app>`, with `extra` in their spec and
+/// `ports` for their container.
+fn deployment(app: &str, replicas: u32, extra: &str, ports: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {app}\n  namespace: default\n\
+         spec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: {app}}}}}\n  template:\n    \
+         metadata: {{labels: {{app: {app}}}}}\n    spec:\n{}",
+        gpu_spec(extra, ports)
+    )
+}
+
+#[test]
+fn topology_six_replicas_spread_over_zones_one_per_node_all_run_two_per_zone() {
+    let env = started("topology-spread");
+    let extra = "      topologySpreadConstraints:\n      - maxSkew: 1\n        \
+                 topologyKey: topology.kubernetes.io/zone\n        whenUnsatisfiable: DoNotSchedule\n        \
+                 labelSelector: {matchLabels: {app: llm}}\n      affinity:\n        podAntiAffinity:\n          \
+                 requiredDuringSchedulingIgnoredDuringExecution:\n          - topologyKey: kubernetes.io/hostname\n            \
+                 labelSelector: {matchLabels: {app: llm}}\n";
+    env.create(&deployment("llm", 6, extra, ""));
+    let nodes = running_on(&env, "llm", 6);
+    let distinct: BTreeSet<&String> = nodes.iter().collect();
+    assert_eq!(distinct.len(), 6, "one replica per node: {nodes:?}");
+    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for n in &nodes {
+        *per_zone.entry(zone_of(&env, n)).or_default() += 1;
+    }
+    assert_eq!(
+        per_zone.values().copied().collect::<Vec<_>>(),
+        vec![2, 2, 2],
+        "{per_zone:?}"
+    );
+    // Exactly the nodes the replicas needed: every launch was of a node the scheduler took.
+    assert_eq!(launched(&env), 6);
+}
+
+#[test]
+fn hostport_two_pods_binding_one_port_land_on_two_nodes() {
+    let env = started("hostport");
+    let ports = "        ports:\n        - {containerPort: 9400, hostPort: 9400}\n";
+    env.create(&deployment("agent", 2, "", ports));
+    let nodes = running_on(&env, "agent", 2);
+    assert_ne!(nodes[0], nodes[1], "{nodes:?}");
+    assert_eq!(launched(&env), 2);
+}
