@@ -203,6 +203,14 @@ mod tests {
                         .args
                         .contains(&"--enable-dynamic-resource-allocation=true".to_string()));
                 }
+                "topology-serving" => {
+                    // Refused loudly rather than replayed without its rules.
+                    let e = got.err().map(|e| format!("{e:#}")).unwrap_or_default();
+                    assert!(
+                        e.contains("cannot be replayed by anchors yet"),
+                        "{name}: {e}"
+                    );
+                }
                 _ => {
                     let (_, setup) = got.unwrap_or_else(|e| panic!("{name}: {e:#}"));
                     assert!(!setup.pods.is_empty(), "{name}");
@@ -215,6 +223,6 @@ mod tests {
             }
             seen += 1;
         }
-        assert_eq!(seen, 10);
+        assert_eq!(seen, 11);
     }
 }

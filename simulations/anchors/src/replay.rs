@@ -242,6 +242,20 @@ fn workload_object(p: &Pod, name: &str, run: Option<Duration>, replica_set: bool
 
 /// The pod template of a workload pod.
 fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
+    // Host ports, pod (anti-)affinity and topology spread are not written into the replayed
+    // objects yet: a replay without them would compare the three autoscalers on another
+    // workload than the scenario's.
+    if p.constraints
+        .topology
+        .as_ref()
+        .is_some_and(|t| !t.is_empty())
+    {
+        anyhow::bail!(
+            "pod {}: host ports, pod (anti-)affinity and topology spread cannot be replayed by \
+             anchors yet",
+            p.id
+        );
+    }
     let r = &p.requests;
     let mut requests = json!({
         "cpu": format!("{}m", r.cpu_milli),
