@@ -568,7 +568,7 @@ impl Controller {
             Some(text) => match parse_policy_with(text, &file, &providers::policies())
                 .and_then(|p| self.check_against_catalog(p, &file))
             {
-                Ok(p) => match self.apply_policy(p).await {
+                Ok((p, file_catalog)) => match self.apply_policy(p, file_catalog).await {
                     Ok(warning) => Ok(warning),
                     Err(e) if self.policy_apply_failed.as_deref() == rv.as_deref() => {
                         warn!("the new policy cannot be applied yet: {e}");
@@ -637,20 +637,30 @@ impl Controller {
     }
 
     /// What of a parsed policy is checked against the price file's catalog (the MIG layouts of
-    /// its pools against their GPUs), with positions as parse errors have them.
+    /// its pools against their GPUs), with positions as parse errors have them. Returns the
+    /// policy with the catalog as read once for it (an error there is reported when the policy
+    /// is applied).
+    #[allow(clippy::type_complexity)]
     fn check_against_catalog(
         &self,
         policy: Policy,
         file: &str,
-    ) -> std::result::Result<Policy, gpu_node_autoscaler_core::policy::PolicyErrors> {
-        // A catalog that cannot be read is reported when the policy is applied.
-        let Ok((catalog, _)) = load_catalog(self.args.catalog.as_deref(), &policy) else {
-            return Ok(policy);
+    ) -> std::result::Result<
+        (
+            Policy,
+            std::result::Result<(Catalog, Option<String>), String>,
+        ),
+        gpu_node_autoscaler_core::policy::PolicyErrors,
+    > {
+        let loaded = load_catalog(self.args.catalog.as_deref(), &policy);
+        let errors = match &loaded {
+            Ok((catalog, _)) => {
+                gpu_node_autoscaler_core::plan::templates::check_mig_layouts(&policy, catalog)
+            }
+            Err(_) => Vec::new(),
         };
-        let errors =
-            gpu_node_autoscaler_core::plan::templates::check_mig_layouts(&policy, &catalog);
         if errors.is_empty() {
-            Ok(policy)
+            Ok((policy, loaded))
         } else {
             Err(gpu_node_autoscaler_core::policy::PolicyErrors {
                 file: file.to_string(),
@@ -664,11 +674,12 @@ impl Controller {
     async fn apply_policy(
         &mut self,
         policy: Policy,
+        file_catalog: std::result::Result<(Catalog, Option<String>), String>,
     ) -> std::result::Result<Option<String>, String> {
         for w in policy.warnings() {
             warn!("policy: {w}");
         }
-        let (file_catalog, catalog_warning) = load_catalog(self.args.catalog.as_deref(), &policy)?;
+        let (file_catalog, catalog_warning) = file_catalog?;
         let (providers, catalog) = if self.args.dry_run {
             // No cloud call at all: the price file's catalog, every offering assumed available.
             (BTreeMap::new(), file_catalog)
