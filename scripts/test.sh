@@ -53,6 +53,10 @@ export GNA_CONTROL_PLANE_BIN
 # A real Prometheus (Debian's package, pinned) for the GPU-metrics tests, unpacked into the cache.
 GNA_PROMETHEUS_BIN="$(bash scripts/prometheus.sh)"
 export GNA_PROMETHEUS_BIN
+# helm, for the chart's tests (tests/it/helm.rs, the chart e2e): built pinned from the Go module
+# proxy into the cache (once).
+GNA_HELM_BIN="$(bash scripts/helm.sh)"
+export GNA_HELM_BIN
 # Karpenter's kwok provider, for the harness's smoke (simulations/anchors/tests/smoke.rs); pinned
 # and cached like the control plane. The Cluster Autoscaler is not built here: the Go module proxy
 # refuses its releases (docs/kwok.md).

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use crate::root;
 
 /// What users render: the base and each overlay, relative to `deploy/`.
-const TARGETS: [&str; 6] = [
+pub(crate) const TARGETS: [&str; 6] = [
     "base",
     "overlays/aws",
     "overlays/dry-run",
@@ -42,7 +42,7 @@ const TARGETS: [&str; 6] = [
 pub(crate) const K8S_VERSIONS: [&str; 2] = ["1.32.0", "1.33.0"];
 
 /// Custom resources kubernetes-validate has no schema for.
-const NO_SCHEMA: [&str; 2] = ["ServiceMonitor", "PrometheusRule"];
+pub(crate) const NO_SCHEMA: [&str; 2] = ["ServiceMonitor", "PrometheusRule"];
 
 /// Rendered kinds kube-sim does not serve, and what stands in for creating them there.
 const KUBE_SIM_LEFT_OUT: [(&str, &str); 9] = [
@@ -97,20 +97,20 @@ impl Rendered {
     }
 }
 
-fn kind_of(o: &Value) -> &str {
+pub(crate) fn kind_of(o: &Value) -> &str {
     o["kind"].as_str().unwrap_or_default()
 }
 
-fn name_of(o: &Value) -> &str {
+pub(crate) fn name_of(o: &Value) -> &str {
     o["metadata"]["name"].as_str().unwrap_or_default()
 }
 
-fn deploy_dir() -> PathBuf {
+pub(crate) fn deploy_dir() -> PathBuf {
     root().join("deploy")
 }
 
 /// `kubectl kustomize DIR`, parsed.
-fn kustomize(dir: &Path) -> Vec<Value> {
+pub(crate) fn kustomize(dir: &Path) -> Vec<Value> {
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(dir)
@@ -154,7 +154,7 @@ fn file_name(label: &str) -> String {
 }
 
 /// Runs `python3 -m kubernetes_validate --strict` on the objects, for every version.
-fn kubernetes_validate(label: &str, objects: &[&Value]) -> (Output, PathBuf) {
+pub(crate) fn kubernetes_validate(label: &str, objects: &[&Value]) -> (Output, PathBuf) {
     let file = crate::temp_file(
         &format!("validate-{}.yaml", file_name(label)),
         &yaml_stream(objects),
@@ -173,7 +173,7 @@ fn kubernetes_validate(label: &str, objects: &[&Value]) -> (Output, PathBuf) {
     (out, file)
 }
 
-fn major_minor(version: &str) -> &str {
+pub(crate) fn major_minor(version: &str) -> &str {
     version.rsplit_once('.').map_or(version, |(mm, _)| mm)
 }
 

@@ -7,6 +7,7 @@ mod aws;
 mod cli;
 mod deploy;
 mod docs;
+mod helm;
 mod project;
 /// `moto_server` (EC2): the AWS provider's test support, shared.
 #[cfg(feature = "aws")]

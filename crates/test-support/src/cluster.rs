@@ -120,6 +120,9 @@ pub struct ClusterOptions {
     pub drop_rule: Option<(&'static str, &'static str)>,
     /// The kustomize target under `deploy/` whose RBAC the controller gets (default `base`).
     pub rbac_from: Option<&'static str>,
+    /// Take the RBAC from the Helm chart (`deploy/helm/gpu-node-autoscaler`, rendered by
+    /// `helm template` in kube-system with these arguments) instead of a kustomize target.
+    pub helm_values: Option<Vec<String>>,
     /// kwok's Stages (default [`KWOK_STAGES`]).
     pub kwok_stages: Option<PathBuf>,
     /// No line on stderr when the control plane is up.
@@ -129,6 +132,50 @@ pub struct ClusterOptions {
     /// kube-scheduler's `podInitialBackoffSeconds` and `podMaxBackoffSeconds` (default 1 and 10):
     /// how long a pod that did not fit waits before its next try once the cluster changed.
     pub scheduler_backoff_s: Option<(u32, u32)>,
+}
+
+/// The `helm` of the tests: `GNA_HELM_BIN`, else where scripts/helm.sh builds it.
+pub fn helm_bin() -> PathBuf {
+    let bin = match std::env::var_os("GNA_HELM_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let out = Command::new("bash")
+                .arg(format!("{REPO}/scripts/helm.sh"))
+                .arg("--print-bin")
+                .output()
+                .expect("bash scripts/helm.sh --print-bin");
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with `bash scripts/helm.sh` (scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// `helm template` of the chart in kube-system with `values` (arguments of helm): the YAML.
+pub fn helm_template(values: &[String]) -> String {
+    let out = Command::new(helm_bin())
+        .current_dir(REPO)
+        .args([
+            "template",
+            "gpu-node-autoscaler",
+            "deploy/helm/gpu-node-autoscaler",
+            "-n",
+            "kube-system",
+        ])
+        .args(values)
+        .env("KUBECONFIG", "/dev/null")
+        .output()
+        .expect("run helm");
+    assert!(
+        out.status.success(),
+        "helm template {values:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 from helm template")
 }
 
 /// A running control plane.
@@ -362,9 +409,12 @@ impl Cluster {
     /// `opts.rbac_from`) renders them (with `kubectl kustomize`), less `opts.drop_rule`.
     fn install_rbac(&self, opts: &ClusterOptions) {
         let target = format!("{REPO}/deploy/{}", opts.rbac_from.unwrap_or("base"));
-        let rendered = self
-            .kubectl(&["kustomize", &target])
-            .unwrap_or_else(|e| panic!("kubectl kustomize {target}: {e}"));
+        let rendered = match &opts.helm_values {
+            Some(values) => helm_template(values),
+            None => self
+                .kubectl(&["kustomize", &target])
+                .unwrap_or_else(|e| panic!("kubectl kustomize {target}: {e}")),
+        };
         let mut docs = Vec::new();
         for mut v in yaml::parse_all(&rendered).expect("rendered YAML") {
             let kind = v["kind"].as_str().unwrap_or("").to_string();
