@@ -453,3 +453,55 @@ fn helm_chart_version_and_image_tags_are_the_crate_version() {
         "{printed}"
     );
 }
+
+/// scripts/set-version.sh writes a new version into every place that carries it, and the checks
+/// above would hold after it.
+#[test]
+fn helm_set_version_writes_the_one_version_everywhere() {
+    let dir = std::env::temp_dir().join(format!("gna-it-set-version-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for f in [
+        "Cargo.toml",
+        "deploy/helm/gpu-node-autoscaler/Chart.yaml",
+        "deploy/base/kustomization.yaml",
+    ] {
+        let to = dir.join(f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(root().join(f), &to).unwrap();
+    }
+    let run = |v: &str| {
+        Command::new("bash")
+            .arg(root().join("scripts/set-version.sh"))
+            .arg(v)
+            .env("GNA_SET_VERSION_ROOT", &dir)
+            .output()
+            .unwrap()
+    };
+    let out = run("not-a-version");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a semantic version"));
+    let out = run("1.2.3-rc.1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cargo = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    assert!(cargo.contains("\nversion = \"1.2.3-rc.1\"\n"), "{cargo}");
+    // The package's own `rust-version` and the dependencies' versions are left alone.
+    assert_eq!(
+        cargo.matches("1.2.3-rc.1").count(),
+        1,
+        "only the workspace version changes"
+    );
+    let chart: Value = yaml::parse(
+        &std::fs::read_to_string(dir.join("deploy/helm/gpu-node-autoscaler/Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(chart["version"], "1.2.3-rc.1");
+    assert_eq!(chart["appVersion"], "1.2.3-rc.1");
+    let k: Value =
+        yaml::parse(&std::fs::read_to_string(dir.join("deploy/base/kustomization.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(k["images"][0]["newTag"], "1.2.3-rc.1");
+}
