@@ -367,3 +367,130 @@ fn readme_docs_and_benches_name_no_path_outside_the_repository() {
     let notice = std::fs::read_to_string(root().join("NOTICE")).unwrap();
     assert!(notice.contains("CC BY 4.0") && notice.contains("Alibaba Group"));
 }
+
+/// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`.
+fn heading_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors_of(text: &str) -> std::collections::BTreeSet<String> {
+    let mut fence = false;
+    let mut out = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fence = !fence;
+        } else if !fence && line.starts_with('#') {
+            let heading = line.trim_start_matches('#');
+            if heading.starts_with(' ') {
+                out.insert(heading_anchor(heading));
+            }
+        }
+    }
+    out
+}
+
+/// Every Markdown file of README and docs/ (with docs/history/).
+fn markdown_files() -> Vec<std::path::PathBuf> {
+    let mut files = vec![root().join("README.md"), root().join("CHANGELOG.md")];
+    let mut dirs = vec![root().join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// A newcomer follows links: every relative link of README, CHANGELOG and docs/ names a file
+/// or folder of the repository, and its `#anchor`, a heading of that file.
+#[test]
+fn every_relative_link_in_the_docs_resolves_to_a_file_and_heading() {
+    let link = regex_lite_links;
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in markdown_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let dir = file.parent().unwrap();
+        for target in link(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                dir.join(path)
+            };
+            if !resolved.exists() {
+                broken.push(format!("{}: {target}: no such file", file.display()));
+                continue;
+            }
+            if let Some(a) = anchor {
+                if resolved.extension().is_some_and(|x| x == "md") {
+                    let anchors = anchors_of(&std::fs::read_to_string(&resolved).unwrap());
+                    if !anchors.contains(a) {
+                        broken.push(format!("{}: {target}: no such heading", file.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The targets of the inline links `[text](target)` of a Markdown text, outside code blocks and
+/// code spans.
+fn regex_lite_links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        if fence {
+            continue;
+        }
+        // Code spans hold no links.
+        let mut plain = String::new();
+        for (i, part) in line.split('`').enumerate() {
+            if i % 2 == 0 {
+                plain.push_str(part);
+            }
+            plain.push(' ');
+        }
+        let mut rest = plain.as_str();
+        while let Some(i) = rest.find("](") {
+            let after = &rest[i + 2..];
+            match after.find(')') {
+                Some(end) => {
+                    let target = after[..end].trim();
+                    if !target.is_empty() && !target.contains(' ') {
+                        out.push(target.to_string());
+                    }
+                    rest = &after[end..];
+                }
+                None => break,
+            }
+        }
+    }
+    out
+}
