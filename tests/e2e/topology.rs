@@ -124,3 +124,35 @@ fn hostport_two_pods_binding_one_port_land_on_two_nodes() {
     assert_ne!(nodes[0], nodes[1], "{nodes:?}");
     assert_eq!(launched(&env), 2);
 }
+
+#[test]
+fn volume_a_statefulset_pod_bound_to_a_zonal_volume_runs_in_the_volumes_zone() {
+    let env = started("volume-static");
+    // A static volume in us-east-1c (the last zone of the policy: without the volume's rule the
+    // first, cheapest offering would be in us-east-1a), reserved for the StatefulSet's claim.
+    env.create(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: ckpt-c}\nspec:\n  \
+         capacity: {storage: 10Gi}\n  accessModes: [ReadWriteOnce]\n  storageClassName: manual\n  \
+         persistentVolumeReclaimPolicy: Retain\n  hostPath: {path: /var/ckpt}\n  \
+         claimRef: {namespace: default, name: data-ckpt-0}\n  nodeAffinity:\n    required:\n      \
+         nodeSelectorTerms:\n      - matchExpressions:\n        \
+         - {key: topology.kubernetes.io/zone, operator: In, values: [us-east-1c]}\n",
+    );
+    env.create(&format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {{name: ckpt, namespace: default}}\n\
+         spec:\n  serviceName: ckpt\n  replicas: 1\n  selector: {{matchLabels: {{app: ckpt}}}}\n  \
+         template:\n    metadata: {{labels: {{app: ckpt}}}}\n    spec:\n{}  \
+         volumeClaimTemplates:\n  - metadata: {{name: data}}\n    spec:\n      \
+         accessModes: [ReadWriteOnce]\n      storageClassName: manual\n      \
+         resources: {{requests: {{storage: 10Gi}}}}\n",
+        gpu_spec(
+            "",
+            "        volumeMounts:\n        - {name: data, mountPath: /ckpt}\n"
+        )
+    ));
+    let nodes = running_on(&env, "ckpt", 1);
+    assert_eq!(zone_of(&env, &nodes[0]), "us-east-1c");
+    assert_eq!(launched(&env), 1, "one node, in the volume's zone");
+    let pvc = env.get_json(&["get", "pvc", "-n", "default", "data-ckpt-0"]);
+    assert_eq!(pvc["spec"]["volumeName"], "ckpt-c", "{pvc}");
+}

@@ -640,6 +640,9 @@ fn rbac_is_least_privilege() {
         ),
         ("resource.k8s.io", "deviceclasses", "list watch", ""),
         ("resource.k8s.io", "resourceslices", "list watch", ""),
+        ("core", "persistentvolumeclaims", "list watch", ""),
+        ("core", "persistentvolumes", "list watch", ""),
+        ("storage.k8s.io", "storageclasses", "list watch", ""),
         ("events.k8s.io", "events", "create patch", ""),
         ("core", "namespaces", "get", "kube-system"),
     ]);

@@ -261,6 +261,26 @@ async fn run_async(args: RunArgs) -> Result<()> {
         Kind::PolicyConfigMap,
         state.clone(),
     ));
+    // Volume topology: the pods' PersistentVolumeClaims, the volumes they are bound to and the
+    // StorageClasses of those not bound yet.
+    tokio::spawn(kube_io::watch_into(
+        Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::all(client.clone()),
+        watcher::Config::default(),
+        Kind::PersistentVolumeClaim,
+        state.clone(),
+    ));
+    tokio::spawn(kube_io::watch_into(
+        Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(client.clone()),
+        watcher::Config::default(),
+        Kind::PersistentVolume,
+        state.clone(),
+    ));
+    tokio::spawn(kube_io::watch_into(
+        Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone()),
+        watcher::Config::default(),
+        Kind::StorageClass,
+        state.clone(),
+    ));
     // Dynamic Resource Allocation: pods' ResourceClaims, their templates, DeviceClasses and the
     // devices nodes publish. On an API server without `resource.k8s.io/v1` no pod can claim
     // devices, and those stores are complete and empty.

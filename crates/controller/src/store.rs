@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use gpu_node_autoscaler_core::convert::Converter;
 use gpu_node_autoscaler_core::model::dra::{Claim, ClaimSpec, DeviceClass, DraObjects, Slice};
+use gpu_node_autoscaler_core::model::volumes;
 use gpu_node_autoscaler_core::model::{Node, Pdb, Pod, Time};
 
 /// One watch event, after conversion to JSON (what `kube::runtime::watcher` yields, minus the
@@ -156,6 +157,11 @@ pub struct ClusterState {
     pub claim_templates: KindStore<Arc<ClaimSpec>>,
     pub device_classes: KindStore<DeviceClass>,
     pub slices: KindStore<Option<Slice>>,
+    /// Volume topology: PersistentVolumeClaims by `namespace/name`, PersistentVolumes and
+    /// StorageClasses by name (read only; joined with the pods in each snapshot).
+    pub volume_claims: KindStore<volumes::Claim>,
+    pub volumes: KindStore<volumes::Volume>,
+    pub storage_classes: KindStore<volumes::StorageClass>,
     /// When each pending GPU pod was first seen unschedulable (for the reaction-time metric and
     /// the batching window).
     pub unschedulable_since: HashMap<String, Time>,
@@ -185,10 +191,13 @@ pub enum Kind {
     ResourceClaimTemplate,
     DeviceClass,
     ResourceSlice,
+    PersistentVolumeClaim,
+    PersistentVolume,
+    StorageClass,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Pod,
         Kind::Node,
         Kind::Pdb,
@@ -197,6 +206,9 @@ impl Kind {
         Kind::ResourceClaimTemplate,
         Kind::DeviceClass,
         Kind::ResourceSlice,
+        Kind::PersistentVolumeClaim,
+        Kind::PersistentVolume,
+        Kind::StorageClass,
     ];
 
     /// The kinds of `resource.k8s.io/v1` (Dynamic Resource Allocation).
@@ -217,6 +229,9 @@ impl Kind {
             Kind::ResourceClaimTemplate => "resourceclaimtemplates",
             Kind::DeviceClass => "deviceclasses",
             Kind::ResourceSlice => "resourceslices",
+            Kind::PersistentVolumeClaim => "persistentvolumeclaims",
+            Kind::PersistentVolume => "persistentvolumes",
+            Kind::StorageClass => "storageclasses",
         }
     }
 }
@@ -236,6 +251,9 @@ impl ClusterState {
             Kind::ResourceClaimTemplate => self.claim_templates.synced,
             Kind::DeviceClass => self.device_classes.synced,
             Kind::ResourceSlice => self.slices.synced,
+            Kind::PersistentVolumeClaim => self.volume_claims.synced,
+            Kind::PersistentVolume => self.volumes.synced,
+            Kind::StorageClass => self.storage_classes.synced,
         }
     }
 
@@ -356,6 +374,19 @@ impl ClusterState {
                 self.slices
                     .apply(event, |v| Ok(conv.resource_slice(v)?.map(|(_, s)| s)));
             }
+            Kind::PersistentVolumeClaim => {
+                let conv = &mut self.converter;
+                self.volume_claims
+                    .apply(event, |v| conv.persistent_volume_claim(v));
+            }
+            Kind::PersistentVolume => {
+                let conv = &mut self.converter;
+                self.volumes.apply(event, |v| conv.persistent_volume(v));
+            }
+            Kind::StorageClass => {
+                let conv = &mut self.converter;
+                self.storage_classes.apply(event, |v| conv.storage_class(v));
+            }
         }
     }
 
@@ -393,6 +424,18 @@ impl ClusterState {
                 .filter_map(|(k, s)| Some((k.clone(), s.clone()?)))
                 .collect(),
         };
+        let storage = volumes::Storage {
+            complete: self.volume_claims.synced,
+            claims: self
+                .volume_claims
+                .items
+                .values()
+                .map(|c| (format!("{}/{}", c.namespace, c.name), c.clone()))
+                .collect(),
+            volumes: by_key(&self.volumes.items),
+            classes: by_key(&self.storage_classes.items),
+        };
+        storage.join(&mut snapshot.pods);
         snapshot.dra = dra.join(&mut snapshot.pods);
         snapshot.count_published_devices();
         snapshot
@@ -585,10 +628,69 @@ mod tests {
     }
 
     #[test]
+    fn volume_claims_are_joined_with_the_pods_in_the_snapshot() {
+        let mut s = ClusterState::default();
+        let mut p = pod("web-0", true);
+        p["spec"]["volumes"] =
+            json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0"}}]);
+        s.apply(Kind::Pod, WatchEvent::Apply(p), Time(0));
+        let zone = |z: &str| -> BTreeMap<String, String> {
+            [("topology.kubernetes.io/zone".to_string(), z.to_string())].into()
+        };
+        // Before the claims are listed, nothing is known: anywhere.
+        let snap = s.snapshot(Vec::new());
+        assert!(snap.pods[0].constraints.matches_node(&zone("a"), None));
+        for k in [
+            Kind::PersistentVolumeClaim,
+            Kind::PersistentVolume,
+            Kind::StorageClass,
+        ] {
+            s.apply(k, WatchEvent::Init, Time(0));
+            s.apply(k, WatchEvent::InitDone, Time(0));
+        }
+        // Listed, and the claim is missing: the pod waits for it.
+        let snap = s.snapshot(Vec::new());
+        assert!(snap.pods[0]
+            .waiting
+            .as_deref()
+            .unwrap()
+            .contains("ml/data-web-0 does not exist"));
+        s.apply(
+            Kind::PersistentVolume,
+            WatchEvent::Apply(
+                json!({"metadata": {"name": "pv-b"}, "spec": {"nodeAffinity":
+                {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key":
+                "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]}]}}}}),
+            ),
+            Time(1),
+        );
+        s.apply(
+            Kind::PersistentVolumeClaim,
+            WatchEvent::Apply(
+                json!({"metadata": {"name": "data-web-0", "namespace": "ml"},
+                "spec": {"volumeName": "pv-b", "storageClassName": "gp3"}}),
+            ),
+            Time(1),
+        );
+        let snap = s.snapshot(Vec::new());
+        assert!(snap.pods[0].waiting.is_none());
+        assert!(snap.pods[0].constraints.matches_node(&zone("b"), None));
+        assert!(!snap.pods[0].constraints.matches_node(&zone("a"), None));
+    }
+
+    #[test]
     fn pods_claims_are_joined_with_the_dra_stores_in_the_snapshot() {
         let mut s = ClusterState::default();
         s.without_dra(Time(0));
-        for k in [Kind::Pod, Kind::Node, Kind::Pdb, Kind::PolicyConfigMap] {
+        for k in [
+            Kind::Pod,
+            Kind::Node,
+            Kind::Pdb,
+            Kind::PolicyConfigMap,
+            Kind::PersistentVolumeClaim,
+            Kind::PersistentVolume,
+            Kind::StorageClass,
+        ] {
             s.apply(k, WatchEvent::Init, Time(0));
             s.apply(k, WatchEvent::InitDone, Time(0));
         }

@@ -159,6 +159,8 @@ struct Volume {
     name: String,
     empty_dir: Option<Value>,
     host_path: Option<Value>,
+    persistent_volume_claim: Option<volumes::ClaimSource>,
+    ephemeral: Option<volumes::Ephemeral>,
 }
 
 #[derive(Deserialize, Default)]
@@ -708,6 +710,7 @@ impl Converter {
             affinity,
             tolerations,
             topology,
+            volumes: Vec::new(),
         });
         let owner = m
             .owner_references
@@ -740,7 +743,10 @@ impl Converter {
         let local_storage = raw.spec.volumes.iter().any(|v| {
             (v.empty_dir.is_some() || v.host_path.is_some()) && !may_lose.contains(&v.name.as_str())
         });
+        let volumes = volumes::pod_volumes(&m.name, &raw.spec.volumes);
         Ok(Pod {
+            volumes,
+            waiting: None,
             uid: m.uid.clone(),
             labels: Arc::new(m.labels.clone()),
             requests,
@@ -903,7 +909,7 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
-/// Reads what `kubectl get pods,nodes,pdb -A -o yaml` (or `-o json`) prints: a `List`.
+/// Reads what `kubectl get pods,nodes,pdb,pvc,pv,storageclass -A -o yaml` (or `-o json`) prints: a `List`.
 pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     let doc = crate::yaml::parse(text).map_err(|e| {
         format!(
@@ -916,7 +922,7 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
         Some(Value::Array(items)) if kind == "List" || kind.ends_with("List") => items,
         _ => {
             return Err(format!(
-                "{file}: expected a Kubernetes List with `items` (what `kubectl get pods,nodes,pdb -A -o yaml` prints), got {}",
+                "{file}: expected a Kubernetes List with `items` (what `kubectl get pods,nodes,pdb,pvc,pv,storageclass -A -o yaml` prints), got {}",
                 if kind.is_empty() { "no `kind`".to_string() } else { format!("kind {kind:?}") }
             ))
         }
@@ -924,6 +930,7 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     let mut conv = Converter::new();
     let mut out = Loaded::default();
     let mut dra = crate::model::dra::DraObjects::default();
+    let mut storage = crate::model::volumes::Storage::default();
     for (i, item) in items.iter().enumerate() {
         let kind = item.get("kind").and_then(Value::as_str).unwrap_or("");
         let name = item
@@ -980,12 +987,35 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
                 )),
                 Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
             },
+            "PersistentVolumeClaim" => match conv.persistent_volume_claim(item.clone()) {
+                Ok(c) => {
+                    storage
+                        .claims
+                        .insert(format!("{}/{}", c.namespace, c.name), c);
+                }
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
+            "PersistentVolume" => match conv.persistent_volume(item.clone()) {
+                Ok(v) => {
+                    storage.volumes.insert(v.name.clone(), v);
+                }
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
+            "StorageClass" => match conv.storage_class(item.clone()) {
+                Ok(c) => {
+                    storage.classes.insert(c.name.clone(), c);
+                }
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
             _ => out.warnings.push(format!(
                 "{what}: ignored (only Pods, Nodes, PodDisruptionBudgets, ResourceClaims, \
-                 ResourceClaimTemplates, DeviceClasses and ResourceSlices are read)"
+                 ResourceClaimTemplates, DeviceClasses, ResourceSlices, PersistentVolumeClaims, \
+                 PersistentVolumes and StorageClasses are read)"
             )),
         }
     }
+    storage.complete = !storage.claims.is_empty();
+    storage.join(&mut out.snapshot.pods);
     out.snapshot.dra = dra.join(&mut out.snapshot.pods);
     for p in &out.snapshot.pods {
         if let (Some(problem), false) = (&p.problem, p.claims.is_empty()) {
@@ -1000,6 +1030,7 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
 }
 
 mod dra;
+mod volumes;
 
 #[cfg(test)]
 mod tests;

@@ -96,6 +96,8 @@ impl PodBuilder {
                 nominated_node: None,
                 problem: None,
                 claims: Vec::new(),
+                volumes: Vec::new(),
+                waiting: None,
             },
             constraints: Constraints::default(),
         }

@@ -255,7 +255,7 @@ fn count_unadvertised_at_template(
 fn pending_gpu_pods(s: &Snapshot) -> Vec<&Pod> {
     s.pods
         .iter()
-        .filter(|p| plan::is_planned_pod(p) && p.problem.is_none())
+        .filter(|p| plan::is_planned_pod(p) && p.problem.is_none() && p.waiting.is_none())
         .collect()
 }
 

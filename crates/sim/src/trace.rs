@@ -282,6 +282,8 @@ pub fn load_trace(
                 shared_gpu_index: None,
                 nominated_node: None,
                 claims: Vec::new(),
+                volumes: Vec::new(),
+                waiting: None,
                 problem: None,
             },
             arrival,

@@ -64,7 +64,7 @@ const fn def(
 }
 
 /// Every served resource; the index in this table identifies a resource in the store.
-pub static RESOURCES: [ResourceDef; 9] = [
+pub static RESOURCES: [ResourceDef; 12] = [
     ResourceDef {
         name_is_label: true,
         ..def(
@@ -127,6 +127,35 @@ pub static RESOURCES: [ResourceDef; 9] = [
         &["ds"],
         true,
     ),
+    // Served (storage only: no volume binding or provisioning) so that the autoscaler's volume
+    // topology watches list and watch them as on a real API server.
+    def(
+        "",
+        "persistentvolumeclaims",
+        "persistentvolumeclaim",
+        "PersistentVolumeClaim",
+        true,
+        &["pvc"],
+        true,
+    ),
+    def(
+        "",
+        "persistentvolumes",
+        "persistentvolume",
+        "PersistentVolume",
+        false,
+        &["pv"],
+        true,
+    ),
+    def(
+        "storage.k8s.io",
+        "storageclasses",
+        "storageclass",
+        "StorageClass",
+        false,
+        &["sc"],
+        false,
+    ),
 ];
 
 pub const NAMESPACES: usize = 0;
@@ -136,7 +165,13 @@ pub const CONFIGMAPS: usize = 3;
 pub const PDBS: usize = 5;
 
 /// The groups (besides the legacy core group) in discovery order.
-const GROUPS: [&str; 4] = ["policy", "coordination.k8s.io", "events.k8s.io", "apps"];
+const GROUPS: [&str; 5] = [
+    "policy",
+    "coordination.k8s.io",
+    "events.k8s.io",
+    "apps",
+    "storage.k8s.io",
+];
 
 /// Finds a resource index by group, version and plural.
 pub fn find(group: &str, version: &str, plural: &str) -> Option<usize> {

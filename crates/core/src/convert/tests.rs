@@ -1260,12 +1260,12 @@ fn non_list_documents_are_errors() {
         (
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
             "pod.yaml: expected a Kubernetes List with `items` (what `kubectl get \
-             pods,nodes,pdb -A -o yaml` prints), got kind \"Pod\"",
+             pods,nodes,pdb,pvc,pv,storageclass -A -o yaml` prints), got kind \"Pod\"",
         ),
         (
             "items: []\n",
             "pod.yaml: expected a Kubernetes List with `items` (what `kubectl get \
-             pods,nodes,pdb -A -o yaml` prints), got no `kind`",
+             pods,nodes,pdb,pvc,pv,storageclass -A -o yaml` prints), got no `kind`",
         ),
         ("kind: List\nitems: {}\n", "got kind \"List\""),
         ("kind: List\n", "got kind \"List\""),
@@ -1331,7 +1331,8 @@ fn unknown_kinds_and_broken_objects_are_warnings() {
         loaded.warnings[..5],
         [
             "c.json: items[1] Service web/svc: ignored (only Pods, Nodes, PodDisruptionBudgets, \
-             ResourceClaims, ResourceClaimTemplates, DeviceClasses and ResourceSlices are read)",
+             ResourceClaims, ResourceClaimTemplates, DeviceClasses, ResourceSlices, \
+             PersistentVolumeClaims, PersistentVolumes and StorageClasses are read)",
             "c.json: items[2] Pod ns/?: skipped: Pod without metadata.name",
             "c.json: items[3] Pod ns/p: spec.containers[0].resources.requests.cpu: malformed \
              quantity \"abc\": expected a number, found 'a'",
@@ -1346,7 +1347,8 @@ fn unknown_kinds_and_broken_objects_are_warnings() {
         kindless.starts_with("c.json: items[6] ")
             && kindless.ends_with(
                 "kindless: ignored (only Pods, Nodes, PodDisruptionBudgets, ResourceClaims, \
-                 ResourceClaimTemplates, DeviceClasses and ResourceSlices are read)"
+                 ResourceClaimTemplates, DeviceClasses, ResourceSlices, PersistentVolumeClaims, \
+                 PersistentVolumes and StorageClasses are read)"
             ),
         "{kindless}"
     );

@@ -144,6 +144,9 @@ pub struct Constraints {
     /// Host ports, required pod (anti-)affinity and topology spread: rules across nodes,
     /// checked against a [`super::topology::TopologyIndex`]. `None` for most pods.
     pub topology: Option<Arc<super::topology::PodTopology>>,
+    /// Its PersistentVolumeClaims' node terms, one list per claim: each must hold (any one term
+    /// of a list). Set when the pod is joined with the cluster's storage ([`super::volumes`]).
+    pub volumes: Vec<Vec<Term>>,
 }
 
 impl Constraints {
@@ -156,17 +159,18 @@ impl Constraints {
         {
             return false;
         }
-        match &self.affinity {
-            None => true,
-            Some(terms) => terms.iter().any(|t| {
+        let any_term = |terms: &[Term]| {
+            terms.iter().any(|t| {
                 t.requirements.iter().all(|r| r.matches(labels))
                     && match (&t.node_names, node_name) {
                         (None, _) => true,
                         (Some(names), Some(n)) => names.iter().any(|x| x == n),
                         (Some(_), None) => false,
                     }
-            }),
-        }
+            })
+        };
+        self.affinity.as_deref().is_none_or(any_term)
+            && self.volumes.iter().all(|terms| any_term(terms))
     }
 
     /// Every `NoSchedule`/`NoExecute` taint is tolerated.

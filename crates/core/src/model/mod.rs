@@ -12,6 +12,7 @@ pub mod resources;
 pub mod snapshot;
 pub mod time;
 pub mod topology;
+pub mod volumes;
 
 pub use constraints::{Constraints, Effect, Operator, Requirement, Taint, Term, Toleration};
 pub use node::Node;

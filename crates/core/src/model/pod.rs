@@ -134,6 +134,11 @@ pub struct Pod {
     pub problem: Option<String>,
     /// Its ResourceClaims (`spec.resourceClaims`), in the pod's order.
     pub claims: Vec<super::dra::PodClaim>,
+    /// Its volumes that come from PersistentVolumeClaims (see [`super::volumes`]).
+    pub volumes: Vec<super::volumes::PodVolume>,
+    /// Why it cannot be placed until something else changes (its claim bound, a volume freed):
+    /// reported, not planned for, and not for good.
+    pub waiting: Option<String>,
 }
 
 impl Pod {

@@ -505,6 +505,7 @@ impl<'a> Packer<'a> {
             .filter(|(i, p)| {
                 is_planned_pod(p)
                     && p.problem.is_none()
+                    && p.waiting.is_none()
                     && !matches!(self.devices.demands.get(i), Some(Err(_)))
             })
             .map(|(i, _)| i)
@@ -1876,6 +1877,12 @@ impl<'a> Packer<'a> {
                         reason: format!("invalid pod spec: {problem}"),
                         permanent: true,
                     });
+                } else if let Some(why) = &p.waiting {
+                    plan.unschedulable.push(Unschedulable {
+                        pod: p.id.to_string(),
+                        reason: format!("waiting: {why}"),
+                        permanent: false,
+                    });
                 } else if let Some(Err(why)) = self.devices.demands.get(&i) {
                     plan.unschedulable.push(Unschedulable {
                         pod: p.id.to_string(),
@@ -1902,7 +1909,7 @@ pub(super) fn scale_up(
         .pods
         .iter()
         .enumerate()
-        .filter(|(_, p)| is_planned_pod(p) && p.problem.is_none())
+        .filter(|(_, p)| is_planned_pod(p) && p.problem.is_none() && p.waiting.is_none())
         .map(|(i, _)| i)
         .collect();
     let devices = devices::resolve(snapshot, templates, &planned);

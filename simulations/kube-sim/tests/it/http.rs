@@ -48,7 +48,13 @@ fn discovery_documents() {
         .collect();
     assert_eq!(
         names,
-        ["policy", "coordination.k8s.io", "events.k8s.io", "apps"]
+        [
+            "policy",
+            "coordination.k8s.io",
+            "events.k8s.io",
+            "apps",
+            "storage.k8s.io"
+        ]
     );
     let core = get(a, "/api/v1").1;
     let pods = core["resources"]

@@ -1375,6 +1375,7 @@ mod consolidate;
 mod dra;
 mod scale_down;
 mod topology;
+mod volumes;
 
 #[test]
 fn the_gpus_a_pools_node_advertises_read_back_as_its_templates() {
