@@ -264,6 +264,24 @@ struct SimArgs {
     /// An Alibaba GPU trace CSV (openb_pod_list_*.csv) instead of a scenario.
     #[arg(long, conflicts_with = "scenario")]
     trace: Option<PathBuf>,
+    /// Replay the scenario generated from this seed (a random mix of services, gangs, batch
+    /// jobs and notebooks, pools and cloud events; docs/simulation.md).
+    #[arg(long, value_name = "SEED", conflicts_with_all = ["scenario", "trace"])]
+    generate: Option<u64>,
+    /// With --generate: write the generated scenario file here instead of running it (`-`:
+    /// standard output); `simulate FILE` replays it.
+    #[arg(long, value_name = "FILE", requires = "generate")]
+    write_scenario: Option<PathBuf>,
+    /// Run N generated scenarios (seeds --first-seed ..) with every strategy and report, per
+    /// strategy, how often it is the cheapest, its cost against the best other and wait p95.
+    #[arg(long, value_name = "N", conflicts_with_all = ["scenario", "trace", "generate", "compare", "plot", "seed"])]
+    generate_bench: Option<u64>,
+    /// The first seed of --generate-bench.
+    #[arg(long, default_value_t = 1, requires = "generate_bench")]
+    first_seed: u64,
+    /// Scenarios of --generate-bench run at once (the figures do not depend on it).
+    #[arg(long, default_value_t = 1, requires = "generate_bench")]
+    jobs: usize,
     /// Policy for --trace (default: the built-in mapping of trace GPU models).
     #[arg(long, requires = "trace")]
     policy: Option<PathBuf>,
@@ -295,7 +313,40 @@ struct SimArgs {
 
 #[cfg(feature = "simulator")]
 fn simulate(a: SimArgs) -> Result<()> {
-    use gpu_node_autoscaler::sim::{self, engine, report, scenario, trace, SimInput, StrategyKind};
+    use gpu_node_autoscaler::sim::{
+        self, engine, generate, report, scenario, trace, SimInput, StrategyKind,
+    };
+    if let Some(n) = a.generate_bench {
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let bar = terminal.then(|| {
+            let b = indicatif::ProgressBar::new(n);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{msg:>20} [{bar:40}] {pos}/{len}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            b.set_message("generated scenarios");
+            b
+        });
+        let end = a
+            .first_seed
+            .checked_add(n)
+            .ok_or_else(|| anyhow::anyhow!("--first-seed {} + {n} overflows", a.first_seed))?;
+        let bench = generate::bench(a.first_seed..end, a.jobs, &|done| {
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
+        })
+        .map_err(anyhow::Error::msg)?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        match a.format {
+            Format::Json => println!("{}", generate::bench_json(&bench)),
+            Format::Table => print!("{}", generate::bench_table(&bench)),
+        }
+        return Ok(());
+    }
     let strategies: Vec<StrategyKind> = if a.compare {
         StrategyKind::ALL.to_vec()
     } else {
@@ -338,13 +389,29 @@ fn simulate(a: SimArgs) -> Result<()> {
             device_classes: Default::default(),
         }
     } else {
-        let (text, file, dir) = match &a.scenario {
-            Some(p) => (
+        let (text, file, dir) = match (&a.scenario, a.generate) {
+            (_, Some(seed)) => {
+                let text = generate::generate(seed);
+                match &a.write_scenario {
+                    Some(out) if out.as_os_str() == "-" => {
+                        print!("{text}");
+                        return Ok(());
+                    }
+                    Some(out) => {
+                        std::fs::write(out, &text)
+                            .with_context(|| format!("cannot write {}", out.display()))?;
+                        eprintln!("wrote {}", out.display());
+                        return Ok(());
+                    }
+                    None => (text, generate::file_name(seed), PathBuf::from(".")),
+                }
+            }
+            (Some(p), None) => (
                 read(p)?,
                 p.display().to_string(),
                 p.parent().map(Path::to_path_buf).unwrap_or_default(),
             ),
-            None => (
+            (None, None) => (
                 scenario::DEFAULT.to_string(),
                 format!("<built-in {}>", scenario::DEFAULT_NAME),
                 PathBuf::from("."),

@@ -329,3 +329,76 @@ fn plots_are_written_as_svg_and_png() {
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     }
 }
+
+#[test]
+fn generated_scenarios_written_out_replay_to_the_bench_figures() {
+    // `--write-scenario` writes the scenario file `--generate` runs; replayed as a file it gives
+    // the figures the bench gives for its seed.
+    let out = temp_file("generated-2005.yaml", "");
+    let o = run(&[
+        "simulate",
+        "--generate",
+        "2005",
+        "--write-scenario",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("name: generated-2005"), "{text}");
+    let o = run(&["simulate", "--generate", "2005", "--write-scenario", "-"]);
+    assert_eq!(stdout(&o), text);
+
+    let file = json(&[
+        "simulate",
+        out.to_str().unwrap(),
+        "--compare",
+        "--format",
+        "json",
+    ]);
+    let bench = json(&[
+        "simulate",
+        "--generate-bench",
+        "1",
+        "--first-seed",
+        "2005",
+        "--format",
+        "json",
+    ]);
+    let from_file = file["strategies"].as_array().unwrap();
+    let from_bench = bench["scenarios"][0]["runs"].as_array().unwrap();
+    assert_eq!(bench["scenarios"][0]["seed"], 2005);
+    assert_eq!(from_file.len(), 3);
+    for (a, b) in from_file.iter().zip(from_bench) {
+        for f in [
+            "strategy",
+            "scenario",
+            "cost_usd",
+            "wait_p95_s",
+            "pods_total",
+            "pods_never_placed",
+            "nodes_launched",
+            "cost_by_offering",
+        ] {
+            assert_eq!(a[f], b[f], "{f}");
+        }
+    }
+    let summary = bench["summary"].as_array().unwrap();
+    let names: Vec<&str> = summary
+        .iter()
+        .map(|s| s["strategy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["gpu-node-autoscaler", "ca-like", "karpenter-like"]);
+    for s in summary {
+        for f in [
+            "wins",
+            "compared",
+            "win_rate",
+            "mean_relative_cost",
+            "worst_relative_cost",
+            "mean_wait_p95_s",
+            "wait_p95_within_5_percent",
+        ] {
+            assert!(s.get(f).is_some(), "{f} missing: {s}");
+        }
+    }
+}

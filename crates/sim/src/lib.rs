@@ -12,6 +12,7 @@ pub mod baselines;
 pub mod bound;
 pub mod claims;
 pub mod engine;
+pub mod generate;
 pub mod ours;
 pub mod plot;
 pub mod report;

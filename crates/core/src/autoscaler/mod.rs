@@ -410,6 +410,10 @@ struct Disruptions {
     consolidation_due: BTreeMap<String, Time>,
     /// Per pool: what its last fruitless consolidation looked at, and when.
     consolidation_seen: BTreeMap<String, (u64, Time)>,
+    /// Offerings a consolidation was called off for (they ran short), left out of consolidation
+    /// plans until the given time: the insufficient-capacity cache forgets them sooner, and a
+    /// move planned onto one again launches its fallback for nothing.
+    consolidation_short: BTreeMap<OfferingKey, Time>,
     /// "Unneeded since" per node, kept here in dry-run (no annotation is written).
     unneeded_dry: BTreeMap<String, String>,
     /// Unneeded nodes whose instance is not ours, already reported (reported once, never

@@ -2156,6 +2156,28 @@ fn a_consolidation_whose_new_node_runs_short_is_called_off_and_nothing_else_move
 }
 
 #[test]
+fn an_offering_a_consolidation_was_called_off_for_is_not_planned_onto_for_an_hour() {
+    // The insufficient-capacity cache forgets g5.12xlarge after 3 minutes, but the offering is
+    // still short: planning the same move onto it at every look would launch (and, on a real
+    // cloud, fall back) for nothing each time.
+    let mut run = four_small_nodes();
+    let big = key("g5.12xlarge", "us-east-1a", CapacityType::OnDemand);
+    run.cloud.capacity.insert(big, 0);
+    run.pass(T0 - secs(10));
+    let a = run.pass(T0);
+    assert_eq!(events(&a, "ConsolidationCalledOff").len(), 4, "{a:?}");
+    // Past the cache's 3 minutes and the pool's 5-minute interval: nothing is planned onto it.
+    for t in [secs(10 * 60), secs(20 * 60), secs(50 * 60)] {
+        let a = run.pass(T0 + t);
+        assert!(events(&a, "Consolidating").is_empty(), "{t:?}: {a:?}");
+        assert!(launches(&a).is_empty(), "{t:?}: {a:?}");
+    }
+    // An hour after the call-off (and after the fruitless look's hour), the move is tried again.
+    let a = run.pass(T0 + secs(2 * 3600));
+    assert_eq!(events(&a, "Consolidating").len(), 4, "{a:?}");
+}
+
+#[test]
 fn nothing_is_consolidated_in_a_pool_without_it_or_in_dry_run() {
     let mut run = four_small_nodes();
     let off = CONSOLIDATING.replace("enabled: true", "enabled: false");

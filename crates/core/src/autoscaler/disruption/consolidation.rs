@@ -90,6 +90,11 @@ impl Autoscaler {
         let mut snapshot = pass.snapshot.clone();
         snapshot.in_flight = pass.view.in_flight.clone();
         snapshot.unavailable = self.launches.ice.clone();
+        self.disruption.consolidation_short.retain(|_, t| *t > now);
+        for (o, t) in &self.disruption.consolidation_short {
+            let until = snapshot.unavailable.entry(o.clone()).or_insert(*t);
+            *until = (*until).max(*t);
+        }
         // Only nodes of ours are replaced: others are left out of the candidates.
         let view = &pass.view;
         for n in &mut snapshot.nodes {
@@ -200,6 +205,9 @@ impl Autoscaler {
             })
             .collect();
         for (node, o) in short {
+            self.disruption
+                .consolidation_short
+                .insert(o.clone(), now + CONSOLIDATION_RELOOK);
             self.call_off_consolidation(
                 &node,
                 format!(
