@@ -136,8 +136,8 @@ fn start_chain(env: &Env) -> Chain {
 }
 
 /// The HPA's current average of the metric (as a number), once it has one.
-fn hpa_metric(env: &Env) -> Option<f64> {
-    let hpa = env.get_json(&["get", "hpa", "-n", NS, APP]);
+fn hpa_metric(env: &Env, app: &str) -> Option<f64> {
+    let hpa = env.get_json(&["get", "hpa", "-n", NS, app]);
     let v = hpa["status"]["currentMetrics"][0]["pods"]["current"]["averageValue"].as_str()?;
     parse_quantity(v)
 }
@@ -151,21 +151,21 @@ fn parse_quantity(q: &str) -> Option<f64> {
 
 /// The Nodes our kwok provider launched for the pool (from the moment they exist, before the
 /// controller registers them with the pool's label).
-fn launched_nodes(env: &Env) -> Vec<String> {
+fn launched_nodes(env: &Env, pool: &str) -> Vec<String> {
     let nodes = env.get_json(&["get", "nodes"]);
     nodes["items"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|n| n["metadata"]["annotations"]["kwok.gpu-node-autoscaler.io/pool"] == "kwok-a10g")
+        .filter(|n| n["metadata"]["annotations"]["kwok.gpu-node-autoscaler.io/pool"] == pool)
         .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
         .collect()
 }
 
 /// (spec.replicas, pods Running, pods Pending) of the Deployment.
-fn replicas(env: &Env) -> (u64, usize, usize) {
-    let d = env.get_json(&["get", "deployment", "-n", NS, APP]);
-    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", &format!("app={APP}")]);
+fn replicas(env: &Env, app: &str) -> (u64, usize, usize) {
+    let d = env.get_json(&["get", "deployment", "-n", NS, app]);
+    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", &format!("app={app}")]);
     let pods: Vec<&Value> = pods["items"]
         .as_array()
         .unwrap()
@@ -195,16 +195,16 @@ fn start_world(name: &str) -> (Env, Chain) {
     env.wait_for(
         "the first replica to run on a node we launched",
         3 * MIN,
-        || (replicas(&env).1 == 1).then_some(()),
+        || (replicas(&env, APP).1 == 1).then_some(()),
     );
     let m = env.wait_for(
         "the HPA to read the replica's GPU utilisation through the adapter",
         3 * MIN,
-        || hpa_metric(&env),
+        || hpa_metric(&env, APP),
     );
     assert!((m - 15.0).abs() < 1.0, "DCGM_FI_DEV_GPU_UTIL of 15 %: {m}");
-    assert_eq!(replicas(&env).0, 1, "under the target: one replica");
-    assert_eq!(launched_nodes(&env).len(), 1);
+    assert_eq!(replicas(&env, APP).0, 1, "under the target: one replica");
+    assert_eq!(launched_nodes(&env, "kwok-a10g").len(), 1);
     // Each link: Prometheus holds the exporter's series with its labels, and the adapter serves it
     // as the pod's custom metric.
     let series = chain.prometheus.query("DCGM_FI_DEV_GPU_UTIL");
@@ -240,8 +240,8 @@ fn scale_up_to_four(env: &Env, chain: &Chain) -> [f64; 4] {
     chain.exporter.set_load(NS, APP, 2.0);
     let (mut hpa_at, mut launch_at, mut first_at) = (None, None, None);
     let all_at = env.wait_for("four replicas Running on four nodes", 6 * MIN, || {
-        let (want, running, pending) = replicas(env);
-        let nodes = launched_nodes(env).len();
+        let (want, running, pending) = replicas(env, APP);
+        let nodes = launched_nodes(env, "kwok-a10g").len();
         let t = step.elapsed().as_secs_f64();
         assert!(
             nodes as u64 <= want.max(1),
@@ -273,9 +273,9 @@ fn scale_up_to_four(env: &Env, chain: &Chain) -> [f64; 4] {
     );
     // Stays at four: 4 × 50 % is the target.
     std::thread::sleep(Duration::from_secs(10));
-    assert_eq!(replicas(env), (4, 4, 0));
-    assert_eq!(launched_nodes(env).len(), 4);
-    let m = hpa_metric(env).unwrap();
+    assert_eq!(replicas(env, APP), (4, 4, 0));
+    assert_eq!(launched_nodes(env, "kwok-a10g").len(), 4);
+    let m = hpa_metric(env, APP).unwrap();
     assert!((m - 50.0).abs() < 1.0, "four replicas at 50 %: {m}");
     [
         hpa_at.unwrap(),
@@ -321,13 +321,21 @@ fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_dela
     // the HPA's 60 s stabilization window, comes back: no replica goes, so no node goes.
     chain.exporter.set_load(NS, APP, 0.3);
     env.wait_for("the HPA to see the load fall", MIN, || {
-        hpa_metric(&env).filter(|m| *m < 10.0)
+        hpa_metric(&env, APP).filter(|m| *m < 10.0)
     });
     let mut stabilized = false;
     let hold = Instant::now();
     let holds = |stabilized: &mut bool| {
-        assert_eq!(replicas(&env), (4, 4, 0), "the window holds four replicas");
-        assert_eq!(launched_nodes(&env).len(), 4, "and their four nodes");
+        assert_eq!(
+            replicas(&env, APP),
+            (4, 4, 0),
+            "the window holds four replicas"
+        );
+        assert_eq!(
+            launched_nodes(&env, "kwok-a10g").len(),
+            4,
+            "and their four nodes"
+        );
         let hpa = env.get_json(&["get", "hpa", "-n", NS, APP]);
         *stabilized |= hpa["status"]["conditions"]
             .as_array()
@@ -341,7 +349,7 @@ fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_dela
     }
     chain.exporter.set_load(NS, APP, 2.0);
     env.wait_for("the HPA to see the load back", MIN, || {
-        hpa_metric(&env).filter(|m| *m > 40.0)
+        hpa_metric(&env, APP).filter(|m| *m > 40.0)
     });
     holds(&mut stabilized);
     assert!(
@@ -352,26 +360,32 @@ fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_dela
     // It falls for good: the HPA scales in once the window has only low recommendations; until
     // then every node stays.
     chain.exporter.set_load(NS, APP, 0.3);
-    let before = launched_nodes(&env);
+    let fell = Instant::now();
+    let before = launched_nodes(&env, "kwok-a10g");
     env.wait_for("the HPA to scale in to one replica", 4 * MIN, || {
-        let (want, _, _) = replicas(&env);
+        let (want, _, _) = replicas(&env, APP);
         if want == 4 {
             assert_eq!(
-                launched_nodes(&env),
+                launched_nodes(&env, "kwok-a10g"),
                 before,
                 "no node removed while the HPA holds four replicas"
             );
         }
         (want == 1).then_some(())
     });
+    let scaled_in = fell.elapsed().as_secs_f64();
     // The three emptied nodes go after the pool's 10 s unneeded time; the one with the remaining
     // replica stays.
     let left = env.wait_for("three nodes removed", 3 * MIN, || {
-        let nodes = launched_nodes(&env);
+        let nodes = launched_nodes(&env, "kwok-a10g");
         (nodes.len() == 1).then_some(nodes)
     });
+    eprintln!(
+        "hpa timings from the load fall: HPA scale-in {scaled_in:.1} s, three nodes removed {:.1} s",
+        fell.elapsed().as_secs_f64()
+    );
     env.wait_for("one replica Running", MIN, || {
-        (replicas(&env) == (1, 1, 0)).then_some(())
+        (replicas(&env, APP) == (1, 1, 0)).then_some(())
     });
     let pods = env.get_json(&["get", "pods", "-n", NS, "-l", &format!("app={APP}")]);
     let on: Vec<&str> = pods["items"]
@@ -399,4 +413,73 @@ fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_dela
             "removed only after the pool's unneeded time: {e}"
         );
     }
+}
+
+/// An H100 pool partitioned into seven 1g.10gb slices a GPU (`hpa-mig.yaml`'s Deployment asks
+/// for one slice a replica).
+const MIG_POLICY: &str = "clusterName: e2e\nzones: [us-east-1a]\n\
+batching: {idle: 1s, max: 3s}\nmaxNodeProvisionTime: 2m\n\
+pools:\n- name: kwok-h100\n  provider: kwok\n  instanceTypes: [p5.48xlarge]\n\
+\x20 capacityTypes: [on-demand]\n  maxNodes: 2\n  gpuMode: mig\n  migLayout: {1g.10gb: 7}\n\
+\x20 taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n\
+\x20 scaleDown: {cooldownAfterScaleUp: 5s, unneededTime: 10s}\n";
+
+#[test]
+fn hpa_scales_mig_slice_replicas_on_their_slices_activity_onto_the_h100_node_we_launched() {
+    const MIG_APP: &str = "triton-mig";
+    let mut env = hpa_env("hpa-mig");
+    env.create(&env.policy_configmap(MIG_POLICY));
+    env.start_controller("r1", &[]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    let chain = start_chain(&env);
+    chain.exporter.set_load(NS, MIG_APP, 0.15);
+    apply_list(&env, &example("hpa-mig.yaml"));
+    env.wait_for(
+        "the first replica to run on a node we launched",
+        3 * MIN,
+        || (replicas(&env, MIG_APP).1 == 1).then_some(()),
+    );
+    let unschedulable = env.events("FailedScheduling");
+    assert!(
+        unschedulable
+            .iter()
+            .any(|e| e.starts_with(MIG_APP) && e.contains("nvidia.com/mig-1g.10gb")),
+        "{unschedulable:?}"
+    );
+    let nodes = launched_nodes(&env, "kwok-h100");
+    assert_eq!(nodes.len(), 1, "one p5.48xlarge: 56 slices");
+    let node = env.get_json(&["get", "node", &nodes[0]]);
+    assert_eq!(
+        node["status"]["capacity"]["nvidia.com/mig-1g.10gb"], "56",
+        "{node}"
+    );
+    // The slice's activity, per MIG instance, through Prometheus and the adapter.
+    let m = env.wait_for(
+        "the HPA to read the slice's activity through the adapter",
+        3 * MIN,
+        || hpa_metric(&env, MIG_APP),
+    );
+    assert!((m - 0.15).abs() < 0.01, "0.15 of the slice: {m}");
+    let series = chain.prometheus.query("DCGM_FI_PROF_GR_ENGINE_ACTIVE");
+    assert!(
+        series.contains("\"GPU_I_PROFILE\":\"1g.10gb\"")
+            && series.contains("\"modelName\":\"NVIDIA H100 80GB HBM3\""),
+        "{series}"
+    );
+
+    // Load rises to two slices' worth: the HPA (target 0.5) goes 1 → 2 → 4 replicas; they fit
+    // on the slices of the node already there, so no node is launched.
+    chain.exporter.set_load(NS, MIG_APP, 2.0);
+    env.wait_for("four replicas Running", 6 * MIN, || {
+        let nodes = launched_nodes(&env, "kwok-h100").len();
+        assert_eq!(nodes, 1, "the replicas fit the slices of the node there");
+        (replicas(&env, MIG_APP) == (4, 4, 0)).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(replicas(&env, MIG_APP), (4, 4, 0));
+    assert_eq!(launched_nodes(&env, "kwok-h100").len(), 1);
+    let m = hpa_metric(&env, MIG_APP).unwrap();
+    assert!((m - 0.5).abs() < 0.01, "four replicas at half a slice: {m}");
 }
