@@ -483,3 +483,130 @@ fn hpa_scales_mig_slice_replicas_on_their_slices_activity_onto_the_h100_node_we_
     let m = hpa_metric(&env, MIG_APP).unwrap();
     assert!((m - 0.5).abs() < 0.01, "four replicas at half a slice: {m}");
 }
+
+/// Every manifest of `deploy/examples/gpu-hpa/` passes the API server's own validation, field by
+/// field (`kubectl apply --dry-run=server --validate=strict`: an unknown or misspelt field is an
+/// error), with the admin's kubeconfig; the Namespaces they use are created first.
+#[test]
+fn hpa_examples_validate_against_the_api_server() {
+    let dir = std::env::temp_dir().join(format!("gna-e2e-hpa-examples-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = crate::cluster::Cluster::start(&dir, &ClusterOptions::default());
+    let mut files: Vec<String> = std::fs::read_dir(format!("{REPO}/{EXAMPLES}"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    let mut kinds = std::collections::BTreeSet::new();
+    for f in &files {
+        for d in example(f) {
+            let kind = d["kind"].as_str().unwrap_or("").to_string();
+            if kind == "Namespace" {
+                let name = d["metadata"]["name"].as_str().unwrap();
+                if cluster.kubectl(&["get", "namespace", name]).is_err() {
+                    cluster
+                        .kubectl(&["create", "namespace", name, "--save-config"])
+                        .unwrap();
+                }
+            }
+            kinds.insert(kind);
+        }
+    }
+    for f in &files {
+        let path = format!("{REPO}/{EXAMPLES}/{f}");
+        let out = cluster
+            .kubectl(&[
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-f",
+                &path,
+            ])
+            .unwrap_or_else(|e| panic!("{EXAMPLES}/{f} does not validate: {e}"));
+        assert!(out.contains("(server dry run)"), "{f}: {out}");
+    }
+    for k in [
+        "APIService",
+        "ConfigMap",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "Service",
+        "ClusterRole",
+        "RoleBinding",
+    ] {
+        assert!(kinds.contains(k), "the examples hold a {k}: {kinds:?}");
+    }
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An A10G pool shared by GPU memory (`aliyun.com/gpu-mem`: 22 whole GiB of the A10G's 22.5 a
+/// node): two 8 GiB replicas of `hpa-shared.yaml` to a node.
+const SHARED_POLICY: &str = "clusterName: e2e\nzones: [us-east-1a]\n\
+batching: {idle: 1s, max: 3s}\nmaxNodeProvisionTime: 2m\n\
+pools:\n- name: kwok-shared\n  provider: kwok\n  instanceTypes: [g5.xlarge]\n\
+\x20 capacityTypes: [on-demand]\n  maxNodes: 4\n  gpuMode: shared\n\
+\x20 taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n\
+\x20 scaleDown: {cooldownAfterScaleUp: 5s, unneededTime: 10s}\n";
+
+#[test]
+fn hpa_scales_shared_gpu_replicas_and_we_launch_a_node_only_when_the_shares_run_out() {
+    const SHARED_APP: &str = "triton-shared";
+    let mut env = hpa_env("hpa-shared");
+    env.create(&env.policy_configmap(SHARED_POLICY));
+    env.start_controller("r1", &[]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    let chain = start_chain(&env);
+    chain.exporter.set_load(NS, SHARED_APP, 0.15);
+    apply_list(&env, &example("hpa-shared.yaml"));
+    env.wait_for(
+        "the first replica to run on a node we launched",
+        3 * MIN,
+        || (replicas(&env, SHARED_APP).1 == 1).then_some(()),
+    );
+    let first = launched_nodes(&env, "kwok-shared");
+    assert_eq!(first.len(), 1);
+    let node = env.get_json(&["get", "node", &first[0]]);
+    assert_eq!(
+        node["status"]["capacity"]["aliyun.com/gpu-mem"], "22",
+        "{node}"
+    );
+    let m = env.wait_for(
+        "the HPA to read the replica's GPU utilisation through the adapter",
+        3 * MIN,
+        || hpa_metric(&env, SHARED_APP),
+    );
+    assert!((m - 15.0).abs() < 1.0, "15 %: {m}");
+
+    // Two GPUs' worth of work: 1 → 2 → 4 replicas; the second shares the first node's GPU, the
+    // third and fourth get one second node between them, and no third is launched.
+    chain.exporter.set_load(NS, SHARED_APP, 2.0);
+    env.wait_for("four replicas Running", 6 * MIN, || {
+        let nodes = launched_nodes(&env, "kwok-shared");
+        assert!(nodes.len() <= 2, "two 8 GiB replicas a node: {nodes:?}");
+        (replicas(&env, SHARED_APP) == (4, 4, 0) && nodes.len() == 2).then_some(())
+    });
+    let unschedulable = env.events("FailedScheduling");
+    assert!(
+        unschedulable
+            .iter()
+            .any(|e| e.starts_with(SHARED_APP) && e.contains("aliyun.com/gpu-mem")),
+        "{unschedulable:?}"
+    );
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(replicas(&env, SHARED_APP), (4, 4, 0));
+    assert_eq!(launched_nodes(&env, "kwok-shared").len(), 2);
+    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", "app=triton-shared"]);
+    let on_first = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["spec"]["nodeName"] == first[0].as_str())
+        .count();
+    assert_eq!(on_first, 2, "two replicas share the first node's GPU");
+}
