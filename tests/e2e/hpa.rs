@@ -240,8 +240,9 @@ fn scale_up_to_four(env: &Env, chain: &Chain) -> [f64; 4] {
     chain.exporter.set_load(NS, APP, 2.0);
     let (mut hpa_at, mut launch_at, mut first_at) = (None, None, None);
     let all_at = env.wait_for("four replicas Running on four nodes", 6 * MIN, || {
-        let (want, running, pending) = replicas(env, APP);
+        // Nodes first: the HPA only adds replicas here, so they are never read ahead of them.
         let nodes = launched_nodes(env, "kwok-a10g").len();
+        let (want, running, pending) = replicas(env, APP);
         let t = step.elapsed().as_secs_f64();
         assert!(
             nodes as u64 <= want.max(1),
@@ -399,9 +400,12 @@ fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_dela
     let events = env.events("ScaleDown");
     let ours: Vec<&String> = events
         .iter()
-        .filter(|e| before.iter().any(|n| e.starts_with(n.as_str())))
+        .filter(|e| before.iter().any(|n| e.starts_with(&format!("{n}:"))))
         .collect();
-    assert_eq!(ours.len(), 3, "{events:?}");
+    let removed: std::collections::BTreeSet<&str> =
+        ours.iter().filter_map(|e| e.split(':').next()).collect();
+    assert_eq!(removed.len(), 3, "{events:?}");
+    assert!(!removed.contains(left[0].as_str()), "{events:?}");
     for e in ours {
         let idle = e
             .split("empty (no GPU pods) for ")
