@@ -57,6 +57,10 @@ export GNA_PROMETHEUS_BIN
 # proxy into the cache (once).
 GNA_HELM_BIN="$(bash scripts/helm.sh)"
 export GNA_HELM_BIN
+# The real prometheus-adapter, for the GPU HPA chain (tests/e2e/hpa.rs): built pinned from the Go
+# module proxy into the cache (once).
+GNA_PROMETHEUS_ADAPTER_BIN="$(bash scripts/prometheus-adapter.sh)"
+export GNA_PROMETHEUS_ADAPTER_BIN
 # Karpenter's kwok provider, for the harness's smoke (simulations/anchors/tests/smoke.rs); pinned
 # and cached like the control plane. The Cluster Autoscaler is not built here: the Go module proxy
 # refuses its releases (docs/kwok.md).

@@ -10,6 +10,7 @@ mod anchors;
 mod cluster;
 mod dra;
 mod helm;
+mod hpa;
 mod kube_proxy;
 mod kwok;
 mod prices;

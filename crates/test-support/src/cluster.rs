@@ -76,7 +76,8 @@ fn bin_dir() -> PathBuf {
 }
 
 /// The cluster's keys and certificates, in `dir`: a CA, the API server's serving certificate for
-/// 127.0.0.1, and the ServiceAccount token signing key.
+/// 127.0.0.1, the ServiceAccount token signing key, and the aggregation layer's front-proxy CA and
+/// client certificate.
 fn pki(dir: &Path) -> PathBuf {
     {
         let dir = dir.join("pki");
@@ -85,6 +86,14 @@ fn pki(dir: &Path) -> PathBuf {
             dir.join("server.ext"),
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n\
              keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        // The aggregation layer's client certificate (kube-apiserver to an extension API server
+        // such as prometheus-adapter), from a CA of its own, as kubeadm sets it up.
+        std::fs::write(
+            dir.join("client.ext"),
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+             extendedKeyUsage=clientAuth\n",
         )
         .unwrap();
         let script = "set -e
@@ -97,6 +106,14 @@ openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 
   -extfile server.ext -out server.crt 2>/dev/null
 openssl ecparam -name prime256v1 -genkey -noout -out sa.key
 openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null
+openssl ecparam -name prime256v1 -genkey -noout -out front-proxy-ca.key
+openssl req -x509 -new -key front-proxy-ca.key -subj /CN=gna-e2e-front-proxy-ca -days 30 \
+  -out front-proxy-ca.crt -addext basicConstraints=critical,CA:TRUE \
+  -addext keyUsage=critical,keyCertSign,cRLSign
+openssl ecparam -name prime256v1 -genkey -noout -out front-proxy-client.key
+openssl req -new -key front-proxy-client.key -subj /CN=front-proxy-client -out front-proxy-client.csr
+openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key \
+  -CAcreateserial -days 30 -extfile client.ext -out front-proxy-client.crt 2>/dev/null
 ";
         let out = Command::new("bash")
             .args(["-c", script])
@@ -264,6 +281,16 @@ impl Cluster {
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--runtime-config=resource.k8s.io/v1=true",
                 "--endpoint-reconciler-type=none",
+                // The aggregation layer (APIServices such as custom.metrics.k8s.io): the
+                // front-proxy client certificate and the request headers an extension API server
+                // trusts, with kubeadm's names.
+                &format!("--requestheader-client-ca-file={}", p("front-proxy-ca.crt")),
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                &format!("--proxy-client-cert-file={}", p("front-proxy-client.crt")),
+                &format!("--proxy-client-key-file={}", p("front-proxy-client.key")),
                 &format!("--cert-dir={}", c.dir.join("certs").display()),
                 "--v=1",
             ]),
@@ -402,6 +429,14 @@ impl Cluster {
     pub fn controller_kubeconfig_via(&self, server: &str) -> PathBuf {
         let f = self.dir.join("controller-via.kubeconfig");
         std::fs::write(&f, kubeconfig(server, &self.ca, &self.controller_token)).unwrap();
+        f
+    }
+
+    /// A kubeconfig for this cluster with `token` (e.g. another ServiceAccount's), written as
+    /// `<name>.kubeconfig` in the cluster's directory.
+    pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> PathBuf {
+        let f = self.dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(&f, kubeconfig(&self.server, &self.ca, token)).unwrap();
         f
     }
 

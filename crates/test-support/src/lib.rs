@@ -3,7 +3,8 @@
 //! of it), [`ess`] (a local fake of Alibaba Cloud's ESS, ECS, VPC and STS endpoints that checks
 //! every signature), [`counting_alloc`] (a global allocator counting live heap bytes and their
 //! peak, for memory figures), [`cluster`] (the real Kubernetes control plane with kwok),
-//! [`dra_driver`] (NVIDIA's DRA driver's DeviceClasses and ResourceSlices for kwok Nodes). Test
+//! [`dra_driver`] (NVIDIA's DRA driver's DeviceClasses and ResourceSlices for kwok Nodes), [`hpa`]
+//! (the GPU HPA chain: a dcgm-exporter stand-in and the real prometheus-adapter). Test
 //! code only: no product crate depends on it.
 
 #[cfg(feature = "cluster")]
@@ -13,5 +14,7 @@ pub mod counting_alloc;
 pub mod dra_driver;
 #[cfg(feature = "ess")]
 pub mod ess;
+#[cfg(feature = "cluster")]
+pub mod hpa;
 #[cfg(feature = "moto")]
 pub mod moto;

@@ -1,0 +1,616 @@
+//! The GPU HPA chain on the real control plane: a dcgm-exporter stand-in (the one mock: it needs a
+//! GPU) → the real Prometheus scraping it → the real prometheus-adapter serving
+//! `custom.metrics.k8s.io` through the kube-apiserver's aggregation layer → the real HPA controller
+//! of kube-controller-manager scaling an inference Deployment → our controller (kwok provider)
+//! giving its Pending replicas GPU nodes and taking the emptied ones back. The adapter's rule,
+//! RBAC, APIServices and the HPA are `deploy/examples/gpu-hpa/`, applied as they are.
+
+use std::time::{Duration, Instant};
+
+use gpu_node_autoscaler_core::policy::duration::parse_duration;
+
+use gpu_node_autoscaler_core::yaml;
+use gpu_node_autoscaler_test_support::hpa::{loopback_service, DcgmExporter, PrometheusAdapter};
+use serde_json::Value;
+
+use crate::cluster::{ClusterOptions, REPO};
+use crate::prometheus::Prometheus;
+use crate::support::{Env, Options};
+use crate::MIN;
+
+const EXAMPLES: &str = "deploy/examples/gpu-hpa";
+/// The HPA's namespace and Deployment in `hpa.yaml`.
+const NS: &str = "inference";
+const APP: &str = "triton";
+
+/// The pool the replicas land on: one GPU per node, so a node per replica; the pool's scale-down
+/// timers (5 s after a launch, 10 s empty) much shorter than the HPA's 60 s stabilization window.
+const POLICY: &str = "clusterName: e2e\nzones: [us-east-1a]\n\
+batching: {idle: 1s, max: 3s}\nmaxNodeProvisionTime: 2m\n\
+pools:\n- name: kwok-a10g\n  provider: kwok\n  instanceTypes: [g5.xlarge]\n\
+\x20 capacityTypes: [on-demand]\n  maxNodes: 8\n\
+\x20 taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n\
+\x20 scaleDown: {cooldownAfterScaleUp: 5s, unneededTime: 10s}\n";
+
+/// The documents of an example file.
+fn example(file: &str) -> Vec<Value> {
+    let path = format!("{REPO}/{EXAMPLES}/{file}");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    yaml::parse_all(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn apply_list(env: &Env, docs: &[Value]) {
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+    let f = env
+        .dir
+        .join(format!("list-{}.json", crate::cluster::free_port()));
+    std::fs::write(&f, list.to_string()).unwrap();
+    env.kubectl_ok(&["apply", "-f", f.to_str().unwrap()]);
+}
+
+/// The chain, running until dropped.
+pub struct Chain {
+    pub exporter: DcgmExporter,
+    pub prometheus: Prometheus,
+    pub adapter: PrometheusAdapter,
+}
+
+/// A kwok world whose kube-controller-manager runs the HPA controller every 2 s (default 15 s).
+fn hpa_env(name: &str) -> Env {
+    Env::start(
+        name,
+        Options {
+            cluster: ClusterOptions {
+                rbac_from: Some("overlays/kwok"),
+                controller_manager_args: vec![
+                    "--horizontal-pod-autoscaler-sync-period=2s".to_string()
+                ],
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+}
+
+/// Starts the exporter stand-in, Prometheus scraping it, and the adapter as its ServiceAccount
+/// with `prometheus-adapter.yaml`'s rule, registered as the custom.metrics.k8s.io APIService;
+/// returns once the aggregator serves that API.
+fn start_chain(env: &Env) -> Chain {
+    let exporter = DcgmExporter::start(&env.cluster);
+    let prometheus = Prometheus::start(&env.dir, "dcgm-exporter", exporter.port);
+    let docs = example("prometheus-adapter.yaml");
+    let kind = |d: &Value| d["kind"].as_str().unwrap_or("").to_string();
+    // Everything but the adapter's Deployment and Service (the adapter runs here, on loopback)
+    // and the APIServices (once it serves).
+    let rest: Vec<Value> = docs
+        .iter()
+        .filter(|d| !matches!(kind(d).as_str(), "Deployment" | "Service" | "APIService"))
+        .cloned()
+        .collect();
+    apply_list(env, &rest);
+    let config = docs
+        .iter()
+        .find(|d| kind(d) == "ConfigMap")
+        .and_then(|d| d["data"]["config.yaml"].as_str())
+        .expect("the adapter's rule ConfigMap in prometheus-adapter.yaml")
+        .to_string();
+    let token = env.kubectl_ok(&[
+        "create",
+        "token",
+        "prometheus-adapter",
+        "-n",
+        "monitoring",
+        "--duration=24h",
+    ]);
+    let kubeconfig = env
+        .cluster
+        .kubeconfig_with_token("prometheus-adapter", token.trim());
+    let adapter = PrometheusAdapter::start(&env.dir, &kubeconfig, &prometheus.url, &config);
+    // The APIServices as written, their Service reaching the adapter's loopback port.
+    let mut apiservices = Vec::new();
+    for d in docs.iter().filter(|d| kind(d) == "APIService") {
+        let mut d = d.clone();
+        let svc = &d["spec"]["service"];
+        env.apply(&loopback_service(
+            svc["namespace"].as_str().unwrap(),
+            svc["name"].as_str().unwrap(),
+        ));
+        d["spec"]["service"]["port"] = serde_json::json!(adapter.port);
+        apiservices.push(d);
+    }
+    assert_eq!(apiservices.len(), 2, "v1beta1 and v1beta2");
+    apply_list(env, &apiservices);
+    env.wait_for(
+        "the aggregator to serve custom.metrics.k8s.io/v1beta2",
+        2 * MIN,
+        || {
+            let out = env.kubectl(&["get", "--raw", "/apis/custom.metrics.k8s.io/v1beta2"]);
+            out.status.success().then_some(())
+        },
+    );
+    Chain {
+        exporter,
+        prometheus,
+        adapter,
+    }
+}
+
+/// The HPA's current average of the metric (as a number), once it has one.
+fn hpa_metric(env: &Env, app: &str) -> Option<f64> {
+    let hpa = env.get_json(&["get", "hpa", "-n", NS, app]);
+    let v = hpa["status"]["currentMetrics"][0]["pods"]["current"]["averageValue"].as_str()?;
+    parse_quantity(v)
+}
+
+fn parse_quantity(q: &str) -> Option<f64> {
+    match q.strip_suffix('m') {
+        Some(milli) => milli.parse::<f64>().ok().map(|m| m / 1000.0),
+        None => q.parse().ok(),
+    }
+}
+
+/// The Nodes our kwok provider launched for the pool (from the moment they exist, before the
+/// controller registers them with the pool's label).
+fn launched_nodes(env: &Env, pool: &str) -> Vec<String> {
+    let nodes = env.get_json(&["get", "nodes"]);
+    nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["metadata"]["annotations"]["kwok.gpu-node-autoscaler.io/pool"] == pool)
+        .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// (spec.replicas, pods Running, pods Pending) of the Deployment.
+fn replicas(env: &Env, app: &str) -> (u64, usize, usize) {
+    let d = env.get_json(&["get", "deployment", "-n", NS, app]);
+    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", &format!("app={app}")]);
+    let pods: Vec<&Value> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect();
+    let phase = |ph: &str| pods.iter().filter(|p| p["status"]["phase"] == ph).count();
+    (
+        d["spec"]["replicas"].as_u64().unwrap_or(0),
+        phase("Running"),
+        phase("Pending"),
+    )
+}
+
+/// The world of (a) and (b): the controller, the chain, and the example HPA's Deployment with one
+/// replica Running at a low load (15 % of its GPU, under the HPA's 50 % target).
+fn start_world(name: &str) -> (Env, Chain) {
+    let mut env = hpa_env(name);
+    env.create(&env.policy_configmap(POLICY));
+    env.start_controller("r1", &[]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    let chain = start_chain(&env);
+    chain.exporter.set_load(NS, APP, 0.15);
+    apply_list(&env, &example("hpa.yaml"));
+    env.wait_for(
+        "the first replica to run on a node we launched",
+        3 * MIN,
+        || (replicas(&env, APP).1 == 1).then_some(()),
+    );
+    let m = env.wait_for(
+        "the HPA to read the replica's GPU utilisation through the adapter",
+        3 * MIN,
+        || hpa_metric(&env, APP),
+    );
+    assert!((m - 15.0).abs() < 1.0, "DCGM_FI_DEV_GPU_UTIL of 15 %: {m}");
+    assert_eq!(replicas(&env, APP).0, 1, "under the target: one replica");
+    assert_eq!(launched_nodes(&env, "kwok-a10g").len(), 1);
+    // Each link: Prometheus holds the exporter's series with its labels, and the adapter serves it
+    // as the pod's custom metric.
+    let series = chain.prometheus.query("DCGM_FI_DEV_GPU_UTIL");
+    for label in [
+        "\"namespace\":\"inference\"",
+        "\"container\":\"triton\"",
+        "\"modelName\":\"NVIDIA A10G\"",
+        "\"gpu\":\"0\"",
+        "\"UUID\":\"GPU-",
+    ] {
+        assert!(series.contains(label), "{label} in {series}");
+    }
+    let served = env.kubectl_ok(&[
+        "get",
+        "--raw",
+        "/apis/custom.metrics.k8s.io/v1beta2/namespaces/inference/pods/*/DCGM_FI_DEV_GPU_UTIL",
+    ]);
+    assert!(served.contains("\"value\":\"15\""), "{served}");
+    assert!(
+        chain.adapter.log().contains("Serving securely"),
+        "{}",
+        chain.adapter.log()
+    );
+    (env, chain)
+}
+
+/// Load rises to two GPUs' worth: the HPA (target 50 %) goes 1 → 2 → 4 replicas (each running
+/// replica at 100 % asks for twice as many); every replica it adds goes Pending on nvidia.com/gpu
+/// and gets a node of its own, never more nodes than replicas. Returns the timings (s) from the
+/// load step: the HPA's first rescale, our first launch, the first new replica Running, all Running.
+fn scale_up_to_four(env: &Env, chain: &Chain) -> [f64; 4] {
+    let step = Instant::now();
+    chain.exporter.set_load(NS, APP, 2.0);
+    let (mut hpa_at, mut launch_at, mut first_at) = (None, None, None);
+    let all_at = env.wait_for("four replicas Running on four nodes", 6 * MIN, || {
+        // Nodes first: the HPA only adds replicas here, so they are never read ahead of them.
+        let nodes = launched_nodes(env, "kwok-a10g").len();
+        let (want, running, pending) = replicas(env, APP);
+        let t = step.elapsed().as_secs_f64();
+        assert!(
+            nodes as u64 <= want.max(1),
+            "{nodes} nodes for {want} replicas of one GPU each"
+        );
+        if want > 1 && hpa_at.is_none() {
+            hpa_at = Some(t);
+        }
+        if nodes > 1 && launch_at.is_none() {
+            launch_at = Some(t);
+        }
+        if running > 1 && first_at.is_none() {
+            first_at = Some(t);
+        }
+        (want == 4 && running == 4 && pending == 0 && nodes == 4).then_some(t)
+    });
+    // The new replicas waited for GPUs: the scheduler found none.
+    let unschedulable = env.events("FailedScheduling");
+    assert!(
+        unschedulable
+            .iter()
+            .any(|e| e.starts_with(APP) && e.contains("nvidia.com/gpu")),
+        "{unschedulable:?}"
+    );
+    let triggered = env.events("TriggeredScaleUp");
+    assert!(
+        triggered.iter().any(|e| e.starts_with(APP)),
+        "{triggered:?}"
+    );
+    // Stays at four: 4 × 50 % is the target.
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(replicas(env, APP), (4, 4, 0));
+    assert_eq!(launched_nodes(env, "kwok-a10g").len(), 4);
+    let m = hpa_metric(env, APP).unwrap();
+    assert!((m - 50.0).abs() < 1.0, "four replicas at 50 %: {m}");
+    [
+        hpa_at.unwrap(),
+        launch_at.unwrap(),
+        first_at.unwrap(),
+        all_at,
+    ]
+}
+
+#[test]
+fn hpa_adds_gpu_replicas_on_load_and_we_launch_exactly_their_nodes() {
+    let (env, chain) = start_world("hpa-up");
+    let [hpa, launch, first, all] = scale_up_to_four(&env, &chain);
+    eprintln!(
+        "hpa timings from the load step: HPA rescale {hpa:.1} s, first launch {launch:.1} s, \
+         first new replica Running {first:.1} s, four Running {all:.1} s"
+    );
+    // Every launch was for a replica: four nodes, each running one.
+    let nodes: Vec<String> = env
+        .pool_nodes()
+        .iter()
+        .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    let pods = env.get_json(&["get", "pods", "-n", NS]);
+    let mut on: Vec<String> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["spec"]["nodeName"].as_str().unwrap_or("").to_string())
+        .collect();
+    on.sort();
+    let mut nodes_sorted = nodes.clone();
+    nodes_sorted.sort();
+    assert_eq!(on, nodes_sorted, "one replica on each node we launched");
+    drop(chain);
+}
+
+#[test]
+fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_delay() {
+    let (env, chain) = start_world("hpa-down");
+    scale_up_to_four(&env, &chain);
+    // Load falls to 0.3 GPUs' worth (7.5 % a replica: the HPA recommends one replica) and, within
+    // the HPA's 60 s stabilization window, comes back: no replica goes, so no node goes.
+    chain.exporter.set_load(NS, APP, 0.3);
+    env.wait_for("the HPA to see the load fall", MIN, || {
+        hpa_metric(&env, APP).filter(|m| *m < 10.0)
+    });
+    let mut stabilized = false;
+    let hold = Instant::now();
+    let holds = |stabilized: &mut bool| {
+        assert_eq!(
+            replicas(&env, APP),
+            (4, 4, 0),
+            "the window holds four replicas"
+        );
+        assert_eq!(
+            launched_nodes(&env, "kwok-a10g").len(),
+            4,
+            "and their four nodes"
+        );
+        let hpa = env.get_json(&["get", "hpa", "-n", NS, APP]);
+        *stabilized |= hpa["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["reason"] == "ScaleDownStabilized");
+    };
+    while hold.elapsed() < Duration::from_secs(15) {
+        holds(&mut stabilized);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    chain.exporter.set_load(NS, APP, 2.0);
+    env.wait_for("the HPA to see the load back", MIN, || {
+        hpa_metric(&env, APP).filter(|m| *m > 40.0)
+    });
+    holds(&mut stabilized);
+    assert!(
+        stabilized,
+        "the HPA held the replicas by its stabilization window (ScaleDownStabilized)"
+    );
+
+    // It falls for good: the HPA scales in once the window has only low recommendations; until
+    // then every node stays.
+    chain.exporter.set_load(NS, APP, 0.3);
+    let fell = Instant::now();
+    let before = launched_nodes(&env, "kwok-a10g");
+    env.wait_for("the HPA to scale in to one replica", 4 * MIN, || {
+        let (want, _, _) = replicas(&env, APP);
+        if want == 4 {
+            assert_eq!(
+                launched_nodes(&env, "kwok-a10g"),
+                before,
+                "no node removed while the HPA holds four replicas"
+            );
+        }
+        (want == 1).then_some(())
+    });
+    let scaled_in = fell.elapsed().as_secs_f64();
+    // The three emptied nodes go after the pool's 10 s unneeded time; the one with the remaining
+    // replica stays.
+    let left = env.wait_for("three nodes removed", 3 * MIN, || {
+        let nodes = launched_nodes(&env, "kwok-a10g");
+        (nodes.len() == 1).then_some(nodes)
+    });
+    eprintln!(
+        "hpa timings from the load fall: HPA scale-in {scaled_in:.1} s, three nodes removed {:.1} s",
+        fell.elapsed().as_secs_f64()
+    );
+    env.wait_for("one replica Running", MIN, || {
+        (replicas(&env, APP) == (1, 1, 0)).then_some(())
+    });
+    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", &format!("app={APP}")]);
+    let on: Vec<&str> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["spec"]["nodeName"].as_str())
+        .collect();
+    assert_eq!(on, [left[0].as_str()], "the replica's node stays");
+    let events = env.events("ScaleDown");
+    let ours: Vec<&String> = events
+        .iter()
+        .filter(|e| before.iter().any(|n| e.starts_with(&format!("{n}:"))))
+        .collect();
+    let removed: std::collections::BTreeSet<&str> =
+        ours.iter().filter_map(|e| e.split(':').next()).collect();
+    assert_eq!(removed.len(), 3, "{events:?}");
+    assert!(!removed.contains(left[0].as_str()), "{events:?}");
+    for e in ours {
+        let idle = e
+            .split("empty (no GPU pods) for ")
+            .nth(1)
+            .and_then(|d| parse_duration(d.split_whitespace().next()?).ok())
+            .unwrap_or_else(|| panic!("{e}"));
+        assert!(
+            idle >= Duration::from_secs(10),
+            "removed only after the pool's unneeded time: {e}"
+        );
+    }
+}
+
+/// An H100 pool partitioned into seven 1g.10gb slices a GPU (`hpa-mig.yaml`'s Deployment asks
+/// for one slice a replica).
+const MIG_POLICY: &str = "clusterName: e2e\nzones: [us-east-1a]\n\
+batching: {idle: 1s, max: 3s}\nmaxNodeProvisionTime: 2m\n\
+pools:\n- name: kwok-h100\n  provider: kwok\n  instanceTypes: [p5.48xlarge]\n\
+\x20 capacityTypes: [on-demand]\n  maxNodes: 2\n  gpuMode: mig\n  migLayout: {1g.10gb: 7}\n\
+\x20 taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n\
+\x20 scaleDown: {cooldownAfterScaleUp: 5s, unneededTime: 10s}\n";
+
+#[test]
+fn hpa_scales_mig_slice_replicas_on_their_slices_activity_onto_the_h100_node_we_launched() {
+    const MIG_APP: &str = "triton-mig";
+    let mut env = hpa_env("hpa-mig");
+    env.create(&env.policy_configmap(MIG_POLICY));
+    env.start_controller("r1", &[]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    let chain = start_chain(&env);
+    chain.exporter.set_load(NS, MIG_APP, 0.15);
+    apply_list(&env, &example("hpa-mig.yaml"));
+    env.wait_for(
+        "the first replica to run on a node we launched",
+        3 * MIN,
+        || (replicas(&env, MIG_APP).1 == 1).then_some(()),
+    );
+    let unschedulable = env.events("FailedScheduling");
+    assert!(
+        unschedulable
+            .iter()
+            .any(|e| e.starts_with(MIG_APP) && e.contains("nvidia.com/mig-1g.10gb")),
+        "{unschedulable:?}"
+    );
+    let nodes = launched_nodes(&env, "kwok-h100");
+    assert_eq!(nodes.len(), 1, "one p5.48xlarge: 56 slices");
+    let node = env.get_json(&["get", "node", &nodes[0]]);
+    assert_eq!(
+        node["status"]["capacity"]["nvidia.com/mig-1g.10gb"], "56",
+        "{node}"
+    );
+    // The slice's activity, per MIG instance, through Prometheus and the adapter.
+    let m = env.wait_for(
+        "the HPA to read the slice's activity through the adapter",
+        3 * MIN,
+        || hpa_metric(&env, MIG_APP),
+    );
+    assert!((m - 0.15).abs() < 0.01, "0.15 of the slice: {m}");
+    let series = chain.prometheus.query("DCGM_FI_PROF_GR_ENGINE_ACTIVE");
+    assert!(
+        series.contains("\"GPU_I_PROFILE\":\"1g.10gb\"")
+            && series.contains("\"modelName\":\"NVIDIA H100 80GB HBM3\""),
+        "{series}"
+    );
+
+    // Load rises to two slices' worth: the HPA (target 0.5) goes 1 → 2 → 4 replicas; they fit
+    // on the slices of the node already there, so no node is launched.
+    chain.exporter.set_load(NS, MIG_APP, 2.0);
+    env.wait_for("four replicas Running", 6 * MIN, || {
+        let nodes = launched_nodes(&env, "kwok-h100").len();
+        assert_eq!(nodes, 1, "the replicas fit the slices of the node there");
+        (replicas(&env, MIG_APP) == (4, 4, 0)).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(replicas(&env, MIG_APP), (4, 4, 0));
+    assert_eq!(launched_nodes(&env, "kwok-h100").len(), 1);
+    let m = hpa_metric(&env, MIG_APP).unwrap();
+    assert!((m - 0.5).abs() < 0.01, "four replicas at half a slice: {m}");
+}
+
+/// Every manifest of `deploy/examples/gpu-hpa/` passes the API server's own validation, field by
+/// field (`kubectl apply --dry-run=server --validate=strict`: an unknown or misspelt field is an
+/// error), with the admin's kubeconfig; the Namespaces they use are created first.
+#[test]
+fn hpa_examples_validate_against_the_api_server() {
+    let dir = std::env::temp_dir().join(format!("gna-e2e-hpa-examples-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = crate::cluster::Cluster::start(&dir, &ClusterOptions::default());
+    let mut files: Vec<String> = std::fs::read_dir(format!("{REPO}/{EXAMPLES}"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    let mut kinds = std::collections::BTreeSet::new();
+    for f in &files {
+        for d in example(f) {
+            let kind = d["kind"].as_str().unwrap_or("").to_string();
+            if kind == "Namespace" {
+                let name = d["metadata"]["name"].as_str().unwrap();
+                if cluster.kubectl(&["get", "namespace", name]).is_err() {
+                    cluster
+                        .kubectl(&["create", "namespace", name, "--save-config"])
+                        .unwrap();
+                }
+            }
+            kinds.insert(kind);
+        }
+    }
+    for f in &files {
+        let path = format!("{REPO}/{EXAMPLES}/{f}");
+        let out = cluster
+            .kubectl(&[
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-f",
+                &path,
+            ])
+            .unwrap_or_else(|e| panic!("{EXAMPLES}/{f} does not validate: {e}"));
+        assert!(out.contains("(server dry run)"), "{f}: {out}");
+    }
+    for k in [
+        "APIService",
+        "ConfigMap",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "Service",
+        "ClusterRole",
+        "RoleBinding",
+    ] {
+        assert!(kinds.contains(k), "the examples hold a {k}: {kinds:?}");
+    }
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An A10G pool shared by GPU memory (`aliyun.com/gpu-mem`: 22 whole GiB of the A10G's 22.5 a
+/// node): two 8 GiB replicas of `hpa-shared.yaml` to a node.
+const SHARED_POLICY: &str = "clusterName: e2e\nzones: [us-east-1a]\n\
+batching: {idle: 1s, max: 3s}\nmaxNodeProvisionTime: 2m\n\
+pools:\n- name: kwok-shared\n  provider: kwok\n  instanceTypes: [g5.xlarge]\n\
+\x20 capacityTypes: [on-demand]\n  maxNodes: 4\n  gpuMode: shared\n\
+\x20 taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n\
+\x20 scaleDown: {cooldownAfterScaleUp: 5s, unneededTime: 10s}\n";
+
+#[test]
+fn hpa_scales_shared_gpu_replicas_and_we_launch_a_node_only_when_the_shares_run_out() {
+    const SHARED_APP: &str = "triton-shared";
+    let mut env = hpa_env("hpa-shared");
+    env.create(&env.policy_configmap(SHARED_POLICY));
+    env.start_controller("r1", &[]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    let chain = start_chain(&env);
+    chain.exporter.set_load(NS, SHARED_APP, 0.15);
+    apply_list(&env, &example("hpa-shared.yaml"));
+    env.wait_for(
+        "the first replica to run on a node we launched",
+        3 * MIN,
+        || (replicas(&env, SHARED_APP).1 == 1).then_some(()),
+    );
+    let first = launched_nodes(&env, "kwok-shared");
+    assert_eq!(first.len(), 1);
+    let node = env.get_json(&["get", "node", &first[0]]);
+    assert_eq!(
+        node["status"]["capacity"]["aliyun.com/gpu-mem"], "22",
+        "{node}"
+    );
+    let m = env.wait_for(
+        "the HPA to read the replica's GPU utilisation through the adapter",
+        3 * MIN,
+        || hpa_metric(&env, SHARED_APP),
+    );
+    assert!((m - 15.0).abs() < 1.0, "15 %: {m}");
+
+    // Two GPUs' worth of work: 1 → 2 → 4 replicas; the second shares the first node's GPU, the
+    // third and fourth get one second node between them, and no third is launched.
+    chain.exporter.set_load(NS, SHARED_APP, 2.0);
+    env.wait_for("four replicas Running", 6 * MIN, || {
+        let nodes = launched_nodes(&env, "kwok-shared");
+        assert!(nodes.len() <= 2, "two 8 GiB replicas a node: {nodes:?}");
+        (replicas(&env, SHARED_APP) == (4, 4, 0) && nodes.len() == 2).then_some(())
+    });
+    let unschedulable = env.events("FailedScheduling");
+    assert!(
+        unschedulable
+            .iter()
+            .any(|e| e.starts_with(SHARED_APP) && e.contains("aliyun.com/gpu-mem")),
+        "{unschedulable:?}"
+    );
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(replicas(&env, SHARED_APP), (4, 4, 0));
+    assert_eq!(launched_nodes(&env, "kwok-shared").len(), 2);
+    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", "app=triton-shared"]);
+    let on_first = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["spec"]["nodeName"] == first[0].as_str())
+        .count();
+    assert_eq!(on_first, 2, "two replicas share the first node's GPU");
+}
