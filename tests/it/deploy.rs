@@ -1078,7 +1078,12 @@ fn the_overlay_of_ones_own_in_the_runbook_renders_as_it_says() {
         cm["data"]["policy.yaml"].as_str(),
         Some(own_policy.as_str())
     );
-    assert_eq!(r.all("ConfigMap").len(), 2, "the policy and the dashboard");
+    assert_eq!(
+        r.all("ConfigMap").len(),
+        3,
+        "the policy, the status and the dashboard"
+    );
+    r.one("ConfigMap", "gpu-node-autoscaler-status");
     r.one("ServiceMonitor", NAME);
     r.one("PrometheusRule", NAME);
 }

@@ -19,7 +19,7 @@ pub mod metrics;
 pub mod providers;
 pub mod store;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -323,6 +323,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         policy_apply_failed: None,
         policy_valid: false,
         providers: BTreeMap::new(),
+        orphan_pools: BTreeMap::new(),
         core: Autoscaler::new(gpu_node_autoscaler_core::autoscaler::Config {
             dry_run: args.dry_run,
             max_graceful_termination: args.max_graceful_termination,
@@ -402,6 +403,10 @@ struct Controller {
     policy_valid: bool,
     /// Provider per pool name.
     providers: BTreeMap<String, Arc<dyn CloudProvider>>,
+    /// Pools not in the policy whose instances of ours are listed too (orphans): the pools a
+    /// reload took out, those a Node's pool label or the last leader's status names. With the
+    /// provider that listed them last (`None`: not known yet, every provider lists them).
+    orphan_pools: BTreeMap<String, Option<Arc<dyn CloudProvider>>>,
     /// Every decision, and the state decisions depend on.
     core: Autoscaler,
     /// Running drains and rollbacks: node → task.
@@ -539,6 +544,13 @@ impl Controller {
         let json = cm
             .and_then(|c| c.data)
             .and_then(|d| d.get("status.json").cloned());
+        for pool in json
+            .as_deref()
+            .map(gpu_node_autoscaler_core::autoscaler::status::orphan_pools_of)
+            .unwrap_or_default()
+        {
+            self.orphan_pools.entry(pool).or_insert(None);
+        }
         self.core.restore(json.as_deref());
         info!("history restored from the status ConfigMap");
         true
@@ -568,6 +580,18 @@ impl Controller {
             Some(text) => match parse_policy_with(text, &file, &providers::policies())
                 .and_then(|p| self.check_against_catalog(p, &file))
             {
+                Ok((p, _))
+                    if self
+                        .core
+                        .policy()
+                        .is_some_and(|old| p.identity_change(old).is_some()) =>
+                {
+                    let old = self.core.policy().expect("checked");
+                    Err(format!(
+                        "{file}: {}",
+                        p.identity_change(old).unwrap_or_default()
+                    ))
+                }
                 Ok((p, file_catalog)) => match self.apply_policy(p, file_catalog).await {
                     Ok(warning) => Ok(warning),
                     Err(e) if self.policy_apply_failed.as_deref() == rv.as_deref() => {
@@ -765,7 +789,15 @@ impl Controller {
             _ => None,
         };
         self.queue = queue;
-        self.providers = providers;
+        // The pools taken out are orphans now: still listed, with the provider they had.
+        let old = std::mem::replace(&mut self.providers, providers);
+        for (pool, provider) in old {
+            if policy.pool(&pool).is_none() {
+                self.orphan_pools.insert(pool, Some(provider));
+            }
+        }
+        self.orphan_pools
+            .retain(|pool, _| policy.pool(pool).is_none());
         self.core.set_policy(Arc::new(policy), catalog);
         self.prices.read_at(wall_now());
         self.publish_prices();
@@ -916,8 +948,9 @@ impl Controller {
         }
     }
 
-    /// The cloud's instances of every pool.
-    async fn list_instances(&self) -> std::result::Result<Vec<Instance>, String> {
+    /// The cloud's instances of every pool, and of the pools not in the policy that may hold
+    /// orphans ([`Controller::orphan_pools`]).
+    async fn list_instances(&mut self) -> std::result::Result<Vec<Instance>, String> {
         let mut out: Vec<Instance> = Vec::new();
         for (pool, provider) in &self.providers {
             let listed = provider
@@ -926,7 +959,67 @@ impl Controller {
                 .map_err(|e| format!("listing the instances of pool {pool}: {e}"))?;
             out.extend(listed);
         }
+        // Pools Nodes are labelled with that the policy does not have.
+        let labelled: BTreeSet<String> = {
+            let s = self.state.lock().unwrap();
+            s.nodes
+                .items
+                .values()
+                .filter_map(|n| n.pool())
+                .filter(|p| !self.providers.contains_key(*p))
+                .map(str::to_string)
+                .collect()
+        };
+        for pool in labelled {
+            self.orphan_pools.entry(pool).or_insert(None);
+        }
+        // One provider per cloud, for orphan pools whose provider is not known.
+        let clouds: BTreeMap<String, Arc<dyn CloudProvider>> = self
+            .providers
+            .values()
+            .map(|p| (p.name().to_string(), p.clone()))
+            .collect();
+        let mut found: BTreeMap<String, Option<Arc<dyn CloudProvider>>> = BTreeMap::new();
+        for (pool, known) in &self.orphan_pools {
+            let candidates: Vec<Arc<dyn CloudProvider>> = match known {
+                Some(p) => vec![p.clone()],
+                None => clouds.values().cloned().collect(),
+            };
+            let mut listed_by = known.clone();
+            let mut any = false;
+            for provider in candidates {
+                let listed = provider.list(pool).await.map_err(|e| {
+                    format!("listing the instances of pool {pool} (not in the policy): {e}")
+                })?;
+                if !listed.is_empty() {
+                    any = true;
+                    listed_by = Some(provider.clone());
+                }
+                out.extend(listed);
+            }
+            // A pool with nothing of ours left and no Node is forgotten.
+            let labelled = {
+                let s = self.state.lock().unwrap();
+                s.nodes
+                    .items
+                    .values()
+                    .any(|n| n.pool() == Some(pool.as_str()))
+            };
+            if any || labelled {
+                found.insert(pool.clone(), listed_by);
+            }
+        }
+        self.orphan_pools = found;
         Ok(out)
+    }
+
+    /// The provider that launches, lists and terminates the instances of `pool` (also of a pool
+    /// no longer in the policy, by the provider that listed it).
+    fn provider_for(&self, pool: &str) -> Option<Arc<dyn CloudProvider>> {
+        self.providers
+            .get(pool)
+            .or_else(|| self.orphan_pools.get(pool).and_then(Option::as_ref))
+            .cloned()
     }
 
     async fn pass(&mut self) {
@@ -1090,7 +1183,7 @@ impl Controller {
                     why,
                 } => {
                     info!(instance = %instance_id, pool = %pool, "terminating: {why}");
-                    let result = match self.providers.get(&pool) {
+                    let result = match self.provider_for(&pool) {
                         Some(p) => p.terminate(&instance_id).await,
                         None => Err(ProviderError::InvalidRequest {
                             message: format!("no provider for pool {pool}"),
@@ -1112,7 +1205,7 @@ impl Controller {
                 }
                 Action::Drain(order) => {
                     let job = DrainJob {
-                        provider: self.providers.get(&order.pool).cloned(),
+                        provider: self.provider_for(&order.pool),
                         node: order.node.clone(),
                         pool: order.pool,
                         instance_id: order.instance_id,

@@ -17,6 +17,7 @@ pub mod batch;
 mod disruption;
 pub mod drain;
 pub mod fleet;
+pub mod orphans;
 pub mod replace;
 mod report;
 mod scale_up;
@@ -335,6 +336,8 @@ struct Pass {
     moved_from: HashMap<String, (String, crate::model::PodPhase)>,
     /// Pods moving off a replaced node whose launch failed in this pass → why.
     launch_failed: BTreeMap<String, String>,
+    /// Instances of ours of pools no longer in the policy, with their Nodes.
+    orphans: Vec<orphans::Orphan>,
     stage: Stage,
 }
 
@@ -352,6 +355,7 @@ pub struct Autoscaler {
     launches: Launches,
     fleet: FleetTracking,
     disruption: Disruptions,
+    orphan_state: orphans::OrphanState,
     reported: Reported,
     history: BTreeMap<String, PoolHistory>,
     /// History restored from the last leader's status (after a restart or a failover).
@@ -452,6 +456,7 @@ impl Autoscaler {
             launches: Launches::default(),
             fleet: FleetTracking::default(),
             disruption: Disruptions::default(),
+            orphan_state: orphans::OrphanState::default(),
             reported: Reported::default(),
             history: BTreeMap::new(),
             restored: false,
@@ -659,6 +664,11 @@ impl Autoscaler {
         let (Some(policy), Some(instances)) = (self.policy.clone(), obs.instances) else {
             return out;
         };
+        // Instances of pools no longer in the policy are no pool's: reported, never counted.
+        let (instances, orphans) = {
+            let index = NodeIndex::new(&obs.snapshot.nodes);
+            orphans::split(instances, &policy, &index, &obs.other_provider_ids)
+        };
         self.launches.ice.retain(|_, until| *until > now);
         self.fleet
             .given_up
@@ -679,7 +689,12 @@ impl Autoscaler {
         );
         self.learn_templates(&obs.snapshot.nodes, &mut out);
         let index = NodeIndex::new(&obs.snapshot.nodes);
-        let view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);
+        let mut view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);
+        // Their Nodes are ours: a drain finds their instance.
+        for o in orphans.iter().filter(|o| o.node.is_some()) {
+            view.instance_of_node
+                .insert(o.instance.provider_id.clone(), o.instance.id.clone());
+        }
         let regs = registrations(instances.iter(), &index, &policy.pools, &self.catalog);
         drop(index);
         let pod_index = if self.config.report {
@@ -705,6 +720,7 @@ impl Autoscaler {
             released: BTreeSet::new(),
             moved_from: HashMap::new(),
             launch_failed: BTreeMap::new(),
+            orphans,
             stage: Stage::Registering(BTreeMap::new()),
         };
         if !self.config.dry_run && !regs.is_empty() {
@@ -801,6 +817,7 @@ impl Autoscaler {
             self.report(&pass, &plan, out);
         }
         self.disrupt(&pass, &plan, out);
+        self.orphans(&pass, out);
         if self.config.report {
             self.publish(&pass, &plan, out);
         }

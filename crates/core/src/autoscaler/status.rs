@@ -57,6 +57,26 @@ pub struct Status {
     /// Nodes being replaced → why (`unhealthy: ...`, `interrupted: ...`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub replacing_nodes: BTreeMap<String, String>,
+    /// Instances of ours whose pool is no longer in the policy (`orphans`) → their pool and
+    /// Node. A new leader lists these pools too.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub orphans: BTreeMap<String, OrphanStatus>,
+}
+
+/// An instance of ours of a pool no longer in the policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OrphanStatus {
+    pub pool: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// The pools of the orphans a previous leader listed in `status.json`.
+pub fn orphan_pools_of(status_json: &str) -> std::collections::BTreeSet<String> {
+    serde_json::from_str::<Status>(status_json)
+        .map(|s| s.orphans.into_values().map(|o| o.pool).collect())
+        .unwrap_or_default()
 }
 
 /// What the controller remembers per pool for the status.
@@ -225,6 +245,7 @@ pub fn build(i: &StatusInput) -> Status {
             .iter()
             .map(|(n, r)| (n.clone(), format!("{}: {}", r.cause.as_str(), r.why)))
             .collect(),
+        orphans: BTreeMap::new(),
     }
 }
 
@@ -285,6 +306,19 @@ pub fn to_text(s: &Status) -> String {
         let _ = writeln!(out, "\nNodes seen unhealthy (within their grace period):");
         for (n, what) in &s.unhealthy_nodes {
             let _ = writeln!(out, "  {n}: {what}");
+        }
+    }
+    if !s.orphans.is_empty() {
+        let _ = writeln!(out, "\nOrphans (pool no longer in the policy):");
+        for (i, o) in &s.orphans {
+            let _ = writeln!(
+                out,
+                "  {i}: pool {}, {}",
+                o.pool,
+                o.node
+                    .as_deref()
+                    .map_or("no Node".into(), |n| format!("node {n}"))
+            );
         }
     }
     if !s.unavailable_offerings.is_empty() {

@@ -2314,3 +2314,153 @@ fn a_nomination_the_scheduler_cleared_still_keeps_the_pods_node_in_the_plan() {
         "{launched:?}"
     );
 }
+
+// ---- orphans: pools no longer in the policy ----
+
+/// [`POLICY`] and a second pool, `old`, that a reload takes out.
+const POLICY_WITH_OLD: &str = r#"
+zones: [us-east-1a, us-east-1b]
+maxNodeProvisionTime: 10m
+insufficientCapacityTtl: 5m
+pools:
+  - name: a10g
+    instanceTypes: [g5.xlarge, g5.12xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 20
+    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}
+  - name: old
+    instanceTypes: [g5.xlarge]
+    maxNodes: 4
+"#;
+
+fn policy_of(text: &str) -> Arc<crate::policy::Policy> {
+    Arc::new(parse_policy(text, "policy.yaml").unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// Pool `old` with a registered, idle node (`node-i-old-1`, instance `i-old-1`) and an instance
+/// without a Node (`i-old-2`), both launched long before; then a reload to `policy`.
+fn orphaned_pool(policy: &str) -> Run {
+    let mut run = Run::with_policy(Config::default(), POLICY_WITH_OLD);
+    for (id, with_node) in [("i-old-1", true), ("i-old-2", false)] {
+        let i = Instance {
+            id: id.into(),
+            provider_id: format!("aws:///us-east-1a/{id}"),
+            pool: "old".into(),
+            launch_id: "old-launch".into(),
+            offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
+            state: InstanceState::Running,
+            launched_at_ms: (T0 - secs(3600)).0,
+        };
+        if with_node {
+            let mut n = NodeBuilder::new(&format!("node-{id}"))
+                .pool("old", "g5.xlarge", "us-east-1a")
+                .label(labels::LAUNCH_ID, "old-launch")
+                .annotation(labels::GPUS_ADVERTISED, "true")
+                .cpu_milli(4000)
+                .memory_gib(16)
+                .gpus(1)
+                .created(T0 - secs(3500))
+                .build();
+            n.provider_id = Some(i.provider_id.clone());
+            run.nodes.push(n);
+        }
+        run.cloud.instances.push(i);
+    }
+    let catalog = run.core.catalog().clone();
+    run.core.set_policy(policy_of(policy), catalog);
+    run
+}
+
+#[test]
+fn orphan_nodes_and_instances_of_a_removed_pool_are_reported_once_and_kept() {
+    let mut run = orphaned_pool(POLICY);
+    // Too large for the orphan node (which the scheduler may use: it stays a node).
+    run.pods.push(gpu_pod("p", 4));
+    let first = run.pass(T0);
+    let reported = events(&first, "PoolOrphaned");
+    assert_eq!(reported.len(), 1, "{first:?}");
+    assert_eq!(reported[0].subject, Subject::Pool("old".into()));
+    assert!(
+        reported[0].message.contains("node-i-old-1") && reported[0].message.contains("keep"),
+        "{}",
+        reported[0].message
+    );
+    let st = status(&first).expect("a status");
+    assert_eq!(st.orphans.len(), 2, "{st:?}");
+    assert_eq!(st.orphans["i-old-1"].node.as_deref(), Some("node-i-old-1"));
+    assert_eq!(st.orphans["i-old-2"].pool, "old");
+    assert_eq!(
+        status::orphan_pools_of(&serde_json::to_string(st).unwrap()),
+        ["old".to_string()].into()
+    );
+    // Launches are for the policy's pools only.
+    let l = launches(&first);
+    assert!(l.iter().all(|r| r.pool == "a10g") && !l.is_empty(), "{l:?}");
+    // Past maxNodeProvisionTime and the pools' unneeded times: nothing is drained, terminated or
+    // given up, and the Event is not sent again.
+    let mut later = Vec::new();
+    for s in [60, 600, 1200, 2400] {
+        later.extend(run.pass(T0 + secs(s)));
+    }
+    assert!(events(&later, "PoolOrphaned").is_empty(), "{later:?}");
+    // (The pod's own launches never register here, and are given up as usual.)
+    assert!(
+        drains(&run.actions).is_empty(),
+        "{:?}",
+        drains(&run.actions)
+    );
+    let t = terminated(&run.actions);
+    assert!(!t.iter().any(|i| i.starts_with("i-old")), "{t:?}");
+    assert!(!run.actions.iter().any(|a| matches!(a,
+        Action::DeleteNode { node } if node == "node-i-old-1")));
+    assert!(!run.actions.iter().any(|a| matches!(a,
+        Action::Count(Count::FailedLaunch { pool, .. }) if pool == "old")));
+    assert!(launches(&run.actions).iter().all(|r| r.pool == "a10g"));
+}
+
+#[test]
+fn orphans_drain_drains_the_nodes_and_terminates_the_instances_without_one() {
+    let drain_policy = format!("orphans: drain\n{POLICY}");
+    let mut run = orphaned_pool(&drain_policy);
+    let actions = run.pass(T0);
+    let d = drains(&actions);
+    assert_eq!(d.len(), 1, "{actions:?}");
+    assert_eq!(d[0].node, "node-i-old-1");
+    assert_eq!(d[0].pool, "old");
+    assert_eq!(d[0].instance_id.as_deref(), Some("i-old-1"));
+    assert_eq!(d[0].kind, DrainKind::Voluntary);
+    assert_eq!(terminated(&actions), ["i-old-2"]);
+    assert!(events(&actions, "PoolOrphaned")[0]
+        .message
+        .contains("drain"));
+    // The drain runs; the terminated instance is asked for again only after a while.
+    let again = run.pass(T0 + secs(10));
+    assert!(
+        drains(&again).is_empty() && terminated(&again).is_empty(),
+        "{again:?}"
+    );
+    // A drain given back is tried again after the retry time, not at every pass.
+    run.core.drain_finished(
+        "node-i-old-1",
+        DrainOutcome::RolledBack("a pod cannot be moved".into()),
+        T0 + secs(20),
+    );
+    assert!(drains(&run.pass(T0 + secs(30))).is_empty());
+    let retried = run.pass(T0 + secs(20) + orphans::ORPHAN_RETRY);
+    assert_eq!(drains(&retried).len(), 1, "{retried:?}");
+}
+
+#[test]
+fn orphan_drains_stay_within_max_concurrent_drains() {
+    let drain_policy = format!("orphans: drain\nmaxConcurrentDrains: 1\n{POLICY}");
+    let mut run = orphaned_pool(&drain_policy);
+    let mut n2 = run.nodes[0].clone();
+    n2.name = "node-i-old-3".into();
+    n2.provider_id = Some("aws:///us-east-1a/i-old-3".into());
+    let mut i3 = run.cloud.instances[0].clone();
+    i3.id = "i-old-3".into();
+    i3.provider_id = "aws:///us-east-1a/i-old-3".into();
+    run.nodes.push(n2);
+    run.cloud.instances.push(i3);
+    assert_eq!(drains(&run.pass(T0)).len(), 1);
+}

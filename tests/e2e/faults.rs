@@ -1,0 +1,108 @@
+//! Faults and operator mistakes that must lose no work and leave nothing running unmanaged:
+//! a pool taken out of the policy by a reload (its nodes and instances are orphans), a change of
+//! the cluster's name refused on reload.
+
+use std::time::Duration;
+
+use crate::support::{gpu_pod, Env, Options};
+
+const MIN: Duration = Duration::from_secs(60);
+
+fn no_labels() -> std::collections::BTreeMap<&'static str, &'static str> {
+    std::collections::BTreeMap::new()
+}
+
+/// Seconds of the last pass, as the leader exports it.
+fn last_pass(env: &Env) -> f64 {
+    env.metric("r1", "gpu_node_autoscaler_last_pass_timestamp_seconds ")
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn orphan_pool_removed_by_a_reload_is_kept_and_reported_then_drained_with_orphans_drain() {
+    let mut env = Env::start("orphans", Options::default());
+    let policy = env.policy(&["us-east-1a"], "");
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    // A node of pool a10g, idle once its pod has finished.
+    env.create(&gpu_pod("default", "short", &no_labels(), Some("5s")));
+    let node = env.wait_for("the pod to run on a node of a10g", 3 * MIN, || {
+        let v = env.get_json(&["get", "pod", "-n", "default", "short"]);
+        v["spec"]["nodeName"].as_str().map(str::to_string)
+    });
+    let instance = env.wait_for("the instance", MIN, || env.live_instances().pop());
+    env.wait_for("the pod to finish", 2 * MIN, || {
+        (env.pod_phase("default", "short") == "Succeeded").then_some(())
+    });
+
+    // The pool is renamed by a reload: its node and instance are orphans, kept and reported.
+    let renamed = policy.replace("- name: a10g", "- name: l4");
+    assert_ne!(renamed, policy);
+    env.apply(&env.policy_configmap(&renamed));
+    let event = env.wait_for("a PoolOrphaned Event", MIN, || {
+        env.events("PoolOrphaned").pop()
+    });
+    assert!(
+        event.contains(&node) && event.contains("orphans: keep"),
+        "{event}"
+    );
+    let status = env.wait_for("the status to list the orphan", MIN, || {
+        let s = env.status_json();
+        s["orphans"][&instance.0].is_object().then_some(s)
+    });
+    assert_eq!(status["orphans"][&instance.0]["pool"], "a10g", "{status}");
+    assert_eq!(
+        status["orphans"][&instance.0]["node"],
+        node.as_str(),
+        "{status}"
+    );
+    assert!(
+        status["pools"]
+            .as_array()
+            .is_some_and(|p| p.iter().all(|p| p["name"] != "a10g")),
+        "{status}"
+    );
+    // Well past the old pool's unneeded time (5 s) and several passes: still there.
+    let from = last_pass(&env);
+    env.wait_for("five passes", 2 * MIN, || {
+        (last_pass(&env) >= from + 10.0).then_some(())
+    });
+    assert_eq!(env.live_instances().len(), 1, "the orphan was terminated");
+    assert!(env.get_json(&["get", "nodes"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n["metadata"]["name"] == node.as_str()));
+    assert_eq!(env.events("PoolOrphaned").len(), 1, "reported once");
+
+    // A new clusterName would lose them: refused, the last good policy stays in force.
+    env.apply(&env.policy_configmap(&renamed.replace("clusterName: e2e", "clusterName: e2e-2")));
+    let refused = env.wait_for("the clusterName change refused", MIN, || {
+        env.events("PolicyInvalid")
+            .into_iter()
+            .find(|e| e.contains("clusterName changed"))
+    });
+    assert!(
+        refused.contains("the last good policy stays in force"),
+        "{refused}"
+    );
+
+    // With `orphans: drain` the node is drained and removed, and its instance terminated.
+    env.apply(&env.policy_configmap(&format!("orphans: drain\n{renamed}")));
+    env.wait_for("the orphan instance to be terminated", 3 * MIN, || {
+        env.live_instances().is_empty().then_some(())
+    });
+    env.wait_for("the orphan node to be deleted", MIN, || {
+        env.get_json(&["get", "nodes"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["metadata"]["name"] != node.as_str())
+            .then_some(())
+    });
+    assert!(
+        env.events("ScaleDown").iter().any(|e| e.starts_with(&node)),
+        "{:?}",
+        env.events("ScaleDown")
+    );
+}
