@@ -2464,3 +2464,78 @@ fn orphan_drains_stay_within_max_concurrent_drains() {
     run.cloud.instances.push(i3);
     assert_eq!(drains(&run.pass(T0)).len(), 1);
 }
+
+// ---- a Node re-created for a running instance ----
+
+/// An instance of pool a10g launched an hour before T0.
+fn old_instance(run: &mut Run, id: &str) {
+    run.cloud.instances.push(Instance {
+        id: id.into(),
+        provider_id: format!("aws:///us-east-1a/{id}"),
+        pool: "a10g".into(),
+        launch_id: "before".into(),
+        offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
+        state: InstanceState::Running,
+        launched_at_ms: (T0 - secs(3600)).0,
+    });
+}
+
+/// The Node its kubelet registers again: no GPUs advertised yet, none of our annotations.
+fn recreated_node(instance_id: &str, created: Time) -> Node {
+    let mut n = NodeBuilder::new(&format!("node-{instance_id}"))
+        .pool("a10g", "g5.xlarge", "us-east-1a")
+        .cpu_milli(4000)
+        .memory_gib(16)
+        .gpus(0)
+        .created(created)
+        .build();
+    n.provider_id = Some(format!("aws:///us-east-1a/{instance_id}"));
+    n
+}
+
+fn removed_without_drain(run: &Run, instance_id: &str) -> bool {
+    let node = format!("node-{instance_id}");
+    run.actions.iter().any(|a| {
+        matches!(a, Action::Terminate { instance_id: i, .. } if i == instance_id)
+            || matches!(a, Action::DeleteNode { node: n } if *n == node)
+    })
+}
+
+#[test]
+fn a_recreated_node_of_a_running_instance_is_not_terminated_while_its_gpus_come_up() {
+    let mut run = Run::new(Config::default());
+    old_instance(&mut run, "i-r");
+    run.register("i-r", 1, T0 - secs(3500));
+    run.pass(T0);
+    // The Node is deleted (by hand, or by a node lifecycle controller) and its kubelet
+    // registers it again, as a new Node whose device plugin has not started yet.
+    run.nodes.clear();
+    run.pass(T0 + secs(60));
+    run.nodes.push(recreated_node("i-r", T0 + secs(90)));
+    for s in [120, 180, 300, 500] {
+        run.pass(T0 + secs(s));
+    }
+    assert!(
+        !removed_without_drain(&run, "i-r"),
+        "the instance of a re-created Node was removed: {:?}",
+        run.actions
+    );
+    // Its GPUs come up: registered and kept for good.
+    run.nodes[0].allocatable.gpu = 1;
+    run.pass(T0 + secs(600));
+    run.pass(T0 + secs(3600));
+    assert!(!removed_without_drain(&run, "i-r"), "{:?}", run.actions);
+}
+
+#[test]
+fn a_recreated_node_seen_first_by_a_new_leader_waits_from_its_creation() {
+    let mut run = Run::new(Config::default());
+    old_instance(&mut run, "i-r");
+    run.nodes.push(recreated_node("i-r", T0 - secs(30)));
+    run.pass(T0);
+    run.pass(T0 + secs(500));
+    assert!(!removed_without_drain(&run, "i-r"), "{:?}", run.actions);
+    // A Node that never advertises its GPUs is still given up, counted from its creation.
+    run.pass(T0 + secs(600));
+    assert_eq!(terminated(&run.actions), ["i-r"]);
+}
