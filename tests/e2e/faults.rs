@@ -1,6 +1,6 @@
 //! Faults and operator mistakes that must lose no work and leave nothing running unmanaged:
 //! a pool taken out of the policy by a reload (its nodes and instances are orphans), a change of
-//! the cluster's name refused on reload.
+//! the cluster's name refused on reload, a cloud that stops answering (the loop stays alive).
 
 use std::time::Duration;
 
@@ -105,4 +105,61 @@ fn orphan_pool_removed_by_a_reload_is_kept_and_reported_then_drained_with_orphan
         "{:?}",
         env.events("ScaleDown")
     );
+}
+
+#[test]
+fn stall_a_cloud_listing_that_does_not_answer_is_given_up_and_the_loop_stays_alive() {
+    let mut env = Env::start(
+        "stall",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &[]);
+    env.wait_for("a first pass", 2 * MIN, || {
+        (last_pass(&env) > 0.0).then_some(())
+    });
+    // The next listing is held far longer than the liveness probe allows (60 s) and than the
+    // SDK's own attempt time-out (60 s).
+    let held = Duration::from_secs(120);
+    env.proxy
+        .as_ref()
+        .unwrap()
+        .hold_next("DescribeInstances", held);
+    let timeouts = |env: &Env| {
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_cloud_requests_total{provider=\"aws\",operation=\"list\",result=\"timeout\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    // Polled while the call is held: the process stays alive throughout.
+    let started = std::time::Instant::now();
+    let mut timed_out = false;
+    while started.elapsed() < Duration::from_secs(75) {
+        assert_eq!(
+            env.http_get("r1", "/healthz").map(|r| r.0),
+            Some(200),
+            "the loop stood still while the cloud did not answer:\n{}",
+            env.log("r1")
+        );
+        timed_out |= timeouts(&env) >= 1.0;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(timed_out, "no listing was given up:\n{}", env.log("r1"));
+    let event = env.wait_for("a CloudCallTimedOut Event", MIN, || {
+        env.events("CloudCallTimedOut").pop()
+    });
+    assert!(
+        event.contains("list") && event.contains("did not answer within"),
+        "{event}"
+    );
+    // Passes go on once the cloud answers: a pod still gets its node.
+    env.create(&gpu_pod("default", "after-stall", &no_labels(), None));
+    env.wait_for("the pod to run", 3 * MIN, || {
+        (env.pod_phase("default", "after-stall") == "Running").then_some(())
+    });
+    assert_eq!(env.live_instances().len(), 1, "one launch");
 }

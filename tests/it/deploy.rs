@@ -1612,7 +1612,7 @@ fn the_alerts_and_the_dashboard_read_metrics_the_controller_exports() {
             cause: "unhealthy".into(),
         })
         .inc();
-    m.cloud_call("aws", "launch", std::time::Duration::from_millis(120), true);
+    m.cloud_call("aws", "launch", std::time::Duration::from_millis(120), "ok");
     let exported = exported_metrics(&m.encode());
 
     let monitoring = kustomize(&deploy_dir().join("overlays/monitoring"));

@@ -223,7 +223,17 @@ async fn run_async(args: RunArgs) -> Result<()> {
     // Retries are ours (jittered back-off, PDB refusals retried until the drain deadline): the
     // client's own would hold a refused eviction for minutes.
     config.default_retry = false;
+    // Explicit time-outs, so that an API server that accepts a connection and answers nothing
+    // fails a call instead of holding the loop. Watches get no read time-out (a quiet watch is
+    // idle for minutes; the watcher's own idle time-out protects them): their own client.
+    config.connect_timeout = Some(KUBE_CONNECT_TIMEOUT);
+    config.write_timeout = Some(KUBE_CALL_TIMEOUT);
+    let watch_config = config.clone();
+    config.read_timeout = Some(KUBE_CALL_TIMEOUT);
+    config.reset_reader_on_write = true;
     let client = Client::try_from(config).context("building the Kubernetes client")?;
+    let watch_client =
+        Client::try_from(watch_config).context("building the Kubernetes client for watches")?;
     let cluster_id = kube_io::cluster_identity(&client).await.context(
         "reading the UID of the kube-system Namespace (the cluster's identity, tagged on every \
          instance and required to terminate one; deploy/base/rbac.yaml grants `get` on it)",
@@ -238,25 +248,25 @@ async fn run_async(args: RunArgs) -> Result<()> {
     let pods_cfg =
         watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
     tokio::spawn(kube_io::watch_into(
-        Api::<K8sPod>::all(client.clone()),
+        Api::<K8sPod>::all(watch_client.clone()),
         pods_cfg,
         Kind::Pod,
         state.clone(),
     ));
     tokio::spawn(kube_io::watch_into(
-        Api::<K8sNode>::all(client.clone()),
+        Api::<K8sNode>::all(watch_client.clone()),
         watcher::Config::default(),
         Kind::Node,
         state.clone(),
     ));
     tokio::spawn(kube_io::watch_into(
-        Api::<PodDisruptionBudget>::all(client.clone()),
+        Api::<PodDisruptionBudget>::all(watch_client.clone()),
         watcher::Config::default(),
         Kind::Pdb,
         state.clone(),
     ));
     tokio::spawn(kube_io::watch_into(
-        Api::<ConfigMap>::namespaced(client.clone(), &policy_ns),
+        Api::<ConfigMap>::namespaced(watch_client.clone(), &policy_ns),
         watcher::Config::default().fields(&format!("metadata.name={policy_name}")),
         Kind::PolicyConfigMap,
         state.clone(),
@@ -268,7 +278,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         .await
         .context("asking the API server whether it serves resource.k8s.io/v1")?
     {
-        for (kind, api) in kube_io::dra_apis(&client) {
+        for (kind, api) in kube_io::dra_apis(&watch_client) {
             tokio::spawn(kube_io::watch_into(
                 api,
                 watcher::Config::default(),
@@ -324,6 +334,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         policy_valid: false,
         providers: BTreeMap::new(),
         orphan_pools: BTreeMap::new(),
+        listing_stalled: false,
         core: Autoscaler::new(gpu_node_autoscaler_core::autoscaler::Config {
             dry_run: args.dry_run,
             max_graceful_termination: args.max_graceful_termination,
@@ -407,6 +418,8 @@ struct Controller {
     /// reload took out, those a Node's pool label or the last leader's status names. With the
     /// provider that listed them last (`None`: not known yet, every provider lists them).
     orphan_pools: BTreeMap<String, Option<Arc<dyn CloudProvider>>>,
+    /// The last listing of the cloud timed out (reported once per stretch).
+    listing_stalled: bool,
     /// Every decision, and the state decisions depend on.
     core: Autoscaler,
     /// Running drains and rollbacks: node → task.
@@ -447,6 +460,11 @@ struct Waiting {
 /// is restarted (the next leader finds the instances by their tags). Longer than any cloud
 /// call's own time-outs (an ESS scaling activity is awaited for up to 300 s).
 const LAUNCH_STUCK_AFTER: Duration = Duration::from_secs(900);
+
+/// How long connecting to the API server may take.
+const KUBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an API call (not a watch) may wait for its request to be written and for its answer.
+const KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The most nomination patches in flight at once in a pass, so that a burst of pending pods does
 /// not open hundreds of requests to the API server together.
@@ -952,12 +970,17 @@ impl Controller {
     /// orphans ([`Controller::orphan_pools`]).
     async fn list_instances(&mut self) -> std::result::Result<Vec<Instance>, String> {
         let mut out: Vec<Instance> = Vec::new();
-        for (pool, provider) in &self.providers {
-            let listed = provider
-                .list(pool)
-                .await
-                .map_err(|e| format!("listing the instances of pool {pool}: {e}"))?;
-            out.extend(listed);
+        // Pool by pool together: a slow cloud costs one call's time-out, not one per pool.
+        let listings =
+            futures::future::join_all(self.providers.iter().map(|(pool, provider)| async move {
+                provider
+                    .list(pool)
+                    .await
+                    .map_err(|e| format!("listing the instances of pool {pool}: {e}"))
+            }))
+            .await;
+        for listed in listings {
+            out.extend(listed?);
         }
         // Pools Nodes are labelled with that the policy does not have.
         let labelled: BTreeSet<String> = {
@@ -1036,11 +1059,28 @@ impl Controller {
         self.refresh_prices().await;
         let instances = if self.core.policy().is_some() {
             match self.list_instances().await {
-                Ok(i) => Some(Arc::new(i)),
+                Ok(i) => {
+                    self.listing_stalled = false;
+                    Some(Arc::new(i))
+                }
                 Err(e) => {
                     // Without the cloud's view, in-flight capacity is unknown: deciding now
                     // could launch twice. Try again on the next pass.
                     warn!("{e}; only expired drains are given back in this pass");
+                    let stalled = e.contains(instrumented::TIMED_OUT);
+                    if stalled && !self.listing_stalled {
+                        self.events.send(KubeNote {
+                            object: self.policy_ref(),
+                            warning: true,
+                            reason: "CloudCallTimedOut",
+                            action: "List",
+                            message: format!(
+                                "{e}; passes go on, launching and removing nothing until the \
+                                 cloud answers again"
+                            ),
+                        });
+                    }
+                    self.listing_stalled = stalled;
                     None
                 }
             }
