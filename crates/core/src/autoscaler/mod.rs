@@ -497,13 +497,26 @@ impl Autoscaler {
         !self.restored
     }
 
-    /// Restores cooldowns, back-offs and given-up launches from the status the last leader
-    /// wrote (`status.json`; `None` when there is none).
+    /// Restores cooldowns, back-offs, given-up launches and launches the cloud did not list yet
+    /// from the status the last leader wrote (`status.json`; `None` when there is none).
     pub fn restore(&mut self, status_json: Option<&str>) {
         self.restored = true;
         let Some(json) = status_json else { return };
         for (id, at) in status::given_up_of(json) {
             self.fleet.given_up.entry(id).or_insert(at);
+        }
+        // Launched by the last leader, not listed yet: in flight from their launch, for as long
+        // as this process would remember its own.
+        for i in status::launched_unlisted_of(json) {
+            let at = Time(i.launched_at_ms);
+            self.fleet
+                .recent
+                .entry(i.id.clone())
+                .or_insert_with(|| (i.clone(), at));
+            self.fleet
+                .seen
+                .entry(i.id.clone())
+                .or_insert_with(|| i.launch_id.clone());
         }
         for (pool, h) in status::history_of(json) {
             let mine = self.history.entry(pool).or_default();

@@ -98,6 +98,12 @@ impl Autoscaler {
             replacements: &self.disruption.replace,
         });
         st.orphans = Self::orphan_status(pass);
+        st.launched_unlisted = self
+            .fleet
+            .recent
+            .iter()
+            .map(|(id, (i, _))| (id.clone(), status::LaunchedStatus::of(i)))
+            .collect();
         let mut timeless = st.clone();
         timeless.time.clear();
         let key = serde_json::to_string(&timeless).unwrap_or_default();

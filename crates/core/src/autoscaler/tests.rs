@@ -54,6 +54,8 @@ struct Cloud {
     fail_next: Vec<ProviderError>,
     /// Terminations fail with this (an IAM condition that denies them), leaving the instance.
     terminate_fails: Option<ProviderError>,
+    /// Instances younger than this are not listed yet (an eventually consistent listing).
+    listing_lag: Option<Duration>,
     next_id: u32,
 }
 
@@ -175,7 +177,17 @@ impl Run {
                 nodes: self.nodes.clone(),
                 ..Default::default()
             },
-            instances: Some(Arc::new(self.cloud.live())),
+            instances: Some(Arc::new(
+                self.cloud
+                    .live()
+                    .into_iter()
+                    .filter(|i| {
+                        self.cloud
+                            .listing_lag
+                            .is_none_or(|lag| Time(i.launched_at_ms) + lag <= now)
+                    })
+                    .collect(),
+            )),
             other_provider_ids: Vec::new(),
             policy_valid: true,
             notices: Vec::new(),
@@ -796,8 +808,17 @@ fn a_new_leader_keeps_the_last_ones_cooldowns_and_given_up_launches() {
     let first = launches(&a.pass(T0))[0].clone();
     let actions = a.pass(T0 + secs(600));
     assert_eq!(launches(&actions).len(), 1);
-    let json = serde_json::to_string(status(&actions).unwrap()).unwrap();
+    let written = status(&actions).unwrap().clone();
+    let json = serde_json::to_string(&written).unwrap();
     assert!(json.contains(&first.launch_id));
+    // The relaunch is in flight, not listed yet: a new leader counts it (it launches nothing).
+    assert_eq!(written.launched_unlisted.len(), 1, "{written:?}");
+    // Without it (its launch failed), the new leader launches under a new id.
+    let json_no_flight = serde_json::to_string(&Status {
+        launched_unlisted: BTreeMap::new(),
+        ..written
+    })
+    .unwrap();
 
     // Leader B takes over a minute later, with an idle node of the pool unneeded for an hour.
     let new_leader = |history: Option<&str>| {
@@ -820,7 +841,9 @@ fn a_new_leader_keeps_the_last_ones_cooldowns_and_given_up_launches() {
         b.pods.push(zonal());
         b.pass(T0 + secs(660))
     };
-    let restored = new_leader(Some(&json));
+    let in_flight = new_leader(Some(&json));
+    assert!(launches(&in_flight).is_empty(), "{in_flight:?}");
+    let restored = new_leader(Some(&json_no_flight));
     assert!(
         drains(&restored).is_empty(),
         "within the 3 m cooldown of A's last scale-up"
@@ -2538,4 +2561,45 @@ fn a_recreated_node_seen_first_by_a_new_leader_waits_from_its_creation() {
     // A Node that never advertises its GPUs is still given up, counted from its creation.
     run.pass(T0 + secs(600));
     assert_eq!(terminated(&run.actions), ["i-r"]);
+}
+
+// ---- failover while the cloud's listing lags ----
+
+#[test]
+fn failover_while_the_listing_lags_launches_once_not_again_under_another_id() {
+    let mut a = Run::new(Config {
+        identity: "a".into(),
+        ..Config::default()
+    });
+    // The cloud lists an instance two minutes after its launch.
+    a.cloud.listing_lag = Some(secs(120));
+    a.pods.push(gpu_pod("p", 1));
+    let first = a.pass(T0);
+    assert_eq!(launches(&first).len(), 1);
+    let written = status(&first).expect("a status");
+    assert_eq!(written.launched_unlisted.len(), 1, "{written:?}");
+    let json = serde_json::to_string(written).unwrap();
+
+    // The leader dies; the other replica takes over with the same cloud and cluster, reads the
+    // status, and a second pod has arrived meanwhile: its plan (both pods) is not the first
+    // leader's, so a launch for `p` would carry another launch id.
+    let mut b = Run::new(Config {
+        identity: "b".into(),
+        ..Config::default()
+    });
+    b.core.leadership_lost(&[]);
+    b.core.restore(Some(&json));
+    b.cloud = std::mem::take(&mut a.cloud);
+    b.pods = a.pods.clone();
+    b.pods.push(gpu_pod("p2", 1));
+    assert!(b.observation(T0 + secs(20)).instances.unwrap().is_empty());
+    let second = b.pass(T0 + secs(20));
+    let l = launches(&second);
+    let launched: u32 = l.iter().map(|r| r.count).sum();
+    assert_eq!(launched, 1, "only p2's node: {l:?}");
+    assert_eq!(b.cloud.live().len(), 2, "p's node was launched twice");
+    // Once listed, the instance is the cloud's to show: nothing more is launched.
+    let third = b.pass(T0 + secs(200));
+    assert!(launches(&third).is_empty(), "{third:?}");
+    assert_eq!(b.cloud.live().len(), 2);
 }
