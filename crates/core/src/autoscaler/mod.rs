@@ -753,10 +753,13 @@ impl Autoscaler {
         for f in &feedback {
             if let Feedback::Terminated {
                 instance_id,
-                result: Err(e),
+                result,
             } = f
             {
-                self.give_up_terminate_failed(instance_id, e, &mut out);
+                match result {
+                    Ok(()) => self.give_up_terminated(instance_id, &mut out),
+                    Err(e) => self.give_up_terminate_failed(instance_id, e, &mut out),
+                }
             }
         }
         let Some(mut pass) = self.pass.take() else {

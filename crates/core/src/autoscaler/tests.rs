@@ -2603,3 +2603,39 @@ fn failover_while_the_listing_lags_launches_once_not_again_under_another_id() {
     assert!(launches(&third).is_empty(), "{third:?}");
     assert_eq!(b.cloud.live().len(), 2);
 }
+
+#[test]
+fn overrun_a_node_whose_instance_cannot_be_terminated_is_not_deleted_until_it_is() {
+    let mut run = Run::new(Config::default());
+    old_instance(&mut run, "i-n");
+    // Registered an hour ago, never advertised its GPUs; terminations are denied.
+    run.nodes.push(recreated_node("i-n", T0 - secs(3500)));
+    run.cloud.terminate_fails = Some(ProviderError::Other {
+        message: "UnauthorizedOperation".into(),
+    });
+    let deleted = |run: &Run| {
+        run.actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteNode { node } if node == "node-i-n"))
+    };
+    run.pass(T0); // registers it in its pool
+    let first = run.pass(T0 + secs(10));
+    assert_eq!(terminated(&first), ["i-n"], "given up: {first:?}");
+    // Retried with back-off, never deleting the Node of an instance still running.
+    for m in 1..20 {
+        run.pass(T0 + secs(60 * m));
+    }
+    assert!(terminated(&run.actions).len() > 1);
+    assert!(!deleted(&run), "{:?}", run.actions);
+    // The cloud accepts the termination: the Node goes with it, once.
+    run.cloud.terminate_fails = None;
+    for m in 20..40 {
+        run.pass(T0 + secs(60 * m));
+    }
+    let deletes = run
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::DeleteNode { node } if node == "node-i-n"))
+        .count();
+    assert_eq!(deletes, 1, "{:?}", run.actions);
+}

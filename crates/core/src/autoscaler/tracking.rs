@@ -24,6 +24,10 @@ const TERMINATE_RETRY_MAX: Duration = Duration::from_secs(600);
 #[derive(Clone, Debug)]
 pub(in crate::autoscaler) struct Terminating {
     pool: String,
+    /// Its Node (registered, never advertised GPUs): deleted once the cloud has accepted the
+    /// termination, never before (a Node deleted for an instance still running would leave it
+    /// unseen).
+    node: Option<String>,
     /// Terminations of it that failed, in a row.
     failures: u32,
     /// No new termination before then (the cloud may take a while to list it as gone).
@@ -205,20 +209,19 @@ impl Autoscaler {
                         i.id, i.launch_id, t.failures
                     ),
                 });
+                t.node = o.node.clone();
                 out.push(Action::Terminate {
                     pool: i.pool.clone(),
                     instance_id: i.id.clone(),
                     why,
                 });
-                if let Some(n) = &o.node {
-                    out.push(Action::DeleteNode { node: n.clone() });
-                }
                 continue;
             }
             self.fleet.terminating.insert(
                 i.id.clone(),
                 Terminating {
                     pool: i.pool.clone(),
+                    node: o.node.clone(),
                     failures: 0,
                     retry_at: terminate_retry_at(now, 0),
                 },
@@ -249,15 +252,34 @@ impl Autoscaler {
                 why: why.clone(),
             });
             if let Some(n) = &o.node {
-                out.push(Action::DeleteNode { node: n.clone() });
                 out.push(Action::Event(Note {
                     subject: Subject::Node(n.clone()),
                     warning: true,
                     reason: "ScaleDown",
                     action: "GiveUp",
-                    message: format!("instance {} removed: {why}", i.id),
+                    message: format!(
+                        "instance {} given up: {why}; it is terminated, and the Node deleted \
+                         once the cloud has accepted the termination",
+                        i.id
+                    ),
                 }));
             }
+        }
+    }
+
+    /// The termination of an instance given up was accepted: its Node, if it has one, goes now.
+    pub(in crate::autoscaler) fn give_up_terminated(
+        &mut self,
+        instance_id: &str,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(node) = self
+            .fleet
+            .terminating
+            .get_mut(instance_id)
+            .and_then(|t| t.node.take())
+        {
+            out.push(Action::DeleteNode { node });
         }
     }
 
