@@ -163,3 +163,84 @@ fn stall_a_cloud_listing_that_does_not_answer_is_given_up_and_the_loop_stays_ali
     });
     assert_eq!(env.live_instances().len(), 1, "one launch");
 }
+
+#[test]
+fn interrupt_drain_of_a_node_with_no_known_instance_evicts_its_pods_and_keeps_it_cordoned() {
+    let mut env = Env::start("unknown-instance", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    // A Node of pool a10g being replaced for an interruption when the last leader stopped (its
+    // taints and drain start say so), whose providerID names no instance of ours.
+    let started = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap();
+    env.create(&format!(
+        r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: gone-gpu
+  labels:
+    gpu-node-autoscaler.io/pool: a10g
+    node.kubernetes.io/instance-type: g5.xlarge
+    topology.kubernetes.io/zone: us-east-1a
+    kubernetes.io/hostname: gone-gpu
+  annotations:
+    kwok.x-k8s.io/node: fake
+    gpu-node-autoscaler.io/drain-started: "{started}"
+spec:
+  providerID: aws:///us-east-1a/i-0123456789abcdef0
+  unschedulable: true
+  taints:
+  - {{key: gpu-node-autoscaler.io/replacing, value: interrupted, effect: NoSchedule}}
+  - {{key: gpu-node-autoscaler.io/to-be-deleted, value: "1", effect: NoSchedule}}
+status:
+  allocatable: {{cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}}
+  capacity: {{cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}}
+  conditions:
+  - {{type: Ready, status: "True"}}
+"#
+    ));
+    // A bare pod with an emptyDir on it: a voluntary drain would keep the node for it.
+    env.create(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: stranded, namespace: default}
+spec:
+  nodeName: gone-gpu
+  terminationGracePeriodSeconds: 1
+  tolerations:
+  - {operator: Exists}
+  containers:
+  - name: main
+    image: cuda:12
+    resources: {requests: {cpu: "1", memory: 1Gi}}
+    volumeMounts: [{name: shm, mountPath: /dev/shm}]
+  volumes: [{name: shm, emptyDir: {medium: Memory}}]
+"#,
+    );
+    env.wait_for("the pod to run", MIN, || {
+        (env.pod_phase("default", "stranded") == "Running").then_some(())
+    });
+    env.start_controller("r1", &[]);
+    let event = env.wait_for("an InstanceUnknown Event", 2 * MIN, || {
+        env.events("InstanceUnknown").pop()
+    });
+    assert!(event.starts_with("gone-gpu: "), "{event}");
+    env.wait_for("the pod to be evicted", MIN, || {
+        let out = env.kubectl(&["get", "pod", "-n", "default", "stranded"]);
+        (!out.status.success()).then_some(())
+    });
+    // Not given back: still cordoned and tainted, not deleted.
+    let n = env.get_json(&["get", "node", "gone-gpu"]);
+    assert_eq!(n["spec"]["unschedulable"], true, "{n}");
+    assert!(
+        n["spec"]["taints"]
+            .to_string()
+            .contains("gpu-node-autoscaler.io/to-be-deleted"),
+        "{n}"
+    );
+    assert!(env.events("ScaleDownFailed").is_empty());
+}
