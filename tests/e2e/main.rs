@@ -9,6 +9,7 @@ mod alibaba;
 mod anchors;
 mod cluster;
 mod dra;
+mod faults;
 mod helm;
 mod hpa;
 mod kube_proxy;

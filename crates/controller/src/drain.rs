@@ -240,15 +240,19 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
     if !ctx.elector.is_leader() {
         return DrainOutcome::Abandoned;
     }
-    let (Some(provider), Some(instance_id)) = (job.provider.clone(), job.instance_id.clone())
-    else {
-        // Deleting the Node without terminating its instance would leave it running unseen.
-        let why = format!(
-            "no cloud instance known for the node (pool {:?} has no provider, or its providerID \
-             names no instance of ours)",
-            job.pool
-        );
-        return give_back(&ctx, &job.node, why).await;
+    let unknown = format!(
+        "no cloud instance known for the node (pool {:?} has no provider, or its providerID \
+         names no instance of ours)",
+        job.pool
+    );
+    let instance = match (job.provider.clone(), job.instance_id.clone()) {
+        (Some(provider), Some(instance_id)) => Some((provider, instance_id)),
+        // Deleting the Node without terminating its instance would leave it running unseen: a
+        // voluntary drain gives the node back. A forced one still evicts its pods (the node is
+        // broken or being taken back: they must move, with their grace periods) and leaves the
+        // node cordoned below.
+        _ if job.kind == DrainKind::Voluntary => return give_back(&ctx, &job.node, unknown).await,
+        _ => None,
     };
     let started = wall_now();
     if let Err(e) = kube_io::modify_node(&api, &job.node, |n| mark(n, started)).await {
@@ -407,6 +411,22 @@ pub async fn drain(ctx: Arc<DrainContext>, job: DrainJob) -> DrainOutcome {
     if !ctx.elector.is_leader() {
         return DrainOutcome::Abandoned;
     }
+    let Some((provider, instance_id)) = instance else {
+        let message = format!(
+            "{} was drained ({}), but {unknown}: it is left cordoned and tainted, neither \
+             terminated nor deleted; delete the Node once its machine is gone",
+            job.node, job.reason
+        );
+        warn!(node = %job.node, "{message}");
+        ctx.events.send(Note {
+            object: node_ref(&job.node),
+            warning: true,
+            reason: "InstanceUnknown",
+            action: "Drain",
+            message,
+        });
+        return DrainOutcome::Failed(unknown);
+    };
     if let Err(e) = provider.terminate(&instance_id).await {
         return DrainOutcome::Failed(format!("terminating instance {instance_id}: {e}"));
     }

@@ -1,8 +1,11 @@
 //! A cloud provider whose every call is timed and counted (`cloud_request_duration_seconds`,
-//! `cloud_requests_total`), per provider and operation.
+//! `cloud_requests_total`), per provider and operation, and given up after an explicit time
+//! ([`CallTimeouts`]): a cloud that does not answer makes the call fail (`result="timeout"`), it
+//! does not hold the control loop until the liveness probe restarts the process.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gpu_node_autoscaler_provider::{
     Catalog, CloudProvider, Instance, LaunchRequest, LaunchResult, ProviderError,
@@ -10,19 +13,83 @@ use gpu_node_autoscaler_provider::{
 
 use crate::metrics::Metrics;
 
+/// How long each kind of call may take, retries within the provider included. Listing and
+/// terminating are awaited within a pass: well under the 60 s after which `/healthz` fails. A
+/// launch runs as a task the loop does not wait on, and an ESS scaling activity is awaited for
+/// up to 300 s; it is given up before the loop counts it stuck (15 minutes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallTimeouts {
+    pub list: Duration,
+    pub terminate: Duration,
+    pub catalog: Duration,
+    pub launch: Duration,
+}
+
+impl Default for CallTimeouts {
+    fn default() -> CallTimeouts {
+        CallTimeouts {
+            list: Duration::from_secs(20),
+            terminate: Duration::from_secs(20),
+            catalog: Duration::from_secs(30),
+            launch: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a call that timed out says (the controller reports calls whose error says so).
+pub const TIMED_OUT: &str = "did not answer within";
+
 pub struct Instrumented {
     inner: Arc<dyn CloudProvider>,
     metrics: Arc<Metrics>,
+    timeouts: CallTimeouts,
 }
 
 impl Instrumented {
     pub fn wrap(inner: Arc<dyn CloudProvider>, metrics: Arc<Metrics>) -> Arc<dyn CloudProvider> {
-        Arc::new(Instrumented { inner, metrics })
+        Instrumented::with_timeouts(inner, metrics, CallTimeouts::default())
     }
 
-    fn record<T>(&self, operation: &str, since: Instant, r: &Result<T, ProviderError>) {
+    pub fn with_timeouts(
+        inner: Arc<dyn CloudProvider>,
+        metrics: Arc<Metrics>,
+        timeouts: CallTimeouts,
+    ) -> Arc<dyn CloudProvider> {
+        Arc::new(Instrumented {
+            inner,
+            metrics,
+            timeouts,
+        })
+    }
+
+    /// Runs one call within `limit`, timed and counted.
+    async fn call<T>(
+        &self,
+        operation: &str,
+        limit: Duration,
+        f: impl Future<Output = Result<T, ProviderError>>,
+    ) -> Result<T, ProviderError> {
+        let t = Instant::now();
+        let (r, result) = match tokio::time::timeout(limit, f).await {
+            Ok(r) => {
+                let result = if r.is_ok() { "ok" } else { "error" };
+                (r, result)
+            }
+            Err(_) => (
+                Err(ProviderError::Other {
+                    message: format!(
+                        "{} {operation} {TIMED_OUT} {}s (given up; what the cloud did is found \
+                         again by the instances' tags)",
+                        self.inner.name(),
+                        limit.as_secs()
+                    ),
+                }),
+                "timeout",
+            ),
+        };
         self.metrics
-            .cloud_call(self.inner.name(), operation, since.elapsed(), r.is_ok());
+            .cloud_call(self.inner.name(), operation, t.elapsed(), result);
+        r
     }
 }
 
@@ -33,31 +100,27 @@ impl CloudProvider for Instrumented {
     }
 
     async fn catalog(&self) -> Result<Catalog, ProviderError> {
-        let t = Instant::now();
-        let r = self.inner.catalog().await;
-        self.record("catalog", t, &r);
-        r
+        self.call("catalog", self.timeouts.catalog, self.inner.catalog())
+            .await
     }
 
     async fn launch(&self, request: &LaunchRequest) -> Result<LaunchResult, ProviderError> {
-        let t = Instant::now();
-        let r = self.inner.launch(request).await;
-        self.record("launch", t, &r);
-        r
+        self.call("launch", self.timeouts.launch, self.inner.launch(request))
+            .await
     }
 
     async fn terminate(&self, instance_id: &str) -> Result<(), ProviderError> {
-        let t = Instant::now();
-        let r = self.inner.terminate(instance_id).await;
-        self.record("terminate", t, &r);
-        r
+        self.call(
+            "terminate",
+            self.timeouts.terminate,
+            self.inner.terminate(instance_id),
+        )
+        .await
     }
 
     async fn list(&self, pool: &str) -> Result<Vec<Instance>, ProviderError> {
-        let t = Instant::now();
-        let r = self.inner.list(pool).await;
-        self.record("list", t, &r);
-        r
+        self.call("list", self.timeouts.list, self.inner.list(pool))
+            .await
     }
 }
 
@@ -85,6 +148,57 @@ mod tests {
         }
         async fn list(&self, _: &str) -> Result<Vec<Instance>, ProviderError> {
             Ok(Vec::new())
+        }
+    }
+
+    /// A cloud whose listing never answers (an API endpoint that accepts the connection and says
+    /// nothing).
+    struct Stuck;
+
+    #[async_trait::async_trait]
+    impl CloudProvider for Stuck {
+        fn name(&self) -> &str {
+            "stuck"
+        }
+        async fn catalog(&self) -> Result<Catalog, ProviderError> {
+            Ok(Catalog::default())
+        }
+        async fn launch(&self, _: &LaunchRequest) -> Result<LaunchResult, ProviderError> {
+            Ok(LaunchResult::default())
+        }
+        async fn terminate(&self, _: &str) -> Result<(), ProviderError> {
+            std::future::pending().await
+        }
+        async fn list(&self, _: &str) -> Result<Vec<Instance>, ProviderError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn stall_a_cloud_call_that_never_answers_fails_after_its_timeout_and_is_counted() {
+        let metrics = Arc::new(Metrics::new());
+        let short = Duration::from_millis(50);
+        let timeouts = CallTimeouts {
+            list: short,
+            terminate: short,
+            catalog: short,
+            launch: short,
+        };
+        let p = Instrumented::with_timeouts(Arc::new(Stuck), metrics.clone(), timeouts);
+        let e = p.list("a10g").await.unwrap_err();
+        assert!(e.to_string().contains(TIMED_OUT), "{e}");
+        // Every default is explicit, and a listing gives up well before /healthz would fail.
+        let d = CallTimeouts::default();
+        assert!(d.list < Duration::from_secs(30) && d.terminate < Duration::from_secs(30));
+        assert!(p.terminate("i-1").await.is_err());
+        assert!(p.catalog().await.is_ok(), "an answer in time is kept");
+        let text = metrics.encode();
+        for line in [
+            r#"gpu_node_autoscaler_cloud_requests_total{provider="stuck",operation="list",result="timeout"} 1"#,
+            r#"gpu_node_autoscaler_cloud_requests_total{provider="stuck",operation="terminate",result="timeout"} 1"#,
+            r#"gpu_node_autoscaler_cloud_requests_total{provider="stuck",operation="catalog",result="ok"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
         }
     }
 

@@ -296,7 +296,8 @@ pub async fn delete_node(api: &Api<Node>, name: &str) -> Result<(), kube::Error>
     gone_is_done(api.delete(name, &DeleteParams::default()).await)
 }
 
-/// Creates or updates the status ConfigMap's data.
+/// Updates the status ConfigMap's data, creating the ConfigMap when it is missing (deploy/ ships
+/// it; its Role grants no `create`, so there a missing one is a clear error instead).
 pub async fn write_status(
     client: &Client,
     namespace: &str,
@@ -324,7 +325,18 @@ pub async fn write_status(
                 data: Some(data),
                 ..Default::default()
             };
-            api.create(&PostParams::default(), &cm).await.map(|_| ())
+            match api.create(&PostParams::default(), &cm).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(mut s)) if s.code == 403 => {
+                    s.message = format!(
+                        "the status ConfigMap {namespace}/{name} does not exist and may not be \
+                         created (apply deploy/: it ships it): {}",
+                        s.message
+                    );
+                    Err(kube::Error::Api(s))
+                }
+                Err(e) => Err(e),
+            }
         }
         Err(e) => Err(e),
     }

@@ -117,9 +117,19 @@ impl Elector {
                         now,
                     )),
                 };
+                // deploy/ ships the Lease; creating it is for clusters set up otherwise, and
+                // is refused with deploy/'s Role (which grants no `create`).
                 match self.api.create(&PostParams::default(), &lease).await {
                     Ok(_) => Ok(true),
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                    Err(kube::Error::Api(s)) if s.code == 403 => {
+                        warn!(
+                            lease = %self.name,
+                            "the Lease does not exist and may not be created: apply deploy/ \
+                             (it ships the Lease; the Role grants no create)"
+                        );
+                        Err(kube::Error::Api(s))
+                    }
                     Err(e) => Err(e),
                 }
             }

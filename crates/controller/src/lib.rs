@@ -19,7 +19,7 @@ pub mod metrics;
 pub mod providers;
 pub mod store;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -223,7 +223,17 @@ async fn run_async(args: RunArgs) -> Result<()> {
     // Retries are ours (jittered back-off, PDB refusals retried until the drain deadline): the
     // client's own would hold a refused eviction for minutes.
     config.default_retry = false;
+    // Explicit time-outs, so that an API server that accepts a connection and answers nothing
+    // fails a call instead of holding the loop. Watches get no read time-out (a quiet watch is
+    // idle for minutes; the watcher's own idle time-out protects them): their own client.
+    config.connect_timeout = Some(KUBE_CONNECT_TIMEOUT);
+    config.write_timeout = Some(KUBE_CALL_TIMEOUT);
+    let watch_config = config.clone();
+    config.read_timeout = Some(KUBE_CALL_TIMEOUT);
+    config.reset_reader_on_write = true;
     let client = Client::try_from(config).context("building the Kubernetes client")?;
+    let watch_client =
+        Client::try_from(watch_config).context("building the Kubernetes client for watches")?;
     let cluster_id = kube_io::cluster_identity(&client).await.context(
         "reading the UID of the kube-system Namespace (the cluster's identity, tagged on every \
          instance and required to terminate one; deploy/base/rbac.yaml grants `get` on it)",
@@ -238,25 +248,25 @@ async fn run_async(args: RunArgs) -> Result<()> {
     let pods_cfg =
         watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
     tokio::spawn(kube_io::watch_into(
-        Api::<K8sPod>::all(client.clone()),
+        Api::<K8sPod>::all(watch_client.clone()),
         pods_cfg,
         Kind::Pod,
         state.clone(),
     ));
     tokio::spawn(kube_io::watch_into(
-        Api::<K8sNode>::all(client.clone()),
+        Api::<K8sNode>::all(watch_client.clone()),
         watcher::Config::default(),
         Kind::Node,
         state.clone(),
     ));
     tokio::spawn(kube_io::watch_into(
-        Api::<PodDisruptionBudget>::all(client.clone()),
+        Api::<PodDisruptionBudget>::all(watch_client.clone()),
         watcher::Config::default(),
         Kind::Pdb,
         state.clone(),
     ));
     tokio::spawn(kube_io::watch_into(
-        Api::<ConfigMap>::namespaced(client.clone(), &policy_ns),
+        Api::<ConfigMap>::namespaced(watch_client.clone(), &policy_ns),
         watcher::Config::default().fields(&format!("metadata.name={policy_name}")),
         Kind::PolicyConfigMap,
         state.clone(),
@@ -288,7 +298,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         .await
         .context("asking the API server whether it serves resource.k8s.io/v1")?
     {
-        for (kind, api) in kube_io::dra_apis(&client) {
+        for (kind, api) in kube_io::dra_apis(&watch_client) {
             tokio::spawn(kube_io::watch_into(
                 api,
                 watcher::Config::default(),
@@ -343,6 +353,8 @@ async fn run_async(args: RunArgs) -> Result<()> {
         policy_apply_failed: None,
         policy_valid: false,
         providers: BTreeMap::new(),
+        orphan_pools: BTreeMap::new(),
+        listing_stalled: false,
         core: Autoscaler::new(gpu_node_autoscaler_core::autoscaler::Config {
             dry_run: args.dry_run,
             max_graceful_termination: args.max_graceful_termination,
@@ -422,6 +434,12 @@ struct Controller {
     policy_valid: bool,
     /// Provider per pool name.
     providers: BTreeMap<String, Arc<dyn CloudProvider>>,
+    /// Pools not in the policy whose instances of ours are listed too (orphans): the pools a
+    /// reload took out, those a Node's pool label or the last leader's status names. With the
+    /// provider that listed them last (`None`: not known yet, every provider lists them).
+    orphan_pools: BTreeMap<String, Option<Arc<dyn CloudProvider>>>,
+    /// The last listing of the cloud timed out (reported once per stretch).
+    listing_stalled: bool,
     /// Every decision, and the state decisions depend on.
     core: Autoscaler,
     /// Running drains and rollbacks: node → task.
@@ -462,6 +480,11 @@ struct Waiting {
 /// is restarted (the next leader finds the instances by their tags). Longer than any cloud
 /// call's own time-outs (an ESS scaling activity is awaited for up to 300 s).
 const LAUNCH_STUCK_AFTER: Duration = Duration::from_secs(900);
+
+/// How long connecting to the API server may take.
+const KUBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an API call (not a watch) may wait for its request to be written and for its answer.
+const KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The most nomination patches in flight at once in a pass, so that a burst of pending pods does
 /// not open hundreds of requests to the API server together.
@@ -559,6 +582,13 @@ impl Controller {
         let json = cm
             .and_then(|c| c.data)
             .and_then(|d| d.get("status.json").cloned());
+        for pool in json
+            .as_deref()
+            .map(gpu_node_autoscaler_core::autoscaler::status::orphan_pools_of)
+            .unwrap_or_default()
+        {
+            self.orphan_pools.entry(pool).or_insert(None);
+        }
         self.core.restore(json.as_deref());
         info!("history restored from the status ConfigMap");
         true
@@ -588,6 +618,18 @@ impl Controller {
             Some(text) => match parse_policy_with(text, &file, &providers::policies())
                 .and_then(|p| self.check_against_catalog(p, &file))
             {
+                Ok((p, _))
+                    if self
+                        .core
+                        .policy()
+                        .is_some_and(|old| p.identity_change(old).is_some()) =>
+                {
+                    let old = self.core.policy().expect("checked");
+                    Err(format!(
+                        "{file}: {}",
+                        p.identity_change(old).unwrap_or_default()
+                    ))
+                }
                 Ok((p, file_catalog)) => match self.apply_policy(p, file_catalog).await {
                     Ok(warning) => Ok(warning),
                     Err(e) if self.policy_apply_failed.as_deref() == rv.as_deref() => {
@@ -785,7 +827,15 @@ impl Controller {
             _ => None,
         };
         self.queue = queue;
-        self.providers = providers;
+        // The pools taken out are orphans now: still listed, with the provider they had.
+        let old = std::mem::replace(&mut self.providers, providers);
+        for (pool, provider) in old {
+            if policy.pool(&pool).is_none() {
+                self.orphan_pools.insert(pool, Some(provider));
+            }
+        }
+        self.orphan_pools
+            .retain(|pool, _| policy.pool(pool).is_none());
         self.core.set_policy(Arc::new(policy), catalog);
         self.prices.read_at(wall_now());
         self.publish_prices();
@@ -936,17 +986,83 @@ impl Controller {
         }
     }
 
-    /// The cloud's instances of every pool.
-    async fn list_instances(&self) -> std::result::Result<Vec<Instance>, String> {
+    /// The cloud's instances of every pool, and of the pools not in the policy that may hold
+    /// orphans ([`Controller::orphan_pools`]).
+    async fn list_instances(&mut self) -> std::result::Result<Vec<Instance>, String> {
         let mut out: Vec<Instance> = Vec::new();
-        for (pool, provider) in &self.providers {
-            let listed = provider
-                .list(pool)
-                .await
-                .map_err(|e| format!("listing the instances of pool {pool}: {e}"))?;
-            out.extend(listed);
+        // Pool by pool together: a slow cloud costs one call's time-out, not one per pool.
+        let listings =
+            futures::future::join_all(self.providers.iter().map(|(pool, provider)| async move {
+                provider
+                    .list(pool)
+                    .await
+                    .map_err(|e| format!("listing the instances of pool {pool}: {e}"))
+            }))
+            .await;
+        for listed in listings {
+            out.extend(listed?);
         }
+        // Pools Nodes are labelled with that the policy does not have.
+        let labelled: BTreeSet<String> = {
+            let s = self.state.lock().unwrap();
+            s.nodes
+                .items
+                .values()
+                .filter_map(|n| n.pool())
+                .filter(|p| !self.providers.contains_key(*p))
+                .map(str::to_string)
+                .collect()
+        };
+        for pool in labelled {
+            self.orphan_pools.entry(pool).or_insert(None);
+        }
+        // One provider per cloud, for orphan pools whose provider is not known.
+        let clouds: BTreeMap<String, Arc<dyn CloudProvider>> = self
+            .providers
+            .values()
+            .map(|p| (p.name().to_string(), p.clone()))
+            .collect();
+        let mut found: BTreeMap<String, Option<Arc<dyn CloudProvider>>> = BTreeMap::new();
+        for (pool, known) in &self.orphan_pools {
+            let candidates: Vec<Arc<dyn CloudProvider>> = match known {
+                Some(p) => vec![p.clone()],
+                None => clouds.values().cloned().collect(),
+            };
+            let mut listed_by = known.clone();
+            let mut any = false;
+            for provider in candidates {
+                let listed = provider.list(pool).await.map_err(|e| {
+                    format!("listing the instances of pool {pool} (not in the policy): {e}")
+                })?;
+                if !listed.is_empty() {
+                    any = true;
+                    listed_by = Some(provider.clone());
+                }
+                out.extend(listed);
+            }
+            // A pool with nothing of ours left and no Node is forgotten.
+            let labelled = {
+                let s = self.state.lock().unwrap();
+                s.nodes
+                    .items
+                    .values()
+                    .any(|n| n.pool() == Some(pool.as_str()))
+            };
+            if any || labelled {
+                found.insert(pool.clone(), listed_by);
+            }
+        }
+        self.orphan_pools = found;
         Ok(out)
+    }
+
+    /// The provider that launches, lists and terminates the instances of `pool` (also of a pool
+    /// no longer in the policy, by the provider that listed it).
+    fn provider_for(&self, pool: &str) -> Option<Arc<dyn CloudProvider>> {
+        self.providers
+            .get(pool)
+            .or_else(|| self.orphan_pools.get(pool).and_then(Option::as_ref))
+            .cloned()
     }
 
     async fn pass(&mut self) {
@@ -963,11 +1079,28 @@ impl Controller {
         self.refresh_prices().await;
         let instances = if self.core.policy().is_some() {
             match self.list_instances().await {
-                Ok(i) => Some(Arc::new(i)),
+                Ok(i) => {
+                    self.listing_stalled = false;
+                    Some(Arc::new(i))
+                }
                 Err(e) => {
                     // Without the cloud's view, in-flight capacity is unknown: deciding now
                     // could launch twice. Try again on the next pass.
                     warn!("{e}; only expired drains are given back in this pass");
+                    let stalled = e.contains(instrumented::TIMED_OUT);
+                    if stalled && !self.listing_stalled {
+                        self.events.send(KubeNote {
+                            object: self.policy_ref(),
+                            warning: true,
+                            reason: "CloudCallTimedOut",
+                            action: "List",
+                            message: format!(
+                                "{e}; passes go on, launching and removing nothing until the \
+                                 cloud answers again"
+                            ),
+                        });
+                    }
+                    self.listing_stalled = stalled;
                     None
                 }
             }
@@ -1110,7 +1243,7 @@ impl Controller {
                     why,
                 } => {
                     info!(instance = %instance_id, pool = %pool, "terminating: {why}");
-                    let result = match self.providers.get(&pool) {
+                    let result = match self.provider_for(&pool) {
                         Some(p) => p.terminate(&instance_id).await,
                         None => Err(ProviderError::InvalidRequest {
                             message: format!("no provider for pool {pool}"),
@@ -1132,7 +1265,7 @@ impl Controller {
                 }
                 Action::Drain(order) => {
                     let job = DrainJob {
-                        provider: self.providers.get(&order.pool).cloned(),
+                        provider: self.provider_for(&order.pool),
                         node: order.node.clone(),
                         pool: order.pool,
                         instance_id: order.instance_id,

@@ -259,7 +259,8 @@ impl Metrics {
         );
         registry.register(
             "cloud_requests",
-            "Calls to a cloud provider, per provider, operation and result (ok, error)",
+            "Calls to a cloud provider, per provider, operation and result (ok, error, \
+             timeout: no answer in time, given up)",
             m.cloud_requests.clone(),
         );
         registry.register(
@@ -406,7 +407,14 @@ impl Metrics {
     }
 
     /// Records one call to a cloud provider.
-    pub fn cloud_call(&self, provider: &str, operation: &str, took: std::time::Duration, ok: bool) {
+    /// `result`: `ok`, `error`, or `timeout` (no answer within the call's time: given up).
+    pub fn cloud_call(
+        &self,
+        provider: &str,
+        operation: &str,
+        took: std::time::Duration,
+        result: &str,
+    ) {
         self.cloud_request_duration_seconds
             .get_or_create(&CloudOperation {
                 provider: provider.to_string(),
@@ -417,7 +425,7 @@ impl Metrics {
             .get_or_create(&CloudResult {
                 provider: provider.to_string(),
                 operation: operation.to_string(),
-                result: if ok { "ok" } else { "error" }.to_string(),
+                result: result.to_string(),
             })
             .inc();
     }

@@ -441,7 +441,8 @@ impl Cluster {
     }
 
     /// The ServiceAccount, ClusterRole, Role and their bindings exactly as `deploy/base` (or
-    /// `opts.rbac_from`) renders them (with `kubectl kustomize`), less `opts.drop_rule`.
+    /// `opts.rbac_from`) renders them (with `kubectl kustomize`), less `opts.drop_rule`, and the
+    /// leader-election Lease and status ConfigMap it ships (the Role may not create them).
     fn install_rbac(&self, opts: &ClusterOptions) {
         let target = format!("{REPO}/deploy/{}", opts.rbac_from.unwrap_or("base"));
         let rendered = match &opts.helm_values {
@@ -453,10 +454,19 @@ impl Cluster {
         let mut docs = Vec::new();
         for mut v in yaml::parse_all(&rendered).expect("rendered YAML") {
             let kind = v["kind"].as_str().unwrap_or("").to_string();
-            if !matches!(
-                kind.as_str(),
-                "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding"
-            ) {
+            let shipped = kind == "Lease"
+                || (kind == "ConfigMap"
+                    && v["metadata"]["name"].as_str() == Some("gpu-node-autoscaler-status"));
+            if !shipped
+                && !matches!(
+                    kind.as_str(),
+                    "ServiceAccount"
+                        | "ClusterRole"
+                        | "ClusterRoleBinding"
+                        | "Role"
+                        | "RoleBinding"
+                )
+            {
                 continue;
             }
             if let (Some((resource, verb)), "ClusterRole" | "Role") =
@@ -483,12 +493,15 @@ impl Cluster {
             }
             docs.push(v);
         }
-        assert!(docs.len() >= 5, "deploy/base renders the RBAC objects");
+        assert!(
+            docs.len() >= 7,
+            "deploy/base renders the RBAC objects, the Lease and the status ConfigMap"
+        );
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
         let f = self.dir.join("rbac.json");
         std::fs::write(&f, list.to_string()).unwrap();
         self.kubectl(&["apply", "-f", f.to_str().unwrap()])
-            .unwrap_or_else(|e| panic!("applying deploy/'s RBAC: {e}"));
+            .unwrap_or_else(|e| panic!("applying deploy/'s RBAC, Lease and status ConfigMap: {e}"));
     }
 
     fn spawn(&mut self, name: &'static str, cmd: &mut Command) {

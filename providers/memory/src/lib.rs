@@ -148,6 +148,8 @@ struct State {
     injected: HashMap<&'static str, VecDeque<ProviderError>>,
     launched_total: u64,
     terminated_total: u64,
+    /// Instances younger than this (ms) are not listed yet: an eventually consistent listing.
+    listing_lag_ms: Option<i64>,
 }
 
 fn error_outcome(e: &ProviderError) -> String {
@@ -434,6 +436,10 @@ impl State {
             .filter_map(|id| self.instances.get(id))
             .map(|r| &r.instance)
             .filter(|i| i.pool == pool)
+            .filter(|i| {
+                self.listing_lag_ms
+                    .is_none_or(|lag| i.launched_at_ms.saturating_add(lag) <= self.now_ms)
+            })
             .cloned()
             .collect()
     }
@@ -463,6 +469,7 @@ impl MemoryProvider {
                 injected: HashMap::new(),
                 launched_total: 0,
                 terminated_total: 0,
+                listing_lag_ms: None,
             }),
         }
     }
@@ -514,6 +521,13 @@ impl MemoryProvider {
             spec: w,
             launched: 0,
         });
+    }
+
+    /// A fault mode: the listing shows an instance only once it is `lag` old (as a cloud whose
+    /// reads are eventually consistent); `None` = listed at once. Launch answers and the test
+    /// accessors ([`MemoryProvider::instances`]) are not affected.
+    pub fn set_listing_lag(&self, lag: Option<std::time::Duration>) {
+        self.lock().listing_lag_ms = lag.map(|d| d.as_millis().min(i64::MAX as u128) as i64);
     }
 
     /// Limits running + pending instances and their GPUs; `None` = no limit.

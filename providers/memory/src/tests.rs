@@ -690,3 +690,23 @@ fn the_trait_delegates_to_the_sync_methods() {
     assert_eq!(block_on(cloud.list("p")).unwrap().len(), 1);
     assert_eq!(p.calls().len(), 5);
 }
+
+#[test]
+fn failover_a_lagging_listing_hides_instances_younger_than_the_lag() {
+    let p = provider(1);
+    p.set_listing_lag(Some(std::time::Duration::from_secs(60)));
+    let r = p.launch_now(&req("l-1", "p", 1, &[od(SMALL, A)])).unwrap();
+    assert_eq!(r.launched.len(), 1, "the launch answers at once");
+    assert!(p.list_now("p").unwrap().is_empty(), "not listed yet");
+    assert_eq!(p.instances().len(), 1);
+    p.set_now(1_000_000 + 59_999);
+    assert!(p.list_now("p").unwrap().is_empty());
+    p.set_now(1_000_000 + 60_000);
+    assert_eq!(p.list_now("p").unwrap()[0].id, r.launched[0].id);
+    // The same launch id launches nothing new: only another id could launch twice.
+    let again = p.launch_now(&req("l-1", "p", 1, &[od(SMALL, A)])).unwrap();
+    assert!(again.launched.is_empty(), "{again:?}");
+    assert_eq!(p.instances().len(), 1);
+    p.set_listing_lag(None);
+    assert_eq!(p.list_now("p").unwrap().len(), 1);
+}

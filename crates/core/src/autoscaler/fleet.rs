@@ -35,6 +35,16 @@ impl<'a> NodeIndex<'a> {
     pub fn contains(&self, provider_id: &str) -> bool {
         self.0.contains_key(provider_id)
     }
+
+    /// The name of the Node with this providerID.
+    pub fn name_of(&self, provider_id: &str) -> Option<&'a str> {
+        self.0.get(provider_id).map(|n| n.name.as_str())
+    }
+
+    /// The Node with this providerID.
+    pub fn get(&self, provider_id: &str) -> Option<&'a Node> {
+        self.0.get(provider_id).copied()
+    }
 }
 
 /// A launched instance that has not become a node with GPUs within the max provision time.

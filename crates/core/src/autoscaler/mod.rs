@@ -17,6 +17,7 @@ pub mod batch;
 mod disruption;
 pub mod drain;
 pub mod fleet;
+pub mod orphans;
 pub mod replace;
 mod report;
 mod scale_up;
@@ -335,6 +336,8 @@ struct Pass {
     moved_from: HashMap<String, (String, crate::model::PodPhase)>,
     /// Pods moving off a replaced node whose launch failed in this pass → why.
     launch_failed: BTreeMap<String, String>,
+    /// Instances of ours of pools no longer in the policy, with their Nodes.
+    orphans: Vec<orphans::Orphan>,
     stage: Stage,
 }
 
@@ -352,6 +355,7 @@ pub struct Autoscaler {
     launches: Launches,
     fleet: FleetTracking,
     disruption: Disruptions,
+    orphan_state: orphans::OrphanState,
     reported: Reported,
     history: BTreeMap<String, PoolHistory>,
     /// History restored from the last leader's status (after a restart or a failover).
@@ -456,6 +460,7 @@ impl Autoscaler {
             launches: Launches::default(),
             fleet: FleetTracking::default(),
             disruption: Disruptions::default(),
+            orphan_state: orphans::OrphanState::default(),
             reported: Reported::default(),
             history: BTreeMap::new(),
             restored: false,
@@ -496,13 +501,26 @@ impl Autoscaler {
         !self.restored
     }
 
-    /// Restores cooldowns, back-offs and given-up launches from the status the last leader
-    /// wrote (`status.json`; `None` when there is none).
+    /// Restores cooldowns, back-offs, given-up launches and launches the cloud did not list yet
+    /// from the status the last leader wrote (`status.json`; `None` when there is none).
     pub fn restore(&mut self, status_json: Option<&str>) {
         self.restored = true;
         let Some(json) = status_json else { return };
         for (id, at) in status::given_up_of(json) {
             self.fleet.given_up.entry(id).or_insert(at);
+        }
+        // Launched by the last leader, not listed yet: in flight from their launch, for as long
+        // as this process would remember its own.
+        for i in status::launched_unlisted_of(json) {
+            let at = Time(i.launched_at_ms);
+            self.fleet
+                .recent
+                .entry(i.id.clone())
+                .or_insert_with(|| (i.clone(), at));
+            self.fleet
+                .seen
+                .entry(i.id.clone())
+                .or_insert_with(|| i.launch_id.clone());
         }
         for (pool, h) in status::history_of(json) {
             let mine = self.history.entry(pool).or_default();
@@ -663,6 +681,11 @@ impl Autoscaler {
         let (Some(policy), Some(instances)) = (self.policy.clone(), obs.instances) else {
             return out;
         };
+        // Instances of pools no longer in the policy are no pool's: reported, never counted.
+        let (instances, orphans) = {
+            let index = NodeIndex::new(&obs.snapshot.nodes);
+            orphans::split(instances, &policy, &index, &obs.other_provider_ids)
+        };
         self.launches.ice.retain(|_, until| *until > now);
         self.fleet
             .given_up
@@ -683,7 +706,12 @@ impl Autoscaler {
         );
         self.learn_templates(&obs.snapshot.nodes, &mut out);
         let index = NodeIndex::new(&obs.snapshot.nodes);
-        let view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);
+        let mut view = self.fleet_of(&instances, &index, &obs.other_provider_ids, &policy, now);
+        // Their Nodes are ours: a drain finds their instance.
+        for o in orphans.iter().filter(|o| o.node.is_some()) {
+            view.instance_of_node
+                .insert(o.instance.provider_id.clone(), o.instance.id.clone());
+        }
         let regs = registrations(instances.iter(), &index, &policy.pools, &self.catalog);
         drop(index);
         let pod_index = if self.config.report {
@@ -709,6 +737,7 @@ impl Autoscaler {
             released: BTreeSet::new(),
             moved_from: HashMap::new(),
             launch_failed: BTreeMap::new(),
+            orphans,
             stage: Stage::Registering(BTreeMap::new()),
         };
         if !self.config.dry_run && !regs.is_empty() {
@@ -728,10 +757,13 @@ impl Autoscaler {
         for f in &feedback {
             if let Feedback::Terminated {
                 instance_id,
-                result: Err(e),
+                result,
             } = f
             {
-                self.give_up_terminate_failed(instance_id, e, &mut out);
+                match result {
+                    Ok(()) => self.give_up_terminated(instance_id, &mut out),
+                    Err(e) => self.give_up_terminate_failed(instance_id, e, &mut out),
+                }
             }
         }
         let Some(mut pass) = self.pass.take() else {
@@ -805,6 +837,7 @@ impl Autoscaler {
             self.report(&pass, &plan, out);
         }
         self.disrupt(&pass, &plan, out);
+        self.orphans(&pass, out);
         if self.config.report {
             self.publish(&pass, &plan, out);
         }

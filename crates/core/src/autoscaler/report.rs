@@ -77,7 +77,7 @@ impl Autoscaler {
     ) {
         let nodes: Vec<&Node> = pass.snapshot.nodes.iter().collect();
         let catalog = &self.catalog;
-        let st = status::build(&StatusInput {
+        let mut st = status::build(&StatusInput {
             now: pass.now,
             leader: &self.config.identity,
             dry_run: self.config.dry_run,
@@ -97,6 +97,13 @@ impl Autoscaler {
             given_up: &self.fleet.given_up,
             replacements: &self.disruption.replace,
         });
+        st.orphans = Self::orphan_status(pass);
+        st.launched_unlisted = self
+            .fleet
+            .recent
+            .iter()
+            .map(|(id, (i, _))| (id.clone(), status::LaunchedStatus::of(i)))
+            .collect();
         let mut timeless = st.clone();
         timeless.time.clear();
         let key = serde_json::to_string(&timeless).unwrap_or_default();

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use gpu_node_autoscaler_provider::OfferingKey;
+use gpu_node_autoscaler_provider::{CapacityType, Instance, InstanceState, OfferingKey};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{InFlight, Node, Time};
@@ -57,6 +57,84 @@ pub struct Status {
     /// Nodes being replaced → why (`unhealthy: ...`, `interrupted: ...`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub replacing_nodes: BTreeMap<String, String>,
+    /// Instances of ours whose pool is no longer in the policy (`orphans`) → their pool and
+    /// Node. A new leader lists these pools too.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub orphans: BTreeMap<String, OrphanStatus>,
+    /// Instances launched and not listed by the cloud yet (its listing lags) → what they are: a
+    /// new leader counts them as in flight before its first plan, so that it does not launch for
+    /// the same pods again under another launch id.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub launched_unlisted: BTreeMap<String, LaunchedStatus>,
+}
+
+/// An instance launched and not listed yet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LaunchedStatus {
+    pub pool: String,
+    pub launch_id: String,
+    pub provider_id: String,
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: String,
+    pub launched_at: String,
+}
+
+impl LaunchedStatus {
+    pub fn of(i: &Instance) -> LaunchedStatus {
+        LaunchedStatus {
+            pool: i.pool.clone(),
+            launch_id: i.launch_id.clone(),
+            provider_id: i.provider_id.clone(),
+            instance_type: i.offering.instance_type.clone(),
+            zone: i.offering.zone.clone(),
+            capacity_type: i.offering.capacity_type.as_str().to_string(),
+            launched_at: Time(i.launched_at_ms).to_rfc3339(),
+        }
+    }
+}
+
+/// The instances a previous leader launched and the cloud did not list yet, from `status.json`
+/// (entries that do not read back are skipped).
+pub fn launched_unlisted_of(status_json: &str) -> Vec<Instance> {
+    let Ok(s) = serde_json::from_str::<Status>(status_json) else {
+        return Vec::new();
+    };
+    s.launched_unlisted
+        .into_iter()
+        .filter_map(|(id, l)| {
+            Some(Instance {
+                id,
+                provider_id: l.provider_id,
+                pool: l.pool,
+                launch_id: l.launch_id,
+                offering: OfferingKey {
+                    instance_type: l.instance_type,
+                    zone: l.zone,
+                    capacity_type: CapacityType::parse(&l.capacity_type)?,
+                },
+                state: InstanceState::Pending,
+                launched_at_ms: Time::parse_rfc3339(&l.launched_at).ok()?.0,
+            })
+        })
+        .collect()
+}
+
+/// An instance of ours of a pool no longer in the policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OrphanStatus {
+    pub pool: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// The pools of the orphans a previous leader listed in `status.json`.
+pub fn orphan_pools_of(status_json: &str) -> std::collections::BTreeSet<String> {
+    serde_json::from_str::<Status>(status_json)
+        .map(|s| s.orphans.into_values().map(|o| o.pool).collect())
+        .unwrap_or_default()
 }
 
 /// What the controller remembers per pool for the status.
@@ -225,6 +303,8 @@ pub fn build(i: &StatusInput) -> Status {
             .iter()
             .map(|(n, r)| (n.clone(), format!("{}: {}", r.cause.as_str(), r.why)))
             .collect(),
+        orphans: BTreeMap::new(),
+        launched_unlisted: BTreeMap::new(),
     }
 }
 
@@ -285,6 +365,19 @@ pub fn to_text(s: &Status) -> String {
         let _ = writeln!(out, "\nNodes seen unhealthy (within their grace period):");
         for (n, what) in &s.unhealthy_nodes {
             let _ = writeln!(out, "  {n}: {what}");
+        }
+    }
+    if !s.orphans.is_empty() {
+        let _ = writeln!(out, "\nOrphans (pool no longer in the policy):");
+        for (i, o) in &s.orphans {
+            let _ = writeln!(
+                out,
+                "  {i}: pool {}, {}",
+                o.pool,
+                o.node
+                    .as_deref()
+                    .map_or("no Node".into(), |n| format!("node {n}"))
+            );
         }
     }
     if !s.unavailable_offerings.is_empty() {

@@ -54,6 +54,8 @@ struct Cloud {
     fail_next: Vec<ProviderError>,
     /// Terminations fail with this (an IAM condition that denies them), leaving the instance.
     terminate_fails: Option<ProviderError>,
+    /// Instances younger than this are not listed yet (an eventually consistent listing).
+    listing_lag: Option<Duration>,
     next_id: u32,
 }
 
@@ -175,7 +177,17 @@ impl Run {
                 nodes: self.nodes.clone(),
                 ..Default::default()
             },
-            instances: Some(Arc::new(self.cloud.live())),
+            instances: Some(Arc::new(
+                self.cloud
+                    .live()
+                    .into_iter()
+                    .filter(|i| {
+                        self.cloud
+                            .listing_lag
+                            .is_none_or(|lag| Time(i.launched_at_ms) + lag <= now)
+                    })
+                    .collect(),
+            )),
             other_provider_ids: Vec::new(),
             policy_valid: true,
             notices: Vec::new(),
@@ -796,8 +808,17 @@ fn a_new_leader_keeps_the_last_ones_cooldowns_and_given_up_launches() {
     let first = launches(&a.pass(T0))[0].clone();
     let actions = a.pass(T0 + secs(600));
     assert_eq!(launches(&actions).len(), 1);
-    let json = serde_json::to_string(status(&actions).unwrap()).unwrap();
+    let written = status(&actions).unwrap().clone();
+    let json = serde_json::to_string(&written).unwrap();
     assert!(json.contains(&first.launch_id));
+    // The relaunch is in flight, not listed yet: a new leader counts it (it launches nothing).
+    assert_eq!(written.launched_unlisted.len(), 1, "{written:?}");
+    // Without it (its launch failed), the new leader launches under a new id.
+    let json_no_flight = serde_json::to_string(&Status {
+        launched_unlisted: BTreeMap::new(),
+        ..written
+    })
+    .unwrap();
 
     // Leader B takes over a minute later, with an idle node of the pool unneeded for an hour.
     let new_leader = |history: Option<&str>| {
@@ -820,7 +841,9 @@ fn a_new_leader_keeps_the_last_ones_cooldowns_and_given_up_launches() {
         b.pods.push(zonal());
         b.pass(T0 + secs(660))
     };
-    let restored = new_leader(Some(&json));
+    let in_flight = new_leader(Some(&json));
+    assert!(launches(&in_flight).is_empty(), "{in_flight:?}");
+    let restored = new_leader(Some(&json_no_flight));
     assert!(
         drains(&restored).is_empty(),
         "within the 3 m cooldown of A's last scale-up"
@@ -2335,4 +2358,306 @@ fn a_nomination_the_scheduler_cleared_still_keeps_the_pods_node_in_the_plan() {
         !launched.contains(&"g5.12xlarge") && !launched.is_empty(),
         "{launched:?}"
     );
+}
+
+// ---- orphans: pools no longer in the policy ----
+
+/// [`POLICY`] and a second pool, `old`, that a reload takes out.
+const POLICY_WITH_OLD: &str = r#"
+zones: [us-east-1a, us-east-1b]
+maxNodeProvisionTime: 10m
+insufficientCapacityTtl: 5m
+pools:
+  - name: a10g
+    instanceTypes: [g5.xlarge, g5.12xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 20
+    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}
+  - name: old
+    instanceTypes: [g5.xlarge]
+    maxNodes: 4
+"#;
+
+fn policy_of(text: &str) -> Arc<crate::policy::Policy> {
+    Arc::new(parse_policy(text, "policy.yaml").unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// Pool `old` with a registered, idle node (`node-i-old-1`, instance `i-old-1`) and an instance
+/// without a Node (`i-old-2`), both launched long before; then a reload to `policy`.
+fn orphaned_pool(policy: &str) -> Run {
+    let mut run = Run::with_policy(Config::default(), POLICY_WITH_OLD);
+    for (id, with_node) in [("i-old-1", true), ("i-old-2", false)] {
+        let i = Instance {
+            id: id.into(),
+            provider_id: format!("aws:///us-east-1a/{id}"),
+            pool: "old".into(),
+            launch_id: "old-launch".into(),
+            offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
+            state: InstanceState::Running,
+            launched_at_ms: (T0 - secs(3600)).0,
+        };
+        if with_node {
+            let mut n = NodeBuilder::new(&format!("node-{id}"))
+                .pool("old", "g5.xlarge", "us-east-1a")
+                .label(labels::LAUNCH_ID, "old-launch")
+                .annotation(labels::GPUS_ADVERTISED, "true")
+                .cpu_milli(4000)
+                .memory_gib(16)
+                .gpus(1)
+                .created(T0 - secs(3500))
+                .build();
+            n.provider_id = Some(i.provider_id.clone());
+            run.nodes.push(n);
+        }
+        run.cloud.instances.push(i);
+    }
+    let catalog = run.core.catalog().clone();
+    run.core.set_policy(policy_of(policy), catalog);
+    run
+}
+
+#[test]
+fn orphan_nodes_and_instances_of_a_removed_pool_are_reported_once_and_kept() {
+    let mut run = orphaned_pool(POLICY);
+    // Too large for the orphan node (which the scheduler may use: it stays a node).
+    run.pods.push(gpu_pod("p", 4));
+    let first = run.pass(T0);
+    let reported = events(&first, "PoolOrphaned");
+    assert_eq!(reported.len(), 1, "{first:?}");
+    assert_eq!(reported[0].subject, Subject::Pool("old".into()));
+    assert!(
+        reported[0].message.contains("node-i-old-1") && reported[0].message.contains("keep"),
+        "{}",
+        reported[0].message
+    );
+    let st = status(&first).expect("a status");
+    assert_eq!(st.orphans.len(), 2, "{st:?}");
+    assert_eq!(st.orphans["i-old-1"].node.as_deref(), Some("node-i-old-1"));
+    assert_eq!(st.orphans["i-old-2"].pool, "old");
+    assert_eq!(
+        status::orphan_pools_of(&serde_json::to_string(st).unwrap()),
+        ["old".to_string()].into()
+    );
+    // Launches are for the policy's pools only.
+    let l = launches(&first);
+    assert!(l.iter().all(|r| r.pool == "a10g") && !l.is_empty(), "{l:?}");
+    // Past maxNodeProvisionTime and the pools' unneeded times: nothing is drained, terminated or
+    // given up, and the Event is not sent again.
+    let mut later = Vec::new();
+    for s in [60, 600, 1200, 2400] {
+        later.extend(run.pass(T0 + secs(s)));
+    }
+    assert!(events(&later, "PoolOrphaned").is_empty(), "{later:?}");
+    // (The pod's own launches never register here, and are given up as usual.)
+    assert!(
+        drains(&run.actions).is_empty(),
+        "{:?}",
+        drains(&run.actions)
+    );
+    let t = terminated(&run.actions);
+    assert!(!t.iter().any(|i| i.starts_with("i-old")), "{t:?}");
+    assert!(!run.actions.iter().any(|a| matches!(a,
+        Action::DeleteNode { node } if node == "node-i-old-1")));
+    assert!(!run.actions.iter().any(|a| matches!(a,
+        Action::Count(Count::FailedLaunch { pool, .. }) if pool == "old")));
+    assert!(launches(&run.actions).iter().all(|r| r.pool == "a10g"));
+}
+
+#[test]
+fn orphans_drain_drains_the_nodes_and_terminates_the_instances_without_one() {
+    let drain_policy = format!("orphans: drain\n{POLICY}");
+    let mut run = orphaned_pool(&drain_policy);
+    let actions = run.pass(T0);
+    let d = drains(&actions);
+    assert_eq!(d.len(), 1, "{actions:?}");
+    assert_eq!(d[0].node, "node-i-old-1");
+    assert_eq!(d[0].pool, "old");
+    assert_eq!(d[0].instance_id.as_deref(), Some("i-old-1"));
+    assert_eq!(d[0].kind, DrainKind::Voluntary);
+    assert_eq!(terminated(&actions), ["i-old-2"]);
+    assert!(events(&actions, "PoolOrphaned")[0]
+        .message
+        .contains("drain"));
+    // The drain runs; the terminated instance is asked for again only after a while.
+    let again = run.pass(T0 + secs(10));
+    assert!(
+        drains(&again).is_empty() && terminated(&again).is_empty(),
+        "{again:?}"
+    );
+    // A drain given back is tried again after the retry time, not at every pass.
+    run.core.drain_finished(
+        "node-i-old-1",
+        DrainOutcome::RolledBack("a pod cannot be moved".into()),
+        T0 + secs(20),
+    );
+    assert!(drains(&run.pass(T0 + secs(30))).is_empty());
+    let retried = run.pass(T0 + secs(20) + orphans::ORPHAN_RETRY);
+    assert_eq!(drains(&retried).len(), 1, "{retried:?}");
+}
+
+#[test]
+fn orphan_drains_stay_within_max_concurrent_drains() {
+    let drain_policy = format!("orphans: drain\nmaxConcurrentDrains: 1\n{POLICY}");
+    let mut run = orphaned_pool(&drain_policy);
+    let mut n2 = run.nodes[0].clone();
+    n2.name = "node-i-old-3".into();
+    n2.provider_id = Some("aws:///us-east-1a/i-old-3".into());
+    let mut i3 = run.cloud.instances[0].clone();
+    i3.id = "i-old-3".into();
+    i3.provider_id = "aws:///us-east-1a/i-old-3".into();
+    run.nodes.push(n2);
+    run.cloud.instances.push(i3);
+    assert_eq!(drains(&run.pass(T0)).len(), 1);
+}
+
+// ---- a Node re-created for a running instance ----
+
+/// An instance of pool a10g launched an hour before T0.
+fn old_instance(run: &mut Run, id: &str) {
+    run.cloud.instances.push(Instance {
+        id: id.into(),
+        provider_id: format!("aws:///us-east-1a/{id}"),
+        pool: "a10g".into(),
+        launch_id: "before".into(),
+        offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
+        state: InstanceState::Running,
+        launched_at_ms: (T0 - secs(3600)).0,
+    });
+}
+
+/// The Node its kubelet registers again: no GPUs advertised yet, none of our annotations.
+fn recreated_node(instance_id: &str, created: Time) -> Node {
+    let mut n = NodeBuilder::new(&format!("node-{instance_id}"))
+        .pool("a10g", "g5.xlarge", "us-east-1a")
+        .cpu_milli(4000)
+        .memory_gib(16)
+        .gpus(0)
+        .created(created)
+        .build();
+    n.provider_id = Some(format!("aws:///us-east-1a/{instance_id}"));
+    n
+}
+
+fn removed_without_drain(run: &Run, instance_id: &str) -> bool {
+    let node = format!("node-{instance_id}");
+    run.actions.iter().any(|a| {
+        matches!(a, Action::Terminate { instance_id: i, .. } if i == instance_id)
+            || matches!(a, Action::DeleteNode { node: n } if *n == node)
+    })
+}
+
+#[test]
+fn a_recreated_node_of_a_running_instance_is_not_terminated_while_its_gpus_come_up() {
+    let mut run = Run::new(Config::default());
+    old_instance(&mut run, "i-r");
+    run.register("i-r", 1, T0 - secs(3500));
+    run.pass(T0);
+    // The Node is deleted (by hand, or by a node lifecycle controller) and its kubelet
+    // registers it again, as a new Node whose device plugin has not started yet.
+    run.nodes.clear();
+    run.pass(T0 + secs(60));
+    run.nodes.push(recreated_node("i-r", T0 + secs(90)));
+    for s in [120, 180, 300, 500] {
+        run.pass(T0 + secs(s));
+    }
+    assert!(
+        !removed_without_drain(&run, "i-r"),
+        "the instance of a re-created Node was removed: {:?}",
+        run.actions
+    );
+    // Its GPUs come up: registered and kept for good.
+    run.nodes[0].allocatable.gpu = 1;
+    run.pass(T0 + secs(600));
+    run.pass(T0 + secs(3600));
+    assert!(!removed_without_drain(&run, "i-r"), "{:?}", run.actions);
+}
+
+#[test]
+fn a_recreated_node_seen_first_by_a_new_leader_waits_from_its_creation() {
+    let mut run = Run::new(Config::default());
+    old_instance(&mut run, "i-r");
+    run.nodes.push(recreated_node("i-r", T0 - secs(30)));
+    run.pass(T0);
+    run.pass(T0 + secs(500));
+    assert!(!removed_without_drain(&run, "i-r"), "{:?}", run.actions);
+    // A Node that never advertises its GPUs is still given up, counted from its creation.
+    run.pass(T0 + secs(600));
+    assert_eq!(terminated(&run.actions), ["i-r"]);
+}
+
+// ---- failover while the cloud's listing lags ----
+
+#[test]
+fn failover_while_the_listing_lags_launches_once_not_again_under_another_id() {
+    let mut a = Run::new(Config {
+        identity: "a".into(),
+        ..Config::default()
+    });
+    // The cloud lists an instance two minutes after its launch.
+    a.cloud.listing_lag = Some(secs(120));
+    a.pods.push(gpu_pod("p", 1));
+    let first = a.pass(T0);
+    assert_eq!(launches(&first).len(), 1);
+    let written = status(&first).expect("a status");
+    assert_eq!(written.launched_unlisted.len(), 1, "{written:?}");
+    let json = serde_json::to_string(written).unwrap();
+
+    // The leader dies; the other replica takes over with the same cloud and cluster, reads the
+    // status, and a second pod has arrived meanwhile: its plan (both pods) is not the first
+    // leader's, so a launch for `p` would carry another launch id.
+    let mut b = Run::new(Config {
+        identity: "b".into(),
+        ..Config::default()
+    });
+    b.core.leadership_lost(&[]);
+    b.core.restore(Some(&json));
+    b.cloud = std::mem::take(&mut a.cloud);
+    b.pods = a.pods.clone();
+    b.pods.push(gpu_pod("p2", 1));
+    assert!(b.observation(T0 + secs(20)).instances.unwrap().is_empty());
+    let second = b.pass(T0 + secs(20));
+    let l = launches(&second);
+    let launched: u32 = l.iter().map(|r| r.count).sum();
+    assert_eq!(launched, 1, "only p2's node: {l:?}");
+    assert_eq!(b.cloud.live().len(), 2, "p's node was launched twice");
+    // Once listed, the instance is the cloud's to show: nothing more is launched.
+    let third = b.pass(T0 + secs(200));
+    assert!(launches(&third).is_empty(), "{third:?}");
+    assert_eq!(b.cloud.live().len(), 2);
+}
+
+#[test]
+fn overrun_a_node_whose_instance_cannot_be_terminated_is_not_deleted_until_it_is() {
+    let mut run = Run::new(Config::default());
+    old_instance(&mut run, "i-n");
+    // Registered an hour ago, never advertised its GPUs; terminations are denied.
+    run.nodes.push(recreated_node("i-n", T0 - secs(3500)));
+    run.cloud.terminate_fails = Some(ProviderError::Other {
+        message: "UnauthorizedOperation".into(),
+    });
+    let deleted = |run: &Run| {
+        run.actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteNode { node } if node == "node-i-n"))
+    };
+    run.pass(T0); // registers it in its pool
+    let first = run.pass(T0 + secs(10));
+    assert_eq!(terminated(&first), ["i-n"], "given up: {first:?}");
+    // Retried with back-off, never deleting the Node of an instance still running.
+    for m in 1..20 {
+        run.pass(T0 + secs(60 * m));
+    }
+    assert!(terminated(&run.actions).len() > 1);
+    assert!(!deleted(&run), "{:?}", run.actions);
+    // The cloud accepts the termination: the Node goes with it, once.
+    run.cloud.terminate_fails = None;
+    for m in 20..40 {
+        run.pass(T0 + secs(60 * m));
+    }
+    let deletes = run
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::DeleteNode { node } if node == "node-i-n"))
+        .count();
+    assert_eq!(deletes, 1, "{:?}", run.actions);
 }

@@ -11,7 +11,7 @@ use gpu_node_autoscaler_provider::{Instance, InstanceState, OfferingKey, Provide
 
 use crate::autoscaler::fleet::{fleet_view, FleetView, NodeIndex};
 use crate::autoscaler::{Action, Autoscaler, Count, Level, Note, Pass, Subject, RECENT_FOR};
-use crate::model::{Node, Time};
+use crate::model::{labels, Node, Time};
 use crate::policy::duration::format_duration;
 use crate::policy::Policy;
 
@@ -24,6 +24,10 @@ const TERMINATE_RETRY_MAX: Duration = Duration::from_secs(600);
 #[derive(Clone, Debug)]
 pub(in crate::autoscaler) struct Terminating {
     pool: String,
+    /// Its Node (registered, never advertised GPUs): deleted once the cloud has accepted the
+    /// termination, never before (a Node deleted for an instance still running would leave it
+    /// unseen).
+    node: Option<String>,
     /// Terminations of it that failed, in a row.
     failures: u32,
     /// No new termination before then (the cloud may take a while to list it as gone).
@@ -128,7 +132,16 @@ impl Autoscaler {
         self.fleet.registered.retain(|id| known(id));
         self.fleet.lost.retain(|id, _| known(id));
         for i in &all {
-            if nodes.contains(&i.provider_id) || other_provider_ids.contains(&i.provider_id) {
+            if let Some(n) = nodes.get(&i.provider_id) {
+                if !self.fleet.registered.contains(&i.id) {
+                    self.fleet.registered.insert(i.id.clone());
+                }
+                // A Node re-created for an instance that lost its own waits from when that went
+                // until it works again (advertises its GPUs), not from the launch.
+                if n.advertised_gpus() > 0 || n.annotations.contains_key(labels::GPUS_ADVERTISED) {
+                    self.fleet.lost.remove(&i.id);
+                }
+            } else if other_provider_ids.contains(&i.provider_id) {
                 if !self.fleet.registered.contains(&i.id) {
                     self.fleet.registered.insert(i.id.clone());
                 }
@@ -139,6 +152,23 @@ impl Autoscaler {
         }
         let catalog = &self.catalog;
         let lost = &self.fleet.lost;
+        let terminating = &self.fleet.terminating;
+        let max_provision = policy.max_node_provision_time;
+        // A Node created after its instance's provision time ran out is not the launch's first
+        // (that one would have been given up by then): it was re-created, and waits from its
+        // creation (also when this process did not see the old one go).
+        let waiting_since = |i: &Instance| {
+            let launched = Time(i.launched_at_ms);
+            let since = lost.get(&i.id).copied().unwrap_or(launched);
+            match nodes.get(&i.provider_id) {
+                Some(n)
+                    if n.created > launched + max_provision && !terminating.contains_key(&i.id) =>
+                {
+                    since.max(n.created)
+                }
+                _ => since,
+            }
+        };
         fleet_view(
             all,
             nodes,
@@ -149,7 +179,7 @@ impl Autoscaler {
                     .instance_type(&k.instance_type)
                     .is_none_or(|t| t.gpu.is_some())
             },
-            |i: &Instance| lost.get(&i.id).copied().unwrap_or(Time(i.launched_at_ms)),
+            waiting_since,
         )
     }
 
@@ -179,20 +209,19 @@ impl Autoscaler {
                         i.id, i.launch_id, t.failures
                     ),
                 });
+                t.node = o.node.clone();
                 out.push(Action::Terminate {
                     pool: i.pool.clone(),
                     instance_id: i.id.clone(),
                     why,
                 });
-                if let Some(n) = &o.node {
-                    out.push(Action::DeleteNode { node: n.clone() });
-                }
                 continue;
             }
             self.fleet.terminating.insert(
                 i.id.clone(),
                 Terminating {
                     pool: i.pool.clone(),
+                    node: o.node.clone(),
                     failures: 0,
                     retry_at: terminate_retry_at(now, 0),
                 },
@@ -223,15 +252,34 @@ impl Autoscaler {
                 why: why.clone(),
             });
             if let Some(n) = &o.node {
-                out.push(Action::DeleteNode { node: n.clone() });
                 out.push(Action::Event(Note {
                     subject: Subject::Node(n.clone()),
                     warning: true,
                     reason: "ScaleDown",
                     action: "GiveUp",
-                    message: format!("instance {} removed: {why}", i.id),
+                    message: format!(
+                        "instance {} given up: {why}; it is terminated, and the Node deleted \
+                         once the cloud has accepted the termination",
+                        i.id
+                    ),
                 }));
             }
+        }
+    }
+
+    /// The termination of an instance given up was accepted: its Node, if it has one, goes now.
+    pub(in crate::autoscaler) fn give_up_terminated(
+        &mut self,
+        instance_id: &str,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(node) = self
+            .fleet
+            .terminating
+            .get_mut(instance_id)
+            .and_then(|t| t.node.take())
+        {
+            out.push(Action::DeleteNode { node });
         }
     }
 

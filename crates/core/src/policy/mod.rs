@@ -91,6 +91,8 @@ pub struct Policy {
     pub max_node_provision_time: Duration,
     pub insufficient_capacity_ttl: Duration,
     pub max_concurrent_drains: u32,
+    /// What becomes of the nodes and instances of pools no longer in the policy.
+    pub orphans: Orphans,
     /// Spot price as a fraction of on-demand where the catalog has no spot price.
     pub spot_price_ratio: f64,
     /// Taint keys that say a node is about to be taken back (a spot interruption notice, a
@@ -258,6 +260,55 @@ impl Requirements {
     }
 }
 
+/// What becomes of the nodes and instances of ours (this cluster's, by name and identity) whose
+/// pool is no longer in the policy (`orphans`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Orphans {
+    /// Reported (status, Event), never drained, terminated or launched for.
+    #[default]
+    Keep,
+    /// Reported, then drained and removed as a scale-down is (PodDisruptionBudgets respected,
+    /// within `maxConcurrentDrains`); their instances without a Node terminated.
+    Drain,
+}
+
+impl Orphans {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Orphans::Keep => "keep",
+            Orphans::Drain => "drain",
+        }
+    }
+}
+
+impl Policy {
+    /// Why this policy may not replace `old` while the autoscaler runs: a new `clusterName` or
+    /// `region` would lose every instance launched under the old ones (they are found by the
+    /// cluster's name tag, in the region's API), leaving them running unmanaged and unreported.
+    pub fn identity_change(&self, old: &Policy) -> Option<String> {
+        let what = if self.cluster_name != old.cluster_name {
+            format!(
+                "clusterName changed from {:?} to {:?}",
+                old.cluster_name, self.cluster_name
+            )
+        } else if self.region != old.region {
+            format!(
+                "region changed from {} to {}",
+                old.region.as_deref().unwrap_or("(none)"),
+                self.region.as_deref().unwrap_or("(none)")
+            )
+        } else {
+            return None;
+        };
+        Some(format!(
+            "{what}: refused on reload (the nodes and instances launched under the old value \
+             would be left running, unmanaged and unreported). Put the old value back; to move the cluster, remove what runs under the \
+             old value first (`orphans: drain` on its pools), then restart the autoscaler with the \
+             new one"
+        ))
+    }
+}
+
 /// How a pool's GPUs are exposed to pods.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GpuMode {
@@ -415,6 +466,7 @@ struct RawPolicy {
     max_node_provision_time: Option<Dur>,
     insufficient_capacity_ttl: Option<Dur>,
     max_concurrent_drains: Option<u32>,
+    orphans: Option<String>,
     spot_price_ratio: Option<f64>,
     interruption_taints: Option<Vec<String>>,
     interruption_conditions: Option<Vec<RawInterruptionCondition>>,
@@ -885,6 +937,17 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
             "must be at least 1 (disable scale-down per pool instead)",
         );
     }
+    let orphans = match raw.orphans.as_deref() {
+        None | Some("keep") => Orphans::Keep,
+        Some("drain") => Orphans::Drain,
+        Some(other) => {
+            c.at(
+                &[key("orphans")],
+                format!("unknown value {other:?} (expected keep or drain)"),
+            );
+            Orphans::Keep
+        }
+    };
     check_zones(&raw.zones, &[key("zones")], c);
 
     let mut pools = Vec::new();
@@ -960,6 +1023,7 @@ fn validate(raw: RawPolicy, c: &mut Collector) -> Policy {
             defaults::INSUFFICIENT_CAPACITY_TTL,
         ),
         max_concurrent_drains,
+        orphans,
         spot_price_ratio,
         interruption_taints: raw.interruption_taints.unwrap_or_else(|| {
             defaults::INTERRUPTION_TAINTS

@@ -871,6 +871,12 @@ fn error_cases() -> Vec<Case> {
             "maxConcurrentDrains: must be at least 1",
         ),
         case(
+            "orphans neither keep nor drain",
+            one_pool(&["orphans: delete"]),
+            (6, 1),
+            "orphans: unknown value \"delete\" (expected keep or drain)",
+        ),
+        case(
             "pool name not a DNS label",
             yaml(&[
                 "zones: [us-east-1a]",
@@ -1821,4 +1827,40 @@ fn gpu_metrics_and_xid_errors_are_read_with_their_defaults() {
     let p = parse_ok(&one_pool(&[]));
     assert_eq!(p.gpu_metrics, None);
     assert_eq!(p.pools[0].health.xid_codes, [48, 63, 64, 74, 79, 94, 95]);
+}
+
+#[test]
+fn orphans_are_kept_unless_the_policy_says_drain() {
+    let parse = |text: &str| parse_policy(text, "p.yaml").unwrap();
+    assert_eq!(parse(&one_pool(&[])).orphans, Orphans::Keep);
+    assert_eq!(parse(&one_pool(&["orphans: keep"])).orphans, Orphans::Keep);
+    assert_eq!(
+        parse(&one_pool(&["orphans: drain"])).orphans,
+        Orphans::Drain
+    );
+}
+
+#[test]
+fn orphan_making_changes_of_cluster_name_or_region_are_named_on_reload() {
+    let parse = |text: &str| parse_policy(text, "p.yaml").unwrap();
+    let old = parse(&one_pool(&["clusterName: ml-prod", "region: us-east-1"]));
+    assert_eq!(old.identity_change(&old), None);
+    let same_but_pools = parse(&one_pool(&[
+        "clusterName: ml-prod",
+        "region: us-east-1",
+        "maxConcurrentDrains: 3",
+    ]));
+    assert_eq!(same_but_pools.identity_change(&old), None);
+    let renamed = parse(&one_pool(&["clusterName: ml-dev", "region: us-east-1"]));
+    let why = renamed.identity_change(&old).expect("refused");
+    assert!(
+        why.starts_with("clusterName changed from \"ml-prod\" to \"ml-dev\""),
+        "{why}"
+    );
+    let moved = parse(&one_pool(&["clusterName: ml-prod", "region: us-west-2"]));
+    let why = moved.identity_change(&old).expect("refused");
+    assert!(
+        why.starts_with("region changed from us-east-1 to us-west-2"),
+        "{why}"
+    );
 }

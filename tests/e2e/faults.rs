@@ -1,0 +1,246 @@
+//! Faults and operator mistakes that must lose no work and leave nothing running unmanaged:
+//! a pool taken out of the policy by a reload (its nodes and instances are orphans), a change of
+//! the cluster's name refused on reload, a cloud that stops answering (the loop stays alive).
+
+use std::time::Duration;
+
+use crate::support::{gpu_pod, Env, Options};
+
+const MIN: Duration = Duration::from_secs(60);
+
+fn no_labels() -> std::collections::BTreeMap<&'static str, &'static str> {
+    std::collections::BTreeMap::new()
+}
+
+/// Seconds of the last pass, as the leader exports it.
+fn last_pass(env: &Env) -> f64 {
+    env.metric("r1", "gpu_node_autoscaler_last_pass_timestamp_seconds ")
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn orphan_pool_removed_by_a_reload_is_kept_and_reported_then_drained_with_orphans_drain() {
+    let mut env = Env::start("orphans", Options::default());
+    let policy = env.policy(&["us-east-1a"], "");
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    // A node of pool a10g, idle once its pod has finished.
+    env.create(&gpu_pod("default", "short", &no_labels(), Some("5s")));
+    let node = env.wait_for("the pod to run on a node of a10g", 3 * MIN, || {
+        let v = env.get_json(&["get", "pod", "-n", "default", "short"]);
+        v["spec"]["nodeName"].as_str().map(str::to_string)
+    });
+    let instance = env.wait_for("the instance", MIN, || env.live_instances().pop());
+    env.wait_for("the pod to finish", 2 * MIN, || {
+        (env.pod_phase("default", "short") == "Succeeded").then_some(())
+    });
+
+    // The pool is renamed by a reload: its node and instance are orphans, kept and reported.
+    let renamed = policy.replace("- name: a10g", "- name: l4");
+    assert_ne!(renamed, policy);
+    env.apply(&env.policy_configmap(&renamed));
+    let event = env.wait_for("a PoolOrphaned Event", MIN, || {
+        env.events("PoolOrphaned").pop()
+    });
+    assert!(
+        event.contains(&node) && event.contains("orphans: keep"),
+        "{event}"
+    );
+    let status = env.wait_for("the status to list the orphan", MIN, || {
+        let s = env.status_json();
+        s["orphans"][&instance.0].is_object().then_some(s)
+    });
+    assert_eq!(status["orphans"][&instance.0]["pool"], "a10g", "{status}");
+    assert_eq!(
+        status["orphans"][&instance.0]["node"],
+        node.as_str(),
+        "{status}"
+    );
+    assert!(
+        status["pools"]
+            .as_array()
+            .is_some_and(|p| p.iter().all(|p| p["name"] != "a10g")),
+        "{status}"
+    );
+    // Well past the old pool's unneeded time (5 s) and several passes: still there.
+    let from = last_pass(&env);
+    env.wait_for("five passes", 2 * MIN, || {
+        (last_pass(&env) >= from + 10.0).then_some(())
+    });
+    assert_eq!(env.live_instances().len(), 1, "the orphan was terminated");
+    assert!(env.get_json(&["get", "nodes"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n["metadata"]["name"] == node.as_str()));
+    assert_eq!(env.events("PoolOrphaned").len(), 1, "reported once");
+
+    // A new clusterName would lose them: refused, the last good policy stays in force.
+    env.apply(&env.policy_configmap(&renamed.replace("clusterName: e2e", "clusterName: e2e-2")));
+    let refused = env.wait_for("the clusterName change refused", MIN, || {
+        env.events("PolicyInvalid")
+            .into_iter()
+            .find(|e| e.contains("clusterName changed"))
+    });
+    assert!(
+        refused.contains("the last good policy stays in force"),
+        "{refused}"
+    );
+
+    // With `orphans: drain` the node is drained and removed, and its instance terminated.
+    env.apply(&env.policy_configmap(&format!("orphans: drain\n{renamed}")));
+    env.wait_for("the orphan instance to be terminated", 3 * MIN, || {
+        env.live_instances().is_empty().then_some(())
+    });
+    env.wait_for("the orphan node to be deleted", MIN, || {
+        env.get_json(&["get", "nodes"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["metadata"]["name"] != node.as_str())
+            .then_some(())
+    });
+    assert!(
+        env.events("ScaleDown").iter().any(|e| e.starts_with(&node)),
+        "{:?}",
+        env.events("ScaleDown")
+    );
+}
+
+#[test]
+fn stall_a_cloud_listing_that_does_not_answer_is_given_up_and_the_loop_stays_alive() {
+    let mut env = Env::start(
+        "stall",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &[]);
+    env.wait_for("a first pass", 2 * MIN, || {
+        (last_pass(&env) > 0.0).then_some(())
+    });
+    // The next listing is held far longer than the liveness probe allows (60 s) and than the
+    // SDK's own attempt time-out (60 s).
+    let held = Duration::from_secs(120);
+    env.proxy
+        .as_ref()
+        .unwrap()
+        .hold_next("DescribeInstances", held);
+    let timeouts = |env: &Env| {
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_cloud_requests_total{provider=\"aws\",operation=\"list\",result=\"timeout\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    // Polled while the call is held: the process stays alive throughout.
+    let started = std::time::Instant::now();
+    let mut timed_out = false;
+    while started.elapsed() < Duration::from_secs(75) {
+        assert_eq!(
+            env.http_get("r1", "/healthz").map(|r| r.0),
+            Some(200),
+            "the loop stood still while the cloud did not answer:\n{}",
+            env.log("r1")
+        );
+        timed_out |= timeouts(&env) >= 1.0;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(timed_out, "no listing was given up:\n{}", env.log("r1"));
+    let event = env.wait_for("a CloudCallTimedOut Event", MIN, || {
+        env.events("CloudCallTimedOut").pop()
+    });
+    assert!(
+        event.contains("list") && event.contains("did not answer within"),
+        "{event}"
+    );
+    // Passes go on once the cloud answers: a pod still gets its node.
+    env.create(&gpu_pod("default", "after-stall", &no_labels(), None));
+    env.wait_for("the pod to run", 3 * MIN, || {
+        (env.pod_phase("default", "after-stall") == "Running").then_some(())
+    });
+    assert_eq!(env.live_instances().len(), 1, "one launch");
+}
+
+#[test]
+fn interrupt_drain_of_a_node_with_no_known_instance_evicts_its_pods_and_keeps_it_cordoned() {
+    let mut env = Env::start("unknown-instance", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    // A Node of pool a10g being replaced for an interruption when the last leader stopped (its
+    // taints and drain start say so), whose providerID names no instance of ours.
+    let started = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap();
+    env.create(&format!(
+        r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: gone-gpu
+  labels:
+    gpu-node-autoscaler.io/pool: a10g
+    node.kubernetes.io/instance-type: g5.xlarge
+    topology.kubernetes.io/zone: us-east-1a
+    kubernetes.io/hostname: gone-gpu
+  annotations:
+    kwok.x-k8s.io/node: fake
+    gpu-node-autoscaler.io/drain-started: "{started}"
+spec:
+  providerID: aws:///us-east-1a/i-0123456789abcdef0
+  unschedulable: true
+  taints:
+  - {{key: gpu-node-autoscaler.io/replacing, value: interrupted, effect: NoSchedule}}
+  - {{key: gpu-node-autoscaler.io/to-be-deleted, value: "1", effect: NoSchedule}}
+status:
+  allocatable: {{cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}}
+  capacity: {{cpu: "4", memory: 16Gi, pods: "110", nvidia.com/gpu: "1"}}
+  conditions:
+  - {{type: Ready, status: "True"}}
+"#
+    ));
+    // A bare pod with an emptyDir on it: a voluntary drain would keep the node for it.
+    env.create(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: stranded, namespace: default}
+spec:
+  nodeName: gone-gpu
+  terminationGracePeriodSeconds: 1
+  tolerations:
+  - {operator: Exists}
+  containers:
+  - name: main
+    image: cuda:12
+    resources: {requests: {cpu: "1", memory: 1Gi}}
+    volumeMounts: [{name: shm, mountPath: /dev/shm}]
+  volumes: [{name: shm, emptyDir: {medium: Memory}}]
+"#,
+    );
+    env.wait_for("the pod to run", MIN, || {
+        (env.pod_phase("default", "stranded") == "Running").then_some(())
+    });
+    env.start_controller("r1", &[]);
+    let event = env.wait_for("an InstanceUnknown Event", 2 * MIN, || {
+        env.events("InstanceUnknown").pop()
+    });
+    assert!(event.starts_with("gone-gpu: "), "{event}");
+    env.wait_for("the pod to be evicted", MIN, || {
+        let out = env.kubectl(&["get", "pod", "-n", "default", "stranded"]);
+        (!out.status.success()).then_some(())
+    });
+    // Not given back: still cordoned and tainted, not deleted.
+    let n = env.get_json(&["get", "node", "gone-gpu"]);
+    assert_eq!(n["spec"]["unschedulable"], true, "{n}");
+    assert!(
+        n["spec"]["taints"]
+            .to_string()
+            .contains("gpu-node-autoscaler.io/to-be-deleted"),
+        "{n}"
+    );
+    assert!(env.events("ScaleDownFailed").is_empty());
+}
