@@ -57,6 +57,9 @@ pub struct Status {
     /// Nodes being replaced → why (`unhealthy: ...`, `interrupted: ...`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub replacing_nodes: BTreeMap<String, String>,
+    /// Nodes of ours drifted or expired → what changed, and what keeps them if something does.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub drifted_nodes: BTreeMap<String, String>,
 }
 
 /// What the controller remembers per pool for the status.
@@ -116,6 +119,8 @@ pub struct StatusInput<'a> {
     pub unavailable: &'a BTreeMap<OfferingKey, Time>,
     pub given_up: &'a std::collections::HashMap<String, Time>,
     pub replacements: &'a super::replace::Replacements,
+    /// Drifted or expired nodes → as the status shows them.
+    pub lifecycle: &'a BTreeMap<String, String>,
 }
 
 pub fn build(i: &StatusInput) -> Status {
@@ -225,6 +230,7 @@ pub fn build(i: &StatusInput) -> Status {
             .iter()
             .map(|(n, r)| (n.clone(), format!("{}: {}", r.cause.as_str(), r.why)))
             .collect(),
+        drifted_nodes: i.lifecycle.clone(),
     }
 }
 
@@ -281,6 +287,12 @@ pub fn to_text(s: &Status) -> String {
             let _ = writeln!(out, "  {n}: {why}");
         }
     }
+    if !s.drifted_nodes.is_empty() {
+        let _ = writeln!(out, "\nNodes drifted or expired:");
+        for (n, what) in &s.drifted_nodes {
+            let _ = writeln!(out, "  {n}: {what}");
+        }
+    }
     if !s.unhealthy_nodes.is_empty() {
         let _ = writeln!(out, "\nNodes seen unhealthy (within their grace period):");
         for (n, what) in &s.unhealthy_nodes {
@@ -329,6 +341,7 @@ mod tests {
             unavailable: &known.unavailable,
             given_up: &known.given_up,
             replacements: &Default::default(),
+            lifecycle: &BTreeMap::new(),
         })
     }
 

@@ -2314,3 +2314,5 @@ fn a_nomination_the_scheduler_cleared_still_keeps_the_pods_node_in_the_plan() {
         "{launched:?}"
     );
 }
+
+mod lifecycle;

@@ -1901,10 +1901,9 @@ fn validate_disruption(i: usize, r: RawDisruption, c: &mut Collector) -> Disrupt
             }
         },
     };
-    let termination_grace_period = match r.termination_grace_period {
-        None => None,
-        Some(d) => Some(c.duration(&at("terminationGracePeriod"), Some(d), Duration::ZERO)),
-    };
+    let termination_grace_period = r
+        .termination_grace_period
+        .map(|d| c.duration(&at("terminationGracePeriod"), Some(d), Duration::ZERO));
     let mut budgets = Vec::new();
     for (b, raw) in r.budgets.into_iter().enumerate() {
         let bp = |f: &str| {
