@@ -11,6 +11,7 @@ mod cluster;
 mod dra;
 mod kube_proxy;
 mod kwok;
+mod lifecycle;
 mod prices;
 mod prometheus;
 mod support;
