@@ -141,3 +141,29 @@ fn a_launch_template_version_change_drifts_every_node_replaced_one_at_a_time_wit
         Some(0.0)
     );
 }
+
+#[test]
+fn a_node_older_than_expire_after_is_replaced_its_pod_moved_first() {
+    let mut env = Env::start("expire", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &["--resync", "10s"]);
+    let old = crate::gpu_trainer(&env);
+    env.wait_for("the node to be registered", MIN, || {
+        (env.pool_nodes().len() == 1).then_some(())
+    });
+    // Nodes live two minutes from now on: the one there goes, its trainer moved first.
+    env.apply(
+        &env.policy_configmap(&env.policy(&["us-east-1a"], "  disruption: {expireAfter: 2m}\n")),
+    );
+    let new = crate::trainer_moved_and_node_removed(&env, &old);
+    assert_ne!(new, old);
+    crate::counted_replaced(&env, "expired");
+    let events = env.events("ReplacingExpiredNode");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains(&format!("replacing {old} (pool a10g)"))
+                && e.contains("older than the pool's expireAfter (2m)")),
+        "{events:?}"
+    );
+}
