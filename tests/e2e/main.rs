@@ -14,6 +14,7 @@ mod helm;
 mod hpa;
 mod kube_proxy;
 mod kwok;
+mod lifecycle;
 mod prices;
 mod prometheus;
 mod support;

@@ -1402,6 +1402,9 @@ impl Controller {
             Count::NodesUnhealthy(n) => {
                 self.metrics.nodes_unhealthy.set(n as i64);
             }
+            Count::NodesDrifted(n) => {
+                self.metrics.nodes_drifted.set(n as i64);
+            }
             Count::Replaced { pool, cause } => {
                 self.metrics
                     .nodes_replaced

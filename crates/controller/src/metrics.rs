@@ -106,6 +106,7 @@ pub struct Metrics {
     pub evictions: Family<EvictionResult, Counter>,
     pub nodes_gpus_lost: Gauge,
     pub nodes_unhealthy: Gauge,
+    pub nodes_drifted: Gauge,
     pub nodes_replaced: Family<Replaced, Counter>,
     pub interruption_messages: Family<NoticeLabel, Counter>,
     pub gpu_metrics_reads: Family<ReadResult, Counter>,
@@ -222,6 +223,7 @@ impl Metrics {
             evictions: Family::default(),
             nodes_gpus_lost: Gauge::default(),
             nodes_unhealthy: Gauge::default(),
+            nodes_drifted: Gauge::default(),
             nodes_replaced: Family::default(),
             interruption_messages: Family::default(),
             gpu_metrics_reads: Family::default(),
@@ -315,8 +317,13 @@ impl Metrics {
             m.nodes_unhealthy.clone(),
         );
         registry.register(
+            "nodes_drifted",
+            "Nodes of ours launched differently from what their pool launches today",
+            m.nodes_drifted.clone(),
+        );
+        registry.register(
             "nodes_replaced",
-            "Nodes drained and removed to be replaced, per pool and cause (unhealthy, interrupted, consolidating)",
+            "Nodes drained and removed to be replaced, per pool and cause (unhealthy, interrupted, consolidating, drifted, expired)",
             m.nodes_replaced.clone(),
         );
         registry.register(

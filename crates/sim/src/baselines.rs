@@ -761,6 +761,7 @@ impl Strategy for KarpenterLike {
             }
         }
         self.repair(world);
+        self.replace_drifted(world);
         let replacement_nodes = self.advance_replacements(world);
         self.ice.retain(|_, until| *until > now);
         let templates = world.templates().to_vec();
@@ -959,6 +960,82 @@ impl Strategy for KarpenterLike {
 }
 
 impl KarpenterLike {
+    /// Karpenter's drift: a node launched before its NodePool's template last changed is
+    /// replaced, within the pool's disruption budget for `Drifted` (its default, `10%` of the
+    /// pool's nodes rounded up, when the pool writes none): an empty one is deleted at once;
+    /// otherwise a node of the same offering is launched, the old one tainted
+    /// `karpenter.sh/disrupted` and drained once the new one is initialised (as a consolidation's
+    /// replacement, [`Self::advance_replacements`]).
+    fn replace_drifted(&mut self, world: &mut World) {
+        let drifted = world.drifted_nodes();
+        if drifted.is_empty() {
+            return;
+        }
+        let now = world.now;
+        let snapshot = world.snapshot();
+        for (node, pool) in drifted {
+            if self.replacing.iter().any(|r| r.old == node) {
+                continue;
+            }
+            let size = pool_nodes(&snapshot, &pool).max(0) as usize;
+            let busy = self
+                .replacing
+                .iter()
+                .filter(|r| r.pool == pool && r.drained.is_none())
+                .count();
+            let left = self.policy.pool(&pool).and_then(|p| {
+                plan::disrupt::budget_left(
+                    p,
+                    gpu_node_autoscaler_core::policy::Reason::Drifted,
+                    size,
+                    busy,
+                    Time(now),
+                )
+            });
+            if left == Some(0) {
+                continue;
+            }
+            let busy_pods = snapshot
+                .pods
+                .iter()
+                .any(|p| p.node_name.as_deref() == Some(node.as_str()) && !p.is_daemonset());
+            world.set_taint(&node, &disrupted_taint(), true);
+            if !busy_pods {
+                world.drain_and_remove(&node);
+                continue;
+            }
+            let Some(offering) = world
+                .live_nodes()
+                .find(|n| n.node.name == node)
+                .map(|n| n.offering.clone())
+            else {
+                continue;
+            };
+            self.launches += 1;
+            let req = LaunchRequest {
+                launch_id: format!("karpenter-{}", self.launches),
+                pool: pool.clone(),
+                count: 1,
+                offerings: vec![offering],
+                tags: BTreeMap::new(),
+            };
+            let launched = world
+                .launch(&req)
+                .ok()
+                .and_then(|r| r.launched.first().map(|i| i.id.clone()));
+            match launched {
+                Some(instance) => self.replacing.push(Replacement {
+                    old: node.clone(),
+                    pool: pool.clone(),
+                    instance,
+                    launched: now,
+                    drained: None,
+                }),
+                None => world.set_taint(&node, &disrupted_taint(), false),
+            }
+        }
+    }
+
     /// Replacements under way: once the new node advertises its GPUs (initialised), the old
     /// node is drained and deleted; a replacement whose instance is gone or that has not come in
     /// `REPLACEMENT_TTL` is given up and the old node untainted. Returns the new nodes, which

@@ -77,6 +77,8 @@ struct PodState {
     stalled: bool,
     /// The devices its claims hold on its node.
     allocated: Allocated,
+    /// Evicted by a drift or expiry replacement at: pending until it runs again.
+    evicted_at: Option<Ms>,
 }
 
 /// A node of the simulated cluster (registered instance).
@@ -115,6 +117,8 @@ struct LiveInstance {
     gone: bool,
     /// When its node advertised its GPUs.
     advertised_at: Option<Ms>,
+    /// Its pool's template version when it was launched (see [`CloudEvent::Drift`]).
+    version: u32,
 }
 
 /// The simulated world a strategy acts on.
@@ -168,6 +172,12 @@ pub struct World {
     /// Some pod has rules across nodes (host ports, pod affinity, spread): the scheduler keeps
     /// a topology index while it binds.
     topology: bool,
+    /// Per pool, its template version: bumped by each drift event.
+    pool_versions: BTreeMap<String, u32>,
+    /// Bumped whenever the policy changes (a drift event changes a pool's provider settings).
+    policy_version: u64,
+    /// Drift or expiry can happen in this run: their replacements are measured.
+    lifecycle: bool,
 }
 
 impl World {
@@ -196,6 +206,7 @@ impl World {
                 disrupted_since: None,
                 stalled: false,
                 allocated: Vec::new(),
+                evicted_at: None,
             })
             .collect();
         let mut dra = DraObjects {
@@ -256,6 +267,17 @@ impl World {
                 .pods
                 .iter()
                 .any(|w| w.pod.constraints.topology.is_some()),
+            pool_versions: BTreeMap::new(),
+            policy_version: 0,
+            lifecycle: input
+                .events
+                .iter()
+                .any(|e| matches!(e, CloudEvent::Drift { .. }))
+                || input
+                    .policy
+                    .pools
+                    .iter()
+                    .any(|p| p.disruption.expire_after.is_some()),
         };
         for (i, p) in input.pods.iter().enumerate() {
             w.push(p.arrival, Event::Arrive(i));
@@ -277,7 +299,8 @@ impl World {
                 CloudEvent::InsufficientCapacity { at, .. }
                 | CloudEvent::SpotInterruption { at, .. }
                 | CloudEvent::GpuFailure { at, .. }
-                | CloudEvent::Quota { at, .. } => *at,
+                | CloudEvent::Quota { at, .. }
+                | CloudEvent::Drift { at, .. } => *at,
             };
             w.push(at, Event::Cloud(i));
         }
@@ -398,6 +421,7 @@ impl World {
                     node: None,
                     gone: false,
                     advertised_at: None,
+                    version: self.pool_versions.get(&inst.pool).copied().unwrap_or(0),
                 },
             );
             let span = (self.timing.boot_max - self.timing.boot_min).max(0) as u64;
@@ -453,11 +477,18 @@ impl World {
             effect: Effect::NoSchedule,
         });
         self.nodes[ni].node.unschedulable = true;
+        let replaced = self.lifecycle && self.lifecycle_disrupted(ni);
+        if replaced {
+            self.metrics.lifecycle_replacements += 1;
+        }
         let pods = self.nodes[ni].pods.clone();
         for p in pods {
             if !self.pods[p].pod.is_daemonset() {
                 self.metrics.evictions += 1;
                 self.unbind(p);
+                if replaced {
+                    self.pods[p].evicted_at = Some(self.now);
+                }
             }
         }
         let id = self.nodes[ni].instance_id.clone();
@@ -558,7 +589,57 @@ impl World {
                 self.grown.insert(ni);
             }
             self.dirty = true;
+            if self.lifecycle {
+                let now = self
+                    .live_nodes
+                    .iter()
+                    .filter(|&&i| self.lifecycle_disrupted(i))
+                    .count();
+                self.metrics.peak_nodes_disrupted = self.metrics.peak_nodes_disrupted.max(now);
+            }
         }
+    }
+
+    /// Whether node `ni` is being replaced for drift or expiry: tainted by the strategy that
+    /// replaces it (ours `gpu-node-autoscaler.io/replacing`, Karpenter's
+    /// `karpenter.sh/disrupted`) and drifted, or tainted as expired.
+    fn lifecycle_disrupted(&self, ni: usize) -> bool {
+        let n = &self.nodes[ni];
+        let tainted = |v: Option<&str>| {
+            n.node.taints.iter().any(|t| {
+                (t.key == labels::REPLACING_TAINT || t.key == "karpenter.sh/disrupted")
+                    && v.is_none_or(|v| t.value == v)
+            })
+        };
+        (tainted(None) && self.is_drifted(ni)) || tainted(Some("expired"))
+    }
+
+    /// Whether node `ni` was launched before its pool's template last changed.
+    fn is_drifted(&self, ni: usize) -> bool {
+        let n = &self.nodes[ni];
+        let now = self.pool_versions.get(&n.pool).copied().unwrap_or(0);
+        self.instances
+            .get(&n.instance_id)
+            .is_some_and(|i| i.version < now)
+    }
+
+    /// Live nodes launched before their pool's template last changed: (node, pool).
+    pub fn drifted_nodes(&self) -> Vec<(String, String)> {
+        self.live_nodes
+            .iter()
+            .filter(|&&ni| self.is_drifted(ni))
+            .map(|&ni| {
+                (
+                    self.nodes[ni].node.name.clone(),
+                    self.nodes[ni].pool.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Changes whenever the policy does (see [`CloudEvent::Drift`]).
+    pub fn policy_version(&self) -> u64 {
+        self.policy_version
     }
 
     pub fn give_back(&mut self, node: &str) {
@@ -872,6 +953,9 @@ impl World {
         self.running_gpus += st.gpu_eq;
         if let Some(t) = st.disrupted_since.take() {
             self.metrics.lost_gpu_hours += (now - t) as f64 / HOUR as f64 * st.gpu_eq;
+        }
+        if let Some(t) = st.evicted_at.take() {
+            self.metrics.disrupted_pod_hours += (now - t) as f64 / HOUR as f64;
         }
         if let Some(r) = st.remaining {
             let epoch = st.epoch;
@@ -1360,6 +1444,27 @@ impl World {
                 max_gpus,
                 ..
             } => self.provider.set_quota(max_instances, max_gpus),
+            CloudEvent::Drift { pool, .. } => {
+                // What the pool launches changes: a new template version in its provider
+                // section (the image it resolves to), as an operator's change would.
+                let v = self.pool_versions.entry(pool.clone()).or_default();
+                *v += 1;
+                let version = *v;
+                if let Some(p) = self.policy.pools.iter_mut().find(|p| p.name == pool) {
+                    let mut settings = match p.settings.take() {
+                        Some(serde_json::Value::Object(m)) => m,
+                        _ => serde_json::Map::new(),
+                    };
+                    settings.insert(
+                        "simulatedTemplateVersion".into(),
+                        serde_json::Value::from(version),
+                    );
+                    p.settings = Some(serde_json::Value::Object(settings));
+                }
+                self.policy_version += 1;
+                self.changed = true;
+                self.dirty = true;
+            }
         }
     }
 

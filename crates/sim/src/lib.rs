@@ -89,6 +89,9 @@ pub enum CloudEvent {
         max_instances: Option<u32>,
         max_gpus: Option<u32>,
     },
+    /// The pool's launch template (or the image it resolves to) changes at `at`: its nodes
+    /// launched before are drifted from then on.
+    Drift { at: Ms, pool: String },
 }
 
 /// Timing of the simulated cluster.

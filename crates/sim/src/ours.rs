@@ -23,6 +23,9 @@ const IDLE_LOOK: Ms = 10 * MINUTE;
 pub struct Ours {
     core: Autoscaler,
     next: Option<Ms>,
+    catalog: gpu_node_autoscaler_provider::Catalog,
+    /// The world's policy version last applied.
+    policy_version: u64,
 }
 
 impl Ours {
@@ -40,10 +43,15 @@ impl Ours {
             // Events and the status have no reader here.
             report: false,
         });
-        core.set_policy(Arc::new(input.policy.clone()), catalog);
+        core.set_policy(Arc::new(input.policy.clone()), catalog.clone());
         // A fresh cluster: no earlier leader's history.
         core.restore(None);
-        Ours { core, next: None }
+        Ours {
+            core,
+            next: None,
+            catalog,
+            policy_version: 0,
+        }
     }
 
     /// The decision core's last plan (what it placed, launched and could not help).
@@ -134,6 +142,12 @@ impl Strategy for Ours {
 
     fn run(&mut self, world: &mut World) {
         let now = world.now;
+        // The policy changed (a pool's template): reloaded, as the controller does.
+        if world.policy_version() != self.policy_version {
+            self.policy_version = world.policy_version();
+            self.core
+                .set_policy(Arc::new(world.policy.clone()), self.catalog.clone());
+        }
         let obs = Observation {
             now: Time(now),
             snapshot: world.snapshot(),

@@ -48,6 +48,16 @@ pub struct Metrics {
     /// Cost per pool × instance type × capacity type.
     pub cost_by_offering: Vec<OfferingCost>,
     pub provider_calls: usize,
+    /// Nodes replaced because they were drifted (launched before their pool's template
+    /// changed) or expired: drained and removed.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub lifecycle_replacements: usize,
+    /// Pod-hours the pods evicted by those replacements spent pending until they ran again.
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub disrupted_pod_hours: f64,
+    /// The most nodes being replaced for drift or expiry at once.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub peak_nodes_disrupted: usize,
     pub wall_s: f64,
     /// Input rows left out, with why and how many.
     pub skipped: Vec<(String, usize)>,
@@ -67,6 +77,14 @@ pub struct OfferingCost {
     pub nodes: usize,
     pub cost_usd: f64,
     pub gpu_hours: f64,
+}
+
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
+
+fn is_zero_f(v: &f64) -> bool {
+    *v == 0.0
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -180,6 +198,26 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
         }),
         ("wall time (s)", |m| format!("{:.2}", m.wall_s)),
     ];
+    let mut rows = rows;
+    // Drift and expiry, only where there was some (other reports stay as they were).
+    if runs
+        .iter()
+        .any(|m| m.lifecycle_replacements > 0 || m.peak_nodes_disrupted > 0)
+    {
+        let at = rows.len() - 1;
+        let lifecycle: [Row; 3] = [
+            ("drift/expiry replaced", |m| {
+                m.lifecycle_replacements.to_string()
+            }),
+            ("disrupted pod-hours", |m| {
+                format!("{:.2}", m.disrupted_pod_hours)
+            }),
+            ("peak nodes disrupted", |m| {
+                m.peak_nodes_disrupted.to_string()
+            }),
+        ];
+        rows.splice(at..at, lifecycle);
+    }
     let _ = write!(s, "{:<24}", "");
     for m in runs {
         let _ = write!(s, " {:>20}", m.strategy);

@@ -228,6 +228,14 @@ struct RawEvent {
     spot_interruption: Option<RawSpot>,
     gpu_failure: Option<RawGpuFailure>,
     quota: Option<RawQuota>,
+    drift: Option<RawDrift>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawDrift {
+    at: String,
+    pool: String,
 }
 
 #[derive(Deserialize)]
@@ -875,12 +883,13 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             e.spot_interruption.is_some(),
             e.gpu_failure.is_some(),
             e.quota.is_some(),
+            e.drift.is_some(),
         ];
         if set.iter().filter(|x| **x).count() != 1 {
             errs.at(
                 &path(&[k("events"), i(ei)]),
                 "an event is exactly one of insufficientCapacity, spotInterruption, gpuFailure, \
-                 quota",
+                 quota, drift",
             );
             continue;
         }
@@ -940,6 +949,22 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 fraction: g.fraction,
                 pool: g.pool.clone(),
                 xid: g.xid.unwrap_or(79),
+            });
+        }
+        if let Some(d) = &e.drift {
+            let p = |f: &str| path(&[k("events"), i(ei), k("drift"), k(f)]);
+            if policy
+                .as_ref()
+                .is_some_and(|pol: &Policy| pol.pool(&d.pool).is_none())
+            {
+                errs.at(
+                    &p("pool"),
+                    format!("no pool named {:?} in the policy", d.pool),
+                );
+            }
+            events.push(CloudEvent::Drift {
+                at: errs.dur(&p("at"), &d.at),
+                pool: d.pool.clone(),
             });
         }
         if let Some(q) = &e.quota {

@@ -266,6 +266,7 @@ pub fn registrations<'a>(
     nodes: &NodeIndex,
     pools: &[Pool],
     catalog: &Catalog,
+    fingerprints: &BTreeMap<String, (crate::model::Time, String)>,
 ) -> BTreeMap<String, Registration> {
     let by_provider_id = &nodes.0;
     let mut out = BTreeMap::new();
@@ -332,6 +333,15 @@ pub fn registrations<'a>(
                 reg.remove_taints.push(t.clone());
             }
         }
+        // What its launch used, known for launches issued by this process (a provider that
+        // turns tags into annotations, kwok, has put it there already).
+        if let (false, Some((_, fp))) = (
+            node.annotations.contains_key(labels::LAUNCH_FINGERPRINT),
+            fingerprints.get(&i.launch_id),
+        ) {
+            reg.annotations
+                .insert(labels::LAUNCH_FINGERPRINT.to_string(), fp.clone());
+        }
         if node.advertised_gpus() > 0 && !node.annotations.contains_key(labels::GPUS_ADVERTISED) {
             reg.annotations
                 .insert(labels::GPUS_ADVERTISED.to_string(), "true".to_string());
@@ -395,14 +405,22 @@ pub fn node_template_tags(pool: &Pool) -> BTreeMap<String, String> {
     tags
 }
 
-/// The launch request for one planned scale-up.
+/// The launch request for one planned scale-up: the pool's node-template tags, and what the
+/// launch uses ([`crate::plan::lifecycle::fingerprint`]).
 pub fn launch_request(su: &ScaleUp, pool: Option<&Pool>, attempt: u32) -> LaunchRequest {
+    let mut tags = pool.map(node_template_tags).unwrap_or_default();
+    if let Some(p) = pool {
+        tags.insert(
+            labels::LAUNCH_FINGERPRINT.to_string(),
+            crate::plan::lifecycle::fingerprint(p),
+        );
+    }
     LaunchRequest {
         launch_id: launch_id(su, attempt),
         pool: su.pool.clone(),
         count: su.count,
         offerings: su.offerings.iter().map(|o| o.key()).collect(),
-        tags: pool.map(node_template_tags).unwrap_or_default(),
+        tags,
     }
 }
 
@@ -687,6 +705,7 @@ mod registration_tests {
             &NodeIndex::new(nodes.values()),
             &policy.pools,
             &test_catalog(),
+            &BTreeMap::new(),
         );
         assert_eq!(regs.len(), 1, "only the node of our instance: {regs:?}");
         let r = &regs["n1"];
@@ -708,7 +727,8 @@ mod registration_tests {
             &[instance("i-1", InstanceState::Running)],
             &NodeIndex::new(nodes.values()),
             &policy.pools,
-            &test_catalog()
+            &test_catalog(),
+            &BTreeMap::new()
         )
         .is_empty());
     }
@@ -724,13 +744,15 @@ mod registration_tests {
             &NodeIndex::new(nodes.values()),
             &policy.pools,
             &test_catalog(),
+            &BTreeMap::new(),
         );
         assert!(!regs["n1"].labels.contains_key("team"), "{regs:?}");
         assert!(registrations(
             &[instance("i-1", InstanceState::ShuttingDown)],
             &NodeIndex::new(nodes.values()),
             &policy.pools,
-            &test_catalog()
+            &test_catalog(),
+            &BTreeMap::new()
         )
         .is_empty());
     }

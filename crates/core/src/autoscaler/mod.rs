@@ -176,6 +176,8 @@ pub enum Count {
     NodesGpusLost(usize),
     /// Nodes of ours seen unhealthy now (a gauge).
     NodesUnhealthy(usize),
+    /// Nodes of ours drifted now (a gauge).
+    NodesDrifted(usize),
     /// A node replaced (drained and removed) for `cause` (`unhealthy`, `interrupted`).
     Replaced {
         pool: String,
@@ -379,6 +381,10 @@ struct Launches {
     planned: BTreeMap<String, (Time, crate::model::snapshot::PlannedNodes)>,
     /// Pending pods nominated here: pod UID → node.
     nominated: HashMap<String, String>,
+    /// Per launch id issued here: when, and what it used
+    /// ([`crate::plan::lifecycle::fingerprint`]), given to its Nodes at registration; kept for
+    /// the longest a node may take to come.
+    fingerprints: BTreeMap<String, (Time, String)>,
 }
 
 /// Fleet tracking: instances launched here until listed, launch ids given up, instances seen and
@@ -410,6 +416,8 @@ struct Disruptions {
     removed: HashMap<String, Time>,
     /// Nodes being replaced (broken, about to be taken back, or consolidated).
     replace: replace::Replacements,
+    /// Nodes drifted or expired.
+    lifecycle: disruption::lifecycle::LifecycleState,
     /// Per pool with consolidation: when its running pods are planned again next.
     consolidation_due: BTreeMap<String, Time>,
     /// Per pool: what its last fruitless consolidation looked at, and when.
@@ -643,6 +651,20 @@ impl Autoscaler {
         for t in self.disruption.replace.timers() {
             consider(t);
         }
+        let grace_of = |pool: &str| {
+            policy
+                .pool(pool)
+                .and_then(|p| p.disruption.termination_grace_period)
+        };
+        for t in self.disruption.lifecycle.timers(grace_of) {
+            consider(t);
+        }
+        // A scheduled disruption budget opening or closing changes what may be disrupted.
+        for pool in &policy.pools {
+            if let Some(t) = crate::plan::disrupt::next_budget_change(pool, now) {
+                consider(t);
+            }
+        }
         // A pool whose last look found nothing is looked at again when something changes (a
         // pass comes then anyway) or after a while; one with nodes and no look yet, when due.
         for (pool, due) in &self.disruption.consolidation_due {
@@ -712,7 +734,13 @@ impl Autoscaler {
             view.instance_of_node
                 .insert(o.instance.provider_id.clone(), o.instance.id.clone());
         }
-        let regs = registrations(instances.iter(), &index, &policy.pools, &self.catalog);
+        let regs = registrations(
+            instances.iter(),
+            &index,
+            &policy.pools,
+            &self.catalog,
+            &self.launches.fingerprints,
+        );
         drop(index);
         let pod_index = if self.config.report {
             obs.snapshot

@@ -28,6 +28,10 @@ pub enum Cause {
     Interrupted,
     /// Its pods fit cheaper capacity (GPU-aware consolidation).
     Consolidating,
+    /// Launched differently from what its pool launches today.
+    Drifted,
+    /// Older than its pool's `disruption.expireAfter`.
+    Expired,
 }
 
 impl Cause {
@@ -36,13 +40,22 @@ impl Cause {
             Cause::Unhealthy => "unhealthy",
             Cause::Interrupted => "interrupted",
             Cause::Consolidating => "consolidating",
+            Cause::Drifted => "drifted",
+            Cause::Expired => "expired",
         }
+    }
+
+    /// Taken by choice: counted against the pool's disruption budgets.
+    pub fn voluntary(self) -> bool {
+        matches!(self, Cause::Consolidating | Cause::Drifted | Cause::Expired)
     }
 
     pub(super) fn parse(s: &str) -> Cause {
         match s {
             "interrupted" => Cause::Interrupted,
             "consolidating" => Cause::Consolidating,
+            "drifted" => Cause::Drifted,
+            "expired" => Cause::Expired,
             _ => Cause::Unhealthy,
         }
     }
@@ -58,7 +71,7 @@ impl Cause {
     pub fn drain_kind(self) -> DrainKind {
         match self {
             Cause::Unhealthy | Cause::Interrupted => DrainKind::Forced,
-            Cause::Consolidating => DrainKind::Voluntary,
+            Cause::Consolidating | Cause::Drifted | Cause::Expired => DrainKind::Voluntary,
         }
     }
 }
@@ -94,6 +107,9 @@ pub struct Replacing {
     pub offerings: Vec<gpu_node_autoscaler_provider::OfferingKey>,
     /// An interrupted spot node: when its instance is taken back (see [`reclaimed_at`]).
     pub reclaimed_at: Option<Time>,
+    /// A drifted or expired node held past its pool's `terminationGracePeriod`: drained all
+    /// the same, every pod evicted.
+    pub forced: bool,
 }
 
 /// The replacement bookkeeping of the core.
@@ -265,6 +281,7 @@ impl Replacements {
                         started: now,
                         offerings: Vec::new(),
                         reclaimed_at: None,
+                        forced: false,
                     });
             }
         }
@@ -313,10 +330,13 @@ impl Replacements {
         }
         let healthy_long = |u: &Unhealthy| now.since(u.last_seen) >= u.grace;
         if let (Some(r), Some(key)) = (self.replacing.get_mut(&n.name), interrupted) {
-            // Being consolidated, and now about to be taken back: drained at once.
-            if r.cause == Cause::Consolidating {
+            // Being replaced by choice, and now about to be taken back: drained at once.
+            if r.cause.voluntary() {
+                r.why = format!(
+                    "interruption notice ({key}) while being {}",
+                    r.cause.as_str()
+                );
                 r.cause = Cause::Interrupted;
-                r.why = format!("interruption notice ({key}) while being consolidated");
             }
         }
         if let Some(r) = self.replacing.get(&n.name) {
@@ -380,6 +400,7 @@ impl Replacements {
                 started: now,
                 offerings: Vec::new(),
                 reclaimed_at: None,
+                forced: false,
             },
         );
         Step::Start { cause, why }
@@ -520,6 +541,34 @@ pub fn ready_to_drain(pods: &[String], plan: &Plan) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// As [`ready_to_drain`], and the nodes its pods have a place on are Ready with their GPUs
+/// advertised (or their devices published): a drifted or expired node is drained only once its
+/// replacement is up, never before.
+pub fn ready_to_drain_on_ready(pods: &[String], plan: &Plan, nodes: &[Node]) -> Result<(), String> {
+    ready_to_drain(pods, plan)?;
+    let mut booting: Vec<&str> = Vec::new();
+    for p in pods {
+        let Some(x) = plan.existing_capacity.iter().find(|x| &x.pod == p) else {
+            continue;
+        };
+        let up = nodes
+            .iter()
+            .find(|n| n.name == x.target)
+            .is_some_and(|n| n.ready && (n.advertised_gpus() > 0 || n.dra_devices > 0));
+        if !up && !booting.contains(&x.target.as_str()) {
+            booting.push(&x.target);
+        }
+    }
+    if booting.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "waiting for {} to be Ready with its GPUs advertised",
+            booting.join(", ")
+        ))
+    }
 }
 
 /// Why the new capacity of a replaced node's pods is missing, if it is: a pod the plan found no

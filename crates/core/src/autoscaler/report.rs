@@ -18,11 +18,17 @@ impl Autoscaler {
         out: &mut Vec<Action>,
     ) {
         self.report_unschedulable(pass, plan, out);
-        let kept: BTreeMap<String, String> = plan
+        let mut kept: BTreeMap<String, String> = plan
             .kept
             .iter()
             .map(|k| (k.node.clone(), k.reason.clone()))
             .collect();
+        // Drifted and expired nodes held (do-not-disrupt, a budget).
+        for (node, d) in &self.disruption.lifecycle.due {
+            if d.held.is_some() && !d.replacing {
+                kept.insert(node.clone(), d.describe());
+            }
+        }
         for (node, reason) in &kept {
             if self.reported.kept.get(node) != Some(reason) {
                 out.push(Action::Log {
@@ -96,6 +102,13 @@ impl Autoscaler {
             unavailable: &self.launches.ice,
             given_up: &self.fleet.given_up,
             replacements: &self.disruption.replace,
+            lifecycle: &self
+                .disruption
+                .lifecycle
+                .due
+                .iter()
+                .map(|(n, d)| (n.clone(), d.describe()))
+                .collect(),
         });
         st.orphans = Self::orphan_status(pass);
         st.launched_unlisted = self

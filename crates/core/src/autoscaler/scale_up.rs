@@ -39,6 +39,9 @@ impl Autoscaler {
         self.launches
             .planned
             .retain(|_, (at, _)| now.since(*at) < keep);
+        self.launches
+            .fingerprints
+            .retain(|_, (at, _)| now.since(*at) < keep);
         pass.snapshot.planned = self
             .launches
             .planned
@@ -152,6 +155,11 @@ impl Autoscaler {
                 self.launches
                     .planned
                     .insert(req.launch_id.clone(), (now, Arc::new(lists)));
+            }
+            if let Some(fp) = req.tags.get(crate::model::labels::LAUNCH_FINGERPRINT) {
+                self.launches
+                    .fingerprints
+                    .insert(req.launch_id.clone(), (now, fp.clone()));
             }
             issued.push(Issued {
                 launch_id: req.launch_id.clone(),

@@ -66,6 +66,9 @@ pub struct Status {
     /// the same pods again under another launch id.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub launched_unlisted: BTreeMap<String, LaunchedStatus>,
+    /// Nodes of ours drifted or expired → what changed, and what keeps them if something does.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub drifted_nodes: BTreeMap<String, String>,
 }
 
 /// An instance launched and not listed yet.
@@ -194,6 +197,8 @@ pub struct StatusInput<'a> {
     pub unavailable: &'a BTreeMap<OfferingKey, Time>,
     pub given_up: &'a std::collections::HashMap<String, Time>,
     pub replacements: &'a super::replace::Replacements,
+    /// Drifted or expired nodes → as the status shows them.
+    pub lifecycle: &'a BTreeMap<String, String>,
 }
 
 pub fn build(i: &StatusInput) -> Status {
@@ -305,6 +310,7 @@ pub fn build(i: &StatusInput) -> Status {
             .collect(),
         orphans: BTreeMap::new(),
         launched_unlisted: BTreeMap::new(),
+        drifted_nodes: i.lifecycle.clone(),
     }
 }
 
@@ -359,6 +365,12 @@ pub fn to_text(s: &Status) -> String {
         let _ = writeln!(out, "\nNodes being replaced:");
         for (n, why) in &s.replacing_nodes {
             let _ = writeln!(out, "  {n}: {why}");
+        }
+    }
+    if !s.drifted_nodes.is_empty() {
+        let _ = writeln!(out, "\nNodes drifted or expired:");
+        for (n, what) in &s.drifted_nodes {
+            let _ = writeln!(out, "  {n}: {what}");
         }
     }
     if !s.unhealthy_nodes.is_empty() {
@@ -422,6 +434,7 @@ mod tests {
             unavailable: &known.unavailable,
             given_up: &known.given_up,
             replacements: &Default::default(),
+            lifecycle: &BTreeMap::new(),
         })
     }
 

@@ -2661,3 +2661,4 @@ fn overrun_a_node_whose_instance_cannot_be_terminated_is_not_deleted_until_it_is
         .count();
     assert_eq!(deletes, 1, "{:?}", run.actions);
 }
+mod lifecycle;

@@ -5,6 +5,7 @@ pub mod bound;
 pub mod consolidate;
 mod devices;
 pub mod disrupt;
+pub mod lifecycle;
 pub mod output;
 mod pack;
 pub mod scale_down;

@@ -1,6 +1,7 @@
 //! The scaling policy (ConfigMap `kube-system/gpu-node-autoscaler-policy`, key `policy.yaml`):
 //! schema, defaults and strict validation with `FILE:LINE:COL` errors.
 
+pub mod cron;
 pub mod duration;
 pub mod source_map;
 
@@ -212,6 +213,8 @@ pub struct Pool {
     pub scale_down: ScaleDown,
     pub consolidation: Consolidation,
     pub health: Health,
+    /// Node lifecycle: expiry, the drain grace of drift and expiry, disruption budgets.
+    pub disruption: Disruption,
     /// Whether a rebalance recommendation (elevated spot interruption risk) replaces a node.
     pub replace_on_rebalance: bool,
     /// How long a pending pod waits for spot capacity before on-demand is launched for it
@@ -386,6 +389,75 @@ impl Default for Consolidation {
     }
 }
 
+/// A pool's `disruption:` section: how long its nodes live, how long the drain of a drifted or
+/// expired node waits for pods that may not be disrupted, and how many of its nodes voluntary
+/// disruption may take at once.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Disruption {
+    /// Nodes older than this are replaced (`None`: `Never`).
+    pub expire_after: Option<Duration>,
+    /// The most a drifted or expired node is kept by pods that may not be disrupted
+    /// (do-not-disrupt, safe-to-evict `"false"`, PodDisruptionBudgets): then it is replaced and
+    /// drained all the same. `None`: kept as long as they are there.
+    pub termination_grace_period: Option<Duration>,
+    /// Disruption budgets; the tightest active one for a reason wins.
+    pub budgets: Vec<Budget>,
+}
+
+/// Why a node is disrupted by choice, as disruption budgets name it (Karpenter's reasons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// Scale-down of an empty node.
+    Empty,
+    /// Scale-down of an underutilized node, or consolidation.
+    Underutilized,
+    /// Replacement of a node launched differently from what its pool launches today.
+    Drifted,
+    /// Replacement of a node older than `expireAfter`.
+    Expired,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 4] = [
+        Reason::Empty,
+        Reason::Underutilized,
+        Reason::Drifted,
+        Reason::Expired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Empty => "Empty",
+            Reason::Underutilized => "Underutilized",
+            Reason::Drifted => "Drifted",
+            Reason::Expired => "Expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// How many nodes a budget lets be disrupted at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetNodes {
+    Count(u32),
+    /// A share of the pool's nodes, rounded up (as Karpenter and PodDisruptionBudgets do).
+    Percent(u32),
+}
+
+/// One disruption budget.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Budget {
+    pub nodes: BudgetNodes,
+    /// The reasons it limits; every reason when none are written.
+    pub reasons: Vec<Reason>,
+    /// When it is active: from each time the schedule fires, for `duration`; always when
+    /// there is no schedule.
+    pub schedule: Option<(cron::Cron, Duration)>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScaleDown {
     pub enabled: bool,
@@ -541,6 +613,8 @@ struct RawPool {
     #[serde(default)]
     health: RawHealth,
     #[serde(default)]
+    disruption: RawDisruption,
+    #[serde(default)]
     replace_on_rebalance: bool,
     spot_max_wait: Option<Dur>,
 }
@@ -662,6 +736,25 @@ struct RawConsolidation {
     max_nodes: Option<u32>,
     move_jobs: Option<bool>,
     restart_cost: Option<Dur>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawDisruption {
+    expire_after: Option<String>,
+    termination_grace_period: Option<Dur>,
+    #[serde(default)]
+    budgets: Vec<RawBudget>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawBudget {
+    nodes: Value,
+    #[serde(default)]
+    reasons: Vec<String>,
+    schedule: Option<String>,
+    duration: Option<Dur>,
 }
 
 #[derive(Default, Deserialize)]
@@ -1760,6 +1853,7 @@ fn validate_pool(
     }
     let consolidation = validate_consolidation(i, r.consolidation, c);
     let health = validate_health(i, r.health, c);
+    let disruption = validate_disruption(i, r.disruption, c);
     // Each provider checks its section, and the pools that name it.
     let facts = PoolFacts {
         name: &r.name,
@@ -1805,6 +1899,7 @@ fn validate_pool(
         max_pods,
         priority: r.priority,
         health,
+        disruption,
         replace_on_rebalance: r.replace_on_rebalance,
         spot_max_wait,
         scale_down: ScaleDown {
@@ -1851,6 +1946,112 @@ fn validate_consolidation(i: usize, r: RawConsolidation, c: &mut Collector) -> C
         max_nodes,
         move_jobs: r.move_jobs.unwrap_or(d.move_jobs),
         restart_cost: c.duration(&at("restartCost"), r.restart_cost, d.restart_cost),
+    }
+}
+
+fn validate_disruption(i: usize, r: RawDisruption, c: &mut Collector) -> Disruption {
+    let at = |f: &str| pool_path(i, &["disruption", f]);
+    let expire_after = match r.expire_after.as_deref() {
+        None | Some("Never") => None,
+        Some(s) => match duration::parse_duration(s) {
+            Ok(d) if d.is_zero() => {
+                c.at(&at("expireAfter"), "must be longer than zero, or Never");
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                c.at(&at("expireAfter"), format!("{e} (or Never)"));
+                None
+            }
+        },
+    };
+    let termination_grace_period = r
+        .termination_grace_period
+        .map(|d| c.duration(&at("terminationGracePeriod"), Some(d), Duration::ZERO));
+    let mut budgets = Vec::new();
+    for (b, raw) in r.budgets.into_iter().enumerate() {
+        let bp = |f: &str| {
+            let mut p = pool_path(i, &["disruption", "budgets"]);
+            p.push(PathSeg::Index(b));
+            p.push(key(f));
+            p
+        };
+        let nodes = match &raw.nodes {
+            Value::Number(n) => match n.as_u64() {
+                Some(v) if v <= u64::from(u32::MAX) => Some(BudgetNodes::Count(v as u32)),
+                _ => None,
+            },
+            Value::String(s) => match s.strip_suffix('%') {
+                Some(p) => p
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|p| *p <= 100)
+                    .map(BudgetNodes::Percent),
+                None => s.parse::<u32>().ok().map(BudgetNodes::Count),
+            },
+            _ => None,
+        };
+        let Some(nodes) = nodes else {
+            c.at(
+                &bp("nodes"),
+                format!(
+                    "must be a number of nodes (0 or more) or a percentage from \"0%\" to \"100%\", \
+                     got {}",
+                    raw.nodes
+                ),
+            );
+            continue;
+        };
+        let mut reasons = Vec::new();
+        for (k, s) in raw.reasons.iter().enumerate() {
+            match Reason::parse(s) {
+                Some(r) => reasons.push(r),
+                None => {
+                    let mut p = bp("reasons");
+                    p.push(PathSeg::Index(k));
+                    c.at(
+                        &p,
+                        format!("unknown reason {s:?} (Empty, Underutilized, Drifted, Expired)"),
+                    );
+                }
+            }
+        }
+        let duration = raw
+            .duration
+            .map(|d| c.duration(&bp("duration"), Some(d), Duration::ZERO));
+        let schedule = match (raw.schedule, duration) {
+            (None, None) => None,
+            (Some(_), None) => {
+                c.at(&bp("schedule"), "a schedule needs a duration");
+                None
+            }
+            (None, Some(_)) => {
+                c.at(&bp("duration"), "a duration needs a schedule");
+                None
+            }
+            (Some(s), Some(d)) => {
+                if d < Duration::from_secs(60) {
+                    c.at(&bp("duration"), "must be at least 1m");
+                }
+                match cron::Cron::parse(&s) {
+                    Ok(cr) => Some((cr, d)),
+                    Err(e) => {
+                        c.at(&bp("schedule"), format!("invalid schedule {s:?}: {e}"));
+                        None
+                    }
+                }
+            }
+        };
+        budgets.push(Budget {
+            nodes,
+            reasons,
+            schedule,
+        });
+    }
+    Disruption {
+        expire_after,
+        termination_grace_period,
+        budgets,
     }
 }
 

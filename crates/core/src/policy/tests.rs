@@ -232,6 +232,7 @@ fn example_policy_parses_with_defaults_applied() {
                 xid_codes: vec![48, 63, 64, 74, 79, 94, 95],
                 xid_grace: mins(2),
             },
+            disruption: Disruption::default(),
             settings: None,
             dra: None,
         }
@@ -1863,4 +1864,101 @@ fn orphan_making_changes_of_cluster_name_or_region_are_named_on_reload() {
         why.starts_with("region changed from us-east-1 to us-west-2"),
         "{why}"
     );
+}
+
+#[test]
+fn disruption_budgets_expiry_and_grace_are_read() {
+    let p = parse_ok(&one_pool(&[
+        "    disruption:",
+        "      expireAfter: 720h",
+        "      terminationGracePeriod: 2h",
+        "      budgets:",
+        "        - nodes: \"10%\"",
+        "        - nodes: 0",
+        "          reasons: [Drifted, Underutilized]",
+        "          schedule: \"0 9 * * mon-fri\"",
+        "          duration: 8h",
+        "        - nodes: \"3\"",
+        "          reasons: [Empty]",
+    ]));
+    let d = &p.pools[0].disruption;
+    assert_eq!(d.expire_after, Some(Duration::from_secs(720 * 3600)));
+    assert_eq!(d.termination_grace_period, Some(mins(120)));
+    assert_eq!(d.budgets.len(), 3);
+    assert_eq!(d.budgets[0].nodes, BudgetNodes::Percent(10));
+    assert!(d.budgets[0].reasons.is_empty() && d.budgets[0].schedule.is_none());
+    assert_eq!(d.budgets[1].nodes, BudgetNodes::Count(0));
+    assert_eq!(
+        d.budgets[1].reasons,
+        [Reason::Drifted, Reason::Underutilized]
+    );
+    let (cron, window) = d.budgets[1].schedule.as_ref().unwrap();
+    assert_eq!(
+        (cron.text.as_str(), *window),
+        ("0 9 * * mon-fri", mins(480))
+    );
+    assert_eq!(d.budgets[2].nodes, BudgetNodes::Count(3));
+    // `Never` and nothing: no expiry.
+    let never = parse_ok(&one_pool(&["    disruption: {expireAfter: Never}"]));
+    assert_eq!(never.pools[0].disruption, Disruption::default());
+}
+
+#[test]
+fn bad_disruption_budgets_are_reported_at_their_field() {
+    let cases = vec![
+        (
+            vec!["    disruption:", "      budgets:", "        - nodes: \"110%\""],
+            (8, 11),
+            "pools[0].disruption.budgets[0].nodes: must be a number of nodes (0 or more) or a \
+             percentage from \"0%\" to \"100%\", got \"110%\"",
+        ),
+        (
+            vec!["    disruption:", "      budgets:", "        - nodes: ten"],
+            (8, 11),
+            "budgets[0].nodes: must be a number of nodes",
+        ),
+        (
+            vec![
+                "    disruption:",
+                "      budgets:",
+                "        - nodes: 1",
+                "          schedule: \"0 25 * * *\"",
+                "          duration: 1h",
+            ],
+            (9, 11),
+            "pools[0].disruption.budgets[0].schedule: invalid schedule \"0 25 * * *\": hour field: \
+             25 is outside 0-23",
+        ),
+        (
+            vec![
+                "    disruption:",
+                "      budgets:",
+                "        - nodes: 1",
+                "          schedule: \"@daily\"",
+            ],
+            (9, 11),
+            "budgets[0].schedule: a schedule needs a duration",
+        ),
+        (
+            vec![
+                "    disruption:",
+                "      budgets:",
+                "        - nodes: 1",
+                "          reasons: [Drifted, Sideways]",
+            ],
+            (9, 30),
+            "budgets[0].reasons[1]: unknown reason \"Sideways\"",
+        ),
+        (
+            vec!["    disruption: {expireAfter: 30 days}"],
+            (6, 18),
+            "pools[0].disruption.expireAfter: invalid duration",
+        ),
+        (
+            vec!["    disruption: {terminationGracePeriod: soon}"],
+            (6, 18),
+            "pools[0].disruption.terminationGracePeriod: invalid duration",
+        ),
+    ];
+    assert_one_error_each(cases, one_pool);
 }

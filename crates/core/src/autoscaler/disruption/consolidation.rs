@@ -142,6 +142,33 @@ impl Autoscaler {
                     continue;
                 }
             };
+            if !pool.disruption.budgets.is_empty() {
+                let sizes = self.disruption_counts(&pass.snapshot.nodes);
+                let (size, busy) = sizes.get(&pool.name).copied().unwrap_or((0, 0));
+                let left = plan::disrupt::budget_left(
+                    pool,
+                    crate::policy::Reason::Underutilized,
+                    size,
+                    busy,
+                    now,
+                );
+                if left.is_some_and(|l| l < c.nodes.len()) {
+                    let key = format!("consolidation/{}", pool.name);
+                    let why = format!(
+                        "{}, but the pool's disruption budget for Underutilized allows {} more \
+                         node(s) now",
+                        c.describe(),
+                        left.unwrap_or_default()
+                    );
+                    if self.disruption.replace.report_once(&key, &why) {
+                        out.push(Action::Log {
+                            level: Level::Info,
+                            message: format!("pool {}: not consolidating: {why}", pool.name),
+                        });
+                    }
+                    continue;
+                }
+            }
             self.disruption.consolidation_seen.remove(&pool.name);
             let why = c.describe();
             for node in &c.nodes {
@@ -154,6 +181,7 @@ impl Autoscaler {
                         started: now,
                         offerings: c.offerings.clone(),
                         reclaimed_at: None,
+                        forced: false,
                     },
                 );
                 out.push(Action::Taint {

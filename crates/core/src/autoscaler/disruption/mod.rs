@@ -2,6 +2,7 @@
 //!
 //! - [`replacement`]: nodes that are broken or being taken back by their cloud (involuntary: no
 //!   do-not-disrupt or drain budget holds them);
+//! - [`lifecycle`]: drifted and expired nodes (replaced first, then drained);
 //! - [`consolidation`]: nodes whose running pods fit cheaper capacity;
 //! - [`scale_down`]: unneeded nodes (empty or underutilized);
 //! - [`spot_return`]: empty on-demand nodes kept free while spot is to be had again.
@@ -9,12 +10,13 @@
 //! A pass asks every method in [`METHODS`] order at the same steps: before planning (start or
 //! call off replacements, whose pods the plan then places as pending), before planning again
 //! after a launch ran short, and after the plan (drain what it found a place for). The voluntary
-//! methods' shared rules, do-not-disrupt annotations and the `maxConcurrentDrains` budget, are
-//! [`crate::plan::disrupt`]; drains themselves (start, resume after a restart, roll back, finish)
+//! methods' shared rules, do-not-disrupt annotations, the `maxConcurrentDrains` budget and the
+//! pools' disruption budgets, are [`crate::plan::disrupt`]; drains themselves (start, resume after a restart, roll back, finish)
 //! are here, the same for every method. A new method is a file with a type implementing
 //! [`Method`] and one entry in [`METHODS`].
 
 mod consolidation;
+pub(super) mod lifecycle;
 mod replacement;
 mod scale_down;
 mod spot_return;
@@ -41,8 +43,9 @@ pub(super) trait Method: Sync {
 }
 
 /// The methods, in the order a pass asks them.
-pub(super) const METHODS: [&dyn Method; 4] = [
+pub(super) const METHODS: [&dyn Method; 5] = [
     &replacement::Replacement,
+    &lifecycle::Lifecycle,
     &consolidation::Consolidation,
     &scale_down::ScaleDown,
     &spot_return::SpotReturn,
@@ -81,6 +84,28 @@ impl Autoscaler {
         for m in METHODS {
             m.after_plan(self, pass, plan, out);
         }
+    }
+
+    /// Per pool: its nodes, and those being disrupted by choice (drained by scale-down, or
+    /// being replaced by consolidation, drift or expiry): what its disruption budgets count.
+    pub(in crate::autoscaler) fn disruption_counts(
+        &self,
+        nodes: &[Node],
+    ) -> std::collections::BTreeMap<String, (usize, usize)> {
+        let mut sizes: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+        for n in nodes {
+            let Some(p) = n.pool() else { continue };
+            let e = sizes.entry(p.to_string()).or_default();
+            e.0 += 1;
+            let voluntary = match self.disruption.replace.replacing.get(&n.name) {
+                Some(r) => r.cause.voluntary(),
+                None => self.disruption.drains.contains_key(&n.name),
+            };
+            if voluntary {
+                e.1 += 1;
+            }
+        }
+        sizes
     }
 
     /// A drain (or rollback) ended.

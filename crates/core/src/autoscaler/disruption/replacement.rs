@@ -140,6 +140,8 @@ impl Autoscaler {
                             replace::Cause::Unhealthy => "ReplacingUnhealthyNode",
                             replace::Cause::Interrupted => "ReplacingInterruptedNode",
                             replace::Cause::Consolidating => "Consolidating",
+                            replace::Cause::Drifted => "ReplacingDriftedNode",
+                            replace::Cause::Expired => "ReplacingExpiredNode",
                         },
                         action: "Replace",
                         message: format!(
@@ -311,7 +313,13 @@ impl Autoscaler {
                 }
             }
             if r.cause.waits_for_capacity() {
-                if let Err(wait) = replace::ready_to_drain(pods, plan) {
+                let ready = match r.cause {
+                    replace::Cause::Drifted | replace::Cause::Expired => {
+                        replace::ready_to_drain_on_ready(pods, plan, &pass.snapshot.nodes)
+                    }
+                    _ => replace::ready_to_drain(pods, plan),
+                };
+                if let Err(wait) = ready {
                     if self.disruption.replace.report_once(node, &wait) {
                         out.push(Action::Log {
                             level: Level::Info,
@@ -348,7 +356,11 @@ impl Autoscaler {
                 self.config.max_graceful_termination,
                 r.reclaimed_at,
             );
-            let kind = r.cause.drain_kind();
+            let kind = if r.forced {
+                crate::autoscaler::DrainKind::Forced
+            } else {
+                r.cause.drain_kind()
+            };
             out.push(self.drain(n, &pass.view, deadline, why, kind));
         }
     }

@@ -7,6 +7,7 @@ use crate::autoscaler::{Action, Autoscaler, DrainKind, Note, Pass, Subject};
 use crate::model::labels;
 use crate::plan;
 use crate::plan::Plan;
+use crate::policy::Reason;
 
 use super::Method;
 
@@ -28,6 +29,18 @@ impl Autoscaler {
     ) {
         let limit = pass.policy.max_concurrent_drains as usize;
         let mut not_ours = BTreeSet::new();
+        // The pools' disruption budgets, only where a pool writes one (empty and underutilized
+        // nodes are otherwise limited by `maxConcurrentDrains` alone).
+        let mut sizes = if pass
+            .policy
+            .pools
+            .iter()
+            .any(|p| !p.disruption.budgets.is_empty())
+        {
+            self.disruption_counts(&pass.snapshot.nodes)
+        } else {
+            Default::default()
+        };
         for d in &plan.scale_downs {
             if self.disruption.drains.contains_key(&d.node) {
                 continue;
@@ -71,6 +84,24 @@ impl Autoscaler {
             }
             if self.disruption.drains.len() >= limit {
                 continue;
+            }
+            if let Some(pool) = pass
+                .policy
+                .pool(&d.pool)
+                .filter(|p| !p.disruption.budgets.is_empty())
+            {
+                let reason = if d.evict.is_empty() {
+                    Reason::Empty
+                } else {
+                    Reason::Underutilized
+                };
+                let (size, busy) = sizes.get(&d.pool).copied().unwrap_or((0, 0));
+                if plan::disrupt::budget_left(pool, reason, size, busy, pass.now) == Some(0) {
+                    continue;
+                }
+                if let Some(e) = sizes.get_mut(&d.pool) {
+                    e.1 += 1;
+                }
             }
             let deadline = pass.now + self.config.max_graceful_termination;
             out.push(self.drain(
