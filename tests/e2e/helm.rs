@@ -47,6 +47,7 @@ fn helm_chart_installs_and_its_controller_leads_and_scales_with_the_charts_rbac(
         ("configmap", "gpu-node-autoscaler-policy"),
         ("clusterrole", "gpu-node-autoscaler"),
         ("role", "gpu-node-autoscaler"),
+        ("lease", "gpu-node-autoscaler"),
     ] {
         env.kubectl_ok(&["get", kind, name, "-n", "kube-system"]);
     }
@@ -102,18 +103,24 @@ fn helm_chart_installs_and_its_controller_leads_and_scales_with_the_charts_rbac(
         "{n}"
     );
     // And writes its status where the chart's Role lets it.
-    env.wait_for("the status ConfigMap", MIN, || {
-        env.kubectl(&[
-            "get",
-            "configmap",
-            "-n",
-            "kube-system",
-            "gpu-node-autoscaler-status",
-        ])
-        .status
-        .success()
-        .then_some(())
-    });
+    // (the chart creates it empty; the Role may only update it, by name)
+    env.wait_for(
+        "the controller's status in the chart's ConfigMap",
+        MIN,
+        || {
+            let cm = env.get_json(&[
+                "get",
+                "configmap",
+                "-n",
+                "kube-system",
+                "gpu-node-autoscaler-status",
+            ]);
+            cm["data"]["status"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+                .then_some(())
+        },
+    );
     assert!(
         !env.log("r1").contains("forbidden"),
         "the chart's RBAC refused a call:\n{}",
