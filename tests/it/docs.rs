@@ -38,6 +38,10 @@ fn every_policy_field_is_in_the_policy_reference() {
         ("reserved.", format!("{pool}    reserved: {{zzz: 1}}\n")),
         ("sharedGpu.", format!("{pool}    sharedGpu: {{zzz: 1}}\n")),
         ("dra.", format!("{pool}    dra: {{zzz: 1}}\n")),
+        (
+            "capacityReservations[].",
+            format!("{pool}    capacityReservations: [{{zzz: 1}}]\n"),
+        ),
     ];
     let mut checked = 0;
     for (prefix, yaml) in probes {

@@ -599,6 +599,7 @@ impl AwsProvider {
         };
         let capacity_type = match i.instance_lifecycle() {
             Some(InstanceLifecycleType::Spot) => CapacityType::Spot,
+            _ if i.capacity_reservation_id().is_some() => CapacityType::Reserved,
             _ => CapacityType::OnDemand,
         };
         let state = match i.state().and_then(|s| s.name()) {
@@ -665,7 +666,9 @@ impl AwsProvider {
             CapacityType::Spot => target
                 .default_target_capacity_type(DefaultTargetCapacityType::Spot)
                 .spot_target_capacity(count_i32),
-            CapacityType::OnDemand => target
+            // Reserved capacity is on-demand capacity taken from the account's reservations
+            // first (`CapacityReservationOptions`, below).
+            CapacityType::OnDemand | CapacityType::Reserved => target
                 .default_target_capacity_type(DefaultTargetCapacityType::OnDemand)
                 .on_demand_target_capacity(count_i32),
         };
@@ -723,18 +726,28 @@ impl AwsProvider {
                             })
                             .build(),
                     ),
-                    CapacityType::OnDemand => b.on_demand_options(
-                        OnDemandOptionsRequest::builder()
-                            .allocation_strategy(match pool.on_demand_allocation {
+                    CapacityType::OnDemand | CapacityType::Reserved => {
+                        let mut od = OnDemandOptionsRequest::builder().allocation_strategy(
+                            match pool.on_demand_allocation {
                                 OnDemandAllocation::Prioritized => {
                                     FleetOnDemandAllocationStrategy::Prioritized
                                 }
                                 OnDemandAllocation::LowestPrice => {
                                     FleetOnDemandAllocationStrategy::LowestPrice
                                 }
-                            })
-                            .build(),
-                    ),
+                            },
+                        );
+                        if capacity_type == CapacityType::Reserved {
+                            od = od.capacity_reservation_options(
+                                aws_sdk_ec2::types::CapacityReservationOptionsRequest::builder()
+                                    .usage_strategy(
+                                        aws_sdk_ec2::types::FleetCapacityReservationUsageStrategy::UseCapacityReservationsFirst,
+                                    )
+                                    .build(),
+                            );
+                        }
+                        b.on_demand_options(od.build())
+                    }
                 };
                 b.send()
             })
@@ -752,7 +765,9 @@ impl AwsProvider {
         };
         let lifecycle_ct = |l: Option<&InstanceLifecycle>| match l {
             Some(InstanceLifecycle::Spot) => CapacityType::Spot,
-            Some(InstanceLifecycle::OnDemand) => CapacityType::OnDemand,
+            Some(InstanceLifecycle::OnDemand) if capacity_type != CapacityType::Reserved => {
+                CapacityType::OnDemand
+            }
             _ => capacity_type,
         };
         let mut outcome = FleetOutcome {
