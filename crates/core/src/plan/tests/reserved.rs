@@ -168,3 +168,50 @@ fn a_capacity_block_is_offered_between_its_start_and_its_drain_lead_before_the_e
     odcr.kind = ReservationKind::Default;
     assert_eq!(at(odcr), rsv);
 }
+
+/// An empty p5.48xlarge of the pool in a reservation, unneeded for an hour.
+fn empty_reserved_node() -> crate::model::Node {
+    NodeBuilder::new("reserved-1")
+        .pool("h100", "p5.48xlarge", "us-east-1a")
+        .label(labels::CAPACITY_TYPE, "reserved")
+        .cpu_milli(191_000)
+        .memory_gib(2000)
+        .gpus(8)
+        .created(Time(NOW.0 - 7_200_000))
+        .annotation(
+            labels::UNNEEDED_SINCE,
+            &Time(NOW.0 - 3_600_000).to_rfc3339(),
+        )
+        .build()
+}
+
+#[test]
+fn an_empty_reserved_node_is_removed_unless_its_pool_keeps_reserved_warm() {
+    let s = Snapshot {
+        reservations: vec![reservation(
+            "cr-0aaa",
+            ReservationKind::Default,
+            "us-east-1a",
+            0,
+        )],
+        ..snap(Vec::new(), vec![empty_reserved_node()])
+    };
+    let plan = run(&s, RESERVED);
+    let removed: Vec<&str> = plan.scale_downs.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(removed, ["reserved-1"], "{plan:?}");
+    // Its reservation is paid anyway: nothing saved by removing it.
+    assert_eq!(plan.scale_downs[0].saves_per_hour, 0.0);
+    let warm = RESERVED.replace(
+        "    maxNodes: 10\n",
+        "    maxNodes: 10\n    keepReservedWarm: true\n",
+    );
+    let plan = run(&s, &warm);
+    assert!(plan.scale_downs.is_empty(), "{plan:?}");
+    assert!(
+        plan.kept
+            .iter()
+            .any(|k| k.node == "reserved-1" && k.reason.contains("keepReservedWarm")),
+        "{:?}",
+        plan.kept
+    );
+}
