@@ -1303,6 +1303,12 @@ impl Controller {
                     .get_or_create(&PoolLabel { pool })
                     .inc();
             }
+            Count::CapacityBlockPodHoursMoved { pool, pod_hours } => {
+                self.metrics
+                    .capacity_block_pod_hours_moved
+                    .get_or_create(&PoolLabel { pool })
+                    .inc_by(pod_hours);
+            }
         }
     }
 

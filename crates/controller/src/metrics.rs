@@ -107,6 +107,7 @@ pub struct Metrics {
     pub nodes_gpus_lost: Gauge,
     pub nodes_unhealthy: Gauge,
     pub nodes_replaced: Family<Replaced, Counter>,
+    pub capacity_block_pod_hours_moved: Family<PoolLabel, Counter<f64>>,
     pub interruption_messages: Family<NoticeLabel, Counter>,
     pub gpu_metrics_reads: Family<ReadResult, Counter>,
     pub heartbeat_timestamp_seconds: Gauge,
@@ -223,6 +224,7 @@ impl Metrics {
             nodes_gpus_lost: Gauge::default(),
             nodes_unhealthy: Gauge::default(),
             nodes_replaced: Family::default(),
+            capacity_block_pod_hours_moved: Family::default(),
             interruption_messages: Family::default(),
             gpu_metrics_reads: Family::default(),
             heartbeat_timestamp_seconds: Gauge::default(),
@@ -317,6 +319,11 @@ impl Metrics {
             "nodes_replaced",
             "Nodes drained and removed to be replaced, per pool and cause (unhealthy, interrupted, consolidating)",
             m.nodes_replaced.clone(),
+        );
+        registry.register(
+            "capacity_block_pod_hours_moved",
+            "Pod-hours of work moved off nodes of Capacity Blocks before their end, per pool",
+            m.capacity_block_pod_hours_moved.clone(),
         );
         registry.register(
             "interruption_messages",

@@ -2423,6 +2423,7 @@ fn a_capacity_block_node_is_replaced_and_drained_before_the_block_ends() {
     run.register("i-1", 1, T0);
     run.pods[0].node_name = Some("node-i-1".into());
     run.pods[0].phase = crate::model::PodPhase::Running;
+    run.pods[0].started = Some(T0);
     run.reservations = vec![capacity_block(1, end)];
     // More than the lead (30 minutes by default) before the end: nothing moves.
     let a = run.pass(end - secs(31 * 60));
@@ -2435,6 +2436,18 @@ fn a_capacity_block_node_is_replaced_and_drained_before_the_block_ends() {
     assert_eq!(tainted_replacing(&a), ["node-i-1"]);
     let ev = events(&a, "CapacityBlockEnding");
     assert_eq!(ev.len(), 1, "{a:?}");
+    let moved: Vec<f64> = a
+        .iter()
+        .filter_map(|x| match x {
+            Action::Count(Count::CapacityBlockPodHoursMoved { pod_hours, .. }) => Some(*pod_hours),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moved.len(), 1, "{a:?}");
+    assert!(
+        (moved[0] - 3.5).abs() < 1e-9,
+        "the pod ran from T0: {moved:?}"
+    );
     assert!(ev[0].message.contains("cr-0block"), "{}", ev[0].message);
     let l = launches(&a);
     assert_eq!(l.len(), 1, "the pod's new node: {a:?}");

@@ -139,6 +139,24 @@ impl Autoscaler {
                     if cause == replace::Cause::Unhealthy {
                         *started.entry(pool.name.clone()).or_default() += 1;
                     }
+                    if block_end.is_some() {
+                        let pod_hours: f64 = pass
+                            .snapshot
+                            .pods
+                            .iter()
+                            .filter(|p| {
+                                p.node_name.as_deref() == Some(n.name.as_str())
+                                    && !p.is_daemonset()
+                                    && p.is_bound_active()
+                            })
+                            .filter_map(|p| p.started)
+                            .map(|s| (pass.now.0 - s.0).max(0) as f64 / 3_600_000.0)
+                            .sum();
+                        out.push(Action::Count(Count::CapacityBlockPodHoursMoved {
+                            pool: pool.name.clone(),
+                            pod_hours,
+                        }));
+                    }
                     if interrupted.as_ref().is_some_and(|i| i.from_handler) {
                         // As a queue's spot notice does: the offering being reclaimed is short
                         // of capacity, and the replacement is planned elsewhere.
