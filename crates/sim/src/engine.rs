@@ -117,6 +117,8 @@ struct LiveInstance {
     gone: bool,
     /// When its node advertised its GPUs.
     advertised_at: Option<Ms>,
+    /// The capacity reservation it runs in.
+    reservation: Option<String>,
 }
 
 /// The simulated world a strategy acts on.
@@ -415,6 +417,7 @@ impl World {
                     node: None,
                     gone: false,
                     advertised_at: None,
+                    reservation: inst.reservation_id.clone(),
                 },
             );
             let span = (self.timing.boot_max - self.timing.boot_min).max(0) as u64;
@@ -532,6 +535,7 @@ impl World {
                 offering: i.offering.clone(),
                 state: InstanceState::Running,
                 launched_at_ms: i.launched,
+                reservation_id: i.reservation.clone(),
             })
             .collect();
         let listing = Arc::new(listing);

@@ -1099,6 +1099,7 @@ impl AlibabaProvider {
             },
             state: instance_state(&s.lifecycle),
             launched_at_ms: s.created_ms.unwrap_or_else(now_ms),
+            reservation_id: None,
         }
     }
 

@@ -627,6 +627,7 @@ impl AwsProvider {
                 .launch_time()
                 .and_then(|t| t.to_millis().ok())
                 .unwrap_or(0),
+            reservation_id: i.capacity_reservation_id().map(str::to_string),
         })
     }
 
@@ -1134,6 +1135,7 @@ impl CloudProvider for AwsProvider {
                     offering: key,
                     state: InstanceState::Pending,
                     launched_at_ms: now_ms(),
+                    reservation_id: None,
                 });
             }
             remaining = remaining.saturating_sub(launched_now);

@@ -252,6 +252,9 @@ pub struct Instance {
     pub state: InstanceState,
     /// Launch time in milliseconds since the Unix epoch.
     pub launched_at_ms: i64,
+    /// The capacity reservation it runs in (`cr-...`), where the cloud says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
 }
 
 /// The outcome of a launch: providers fulfil partially, so both lists may be non-empty.

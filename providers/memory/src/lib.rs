@@ -460,6 +460,7 @@ impl State {
             offering: key.clone(),
             state: InstanceState::Running,
             launched_at_ms: self.now_ms,
+            reservation_id: reservation.clone(),
         };
         let mut tags = req.tags.clone();
         tags.insert(TAG_CLUSTER.into(), self.cluster.clone());

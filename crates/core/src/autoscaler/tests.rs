@@ -93,6 +93,9 @@ impl Cloud {
                     offering: k.clone(),
                     state: InstanceState::Pending,
                     launched_at_ms: now.0,
+                    // As EC2 says of an instance in a reservation.
+                    reservation_id: (k.capacity_type == CapacityType::Reserved)
+                        .then(|| "cr-0block".to_string()),
                 };
                 self.instances.push(i.clone());
                 res.launched.push(i);
@@ -261,6 +264,7 @@ impl Run {
             offering: key(instance_type, zone, CapacityType::OnDemand),
             state: InstanceState::Running,
             launched_at_ms: n.created.0,
+            reservation_id: None,
             id,
         };
         n.provider_id = Some(i.provider_id.clone());
@@ -2425,8 +2429,26 @@ fn a_capacity_block_node_is_replaced_and_drained_before_the_block_ends() {
     run.pods[0].phase = crate::model::PodPhase::Running;
     run.pods[0].started = Some(T0);
     run.reservations = vec![capacity_block(1, end)];
-    // More than the lead (30 minutes by default) before the end: nothing moves.
+    // More than the lead (30 minutes by default) before the end: nothing moves. The node is
+    // labelled with its reservation (ours and Karpenter's label).
     let a = run.pass(end - secs(31 * 60));
+    let reg = a
+        .iter()
+        .find_map(|x| match x {
+            Action::Register(r) if r.node == "node-i-1" => Some(r),
+            _ => None,
+        })
+        .expect("the reservation labels registered");
+    for l in [
+        labels::CAPACITY_RESERVATION_ID,
+        labels::KARPENTER_CAPACITY_RESERVATION_ID,
+    ] {
+        assert_eq!(
+            reg.labels.get(l).map(String::as_str),
+            Some("cr-0block"),
+            "{l}"
+        );
+    }
     assert!(tainted_replacing(&a).is_empty(), "{a:?}");
     assert!(drains(&a).is_empty(), "{a:?}");
     // At the lead: the node is tainted, its pod gets new capacity (not in the ending block), and
