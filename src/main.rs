@@ -67,6 +67,11 @@ enum Command {
         /// Evaluate time-based rules at this instant (RFC 3339) instead of now.
         #[arg(long)]
         now: Option<String>,
+        /// The account's capacity reservations, as a provider reports them (YAML or JSON list:
+        /// id, kind `default` or `capacity-block`, instanceType, zone, total, available, and
+        /// startMs / endMs in ms since the epoch, tags); pools with `reserved` plan them first.
+        #[arg(long)]
+        reservations: Option<PathBuf>,
     },
     /// Replay a scenario or a GPU cluster trace on a virtual clock and report cost and waiting.
     /// Without a scenario or --trace, runs the built-in scenario (arena-style MPI training).
@@ -133,11 +138,19 @@ fn run(cli: Cli) -> Result<()> {
             catalog,
             format,
             now,
+            reservations,
         } => {
             let policy = load_policy(&policy)?;
             let catalog = load_catalog(catalog.as_deref(), &policy)?;
-            let loaded = load_cluster_file(&read(&cluster)?, &cluster.display().to_string())
+            let mut loaded = load_cluster_file(&read(&cluster)?, &cluster.display().to_string())
                 .map_err(anyhow::Error::msg)?;
+            if let Some(path) = reservations {
+                loaded.snapshot.reservations = gpu_node_autoscaler::convert::load_reservations(
+                    &read(&path)?,
+                    &path.display().to_string(),
+                )
+                .map_err(anyhow::Error::msg)?;
+            }
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }
@@ -387,6 +400,7 @@ fn simulate(a: SimArgs) -> Result<()> {
             seed: a.seed.unwrap_or(1),
             skipped: t.skipped,
             device_classes: Default::default(),
+            reservations: Vec::new(),
         }
     } else {
         let (text, file, dir) = match (&a.scenario, a.generate) {

@@ -168,7 +168,7 @@ fn check_policy_warns_when_the_region_has_no_builtin_catalog_and_names_the_fallb
 fn check_policy_reports_every_error_with_its_position() {
     let p = temp_file(
         "bad-policy.yaml",
-        "zones: [a]\npools:\n  - name: one\n    instanceTypes: [g5.xlarge]\n    maxNodes: 2\n    minNodes: 5\n  - name: two\n    instanceTypes: [g5.xlarge]\n    maxNodes: 2\n    capacityTypes: [spot, reserved]\n    scaleDown: {unneededTime: 10d}\n",
+        "zones: [a]\npools:\n  - name: one\n    instanceTypes: [g5.xlarge]\n    maxNodes: 2\n    minNodes: 5\n  - name: two\n    instanceTypes: [g5.xlarge]\n    maxNodes: 2\n    capacityTypes: [spot, dedicated]\n    scaleDown: {unneededTime: 10d}\n",
     );
     let o = run(&["check-policy", p.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
@@ -181,7 +181,7 @@ fn check_policy_reports_every_error_with_its_position() {
         "{err}"
     );
     assert!(
-        err.contains(&format!("{file}:10:")) && err.contains("unknown capacity type \"reserved\""),
+        err.contains(&format!("{file}:10:")) && err.contains("unknown capacity type \"dedicated\""),
         "{err}"
     );
     assert!(err.contains("invalid duration \"10d\""), "{err}");
@@ -426,4 +426,77 @@ pools:
     );
     let o = run(&["check-policy", ok.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn plan_fills_the_capacity_reservations_a_pool_selects_first_at_no_cost() {
+    let policy = temp_file(
+        "reserved-policy.yaml",
+        "zones: [us-east-1a, us-east-1b]\n\
+         pools:\n\
+         \x20 - name: h100\n\
+         \x20   instanceTypes: [p5.48xlarge]\n\
+         \x20   capacityTypes: [reserved, on-demand]\n\
+         \x20   capacityReservations: [{id: cr-0odcr}, {tags: {kind: capacity-block}}]\n\
+         \x20   maxNodes: 12\n\
+         \x20   aws: {launchTemplate: {name: gpu}, subnets: {us-east-1a: subnet-0a, us-east-1b: subnet-0b}}\n",
+    );
+    let mut pods = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    for i in 0..7 {
+        pods.push_str(&format!(
+            "- apiVersion: v1\n  kind: Pod\n  metadata: {{name: train-{i}, namespace: ml, uid: u{i}}}\n  \
+             spec:\n    containers:\n    - name: c\n      resources:\n        requests: \
+             {{cpu: \"100\", memory: 1000Gi, nvidia.com/gpu: \"8\"}}\n  status:\n    phase: Pending\n    \
+             conditions: [{{type: PodScheduled, status: \"False\", reason: Unschedulable}}]\n"
+        ));
+    }
+    let cluster = temp_file("reserved-cluster.yaml", &pods);
+    // An ODCR of 2 in us-east-1a; a Capacity Block of 4 in us-east-1b running at --now.
+    let reservations = temp_file(
+        "reservations.yaml",
+        "- {id: cr-0odcr, kind: default, instanceType: p5.48xlarge, zone: us-east-1a, total: 2, available: 2}\n\
+         - {id: cr-0block, kind: capacity-block, instanceType: p5.48xlarge, zone: us-east-1b, total: 4,\n\
+         \x20  available: 4, startMs: 1795000000000, endMs: 1796000000000, tags: {kind: capacity-block}}\n",
+    );
+    let o = run(&[
+        "plan",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "--reservations",
+        reservations.to_str().unwrap(),
+        "--now",
+        "2026-11-21T10:00:00Z",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("JSON output");
+    let mut got: Vec<(String, String, u64, f64)> = v["scale_ups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            let o = &u["offerings"][0];
+            (
+                o["capacity_type"].as_str().unwrap().to_string(),
+                o["zone"].as_str().unwrap().to_string(),
+                u["count"].as_u64().unwrap(),
+                o["price_per_hour"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0].0, "on-demand");
+    assert_eq!(got[0].2, 1, "{got:?}");
+    assert_eq!(
+        got[1..],
+        [
+            ("reserved".to_string(), "us-east-1a".to_string(), 2, 0.0),
+            ("reserved".to_string(), "us-east-1b".to_string(), 4, 0.0)
+        ]
+    );
+    assert!((v["added_cost_per_hour"].as_f64().unwrap() - 55.04).abs() < 1e-9);
 }

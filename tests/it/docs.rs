@@ -43,6 +43,10 @@ fn every_policy_field_is_in_the_policy_reference() {
             "disruption.budgets[].",
             format!("{pool}    disruption: {{budgets: [{{zzz: 1}}]}}\n"),
         ),
+        (
+            "capacityReservations[].",
+            format!("{pool}    capacityReservations: [{{zzz: 1}}]\n"),
+        ),
     ];
     let mut checked = 0;
     for (prefix, yaml) in probes {

@@ -1065,6 +1065,40 @@ impl Controller {
             .cloned()
     }
 
+    /// The capacity reservations of the providers of pools that list `reserved` (each provider
+    /// asked once). A provider that cannot be asked contributes none this pass: its reserved
+    /// offerings are not planned, everything else is.
+    async fn list_reservations(&self) -> Vec<gpu_node_autoscaler_provider::Reservation> {
+        let Some(policy) = self.core.policy() else {
+            return Vec::new();
+        };
+        let mut asked: Vec<*const ()> = Vec::new();
+        let mut out = Vec::new();
+        for pool in policy.pools.iter().filter(|p| {
+            p.capacity_types
+                .contains(&gpu_node_autoscaler_provider::CapacityType::Reserved)
+        }) {
+            let Some(provider) = self.providers.get(&pool.name) else {
+                continue;
+            };
+            let ptr = Arc::as_ptr(provider) as *const ();
+            if asked.contains(&ptr) {
+                continue;
+            }
+            asked.push(ptr);
+            match provider.reservations().await {
+                Ok(r) => out.extend(r),
+                Err(e) => warn!(
+                    "listing the capacity reservations of {} (pool {}): {e}; its reservations \
+                     are not planned in this pass",
+                    provider.name(),
+                    pool.name
+                ),
+            }
+        }
+        out
+    }
+
     async fn pass(&mut self) {
         self.reload_policy().await;
         if !self.elector.is_leader() {
@@ -1108,14 +1142,19 @@ impl Controller {
             None
         };
         let now = wall_now();
-        let (snapshot, other_provider_ids) = {
+        let reservations = self.list_reservations().await;
+        let (mut snapshot, other_provider_ids) = {
             let s = self.state.lock().unwrap();
             self.reacted.retain(|k| s.pods.items.contains_key(k));
             (
                 s.snapshot(Vec::new()),
-                s.rejected_provider_ids.values().cloned().collect(),
+                s.rejected_provider_ids
+                    .values()
+                    .cloned()
+                    .collect::<Vec<_>>(),
             )
         };
+        snapshot.reservations = reservations;
         self.publish_pending_gauges(&snapshot, now);
         self.read_queue().await;
         let gpu_xids = self.read_gpu_metrics().await;
@@ -1419,6 +1458,12 @@ impl Controller {
                     .give_up_terminations_failed
                     .get_or_create(&PoolLabel { pool })
                     .inc();
+            }
+            Count::CapacityBlockPodHoursMoved { pool, pod_hours } => {
+                self.metrics
+                    .capacity_block_pod_hours_moved
+                    .get_or_create(&PoolLabel { pool })
+                    .inc_by(pod_hours);
             }
         }
     }

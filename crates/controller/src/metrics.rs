@@ -108,6 +108,7 @@ pub struct Metrics {
     pub nodes_unhealthy: Gauge,
     pub nodes_drifted: Gauge,
     pub nodes_replaced: Family<Replaced, Counter>,
+    pub capacity_block_pod_hours_moved: Family<PoolLabel, Counter<f64>>,
     pub interruption_messages: Family<NoticeLabel, Counter>,
     pub gpu_metrics_reads: Family<ReadResult, Counter>,
     pub heartbeat_timestamp_seconds: Gauge,
@@ -225,6 +226,7 @@ impl Metrics {
             nodes_unhealthy: Gauge::default(),
             nodes_drifted: Gauge::default(),
             nodes_replaced: Family::default(),
+            capacity_block_pod_hours_moved: Family::default(),
             interruption_messages: Family::default(),
             gpu_metrics_reads: Family::default(),
             heartbeat_timestamp_seconds: Gauge::default(),
@@ -325,6 +327,11 @@ impl Metrics {
             "nodes_replaced",
             "Nodes drained and removed to be replaced, per pool and cause (unhealthy, interrupted, consolidating, drifted, expired)",
             m.nodes_replaced.clone(),
+        );
+        registry.register(
+            "capacity_block_pod_hours_moved",
+            "Pod-hours of work moved off nodes of Capacity Blocks before their end, per pool",
+            m.capacity_block_pod_hours_moved.clone(),
         );
         registry.register(
             "interruption_messages",

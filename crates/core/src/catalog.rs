@@ -269,6 +269,8 @@ pub fn offerings_from_list_prices(policy: &Policy, types: Vec<InstanceType>) -> 
                 let price = match ct {
                     CapacityType::OnDemand => od,
                     CapacityType::Spot => od * policy.spot_price_ratio,
+                    // Not in ALL: reserved offerings come from the cloud's reservations.
+                    CapacityType::Reserved => 0.0,
                 };
                 offerings.push(Offering {
                     key: OfferingKey {

@@ -909,6 +909,18 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
+/// Reads a list of capacity reservations as a provider reports them (YAML or JSON); errors
+/// name the file and the field.
+pub fn load_reservations(
+    text: &str,
+    file: &str,
+) -> Result<Vec<gpu_node_autoscaler_provider::Reservation>, String> {
+    let value = crate::yaml::parse(text)
+        .map_err(|e| format!("{file}:{}:{}: {}", e.line, e.col, e.message))?;
+    serde_path_to_error::deserialize(value)
+        .map_err(|e| format!("{file}: {}: {}", e.path(), e.inner()))
+}
+
 /// Reads what `kubectl get pods,nodes,pdb,pvc,pv,storageclass -A -o yaml` (or `-o json`) prints: a `List`.
 pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     let doc = crate::yaml::parse(text).map_err(|e| {

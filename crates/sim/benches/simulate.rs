@@ -248,6 +248,7 @@ fn main() {
                 seed: seed.unwrap_or(1),
                 skipped: t.skipped.clone(),
                 device_classes: Default::default(),
+                reservations: Vec::new(),
             };
             all.push((input.name.clone(), report(&input, &a)));
         }

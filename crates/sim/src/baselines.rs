@@ -418,8 +418,13 @@ impl CaLike {
 
     /// A node group's offerings: one capacity type (`ct`, its index in the pool's list),
     /// every zone (an Auto Scaling group over the pool's subnets).
+    /// The Cluster Autoscaler knows no capacity reservations: a reserved capacity type is no
+    /// node group (none of its offerings).
     fn group_offerings(&self, t: &Template, ct: usize) -> Vec<OfferingKey> {
         let ct = self.policy.pools[t.pool].capacity_types[ct];
+        if ct == gpu_node_autoscaler_provider::CapacityType::Reserved {
+            return Vec::new();
+        }
         t.offerings
             .iter()
             .filter(|o| o.key.capacity_type == ct)

@@ -89,6 +89,20 @@ pub fn lower_bound_usd(input: &SimInput, end: Ms) -> f64 {
         model.add_dual_for(&list);
     }
 
+    // Capacity reservations a pool selects are free up to their count: any solution that uses
+    // k of them costs at least the market bound less k nodes of their type at its cheapest
+    // market price (put back at that price, it is a market solution). Their starts and ends
+    // split the integration (events of no class).
+    let reserved = reserved_credit(input, &templates);
+    if !reserved.is_empty() {
+        for (r, _) in &reserved {
+            for t in [r.start_ms, r.end_ms].into_iter().flatten() {
+                events.push((t, 0, usize::MAX));
+            }
+        }
+        events.sort_unstable();
+    }
+
     // Integrate: one running sum per dual solution, and the dearest single-pod node present.
     let costs: Vec<Vec<f64>> = classes.iter().map(|p| model.costs(p)).collect();
     let singles: Vec<u64> = classes
@@ -112,9 +126,23 @@ pub fn lower_bound_usd(input: &SimInput, end: Ms) -> f64 {
                 .zip(&nus)
                 .map(|(s, nu)| s + nu)
                 .fold(single, f64::max);
+            let at = match reserved.iter().try_fold(0.0, |credit, (r, price)| {
+                match (r.active_at(prev), price) {
+                    (false, _) => Some(credit),
+                    (true, Some(p)) => Some(credit + f64::from(r.total) * p),
+                    // A type with no market price: no market solution to compare with.
+                    (true, None) => None,
+                }
+            }) {
+                Some(credit) => (at - credit).max(0.0),
+                None => 0.0,
+            };
             total += at * (t - prev) as f64 / HOUR as f64;
         }
         prev = t;
+        if c == usize::MAX {
+            continue;
+        }
         running += delta as i64;
         let d = delta as f64;
         for (s, v) in sums.iter_mut().zip(&costs[c]) {
@@ -131,4 +159,31 @@ pub fn lower_bound_usd(input: &SimInput, end: Ms) -> f64 {
         }
     }
     total
+}
+
+/// The reservations some pool selects, each with the cheapest market price (available, not
+/// reserved) of its instance type among the templates; `None` where the market has none.
+fn reserved_credit<'a>(
+    input: &'a SimInput,
+    templates: &[gpu_node_autoscaler_core::plan::Template],
+) -> Vec<(&'a gpu_node_autoscaler_provider::Reservation, Option<f64>)> {
+    input
+        .reservations
+        .iter()
+        .filter(|r| input.policy.pools.iter().any(|p| p.selects_reservation(r)))
+        .map(|r| {
+            let price = templates
+                .iter()
+                .filter(|t| t.instance_type == r.instance_type)
+                .flat_map(|t| &t.offerings)
+                .filter(|o| {
+                    o.available
+                        && o.key.capacity_type
+                            != gpu_node_autoscaler_provider::CapacityType::Reserved
+                })
+                .map(|o| o.price)
+                .min_by(f64::total_cmp);
+            (r, price)
+        })
+        .collect()
 }

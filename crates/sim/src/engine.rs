@@ -55,6 +55,8 @@ enum Event {
     IdealEnd(usize),
     Cloud(usize),
     SpotGone(String),
+    /// A capacity reservation ends: the cloud takes its instances back.
+    ReservationEnd(String),
     /// Something time-based changed (a capacity window ended): schedule again.
     Wake,
 }
@@ -119,6 +121,8 @@ struct LiveInstance {
     advertised_at: Option<Ms>,
     /// Its pool's template version when it was launched (see [`CloudEvent::Drift`]).
     version: u32,
+    /// The capacity reservation it runs in.
+    reservation: Option<String>,
 }
 
 /// The simulated world a strategy acts on.
@@ -178,6 +182,8 @@ pub struct World {
     policy_version: u64,
     /// Drift or expiry can happen in this run: their replacements are measured.
     lifecycle: bool,
+    /// The account has capacity reservations: the snapshot carries them.
+    reservations: bool,
 }
 
 impl World {
@@ -278,7 +284,17 @@ impl World {
                     .pools
                     .iter()
                     .any(|p| p.disruption.expire_after.is_some()),
+            reservations: !input.reservations.is_empty(),
         };
+        for r in &input.reservations {
+            w.provider.add_reservation(r.clone());
+            if let Some(start) = r.start_ms {
+                w.push(start, Event::Wake);
+            }
+            if let Some(end) = r.end_ms {
+                w.push(end, Event::ReservationEnd(r.id.clone()));
+            }
+        }
         for (i, p) in input.pods.iter().enumerate() {
             w.push(p.arrival, Event::Arrive(i));
             w.push(p.arrival, Event::IdealStart(i));
@@ -364,6 +380,9 @@ impl World {
             s.dra = self.dra.join(&mut s.pods);
             s.count_published_devices();
         }
+        if self.reservations {
+            s.reservations = self.provider.reservations_now();
+        }
         s.in_flight = group_in_flight(
             self.booting
                 .iter()
@@ -422,6 +441,7 @@ impl World {
                     gone: false,
                     advertised_at: None,
                     version: self.pool_versions.get(&inst.pool).copied().unwrap_or(0),
+                    reservation: inst.reservation_id.clone(),
                 },
             );
             let span = (self.timing.boot_max - self.timing.boot_min).max(0) as u64;
@@ -546,6 +566,7 @@ impl World {
                 offering: i.offering.clone(),
                 state: InstanceState::Running,
                 launched_at_ms: i.launched,
+                reservation_id: i.reservation.clone(),
             })
             .collect();
         let listing = Arc::new(listing);
@@ -1328,6 +1349,7 @@ impl World {
                 | Event::Register(_)
                 | Event::Advertise(_)
                 | Event::SpotGone(_)
+                | Event::ReservationEnd(_)
         ) {
             self.changed = true;
         }
@@ -1363,6 +1385,40 @@ impl World {
                 Some(ni) => self.remove_node(ni),
                 None => self.instance_gone(&id),
             },
+            Event::ReservationEnd(rid) => {
+                let taken: Vec<String> = self
+                    .instances
+                    .iter()
+                    .filter(|(id, i)| {
+                        !i.gone && self.provider.reservation_of(id).as_deref() == Some(&rid)
+                    })
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in taken {
+                    match self.instances.get(&id).and_then(|i| i.node) {
+                        Some(ni) => {
+                            // Pods still running there are cut off: their work is disrupted
+                            // until they run again elsewhere.
+                            let running: Vec<usize> = self.nodes[ni]
+                                .pods
+                                .iter()
+                                .copied()
+                                .filter(|&p| !self.pods[p].pod.is_daemonset())
+                                .collect();
+                            self.metrics.pods_on_ended_reservations += running.len();
+                            for p in running {
+                                let st = &mut self.pods[p];
+                                if st.disrupted_since.is_none() {
+                                    st.disrupted_since = Some(self.now);
+                                    self.metrics.disrupted_gpus += st.gpu_eq;
+                                }
+                            }
+                            self.remove_node(ni);
+                        }
+                        None => self.instance_gone(&id),
+                    }
+                }
+            }
         }
     }
 
@@ -1723,6 +1779,15 @@ pub fn run_with_progress(
     for st in &w.pods {
         if let (Some(t), false) = (st.disrupted_since, st.done) {
             w.metrics.lost_gpu_hours += (w.now - t) as f64 / HOUR as f64 * st.gpu_eq;
+        }
+    }
+    // What the reservations cost over the run, used or not (sunk: not in `cost_usd`).
+    for r in &input.reservations {
+        let from = r.start_ms.unwrap_or(start).max(start);
+        let to = r.end_ms.unwrap_or(w.now).min(w.now);
+        if let (Some(price), true) = (r.price_per_hour, to > from) {
+            w.metrics.reserved_cost_usd +=
+                price * f64::from(r.total) * (to - from) as f64 / HOUR as f64;
         }
     }
     let m = &mut w.metrics;

@@ -130,6 +130,8 @@ pub struct SimInput {
     pub skipped: Vec<(String, usize)>,
     /// DeviceClasses the pods' ResourceClaims name (Dynamic Resource Allocation), by name.
     pub device_classes: std::collections::BTreeMap<String, model::dra::DeviceClass>,
+    /// The account's capacity reservations (ODCRs, Capacity Blocks), times on the run's clock.
+    pub reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
 }
 
 /// The strategies the simulator knows.

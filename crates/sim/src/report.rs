@@ -45,6 +45,13 @@ pub struct Metrics {
     pub idle_gpu_hours_empty: f64,
     /// ...and the rest: free GPUs on nodes that run pods (fragmentation).
     pub idle_gpu_hours_fragmented: f64,
+    /// What the capacity reservations cost over the run, used or not: sunk, so not in
+    /// `cost_usd` (reserved nodes cost nothing more there); reported for the whole picture.
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub reserved_cost_usd: f64,
+    /// Pods still running on a node when its capacity reservation ended (their work is lost).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub pods_on_ended_reservations: usize,
     /// Cost per pool × instance type × capacity type.
     pub cost_by_offering: Vec<OfferingCost>,
     pub provider_calls: usize,
@@ -227,6 +234,21 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
         let _ = write!(s, "{label:<24}");
         for m in runs {
             let _ = write!(s, " {:>20}", f(m));
+        }
+        s.push('\n');
+    }
+    if runs
+        .iter()
+        .any(|m| m.reserved_cost_usd > 0.0 || m.pods_on_ended_reservations > 0)
+    {
+        let _ = write!(s, "{:<24}", "reservations (USD, sunk)");
+        for m in runs {
+            let _ = write!(s, " {:>20}", format!("{:.2}", m.reserved_cost_usd));
+        }
+        s.push('\n');
+        let _ = write!(s, "{:<24}", "pods at reservation end");
+        for m in runs {
+            let _ = write!(s, " {:>20}", m.pods_on_ended_reservations);
         }
         s.push('\n');
     }

@@ -51,6 +51,26 @@ struct RawScenario {
     /// DeviceClasses besides (or replacing, by name) NVIDIA's two.
     #[serde(default)]
     device_classes: Vec<RawDeviceClass>,
+    /// The account's capacity reservations (ODCRs and Capacity Blocks).
+    #[serde(default)]
+    reservations: Vec<RawReservation>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawReservation {
+    id: String,
+    /// `default` (an ODCR, the default) or `capacity-block`.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    instance_type: String,
+    zone: String,
+    count: u32,
+    start: Option<String>,
+    end: Option<String>,
+    price_per_hour: Option<f64>,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -294,6 +314,8 @@ pub struct Scenario {
     /// ResourceClaimTemplate, named as the pods' `resourceClaimTemplateName` and without a
     /// namespace. Empty when no pod claims devices.
     pub dra_objects: Vec<Value>,
+    /// The account's capacity reservations, times on the run's clock.
+    pub reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
 }
 
 struct Errs<'a> {
@@ -975,6 +997,58 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             });
         }
     }
+    let mut reservations = Vec::new();
+    for (ri, r) in raw.reservations.iter().enumerate() {
+        let at = |f: &str| path(&[k("reservations"), i(ri), k(f)]);
+        let kind = match r.kind.as_deref() {
+            None | Some("default") => gpu_node_autoscaler_provider::ReservationKind::Default,
+            Some("capacity-block") => gpu_node_autoscaler_provider::ReservationKind::CapacityBlock,
+            Some(other) => {
+                errs.at(
+                    &at("type"),
+                    format!(
+                        "unknown reservation type {other:?} (expected default or capacity-block)"
+                    ),
+                );
+                gpu_node_autoscaler_provider::ReservationKind::Default
+            }
+        };
+        if !r.id.starts_with("cr-")
+            || reservations
+                .iter()
+                .any(|x: &gpu_node_autoscaler_provider::Reservation| x.id == r.id)
+        {
+            errs.at(
+                &at("id"),
+                format!("{:?}: a reservation id is cr-... and unique", r.id),
+            );
+        }
+        if r.count == 0 {
+            errs.at(&at("count"), "must be at least 1");
+        }
+        let start = r.start.as_deref().map(|d| errs.dur(&at("start"), d));
+        let end = r.end.as_deref().map(|d| errs.dur(&at("end"), d));
+        if kind == gpu_node_autoscaler_provider::ReservationKind::CapacityBlock && end.is_none() {
+            errs.at(&at("end"), "a capacity block needs its end");
+        }
+        if let (Some(s0), Some(e0)) = (start, end) {
+            if e0 <= s0 {
+                errs.at(&at("end"), "must be after start");
+            }
+        }
+        reservations.push(gpu_node_autoscaler_provider::Reservation {
+            id: r.id.clone(),
+            kind,
+            instance_type: r.instance_type.clone(),
+            zone: r.zone.clone(),
+            total: r.count,
+            available: r.count,
+            start_ms: start,
+            end_ms: end,
+            tags: r.tags.clone(),
+            price_per_hour: r.price_per_hour,
+        });
+    }
     if pods.is_empty() && errs.out.is_empty() {
         errs.at(&[], "the scenario has no jobs or services");
     }
@@ -998,6 +1072,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                     .collect()
             },
             device_classes: dra.classes,
+            reservations,
         }),
         _ => Err(errs.out.join("\n")),
     }
@@ -1021,6 +1096,7 @@ impl Scenario {
             seed: seed.unwrap_or(self.seed),
             skipped: Vec::new(),
             device_classes: self.device_classes,
+            reservations: self.reservations,
         }
     }
 }

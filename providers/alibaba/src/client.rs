@@ -71,6 +71,8 @@ impl AlibabaPool {
         match ct {
             CapacityType::Spot => self.buys_spot(),
             CapacityType::OnDemand => self.buys_on_demand(),
+            // Its policy check refuses `reserved`: scaling groups buy spot and on-demand.
+            CapacityType::Reserved => false,
         }
     }
 
@@ -291,6 +293,7 @@ pub fn client_token(launch_id: &str, role: CapacityType, count: u32) -> String {
     let role_char = match role {
         CapacityType::Spot => 's',
         CapacityType::OnDemand => 'o',
+        CapacityType::Reserved => 'r',
     };
     use std::hash::Hasher;
     // FNV-1a: stable across releases and platforms, unlike std's hasher.
@@ -1096,6 +1099,7 @@ impl AlibabaProvider {
             },
             state: instance_state(&s.lifecycle),
             launched_at_ms: s.created_ms.unwrap_or_else(now_ms),
+            reservation_id: None,
         }
     }
 
@@ -1135,7 +1139,7 @@ impl AlibabaProvider {
     ) -> Result<BTreeMap<String, bool>, ProviderError> {
         let spot_strategy = match ct {
             CapacityType::Spot => "SpotAsPriceGo",
-            CapacityType::OnDemand => "NoSpot",
+            CapacityType::OnDemand | CapacityType::Reserved => "NoSpot",
         };
         let p = vec![
             (
@@ -1470,7 +1474,7 @@ impl CloudProvider for AlibabaProvider {
                         // Without a spot price, SpotAsPriceGo's ceiling: the on-demand price.
                         let price = match ct {
                             CapacityType::Spot => spot.get(&(t.clone(), zone.clone())).copied(),
-                            CapacityType::OnDemand => None,
+                            CapacityType::OnDemand | CapacityType::Reserved => None,
                         }
                         .unwrap_or(od);
                         offerings.insert(

@@ -108,6 +108,14 @@ impl ProviderPolicy for AlibabaPolicy {
         }
         let spot = pool.capacity_types.contains(&CapacityType::Spot);
         let on_demand = pool.capacity_types.contains(&CapacityType::OnDemand);
+        if pool.capacity_types.contains(&CapacityType::Reserved) {
+            at(
+                &[],
+                "capacity type `reserved` is not supported by the alibaba provider (its \
+                 scaling groups buy spot and on-demand)"
+                    .to_string(),
+            );
+        }
         let group = a.scaling_group_id.unwrap_or_default();
         if group.is_empty() {
             at(

@@ -24,7 +24,8 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, CloudProvider, GpuInfo, GpuVendor, Instance, InstanceState,
-    InstanceType, LaunchRequest, LaunchResult, Offering, OfferingKey, ProviderError,
+    InstanceType, LaunchRequest, LaunchResult, Offering, OfferingKey, ProviderError, Reservation,
+    ReservationKind,
 };
 
 pub use crate::errors::ApiError;
@@ -599,6 +600,7 @@ impl AwsProvider {
         };
         let capacity_type = match i.instance_lifecycle() {
             Some(InstanceLifecycleType::Spot) => CapacityType::Spot,
+            _ if i.capacity_reservation_id().is_some() => CapacityType::Reserved,
             _ => CapacityType::OnDemand,
         };
         let state = match i.state().and_then(|s| s.name()) {
@@ -625,6 +627,7 @@ impl AwsProvider {
                 .launch_time()
                 .and_then(|t| t.to_millis().ok())
                 .unwrap_or(0),
+            reservation_id: i.capacity_reservation_id().map(str::to_string),
         })
     }
 
@@ -665,7 +668,9 @@ impl AwsProvider {
             CapacityType::Spot => target
                 .default_target_capacity_type(DefaultTargetCapacityType::Spot)
                 .spot_target_capacity(count_i32),
-            CapacityType::OnDemand => target
+            // Reserved capacity is on-demand capacity taken from the account's reservations
+            // first (`CapacityReservationOptions`, below).
+            CapacityType::OnDemand | CapacityType::Reserved => target
                 .default_target_capacity_type(DefaultTargetCapacityType::OnDemand)
                 .on_demand_target_capacity(count_i32),
         };
@@ -723,18 +728,28 @@ impl AwsProvider {
                             })
                             .build(),
                     ),
-                    CapacityType::OnDemand => b.on_demand_options(
-                        OnDemandOptionsRequest::builder()
-                            .allocation_strategy(match pool.on_demand_allocation {
+                    CapacityType::OnDemand | CapacityType::Reserved => {
+                        let mut od = OnDemandOptionsRequest::builder().allocation_strategy(
+                            match pool.on_demand_allocation {
                                 OnDemandAllocation::Prioritized => {
                                     FleetOnDemandAllocationStrategy::Prioritized
                                 }
                                 OnDemandAllocation::LowestPrice => {
                                     FleetOnDemandAllocationStrategy::LowestPrice
                                 }
-                            })
-                            .build(),
-                    ),
+                            },
+                        );
+                        if capacity_type == CapacityType::Reserved {
+                            od = od.capacity_reservation_options(
+                                aws_sdk_ec2::types::CapacityReservationOptionsRequest::builder()
+                                    .usage_strategy(
+                                        aws_sdk_ec2::types::FleetCapacityReservationUsageStrategy::UseCapacityReservationsFirst,
+                                    )
+                                    .build(),
+                            );
+                        }
+                        b.on_demand_options(od.build())
+                    }
                 };
                 b.send()
             })
@@ -752,7 +767,9 @@ impl AwsProvider {
         };
         let lifecycle_ct = |l: Option<&InstanceLifecycle>| match l {
             Some(InstanceLifecycle::Spot) => CapacityType::Spot,
-            Some(InstanceLifecycle::OnDemand) => CapacityType::OnDemand,
+            Some(InstanceLifecycle::OnDemand) if capacity_type != CapacityType::Reserved => {
+                CapacityType::OnDemand
+            }
             _ => capacity_type,
         };
         let mut outcome = FleetOutcome {
@@ -1118,6 +1135,7 @@ impl CloudProvider for AwsProvider {
                     offering: key,
                     state: InstanceState::Pending,
                     launched_at_ms: now_ms(),
+                    reservation_id: None,
                 });
             }
             remaining = remaining.saturating_sub(launched_now);
@@ -1188,6 +1206,75 @@ impl CloudProvider for AwsProvider {
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }
+
+    /// `DescribeCapacityReservations` of the account, states `active` and `scheduled` (a
+    /// Capacity Block bought for later), all pages.
+    async fn reservations(&self) -> Result<Vec<Reservation>, ProviderError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let resp = self
+                .call(
+                    "DescribeCapacityReservations",
+                    &self.limits.describe_instances,
+                    || {
+                        self.client
+                            .describe_capacity_reservations()
+                            .filters(
+                                Filter::builder()
+                                    .name("state")
+                                    .values("active")
+                                    .values("scheduled")
+                                    .build(),
+                            )
+                            .set_next_token(token.clone())
+                            .send()
+                    },
+                )
+                .await
+                .map_err(ApiError::into_provider_error)?;
+            out.extend(
+                resp.capacity_reservations()
+                    .iter()
+                    .filter_map(reservation_of),
+            );
+            token = resp
+                .next_token()
+                .filter(|t| !t.is_empty())
+                .map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+}
+
+/// A reservation as EC2 describes it; `None` without its id, type or zone.
+pub fn reservation_of(r: &aws_sdk_ec2::types::CapacityReservation) -> Option<Reservation> {
+    let ms = |d: Option<&aws_sdk_ec2::primitives::DateTime>| d.and_then(|d| d.to_millis().ok());
+    Some(Reservation {
+        id: r.capacity_reservation_id()?.to_string(),
+        kind: match r.reservation_type() {
+            Some(aws_sdk_ec2::types::CapacityReservationType::CapacityBlock) => {
+                ReservationKind::CapacityBlock
+            }
+            _ => ReservationKind::Default,
+        },
+        instance_type: r.instance_type()?.to_string(),
+        zone: r.availability_zone()?.to_string(),
+        total: r.total_instance_count().unwrap_or(0).max(0) as u32,
+        available: r.available_instance_count().unwrap_or(0).max(0) as u32,
+        start_ms: ms(r.start_date()),
+        end_ms: ms(r.end_date()),
+        tags: r
+            .tags()
+            .iter()
+            .filter_map(|t| Some((t.key()?.to_string(), t.value()?.to_string())))
+            .collect(),
+        price_per_hour: None,
+    })
 }
 
 fn tag_of<'a>(i: &'a aws_sdk_ec2::types::Instance, key: &str) -> Option<&'a str> {
@@ -1254,4 +1341,51 @@ impl AwsProvider {
 /// Whether no failure was recorded for any offering of `group`.
 fn outcome_had_no_error(result: &LaunchResult, group: &[OfferingKey]) -> bool {
     !result.failures.iter().any(|(k, _)| group.contains(k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_ec2::primitives::DateTime;
+    use aws_sdk_ec2::types::{CapacityReservation, CapacityReservationType};
+
+    #[test]
+    fn a_capacity_reservation_is_read_with_its_type_counts_window_and_tags() {
+        let block = CapacityReservation::builder()
+            .capacity_reservation_id("cr-0block")
+            .reservation_type(CapacityReservationType::CapacityBlock)
+            .instance_type("p5.48xlarge")
+            .availability_zone("us-east-1b")
+            .total_instance_count(4)
+            .available_instance_count(1)
+            .start_date(DateTime::from_millis(1_000_000))
+            .end_date(DateTime::from_millis(9_000_000))
+            .tags(Tag::builder().key("team").value("ml").build())
+            .build();
+        let r = reservation_of(&block).unwrap();
+        assert_eq!(r.kind, ReservationKind::CapacityBlock);
+        assert_eq!(
+            (r.id.as_str(), r.instance_type.as_str(), r.zone.as_str()),
+            ("cr-0block", "p5.48xlarge", "us-east-1b")
+        );
+        assert_eq!((r.total, r.available), (4, 1));
+        assert_eq!((r.start_ms, r.end_ms), (Some(1_000_000), Some(9_000_000)));
+        assert_eq!(r.tags.get("team").map(String::as_str), Some("ml"));
+        // An ODCR without an end date; one without a zone is left out.
+        let odcr = CapacityReservation::builder()
+            .capacity_reservation_id("cr-0odcr")
+            .instance_type("p5.48xlarge")
+            .availability_zone("us-east-1a")
+            .total_instance_count(2)
+            .available_instance_count(2)
+            .build();
+        let r = reservation_of(&odcr).unwrap();
+        assert_eq!(r.kind, ReservationKind::Default);
+        assert_eq!(r.end_ms, None);
+        let no_zone = CapacityReservation::builder()
+            .capacity_reservation_id("cr-x")
+            .instance_type("p5.48xlarge")
+            .build();
+        assert_eq!(reservation_of(&no_zone), None);
+    }
 }

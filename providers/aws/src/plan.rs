@@ -38,6 +38,7 @@ pub fn client_token(
     let ct = match capacity_type {
         CapacityType::Spot => "s",
         CapacityType::OnDemand => "od",
+        CapacityType::Reserved => "r",
     };
     let token = format!("gna-{readable}-{ct}{count}-{:016x}", fnv1a(full.as_bytes()));
     debug_assert!(token.len() <= MAX_CLIENT_TOKEN);

@@ -20,16 +20,23 @@ pub mod spec;
 pub enum CapacityType {
     Spot,
     OnDemand,
+    /// Inside a capacity reservation the account has already paid for (an On-Demand Capacity
+    /// Reservation or a Capacity Block for ML): its offerings come from the cloud's
+    /// [`Reservation`]s, not from a price list.
+    Reserved,
 }
 
 impl CapacityType {
+    /// The capacity types a price list offers (reserved capacity is bought beforehand).
     pub const ALL: [CapacityType; 2] = [CapacityType::Spot, CapacityType::OnDemand];
 
-    /// The spelling used in policies, labels and JSON output: `spot` or `on-demand`.
+    /// The spelling used in policies, labels and JSON output: `spot`, `on-demand` or
+    /// `reserved` (Karpenter's values of `karpenter.sh/capacity-type`).
     pub fn as_str(self) -> &'static str {
         match self {
             CapacityType::Spot => "spot",
             CapacityType::OnDemand => "on-demand",
+            CapacityType::Reserved => "reserved",
         }
     }
 
@@ -37,7 +44,72 @@ impl CapacityType {
         match s {
             "spot" => Some(CapacityType::Spot),
             "on-demand" => Some(CapacityType::OnDemand),
+            "reserved" => Some(CapacityType::Reserved),
             _ => None,
+        }
+    }
+}
+
+/// What kind of capacity reservation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReservationKind {
+    /// An On-Demand Capacity Reservation: open-ended unless it has an end date.
+    Default,
+    /// A Capacity Block for ML: fixed start and end; the cloud takes its instances back at the
+    /// end.
+    CapacityBlock,
+}
+
+impl ReservationKind {
+    /// `default` or `capacity-block` (EC2's `ReservationType`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationKind::Default => "default",
+            ReservationKind::CapacityBlock => "capacity-block",
+        }
+    }
+}
+
+/// A capacity reservation of the account: instances of one type in one zone, paid for whether
+/// they run or not.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// The cloud's id (`cr-...`).
+    pub id: String,
+    pub kind: ReservationKind,
+    pub instance_type: String,
+    pub zone: String,
+    /// Instances it holds in all.
+    pub total: u32,
+    /// Instances that can still be launched into it now.
+    pub available: u32,
+    /// When it starts and ends (ms since the epoch); `None`: already started, or no end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_ms: Option<i64>,
+    /// Its tags, for the policy's tag selectors.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    /// What it costs per hour while it lasts, used or not (reported; never a planning cost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_per_hour: Option<f64>,
+}
+
+impl Reservation {
+    /// Whether instances can be launched into it at `now_ms` (between its start and end).
+    pub fn active_at(&self, now_ms: i64) -> bool {
+        self.start_ms.is_none_or(|s| s <= now_ms) && self.end_ms.is_none_or(|e| now_ms < e)
+    }
+
+    /// The offering it is.
+    pub fn offering(&self) -> OfferingKey {
+        OfferingKey {
+            instance_type: self.instance_type.clone(),
+            zone: self.zone.clone(),
+            capacity_type: CapacityType::Reserved,
         }
     }
 }
@@ -180,6 +252,9 @@ pub struct Instance {
     pub state: InstanceState,
     /// Launch time in milliseconds since the Unix epoch.
     pub launched_at_ms: i64,
+    /// The capacity reservation it runs in (`cr-...`), where the cloud says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
 }
 
 /// The outcome of a launch: providers fulfil partially, so both lists may be non-empty.
@@ -236,6 +311,12 @@ pub trait CloudProvider: Send + Sync {
     async fn launch(&self, request: &LaunchRequest) -> Result<LaunchResult, ProviderError>;
     async fn terminate(&self, instance_id: &str) -> Result<(), ProviderError>;
     async fn list(&self, pool: &str) -> Result<Vec<Instance>, ProviderError>;
+    /// The account's capacity reservations the pools may launch into (their ids and tags are
+    /// matched against the policy's `capacityReservations`), with their counts now. A provider
+    /// without reservations has none.
+    async fn reservations(&self) -> Result<Vec<Reservation>, ProviderError> {
+        Ok(Vec::new())
+    }
 }
 
 /// What a cloud announces about instances: they are about to be taken back or changed.
@@ -291,6 +372,30 @@ mod tests {
             assert_eq!(CapacityType::parse(ct.as_str()), Some(ct));
         }
         assert_eq!(CapacityType::parse("ondemand"), None);
+        assert_eq!(
+            CapacityType::parse(CapacityType::Reserved.as_str()),
+            Some(CapacityType::Reserved)
+        );
+    }
+
+    #[test]
+    fn a_capacity_block_reservation_is_active_between_its_start_and_end() {
+        let r = Reservation {
+            id: "cr-1".into(),
+            kind: ReservationKind::CapacityBlock,
+            instance_type: "p5.48xlarge".into(),
+            zone: "us-east-1a".into(),
+            total: 2,
+            available: 2,
+            start_ms: Some(1_000),
+            end_ms: Some(2_000),
+            tags: BTreeMap::new(),
+            price_per_hour: None,
+        };
+        assert!(!r.active_at(999));
+        assert!(r.active_at(1_000));
+        assert!(r.active_at(1_999));
+        assert!(!r.active_at(2_000));
     }
 
     #[test]

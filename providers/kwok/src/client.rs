@@ -216,6 +216,7 @@ pub fn instance_of(node: &Node) -> Option<Instance> {
             .creation_timestamp
             .as_ref()
             .map_or(0, |t| t.0.as_millisecond()),
+        reservation_id: None,
     })
 }
 

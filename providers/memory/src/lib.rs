@@ -16,7 +16,7 @@ use std::time::Duration;
 use gpu_node_autoscaler_provider::rng::SplitMix64;
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, CloudProvider, Instance, InstanceState, LaunchRequest, LaunchResult,
-    OfferingKey, ProviderError,
+    OfferingKey, ProviderError, Reservation,
 };
 
 /// Tag carrying the cluster name.
@@ -114,6 +114,8 @@ struct Record {
     tags: BTreeMap<String, String>,
     /// Set while an interrupted spot instance is shutting down.
     terminate_at_ms: Option<i64>,
+    /// The capacity reservation it was launched into.
+    reservation: Option<String>,
 }
 
 /// Token bucket in thousandths of a call: `rate` calls per second, burst of `rate`.
@@ -150,6 +152,9 @@ struct State {
     terminated_total: u64,
     /// Instances younger than this (ms) are not listed yet: an eventually consistent listing.
     listing_lag_ms: Option<i64>,
+    /// The account's capacity reservations (their `available` is computed from the live
+    /// instances in each).
+    reservations: Vec<Reservation>,
 }
 
 fn error_outcome(e: &ProviderError) -> String {
@@ -160,7 +165,7 @@ impl State {
     /// Applies time-driven transitions: interrupted spot instances whose notice has run out.
     fn advance(&mut self) {
         let now = self.now_ms;
-        let due: Vec<String> = self
+        let mut due: Vec<String> = self
             .shutting_down
             .iter()
             .filter(|id| {
@@ -170,6 +175,25 @@ impl State {
             })
             .cloned()
             .collect();
+        // A reservation that has ended takes its instances back.
+        let ended: Vec<&str> = self
+            .reservations
+            .iter()
+            .filter(|r| r.end_ms.is_some_and(|e| now >= e))
+            .map(|r| r.id.as_str())
+            .collect();
+        if !ended.is_empty() {
+            due.extend(
+                self.live
+                    .iter()
+                    .filter(|id| {
+                        self.instances.get(*id).is_some_and(|r| {
+                            r.reservation.as_deref().is_some_and(|x| ended.contains(&x))
+                        })
+                    })
+                    .cloned(),
+            );
+        }
         for id in due {
             self.terminated(&id);
         }
@@ -231,8 +255,42 @@ impl State {
             .map_or(0, |g| g.count)
     }
 
+    /// Instances that can still be launched into reservation `r` now (none outside its window).
+    fn reservation_room(&self, r: &Reservation) -> u32 {
+        if !r.active_at(self.now_ms) {
+            return 0;
+        }
+        let used = self
+            .live
+            .iter()
+            .filter_map(|id| self.instances.get(id))
+            .filter(|x| x.reservation.as_deref() == Some(r.id.as_str()))
+            .count() as u32;
+        r.total.saturating_sub(used)
+    }
+
+    /// The reservations as the cloud reports them now.
+    fn reservations(&self) -> Vec<Reservation> {
+        self.reservations
+            .iter()
+            .map(|r| Reservation {
+                available: self.reservation_room(r),
+                ..r.clone()
+            })
+            .collect()
+    }
+
     /// How many more instances the cloud has room for at `key` now; `u32::MAX` = unlimited.
     fn capacity(&self, key: &OfferingKey) -> u32 {
+        if key.capacity_type == CapacityType::Reserved {
+            // Reserved capacity is what the reservations of the offering still hold.
+            return self
+                .reservations
+                .iter()
+                .filter(|r| r.offering() == *key)
+                .map(|r| self.reservation_room(r))
+                .sum();
+        }
         let listed = self
             .catalog
             .offerings
@@ -386,6 +444,15 @@ impl State {
     }
 
     fn create(&mut self, req: &LaunchRequest, key: &OfferingKey) -> Instance {
+        // Into the first of the offering's reservations with room.
+        let reservation = (key.capacity_type == CapacityType::Reserved)
+            .then(|| {
+                self.reservations
+                    .iter()
+                    .find(|r| r.offering() == *key && self.reservation_room(r) > 0)
+                    .map(|r| r.id.clone())
+            })
+            .flatten();
         let id = self.new_id();
         let instance = Instance {
             provider_id: format!("memory:///{}/{}", key.zone, id),
@@ -395,6 +462,7 @@ impl State {
             offering: key.clone(),
             state: InstanceState::Running,
             launched_at_ms: self.now_ms,
+            reservation_id: reservation.clone(),
         };
         let mut tags = req.tags.clone();
         tags.insert(TAG_CLUSTER.into(), self.cluster.clone());
@@ -411,6 +479,7 @@ impl State {
                 instance: instance.clone(),
                 tags,
                 terminate_at_ms: None,
+                reservation,
             },
         );
         self.launched_total += 1;
@@ -470,6 +539,7 @@ impl MemoryProvider {
                 launched_total: 0,
                 terminated_total: 0,
                 listing_lag_ms: None,
+                reservations: Vec::new(),
             }),
         }
     }
@@ -514,6 +584,26 @@ impl MemoryProvider {
 
     pub fn now_ms(&self) -> i64 {
         self.lock().now_ms
+    }
+
+    /// Gives the account a capacity reservation (its `total` is what it holds; `available` is
+    /// computed). A reservation that ends takes its instances back then.
+    pub fn add_reservation(&self, r: Reservation) {
+        self.lock().reservations.push(r);
+    }
+
+    /// The reservation an instance was launched into.
+    pub fn reservation_of(&self, instance_id: &str) -> Option<String> {
+        self.lock()
+            .instances
+            .get(instance_id)
+            .and_then(|r| r.reservation.clone())
+    }
+
+    /// [`CloudProvider::reservations`] without an executor (not logged as a call: the
+    /// simulator reads it every pass).
+    pub fn reservations_now(&self) -> Vec<Reservation> {
+        self.lock().reservations()
     }
 
     pub fn add_capacity_window(&self, w: CapacityWindow) {
@@ -733,6 +823,10 @@ impl CloudProvider for MemoryProvider {
 
     async fn list(&self, pool: &str) -> Result<Vec<Instance>, ProviderError> {
         self.list_now(pool)
+    }
+
+    async fn reservations(&self) -> Result<Vec<Reservation>, ProviderError> {
+        Ok(self.reservations_now())
     }
 }
 

@@ -710,3 +710,58 @@ fn failover_a_lagging_listing_hides_instances_younger_than_the_lag() {
     p.set_listing_lag(None);
     assert_eq!(p.list_now("p").unwrap().len(), 1);
 }
+
+#[test]
+fn a_capacity_block_reservation_holds_its_count_and_takes_its_instances_back_at_its_end() {
+    let p = provider(1);
+    p.set_now(1_000_000);
+    let reserved = key(SMALL, A, CapacityType::Reserved);
+    p.add_reservation(Reservation {
+        id: "cr-1".into(),
+        kind: gpu_node_autoscaler_provider::ReservationKind::CapacityBlock,
+        instance_type: SMALL.into(),
+        zone: A.into(),
+        total: 2,
+        available: 2,
+        start_ms: Some(2_000_000),
+        end_ms: Some(10_000_000),
+        tags: BTreeMap::new(),
+        price_per_hour: Some(0.7),
+    });
+    // Before its start: nothing to launch into.
+    let r = p
+        .launch_now(&req("l0", "pool", 1, std::slice::from_ref(&reserved)))
+        .unwrap();
+    assert_eq!(r.failures, vec![ice(&reserved)]);
+    assert_eq!(p.reservations_now()[0].available, 0);
+    p.set_now(2_000_000);
+    assert_eq!(p.reservations_now()[0].available, 2);
+    // Three asked: two into the block, the third falls back to on-demand.
+    let r = p
+        .launch_now(&req("l1", "pool", 3, &[reserved.clone(), od(SMALL, A)]))
+        .unwrap();
+    let kinds: Vec<CapacityType> = r
+        .launched
+        .iter()
+        .map(|i| i.offering.capacity_type)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            CapacityType::Reserved,
+            CapacityType::Reserved,
+            CapacityType::OnDemand
+        ]
+    );
+    assert_eq!(r.failures, vec![ice(&reserved)]);
+    assert_eq!(p.reservations_now()[0].available, 0);
+    assert_eq!(p.reservation_of(&r.launched[0].id).as_deref(), Some("cr-1"));
+    // One terminated by us: its room comes back.
+    p.terminate_now(&r.launched[0].id).unwrap();
+    assert_eq!(p.reservations_now()[0].available, 1);
+    // At the end the block's instances are taken back; the on-demand one stays.
+    p.set_now(10_000_000);
+    let live = p.list_now("pool").unwrap();
+    assert_eq!(ids(&live), vec![r.launched[2].id.clone()]);
+    assert_eq!(p.reservations_now()[0].available, 0);
+}

@@ -203,7 +203,7 @@ mod tests {
                         .args
                         .contains(&"--enable-dynamic-resource-allocation=true".to_string()));
                 }
-                "topology-serving" => {
+                "topology-serving" | "reserved-h100" => {
                     // Refused loudly rather than replayed without its rules.
                     let e = got.err().map(|e| format!("{e:#}")).unwrap_or_default();
                     assert!(

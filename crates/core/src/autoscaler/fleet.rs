@@ -292,6 +292,14 @@ pub fn registrations<'a>(
             (labels::CAPACITY_TYPE, capacity_type),
             (labels::KARPENTER_CAPACITY_TYPE, capacity_type),
             (labels::LAUNCH_ID, i.launch_id.as_str()),
+            (
+                labels::CAPACITY_RESERVATION_ID,
+                i.reservation_id.as_deref().unwrap_or(""),
+            ),
+            (
+                labels::KARPENTER_CAPACITY_RESERVATION_ID,
+                i.reservation_id.as_deref().unwrap_or(""),
+            ),
         ];
         for (k, v) in owned {
             if v.is_empty() {
@@ -448,6 +456,7 @@ mod tests {
             offering: offering(),
             state,
             launched_at_ms: at_s * 1000,
+            reservation_id: None,
         }
     }
 
@@ -682,6 +691,7 @@ mod registration_tests {
             },
             state,
             launched_at_ms: 0,
+            reservation_id: None,
         }
     }
 

@@ -187,6 +187,12 @@ pub enum Count {
     GiveUpTerminateFailed {
         pool: String,
     },
+    /// A node in a Capacity Block about to end is replaced: the pod-hours its pods had run there
+    /// (work that would be cut off at the block's end), moved to other capacity.
+    CapacityBlockPodHoursMoved {
+        pool: String,
+        pod_hours: f64,
+    },
 }
 
 /// A drain to run: taint and cordon the node, evict its pods, terminate its instance and delete

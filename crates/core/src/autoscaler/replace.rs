@@ -225,6 +225,30 @@ pub fn interruption_signal(
         })
 }
 
+/// A node of ours in a Capacity Block whose end is within its pool's `capacityBlockDrainLead`
+/// at `now`: the block's id and end (the instance is taken back then). The block is the one the
+/// pool selects for the node's offering (instance type and zone, `reserved`) that ends first.
+pub fn capacity_block_end(
+    offering: &gpu_node_autoscaler_provider::OfferingKey,
+    pool: &Pool,
+    reservations: &[gpu_node_autoscaler_provider::Reservation],
+    now: Time,
+) -> Option<(String, Time)> {
+    if offering.capacity_type != gpu_node_autoscaler_provider::CapacityType::Reserved {
+        return None;
+    }
+    let (id, end) = reservations
+        .iter()
+        .filter(|r| {
+            r.kind == gpu_node_autoscaler_provider::ReservationKind::CapacityBlock
+                && r.offering() == *offering
+                && pool.selects_reservation(r)
+        })
+        .filter_map(|r| Some((r.id.clone(), Time(r.end_ms?))))
+        .min_by_key(|(_, end)| *end)?;
+    (now + pool.capacity_block_drain_lead >= end).then_some((id, end))
+}
+
 /// How long a spot interruption warning gives before the instance is taken back (EC2: two
 /// minutes).
 pub const SPOT_NOTICE: Duration = Duration::from_secs(120);

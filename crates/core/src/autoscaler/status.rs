@@ -82,6 +82,8 @@ pub struct LaunchedStatus {
     pub zone: String,
     pub capacity_type: String,
     pub launched_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
 }
 
 impl LaunchedStatus {
@@ -94,6 +96,7 @@ impl LaunchedStatus {
             zone: i.offering.zone.clone(),
             capacity_type: i.offering.capacity_type.as_str().to_string(),
             launched_at: Time(i.launched_at_ms).to_rfc3339(),
+            reservation_id: i.reservation_id.clone(),
         }
     }
 }
@@ -119,6 +122,7 @@ pub fn launched_unlisted_of(status_json: &str) -> Vec<Instance> {
                 },
                 state: InstanceState::Pending,
                 launched_at_ms: Time::parse_rfc3339(&l.launched_at).ok()?.0,
+                reservation_id: l.reservation_id,
             })
         })
         .collect()

@@ -95,6 +95,9 @@ impl Cloud {
                     offering: k.clone(),
                     state: InstanceState::Pending,
                     launched_at_ms: now.0,
+                    // As EC2 says of an instance in a reservation.
+                    reservation_id: (k.capacity_type == CapacityType::Reserved)
+                        .then(|| "cr-0block".to_string()),
                 };
                 self.instances.push(i.clone());
                 res.launched.push(i);
@@ -141,6 +144,8 @@ struct Run {
     notices: Vec<Notice>,
     /// XIDs read for the next pass.
     gpu_xids: Option<BTreeMap<String, Vec<GpuXid>>>,
+    /// The account's capacity reservations, as the cloud reports them each pass.
+    reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
 }
 
 impl Run {
@@ -166,6 +171,7 @@ impl Run {
             actions: Vec::new(),
             notices: Vec::new(),
             gpu_xids: None,
+            reservations: Vec::new(),
         }
     }
 
@@ -175,6 +181,7 @@ impl Run {
             snapshot: Snapshot {
                 pods: self.pods.clone(),
                 nodes: self.nodes.clone(),
+                reservations: self.reservations.clone(),
                 ..Default::default()
             },
             instances: Some(Arc::new(
@@ -269,6 +276,7 @@ impl Run {
             offering: key(instance_type, zone, CapacityType::OnDemand),
             state: InstanceState::Running,
             launched_at_ms: n.created.0,
+            reservation_id: None,
             id,
         };
         n.provider_id = Some(i.provider_id.clone());
@@ -2395,6 +2403,7 @@ fn orphaned_pool(policy: &str) -> Run {
             offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
             state: InstanceState::Running,
             launched_at_ms: (T0 - secs(3600)).0,
+            reservation_id: None,
         };
         if with_node {
             let mut n = NodeBuilder::new(&format!("node-{id}"))
@@ -2522,6 +2531,7 @@ fn old_instance(run: &mut Run, id: &str) {
         offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
         state: InstanceState::Running,
         launched_at_ms: (T0 - secs(3600)).0,
+        reservation_id: None,
     });
 }
 
@@ -2662,3 +2672,170 @@ fn overrun_a_node_whose_instance_cannot_be_terminated_is_not_deleted_until_it_is
     assert_eq!(deletes, 1, "{:?}", run.actions);
 }
 mod lifecycle;
+
+// ---- capacity reservations ----
+
+const RESERVED_POLICY: &str = r#"
+zones: [us-east-1a, us-east-1b]
+maxNodeProvisionTime: 10m
+insufficientCapacityTtl: 5m
+pools:
+  - name: a10g
+    instanceTypes: [g5.xlarge]
+    capacityTypes: [reserved, on-demand]
+    capacityReservations: [{id: cr-0block}]
+    maxNodes: 20
+    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}
+"#;
+
+/// A Capacity Block of `available` g5.xlarge in us-east-1a, from an hour before T0 to `end`.
+fn capacity_block(available: u32, end: Time) -> gpu_node_autoscaler_provider::Reservation {
+    gpu_node_autoscaler_provider::Reservation {
+        id: "cr-0block".into(),
+        kind: gpu_node_autoscaler_provider::ReservationKind::CapacityBlock,
+        instance_type: "g5.xlarge".into(),
+        zone: "us-east-1a".into(),
+        total: 4,
+        available,
+        start_ms: Some(T0.0 - 3_600_000),
+        end_ms: Some(end.0),
+        tags: BTreeMap::new(),
+        price_per_hour: None,
+    }
+}
+
+fn reserved_key() -> OfferingKey {
+    key("g5.xlarge", "us-east-1a", CapacityType::Reserved)
+}
+
+#[test]
+fn reserved_capacity_is_filled_first_and_what_exceeds_its_count_goes_on_demand() {
+    let mut run = Run::with_policy(Config::default(), RESERVED_POLICY);
+    run.reservations = vec![capacity_block(2, T0 + secs(10 * 3600))];
+    run.pods = (0..3).map(|i| gpu_pod(&format!("p{i}"), 1)).collect();
+    let a = run.pass(T0);
+    let l = launches(&a);
+    let reserved: Vec<_> = l
+        .iter()
+        .filter(|r| r.offerings[0] == reserved_key())
+        .collect();
+    assert_eq!(reserved.len(), 1, "{l:?}");
+    assert_eq!(reserved[0].count, 2, "the reservation's count: {l:?}");
+    let rest: u32 = l
+        .iter()
+        .filter(|r| r.offerings[0].capacity_type == CapacityType::OnDemand)
+        .map(|r| r.count)
+        .sum();
+    assert_eq!(rest, 1, "{l:?}");
+    let launched: Vec<_> = run.cloud.live();
+    assert_eq!(
+        launched
+            .iter()
+            .filter(|i| i.offering.capacity_type == CapacityType::Reserved)
+            .count(),
+        2
+    );
+}
+
+#[test]
+fn a_reservation_the_cloud_finds_used_up_is_insufficient_capacity_for_that_offering_only() {
+    let mut run = Run::with_policy(Config::default(), RESERVED_POLICY);
+    // The listing still counts 2, but others took them meanwhile.
+    run.reservations = vec![capacity_block(2, T0 + secs(10 * 3600))];
+    run.cloud.capacity.insert(reserved_key(), 0);
+    run.pods = vec![gpu_pod("p0", 1)];
+    let a = run.pass(T0);
+    let live = run.cloud.live();
+    assert_eq!(live.len(), 1, "{a:?}");
+    assert_eq!(live[0].offering.capacity_type, CapacityType::OnDemand);
+    // Another pod later: the reservation is not tried again while it is marked short, and
+    // on-demand in the same zone is still offered.
+    run.pods.push(gpu_pod("p1", 1));
+    let a = run.pass(T0 + secs(30));
+    let l = launches(&a);
+    assert!(!l.is_empty(), "{a:?}");
+    assert!(
+        l.iter().all(|r| !r.offerings.contains(&reserved_key())),
+        "{l:?}"
+    );
+    assert!(l[0]
+        .offerings
+        .contains(&key("g5.xlarge", "us-east-1a", CapacityType::OnDemand)));
+}
+
+#[test]
+fn a_capacity_block_node_is_replaced_and_drained_before_the_block_ends() {
+    let end = T0 + secs(4 * 3600);
+    let mut run = Run::with_policy(Config::default(), RESERVED_POLICY);
+    run.reservations = vec![capacity_block(2, end)];
+    run.pods.push(gpu_pod("p", 1));
+    run.pass(T0);
+    assert_eq!(
+        run.cloud.live()[0].offering.capacity_type,
+        CapacityType::Reserved
+    );
+    run.register("i-1", 1, T0);
+    run.pods[0].node_name = Some("node-i-1".into());
+    run.pods[0].phase = crate::model::PodPhase::Running;
+    run.pods[0].started = Some(T0);
+    run.reservations = vec![capacity_block(1, end)];
+    // More than the lead (30 minutes by default) before the end: nothing moves. The node is
+    // labelled with its reservation (ours and Karpenter's label).
+    let a = run.pass(end - secs(31 * 60));
+    let reg = a
+        .iter()
+        .find_map(|x| match x {
+            Action::Register(r) if r.node == "node-i-1" => Some(r),
+            _ => None,
+        })
+        .expect("the reservation labels registered");
+    for l in [
+        labels::CAPACITY_RESERVATION_ID,
+        labels::KARPENTER_CAPACITY_RESERVATION_ID,
+    ] {
+        assert_eq!(
+            reg.labels.get(l).map(String::as_str),
+            Some("cr-0block"),
+            "{l}"
+        );
+    }
+    assert!(tainted_replacing(&a).is_empty(), "{a:?}");
+    assert!(drains(&a).is_empty(), "{a:?}");
+    // At the lead: the node is tainted, its pod gets new capacity (not in the ending block), and
+    // the node is drained as an interrupted one, its deadline no later than the end.
+    let now = end - secs(30 * 60);
+    let a = run.pass(now);
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    let ev = events(&a, "CapacityBlockEnding");
+    assert_eq!(ev.len(), 1, "{a:?}");
+    let moved: Vec<f64> = a
+        .iter()
+        .filter_map(|x| match x {
+            Action::Count(Count::CapacityBlockPodHoursMoved { pod_hours, .. }) => Some(*pod_hours),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moved.len(), 1, "{a:?}");
+    assert!(
+        (moved[0] - 3.5).abs() < 1e-9,
+        "the pod ran from T0: {moved:?}"
+    );
+    assert!(ev[0].message.contains("cr-0block"), "{}", ev[0].message);
+    let l = launches(&a);
+    assert_eq!(l.len(), 1, "the pod's new node: {a:?}");
+    assert!(!l[0].offerings.contains(&reserved_key()), "{l:?}");
+    let d = drains(&a);
+    assert_eq!(d.len(), 1, "{a:?}");
+    assert_eq!(d[0].kind, DrainKind::Forced);
+    assert!(d[0].deadline <= end, "{:?} after {end:?}", d[0].deadline);
+    let out = run
+        .core
+        .drain_finished("node-i-1", DrainOutcome::Removed, now + secs(60));
+    assert_eq!(
+        out,
+        [Action::Count(Count::Replaced {
+            pool: "a10g".into(),
+            cause: "interrupted"
+        })]
+    );
+}

@@ -29,6 +29,9 @@ pub mod labels {
     pub const GPU_MODEL: &str = "gpu-node-autoscaler.io/gpu-model";
     pub const LAUNCH_ID: &str = "gpu-node-autoscaler.io/launch-id";
     pub const KARPENTER_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
+    /// The capacity reservation a node runs in: ours and Karpenter's AWS provider's.
+    pub const CAPACITY_RESERVATION_ID: &str = "gpu-node-autoscaler.io/capacity-reservation-id";
+    pub const KARPENTER_CAPACITY_RESERVATION_ID: &str = "karpenter.k8s.aws/capacity-reservation-id";
     pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
     pub const ZONE: &str = "topology.kubernetes.io/zone";
     pub const REGION: &str = "topology.kubernetes.io/region";

@@ -92,6 +92,9 @@ pub struct Snapshot {
     pub planned: BTreeMap<String, PlannedNodes>,
     /// Offerings that recently failed for lack of capacity, unavailable until the given time.
     pub unavailable: BTreeMap<OfferingKey, Time>,
+    /// The account's capacity reservations as the cloud last reported them (counts of what can
+    /// still be launched into each); the pools that select one plan it as a reserved offering.
+    pub reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
     pub pools: BTreeMap<String, PoolState>,
     /// DeviceClasses, ResourceSlices and allocated devices (Dynamic Resource Allocation).
     pub dra: super::dra::DraState,

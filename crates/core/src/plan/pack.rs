@@ -154,6 +154,8 @@ struct Usage {
     pool_gpus: Vec<i64>,
     nodes: i64,
     gpus: i64,
+    /// Per reserved offering (`Packer::reserved_slots`): instances its reservations still hold.
+    reserved: Vec<i64>,
 }
 
 impl Usage {
@@ -196,6 +198,9 @@ struct Packer<'a> {
     /// (host ports, pod affinity, spread); then `sites` holds each bin's labels and identity.
     topology: Option<TopologyIndex>,
     sites: Vec<(Arc<BTreeMap<String, String>>, String)>,
+    /// Per template: its reserved offerings (offering index, slot of `Usage::reserved`); a
+    /// reservation's count is a hard limit shared by every template that offers it.
+    reserved_slots: Vec<Vec<(usize, usize)>>,
 }
 
 /// Hands out each launch's planned node lists ([`Snapshot::planned`]), one per node of the
@@ -295,6 +300,7 @@ impl<'a> Packer<'a> {
                 pool_gpus: vec![0; policy.pools.len()],
                 nodes: 0,
                 gpus: 0,
+                reserved: Vec::new(),
             },
             new_nodes: Vec::new(),
             placed: Vec::new(),
@@ -304,7 +310,20 @@ impl<'a> Packer<'a> {
             spares: 0,
             topology: None,
             sites: Vec::new(),
+            reserved_slots: vec![Vec::new(); templates.len()],
         };
+        let counts = super::templates::reserved_counts(policy, snapshot, now);
+        if !counts.is_empty() {
+            let slot: BTreeMap<_, usize> = counts.keys().enumerate().map(|(i, k)| (k, i)).collect();
+            for (ti, t) in templates.iter().enumerate() {
+                for (oi, o) in t.offerings.iter().enumerate() {
+                    if let Some(&s) = slot.get(&o.key) {
+                        p.reserved_slots[ti].push((oi, s));
+                    }
+                }
+            }
+            p.usage.reserved = counts.values().copied().collect();
+        }
         p.build_bins(now);
         p.topology = topology::index_of(
             &snapshot.pods,
@@ -675,11 +694,21 @@ impl<'a> Packer<'a> {
                         .fold(0u64, |m, (i, _)| m | (1 << i))
                 })
                 .collect();
+            // Valued at what it costs bought (reserved capacity is free, but runs out): at
+            // reserved offerings only where the class can have nothing else.
             let mut best = f64::INFINITY;
-            for (ti, t) in self.templates.iter().enumerate() {
-                let m = c.tmask[ti] & self.available[ti];
-                if m != 0 {
-                    best = best.min(t.price(m) * dominant_share(c, t));
+            for market in [true, false] {
+                for (ti, t) in self.templates.iter().enumerate() {
+                    let mut m = c.tmask[ti] & self.available[ti];
+                    if market {
+                        m &= !t.reserved_mask();
+                    }
+                    if m != 0 {
+                        best = best.min(t.price(m) * dominant_share(c, t));
+                    }
+                }
+                if best.is_finite() {
+                    break;
                 }
             }
             // A free offering (price 0) still needs a positive value to be packed.
@@ -709,6 +738,34 @@ impl<'a> Packer<'a> {
             r = r.min(left(mg, usage.gpus) / g);
         }
         r.max(0)
+    }
+
+    /// Reserved offerings of template `t` whose reservations are used up.
+    fn exhausted(&self, usage: &Usage, t: usize) -> u64 {
+        self.reserved_slots[t]
+            .iter()
+            .filter(|&&(_, s)| usage.reserved[s] <= 0)
+            .fold(0, |m, &(oi, _)| m | (1u64 << oi))
+    }
+
+    /// Offerings of template `t` a new node may be opened with: available, and reservations not
+    /// used up.
+    fn openable(&self, usage: &Usage, t: usize) -> u64 {
+        self.available[t] & !self.exhausted(usage, t)
+    }
+
+    /// `n` nodes of template `t` opened with `mask`: when its preferred offering is a
+    /// reservation, as many as it still holds (at least one), taken from its count.
+    fn take_reserved(&self, usage: &mut Usage, t: usize, mask: u64, n: i64) -> i64 {
+        let first = (mask & self.available[t]).trailing_zeros() as usize;
+        match self.reserved_slots[t].iter().find(|&&(oi, _)| oi == first) {
+            Some(&(_, s)) => {
+                let k = n.min(usage.reserved[s]).max(1);
+                usage.reserved[s] -= k;
+                k
+            }
+            None => n,
+        }
     }
 
     fn add_usage(&self, usage: &mut Usage, t: usize, n: i64) {
@@ -1008,7 +1065,7 @@ impl<'a> Packer<'a> {
                     .iter()
                     .enumerate()
                     .filter(|(t, _)| {
-                        rooms[*t] && cl.tmask[*t] & self.available[*t] & zone_masks[*t] != 0
+                        rooms[*t] && cl.tmask[*t] & self.openable(usage, *t) & zone_masks[*t] != 0
                     })
                     .map(|(_, t)| t.priority)
                     .max()
@@ -1037,7 +1094,7 @@ impl<'a> Packer<'a> {
             let prio = self.top_priorities(items, usage, &zone_masks);
             let mut best: Option<(f64, f64, usize, Opened)> = None;
             for (ti, t) in self.templates.iter().enumerate() {
-                let base = self.available[ti] & zone_masks[ti];
+                let base = self.openable(usage, ti) & zone_masks[ti];
                 if base == 0 || self.room(usage, ti) == 0 {
                     continue;
                 }
@@ -1103,7 +1160,7 @@ impl<'a> Packer<'a> {
             for &(i, k) in &o.takes {
                 reps = reps.min(items[i].1 / k);
             }
-            let reps = reps.max(1);
+            let reps = self.take_reserved(usage, ti, o.mask, reps.max(1));
             for &(i, k) in &o.takes {
                 items[i].1 -= k * reps;
             }
@@ -1239,6 +1296,7 @@ impl<'a> Packer<'a> {
         for (ti, t) in self.templates.iter().enumerate() {
             let base = self.classes[c].tmask[ti] & self.available[ti];
             let copies = self.classes[c].copies(&t.allocatable, &t.shared);
+            // Reserved offerings used up are left out as each node is opened, below.
             if base == 0 || copies <= 0 {
                 continue;
             }
@@ -1277,7 +1335,12 @@ impl<'a> Packer<'a> {
                     continue;
                 }
                 let fit = (*copies).min(want);
+                let exhausted = self.exhausted(&self.usage, *ti);
                 for &(part, d) in parts {
+                    let part = part & !exhausted;
+                    if part == 0 {
+                        continue;
+                    }
                     let probed = match probes[d] {
                         Some(p) => p,
                         None => {
@@ -1329,6 +1392,7 @@ impl<'a> Packer<'a> {
             });
             let mut usage = self.usage.clone();
             self.add_usage(&mut usage, ti, 1);
+            self.take_reserved(&mut usage, ti, mask, 1);
             self.usage = usage;
             if self.place_on_bin(c, b, want) == 0 {
                 // Cannot happen (the node was chosen for admitting a pod): never loop on it.

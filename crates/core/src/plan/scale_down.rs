@@ -219,8 +219,9 @@ type NodeRule = fn(&NodeFacts) -> Option<String>;
 /// keeps it gives the reason listed in the plan's `kept`. The rules that weigh candidates against
 /// each other (minimum size, drains, PodDisruptionBudgets, room for the pods) follow in
 /// [`scale_down`].
-const CANDIDATE_RULES: [NodeRule; 6] = [
+const CANDIDATE_RULES: [NodeRule; 7] = [
     pool_scale_down_enabled,
+    reserved_kept_warm,
     node_may_be_disrupted,
     out_of_cooldown,
     out_of_backoff,
@@ -230,6 +231,19 @@ const CANDIDATE_RULES: [NodeRule; 6] = [
 
 fn pool_scale_down_enabled(f: &NodeFacts) -> Option<String> {
     (!f.pool.scale_down.enabled).then(|| format!("scale-down is disabled for pool {}", f.pool.name))
+}
+
+/// A node in a capacity reservation stays when its pool keeps reserved nodes warm (the
+/// reservation is paid anyway); otherwise it goes like any other, freeing the reservation.
+fn reserved_kept_warm(f: &NodeFacts) -> Option<String> {
+    (f.pool.keep_reserved_warm
+        && f.node.capacity_type() == gpu_node_autoscaler_provider::CapacityType::Reserved.as_str())
+    .then(|| {
+        format!(
+            "pool {} keeps its reserved nodes warm (keepReservedWarm)",
+            f.pool.name
+        )
+    })
 }
 
 fn node_may_be_disrupted(f: &NodeFacts) -> Option<String> {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use gpu_node_autoscaler_provider::{Catalog, GpuVendor, InstanceType, OfferingKey};
+use gpu_node_autoscaler_provider::{CapacityType, Catalog, GpuVendor, InstanceType, OfferingKey};
 
 use crate::model::constraints::Taint;
 use crate::model::gpu::{self, parse_mig_profile};
@@ -65,6 +65,15 @@ impl Template {
             return f64::INFINITY;
         }
         self.offerings[mask.trailing_zeros() as usize].price
+    }
+
+    /// Its offerings in capacity reservations.
+    pub fn reserved_mask(&self) -> u64 {
+        self.offerings
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.key.capacity_type == CapacityType::Reserved)
+            .fold(0, |m, (i, _)| m | (1u64 << i))
     }
 
     pub fn available_mask(&self) -> u64 {
@@ -345,6 +354,41 @@ pub struct Templates {
     pub errors: Vec<String>,
     /// The last plan's templates and what made them (see [`Templates::for_snapshot`]).
     memo: Memo,
+    /// Per pool that lists `reserved`: its reservation selectors and Capacity Block drain lead.
+    reserving: BTreeMap<usize, Pool>,
+}
+
+/// Whether `pool` may launch into reservation `r` at `now`: it selects it, it has started, and,
+/// a Capacity Block, it is not within the pool's `capacityBlockDrainLead` of its end (a node
+/// launched then would be drained at once).
+pub fn launchable(pool: &Pool, r: &gpu_node_autoscaler_provider::Reservation, now: Time) -> bool {
+    if !pool.selects_reservation(r) {
+        return false;
+    }
+    let lead = i64::try_from(pool.capacity_block_drain_lead.as_millis()).unwrap_or(i64::MAX);
+    let end = match (r.kind, r.end_ms) {
+        (gpu_node_autoscaler_provider::ReservationKind::CapacityBlock, Some(e)) => {
+            Some(e.saturating_sub(lead))
+        }
+        (_, e) => e,
+    };
+    r.start_ms.is_none_or(|s| s <= now.0) && end.is_none_or(|e| now.0 < e)
+}
+
+/// How many instances of each reserved offering the policy's pools may still launch at `now`
+/// (the reservations they select, counted once each).
+pub fn reserved_counts(
+    policy: &Policy,
+    snapshot: &Snapshot,
+    now: Time,
+) -> BTreeMap<OfferingKey, i64> {
+    let mut out = BTreeMap::new();
+    for r in &snapshot.reservations {
+        if r.available > 0 && policy.pools.iter().any(|p| launchable(p, r, now)) {
+            *out.entry(r.offering()).or_insert(0) += i64::from(r.available);
+        }
+    }
+    out
 }
 
 /// Per template, what a plan adjusts: the DaemonSet requests taken from its allocatable and
@@ -416,11 +460,20 @@ impl Templates {
                             capacity_type: *ct,
                         };
                         let over = pool.prices.get(&t.name).and_then(|p| match ct {
-                            gpu_node_autoscaler_provider::CapacityType::Spot => p.spot,
-                            gpu_node_autoscaler_provider::CapacityType::OnDemand => p.on_demand,
+                            CapacityType::Spot => p.spot,
+                            CapacityType::OnDemand => p.on_demand,
+                            CapacityType::Reserved => None,
                         });
-                        let Some(&(cat_price, cat_avail)) = prices.get(&key) else {
-                            continue;
+                        // A reserved offering is paid for already (zero marginal cost); it is
+                        // available only while a reservation the pool selects has room
+                        // (`Templates::for_snapshot`).
+                        let (cat_price, cat_avail) = if *ct == CapacityType::Reserved {
+                            (0.0, false)
+                        } else {
+                            match prices.get(&key) {
+                                Some(&x) => x,
+                                None => continue,
+                            }
                         };
                         let labels = Arc::new(node_labels(pool, t, &key, policy.region.as_deref()));
                         offerings.push((
@@ -469,6 +522,13 @@ impl Templates {
             templates: out,
             errors,
             memo: Memo::default(),
+            reserving: policy
+                .pools
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.capacity_types.contains(&CapacityType::Reserved))
+                .map(|(i, p)| (i, p.clone()))
+                .collect(),
         }
     }
 
@@ -555,7 +615,13 @@ impl Templates {
             .map(|t| {
                 let mut unavailable = 0u64;
                 for (i, o) in t.offerings.iter().enumerate() {
-                    if snapshot.is_unavailable(&o.key, now) {
+                    let reserved_out = o.key.capacity_type == CapacityType::Reserved
+                        && !self.reserving.get(&t.pool).is_some_and(|p| {
+                            snapshot.reservations.iter().any(|r| {
+                                r.available > 0 && r.offering() == o.key && launchable(p, r, now)
+                            })
+                        });
+                    if reserved_out || snapshot.is_unavailable(&o.key, now) {
                         unavailable |= 1u64 << i;
                     }
                 }
@@ -587,6 +653,8 @@ impl Templates {
             for (i, o) in t.offerings.iter_mut().enumerate() {
                 if unavailable & (1u64 << i) != 0 {
                     o.available = false;
+                } else if o.key.capacity_type == CapacityType::Reserved {
+                    o.available = true;
                 }
             }
             t.allocatable.sub(taken);

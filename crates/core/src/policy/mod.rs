@@ -52,6 +52,8 @@ pub mod defaults {
     pub const RESERVED_CPU_MILLI: i64 = 200;
     pub const RESERVED_MEMORY: i64 = 1 << 30;
     pub const MAX_PODS: u32 = 110;
+    /// How long before a Capacity Block ends its nodes are replaced and drained.
+    pub const CAPACITY_BLOCK_DRAIN_LEAD: Duration = Duration::from_secs(30 * 60);
     pub const SHARED_CORE_PERCENTAGE: u32 = 100;
     /// EKS node monitoring agent: `AcceleratedHardwareReady=False` (Karpenter repairs after 10m).
     pub const HEALTH_CONDITION: &str = "AcceleratedHardwareReady";
@@ -226,6 +228,41 @@ pub struct Pool {
     /// The pool's GPUs are published through Dynamic Resource Allocation (`dra:`): its nodes run
     /// a DRA driver instead of the device plugin, and pods claim them with ResourceClaims.
     pub dra: Option<DraPool>,
+    /// The capacity reservations the pool launches into (`capacityReservations`), with
+    /// `reserved` in `capacity_types`; empty for none.
+    pub capacity_reservations: Vec<ReservationSelector>,
+    /// An empty node in a reservation stays (`keepReservedWarm`) instead of being removed to
+    /// free the reservation for other consumers.
+    pub keep_reserved_warm: bool,
+    /// How long before a Capacity Block ends its nodes are replaced and drained
+    /// (`capacityBlockDrainLead`).
+    pub capacity_block_drain_lead: Duration,
+}
+
+/// One entry of a pool's `capacityReservations`: a reservation by id, or every reservation
+/// carrying all the given tags.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReservationSelector {
+    Id(String),
+    Tags(BTreeMap<String, String>),
+}
+
+impl ReservationSelector {
+    pub fn matches(&self, r: &gpu_node_autoscaler_provider::Reservation) -> bool {
+        match self {
+            ReservationSelector::Id(id) => &r.id == id,
+            ReservationSelector::Tags(tags) => tags.iter().all(|(k, v)| r.tags.get(k) == Some(v)),
+        }
+    }
+}
+
+impl Pool {
+    /// Whether the pool may launch into reservation `r` (`reserved` in its capacity types and a
+    /// selector matching it).
+    pub fn selects_reservation(&self, r: &gpu_node_autoscaler_provider::Reservation) -> bool {
+        self.capacity_types.contains(&CapacityType::Reserved)
+            && self.capacity_reservations.iter().any(|s| s.matches(r))
+    }
 }
 
 /// A pool's `dra:` section: the driver its nodes run and what the predicted devices carry beyond
@@ -617,6 +654,17 @@ struct RawPool {
     #[serde(default)]
     replace_on_rebalance: bool,
     spot_max_wait: Option<Dur>,
+    #[serde(default)]
+    capacity_reservations: Vec<RawReservationSelector>,
+    keep_reserved_warm: Option<bool>,
+    capacity_block_drain_lead: Option<Dur>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReservationSelector {
+    id: Option<String>,
+    tags: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Deserialize)]
@@ -1502,7 +1550,7 @@ fn validate_pool(
             if list.is_empty() {
                 c.at(
                     &at(&["capacityTypes"]),
-                    "must list at least one of spot, on-demand",
+                    "must list at least one of spot, on-demand, reserved",
                 );
             }
             for (j, s) in list.iter().enumerate() {
@@ -1512,15 +1560,51 @@ fn validate_pool(
                     Some(ct) if capacity_types.contains(&ct) => {
                         c.at(&p, format!("duplicate capacity type {s:?}"))
                     }
-                    Some(ct) => capacity_types.push(ct),
                     None => c.at(
                         &p,
-                        format!("unknown capacity type {s:?} (expected spot or on-demand)"),
+                        format!(
+                            "unknown capacity type {s:?} (expected spot, on-demand or reserved)"
+                        ),
                     ),
+                    Some(ct) => {
+                        if ct == CapacityType::Reserved && r.capacity_reservations.is_empty() {
+                            c.at(
+                                &p,
+                                "reserved needs `capacityReservations` on the pool (the \
+                                 reservations to launch into)",
+                            );
+                        }
+                        capacity_types.push(ct)
+                    }
                 }
             }
         }
     }
+    let capacity_reservations = validate_reservation_selectors(i, &r.capacity_reservations, c);
+    let reserved = capacity_types.contains(&CapacityType::Reserved);
+    if !r.capacity_reservations.is_empty() && !reserved {
+        c.at(
+            &at(&["capacityReservations"]),
+            "needs `reserved` in `capacityTypes` (e.g. [reserved, on-demand])",
+        );
+    }
+    if r.keep_reserved_warm.is_some() && !reserved {
+        c.at(
+            &at(&["keepReservedWarm"]),
+            "needs `reserved` in `capacityTypes`",
+        );
+    }
+    if r.capacity_block_drain_lead.is_some() && !reserved {
+        c.at(
+            &at(&["capacityBlockDrainLead"]),
+            "needs `reserved` in `capacityTypes`",
+        );
+    }
+    let capacity_block_drain_lead = c.duration(
+        &at(&["capacityBlockDrainLead"]),
+        r.capacity_block_drain_lead,
+        defaults::CAPACITY_BLOCK_DRAIN_LEAD,
+    );
     if r.min_nodes > r.max_nodes {
         c.at(
             &at(&["minNodes"]),
@@ -1913,7 +1997,58 @@ fn validate_pool(
         consolidation,
         settings,
         dra,
+        capacity_reservations,
+        keep_reserved_warm: r.keep_reserved_warm.unwrap_or(false),
+        capacity_block_drain_lead,
     })
+}
+
+/// A pool's `capacityReservations`: each entry is `{id: cr-...}` or `{tags: {...}}`, no id twice.
+fn validate_reservation_selectors(
+    i: usize,
+    raw: &[RawReservationSelector],
+    c: &mut Collector,
+) -> Vec<ReservationSelector> {
+    let mut out = Vec::new();
+    let mut ids = BTreeSet::new();
+    for (j, s) in raw.iter().enumerate() {
+        let at = |f: &[&str]| {
+            let mut p = pool_path(i, &["capacityReservations"]);
+            p.push(PathSeg::Index(j));
+            p.extend(f.iter().map(|k| key(k)));
+            p
+        };
+        match (&s.id, &s.tags) {
+            (Some(id), None) => {
+                if !id.starts_with("cr-") || id.len() <= 3 {
+                    c.at(
+                        &at(&["id"]),
+                        format!("{id:?} is not a capacity reservation id (cr-...)"),
+                    );
+                } else if !ids.insert(id.clone()) {
+                    c.at(
+                        &at(&["id"]),
+                        format!("duplicate capacity reservation {id:?}"),
+                    );
+                } else {
+                    out.push(ReservationSelector::Id(id.clone()));
+                }
+            }
+            (None, Some(tags)) => {
+                if tags.is_empty() {
+                    c.at(
+                        &at(&["tags"]),
+                        "must name at least one tag (an empty selector would take every \
+                         reservation of the account)",
+                    );
+                } else {
+                    out.push(ReservationSelector::Tags(tags.clone()));
+                }
+            }
+            _ => c.at(&at(&[]), "give exactly one of `id` or `tags`"),
+        }
+    }
+    out
 }
 
 fn validate_consolidation(i: usize, r: RawConsolidation, c: &mut Collector) -> Consolidation {

@@ -220,6 +220,9 @@ fn example_policy_parses_with_defaults_applied() {
             consolidation: Consolidation::default(),
             replace_on_rebalance: false,
             spot_max_wait: Duration::ZERO,
+            capacity_reservations: Vec::new(),
+            keep_reserved_warm: false,
+            capacity_block_drain_lead: mins(30),
             health: Health {
                 enabled: true,
                 conditions: vec![HealthCondition {
@@ -338,6 +341,47 @@ fn optional_pool_fields_are_read() {
         Duration::from_secs(90)
     );
     assert_eq!(pool.scale_down.utilization_threshold, 0.0);
+}
+
+#[test]
+fn reserved_capacity_type_with_capacity_reservations_parses() {
+    let p = parse_ok(&one_pool(&[
+        "    capacityTypes: [reserved, spot, on-demand]",
+        "    capacityReservations: [{id: cr-0abc}, {tags: {team: ml, kind: block}}]",
+        "    keepReservedWarm: true",
+        "    capacityBlockDrainLead: 45m",
+    ]));
+    let pool = &p.pools[0];
+    assert_eq!(
+        pool.capacity_types,
+        [
+            CapacityType::Reserved,
+            CapacityType::Spot,
+            CapacityType::OnDemand
+        ]
+    );
+    assert_eq!(
+        pool.capacity_reservations,
+        [
+            ReservationSelector::Id("cr-0abc".into()),
+            ReservationSelector::Tags(BTreeMap::from([
+                ("kind".to_string(), "block".to_string()),
+                ("team".to_string(), "ml".to_string())
+            ]))
+        ]
+    );
+    assert!(pool.keep_reserved_warm);
+    assert_eq!(pool.capacity_block_drain_lead, Duration::from_secs(45 * 60));
+    // Defaults.
+    let p = parse_ok(&one_pool(&[
+        "    capacityTypes: [reserved]",
+        "    capacityReservations: [{id: cr-0abc}]",
+    ]));
+    assert!(!p.pools[0].keep_reserved_warm);
+    assert_eq!(
+        p.pools[0].capacity_block_drain_lead,
+        Duration::from_secs(30 * 60)
+    );
 }
 
 #[test]
@@ -523,10 +567,67 @@ fn error_cases() -> Vec<Case> {
         ),
         case(
             "unknown capacity type",
-            one_pool(&["    capacityTypes: [spot, reserved]"]),
+            one_pool(&["    capacityTypes: [spot, dedicated]"]),
             (6, 27),
-            "pools[0].capacityTypes[1]: unknown capacity type \"reserved\" (expected spot or \
-             on-demand)",
+            "pools[0].capacityTypes[1]: unknown capacity type \"dedicated\" (expected spot, \
+             on-demand or reserved)",
+        ),
+        case(
+            "reserved capacity without reservations",
+            one_pool(&["    capacityTypes: [reserved, on-demand]"]),
+            (6, 21),
+            "pools[0].capacityTypes[0]: reserved needs `capacityReservations`",
+        ),
+        case(
+            "capacity reservations without reserved capacity",
+            one_pool(&["    capacityReservations: [{id: cr-0abc}]"]),
+            (6, 5),
+            "pools[0].capacityReservations: needs `reserved` in `capacityTypes`",
+        ),
+        case(
+            "capacity reservation id that is no reservation",
+            one_pool(&[
+                "    capacityTypes: [reserved]",
+                "    capacityReservations:",
+                "      - {tags: {team: ml}}",
+                "      - {id: i-0abc}",
+            ]),
+            (9, 10),
+            "pools[0].capacityReservations[1].id: \"i-0abc\" is not a capacity reservation id",
+        ),
+        case(
+            "capacity reservation selector with both id and tags",
+            one_pool(&[
+                "    capacityTypes: [reserved]",
+                "    capacityReservations: [{id: cr-1, tags: {team: ml}}]",
+            ]),
+            (7, 28),
+            "pools[0].capacityReservations[0]: give exactly one of `id` or `tags`",
+        ),
+        case(
+            "capacity reservation selector with no tags",
+            one_pool(&[
+                "    capacityTypes: [reserved]",
+                "    capacityReservations: [{tags: {}}]",
+            ]),
+            (7, 29),
+            "pools[0].capacityReservations[0].tags: must name at least one tag",
+        ),
+        case(
+            "capacity block drain lead that is no duration",
+            one_pool(&[
+                "    capacityTypes: [reserved]",
+                "    capacityReservations: [{id: cr-1}]",
+                "    capacityBlockDrainLead: half an hour",
+            ]),
+            (8, 5),
+            "pools[0].capacityBlockDrainLead: invalid duration",
+        ),
+        case(
+            "keep reserved warm without reserved capacity",
+            one_pool(&["    keepReservedWarm: true"]),
+            (6, 5),
+            "pools[0].keepReservedWarm: needs `reserved` in `capacityTypes`",
         ),
         case(
             "duplicate capacity type",
@@ -538,7 +639,7 @@ fn error_cases() -> Vec<Case> {
             "empty capacity types",
             one_pool(&["    capacityTypes: []"]),
             (6, 5),
-            "must list at least one of spot, on-demand",
+            "must list at least one of spot, on-demand, reserved",
         ),
         case(
             "duration with a day unit",
@@ -1037,9 +1138,9 @@ fn full_messages() {
             "policy.yaml:1:1: a policy must be a YAML mapping with a `pools` list",
         ),
         (
-            one_pool(&["    capacityTypes: [spot, reserved]"]),
-            "policy.yaml:6:27: pools[0].capacityTypes[1]: unknown capacity type \"reserved\" \
-             (expected spot or on-demand)",
+            one_pool(&["    capacityTypes: [spot, dedicated]"]),
+            "policy.yaml:6:27: pools[0].capacityTypes[1]: unknown capacity type \"dedicated\" \
+             (expected spot, on-demand or reserved)",
         ),
     ];
     for (text, want) in cases {
@@ -1136,23 +1237,23 @@ fn duplicate_keys_are_yaml_errors_at_the_repeated_key() {
 #[test]
 fn every_error_is_reported_sorted_by_line() {
     let text = yaml(&[
-        "zones: [us-east-1a]",                 // 1
-        "pools:",                              // 2
-        "  - name: a",                         // 3
-        "    instanceTypes: [g5.xlarge]",      // 4
-        "    maxNodes: 3",                     // 5
-        "    capacityTypes: [spot, reserved]", // 6
-        "  - name: b",                         // 7
-        "    instanceTypes: [g5.xlarge]",      // 8
-        "    maxNode: 3",                      // 9
-        "  - name: c",                         // 10
-        "    instanceTypes: [g5.xlarge]",      // 11
-        "    maxNodes: 3",                     // 12
-        "    scaleDown: {unneededTime: 10d}",  // 13
-        "  - name: ok",                        // 14
-        "    instanceTypes: [g5.xlarge]",      // 15
-        "    maxNodes: 3",                     // 16
-        "spotPriceRatio: 2",                   // 17
+        "zones: [us-east-1a]",                // 1
+        "pools:",                             // 2
+        "  - name: a",                        // 3
+        "    instanceTypes: [g5.xlarge]",     // 4
+        "    maxNodes: 3",                    // 5
+        "    capacityTypes: [spot, bidding]", // 6
+        "  - name: b",                        // 7
+        "    instanceTypes: [g5.xlarge]",     // 8
+        "    maxNode: 3",                     // 9
+        "  - name: c",                        // 10
+        "    instanceTypes: [g5.xlarge]",     // 11
+        "    maxNodes: 3",                    // 12
+        "    scaleDown: {unneededTime: 10d}", // 13
+        "  - name: ok",                       // 14
+        "    instanceTypes: [g5.xlarge]",     // 15
+        "    maxNodes: 3",                    // 16
+        "spotPriceRatio: 2",                  // 17
     ]);
     let e = parse_err(&text);
     let got: Vec<(usize, usize)> = e.errors.iter().map(|e| (e.line, e.col)).collect();

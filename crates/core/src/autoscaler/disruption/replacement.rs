@@ -84,7 +84,22 @@ impl Autoscaler {
                 .as_ref()
                 .and_then(|p| pass.view.instance_of_node.get(p))
                 .and_then(|i| self.disruption.replace.notices.get(i));
-            let interrupted = replace::interruption_signal(n, pool, &policy, notices);
+            let mut interrupted = replace::interruption_signal(n, pool, &policy, notices);
+            // A Capacity Block about to end takes its instance back like an interruption.
+            let block_end = instance_of(n, &pass.view, &pass.instances).and_then(|i| {
+                replace::capacity_block_end(
+                    &i.offering,
+                    pool,
+                    &pass.snapshot.reservations,
+                    pass.now,
+                )
+            });
+            if let (None, Some((id, end))) = (&interrupted, &block_end) {
+                interrupted = Some(replace::Interruption {
+                    why: format!("capacity block {id} ends at {}", end.to_rfc3339()),
+                    from_handler: false,
+                });
+            }
             let (size, busy) = sizes.get(pool.name.as_str()).copied().unwrap_or((0, 0));
             let busy = busy + started.get(&pool.name).copied().unwrap_or(0);
             let allowed = busy < replace::replacing_allowed(pool, size);
@@ -106,7 +121,8 @@ impl Autoscaler {
                     });
                     let warned =
                         instance.and_then(|i| self.disruption.replace.spot_warned.get(&i.id));
-                    r.reclaimed_at = replace::reclaimed_at(i, spot, warned.copied(), pass.now);
+                    r.reclaimed_at = replace::reclaimed_at(i, spot, warned.copied(), pass.now)
+                        .or(block_end.as_ref().map(|(_, end)| *end));
                 }
             }
             let Some(step) = step else {
@@ -123,6 +139,24 @@ impl Autoscaler {
                     if cause == replace::Cause::Unhealthy {
                         *started.entry(pool.name.clone()).or_default() += 1;
                     }
+                    if block_end.is_some() {
+                        let pod_hours: f64 = pass
+                            .snapshot
+                            .pods
+                            .iter()
+                            .filter(|p| {
+                                p.node_name.as_deref() == Some(n.name.as_str())
+                                    && !p.is_daemonset()
+                                    && p.is_bound_active()
+                            })
+                            .filter_map(|p| p.started)
+                            .map(|s| (pass.now.0 - s.0).max(0) as f64 / 3_600_000.0)
+                            .sum();
+                        out.push(Action::Count(Count::CapacityBlockPodHoursMoved {
+                            pool: pool.name.clone(),
+                            pod_hours,
+                        }));
+                    }
                     if interrupted.as_ref().is_some_and(|i| i.from_handler) {
                         // As a queue's spot notice does: the offering being reclaimed is short
                         // of capacity, and the replacement is planned elsewhere.
@@ -138,6 +172,9 @@ impl Autoscaler {
                         warning: true,
                         reason: match cause {
                             replace::Cause::Unhealthy => "ReplacingUnhealthyNode",
+                            replace::Cause::Interrupted if block_end.is_some() => {
+                                "CapacityBlockEnding"
+                            }
                             replace::Cause::Interrupted => "ReplacingInterruptedNode",
                             replace::Cause::Consolidating => "Consolidating",
                             replace::Cause::Drifted => "ReplacingDriftedNode",
