@@ -223,6 +223,6 @@ mod tests {
             }
             seen += 1;
         }
-        assert_eq!(seen, 12);
+        assert_eq!(seen, 13);
     }
 }
