@@ -60,23 +60,7 @@ fn values_of(target: &str) -> Vec<String> {
 
 /// The `helm` the tests run: `GNA_HELM_BIN`, else where scripts/helm.sh builds it.
 pub(crate) fn helm() -> PathBuf {
-    let bin = match std::env::var_os("GNA_HELM_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let out = Command::new("bash")
-                .arg(root().join("scripts/helm.sh"))
-                .arg("--print-bin")
-                .output()
-                .expect("bash scripts/helm.sh --print-bin");
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it with `bash scripts/helm.sh` (scripts/test.sh does)",
-        bin.display()
-    );
-    bin
+    gpu_node_autoscaler_test_support::cluster::helm_bin()
 }
 
 pub(crate) fn chart_dir() -> PathBuf {
