@@ -4,24 +4,26 @@
 # clouds, and `check-policy --provider aws` reaches EC2 (an address that refuses connections
 # stands in for the account: the error must be EC2's, not "this build has no aws support").
 #
-# A target directory of its own in the cache, outside the repository: the test suite's binary
-# (all features) is never overwritten while tests run it. Idempotent; incremental after the
-# first build.
+# In the workspace's own target directory, before the test suite is built: the dependencies it
+# compiles are the ones the suite needs anyway, and the suite's build (`--all-features`) then
+# rebuilds the binary with every feature before any test runs it. Run it on its own, and the next
+# `cargo build --all-features` does the same. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CACHE="${GNA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-autoscaler}"
-TARGET="$CACHE/image-features-target"
 FEATURES="$(sed -n 's/.*--no-default-features --features \([a-z0-9_,-]*\).*/\1/p' Dockerfile)"
 if [ -z "$FEATURES" ]; then
   echo "error: no '--no-default-features --features ...' in Dockerfile's cargo build" >&2
   exit 1
 fi
-echo "== the image's feature set ($FEATURES), built in $TARGET"
-# No debug info: this binary is only run, never debugged, and builds faster without.
-CARGO_PROFILE_DEV_DEBUG=0 cargo build --quiet --locked --bin gpu-node-autoscaler \
-  --no-default-features --features "$FEATURES" --target-dir "$TARGET"
-BIN="$TARGET/debug/gpu-node-autoscaler"
+echo "== the image's feature set ($FEATURES)"
+BIN="$(cargo build --locked --bin gpu-node-autoscaler --no-default-features --features "$FEATURES" \
+  --message-format json-render-diagnostics |
+  sed -n 's/.*"executable":"\([^"]*gpu-node-autoscaler\)".*/\1/p' | tail -1)"
+if [ ! -x "$BIN" ]; then
+  echo "error: cargo build printed no gpu-node-autoscaler executable" >&2
+  exit 1
+fi
 
 # What --help says the build can do: run, AWS and Alibaba Cloud, no simulator.
 built="$("$BIN" --help | grep '^Built with:')"

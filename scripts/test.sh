@@ -70,7 +70,7 @@ echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
-# The container image's feature set (Dockerfile): built in a target directory of its own and run.
+# The container image's feature set (Dockerfile): built and run before the suite's own build.
 bash scripts/image-features.sh
 echo "== tests"
 cargo nextest run --workspace --all-features --locked --no-fail-fast
