@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cluster::free_port;
+use gpu_node_autoscaler_test_support::hpa::serve_exposition;
 
 fn bin() -> PathBuf {
     let path = match std::env::var_os("GNA_PROMETHEUS_BIN") {
@@ -56,7 +57,7 @@ impl Exporter {
                 match listener.accept() {
                     Ok((conn, _)) => {
                         let text = b.lock().unwrap().clone();
-                        let _ = serve(conn, &text);
+                        let _ = serve_exposition(conn, &text);
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
@@ -74,27 +75,6 @@ impl Drop for Exporter {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-fn serve(mut conn: TcpStream, body: &str) -> std::io::Result<()> {
-    conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    // One request per connection: read its head, answer, close.
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = conn.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    write!(
-        conn,
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
 }
 
 /// A Prometheus scraping one target every second.

@@ -93,7 +93,7 @@ impl DcgmExporter {
                                 &devices.lock().unwrap().clone(),
                                 &load.lock().unwrap().clone(),
                             );
-                            let _ = serve(conn, &body);
+                            let _ = serve_exposition(conn, &body);
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(20)),
                     }
@@ -330,7 +330,9 @@ fn exposition(devices: &[Device], load: &Load) -> String {
     out
 }
 
-fn serve(mut conn: TcpStream, body: &str) -> std::io::Result<()> {
+/// Answers one HTTP request on `conn` with `body` as Prometheus' text exposition format, then
+/// closes it (what a scrape target does for one scrape).
+pub fn serve_exposition(mut conn: TcpStream, body: &str) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut head = Vec::new();

@@ -9,7 +9,7 @@ use crate::model::topology::{AffinityTerm, HostPort, PodSelector, PodTopology, S
 use crate::model::{labels, Pod};
 
 /// One A10G pool over three zones: g5.xlarge (1 GPU) and g5.12xlarge (4 GPUs), spot first.
-const THREE_ZONES: &str = r#"
+pub(super) const THREE_ZONES: &str = r#"
 zones: [us-east-1a, us-east-1b, us-east-1c]
 pools:
   - name: a10g

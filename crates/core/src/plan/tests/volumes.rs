@@ -3,17 +3,9 @@
 
 use std::collections::BTreeSet;
 
+use super::topology::THREE_ZONES;
 use super::*;
 use crate::convert::load_cluster_file;
-
-const THREE_ZONES: &str = r#"
-zones: [us-east-1a, us-east-1b, us-east-1c]
-pools:
-  - name: a10g
-    instanceTypes: [g5.xlarge, g5.12xlarge]
-    capacityTypes: [spot, on-demand]
-    maxNodes: 50
-"#;
 
 /// A pending 1-GPU pod with one claim, as `kubectl get -o yaml` prints it.
 fn claim_pod(name: &str, claim: &str) -> String {
