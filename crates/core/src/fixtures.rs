@@ -800,3 +800,31 @@ pub fn generated_cluster_with_topology(
     }
     out
 }
+
+/// One H100 as NVIDIA's DRA driver publishes it in a ResourceSlice (`gpu-3`): type, product
+/// name, CUDA compute capability, index and memory.
+pub fn h100_device() -> crate::model::dra::Device {
+    use crate::model::dra::AttrValue;
+    let attrs = BTreeMap::from([
+        ("type".to_string(), AttrValue::String("gpu".into())),
+        (
+            "productName".to_string(),
+            AttrValue::String("NVIDIA H100 80GB HBM3".into()),
+        ),
+        (
+            "cudaComputeCapability".to_string(),
+            AttrValue::Version("9.0.0".into()),
+        ),
+        ("index".to_string(), AttrValue::Int(3)),
+    ]);
+    let memory = crate::model::quantity::parse_quantity("81559Mi").expect("a valid quantity");
+    crate::model::dra::Device {
+        driver: "gpu.nvidia.com".into(),
+        name: "gpu-3".into(),
+        attributes: BTreeMap::from([("gpu.nvidia.com".to_string(), attrs)]),
+        capacity: BTreeMap::from([(
+            "gpu.nvidia.com".to_string(),
+            BTreeMap::from([("memory".to_string(), memory)]),
+        )]),
+    }
+}

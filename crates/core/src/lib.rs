@@ -12,6 +12,8 @@ pub mod convert;
 pub mod dra;
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod fixtures;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fuzz;
 pub mod model;
 pub mod plan;
 pub mod policy;

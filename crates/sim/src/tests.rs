@@ -1,5 +1,6 @@
 //! Tests of the simulator as a whole: the strategies side by side in one simulated cluster.
 
+mod fuzz;
 mod lifecycle;
 mod reserved;
 mod spot;

@@ -351,28 +351,9 @@ impl Selectors {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     fn h100() -> Device {
-        let mut attrs = BTreeMap::new();
-        attrs.insert("type".into(), AttrValue::String("gpu".into()));
-        attrs.insert(
-            "productName".into(),
-            AttrValue::String("NVIDIA H100 80GB HBM3".into()),
-        );
-        attrs.insert(
-            "cudaComputeCapability".into(),
-            AttrValue::Version("9.0.0".into()),
-        );
-        attrs.insert("index".into(), AttrValue::Int(3));
-        let mut caps = BTreeMap::new();
-        caps.insert("memory".into(), parse_quantity("81559Mi").unwrap());
-        Device {
-            driver: "gpu.nvidia.com".into(),
-            name: "gpu-3".into(),
-            attributes: BTreeMap::from([("gpu.nvidia.com".to_string(), attrs)]),
-            capacity: BTreeMap::from([("gpu.nvidia.com".to_string(), caps)]),
-        }
+        crate::fixtures::h100_device()
     }
 
     fn eval(expr: &str) -> Result<bool, String> {
