@@ -165,6 +165,73 @@ fn stall_a_cloud_listing_that_does_not_answer_is_given_up_and_the_loop_stays_ali
 }
 
 #[test]
+fn stall_a_pass_of_slow_but_answered_cloud_calls_keeps_healthz_passing() {
+    let mut env = Env::start(
+        "stall-slow",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    let (_sqs, url) = env.sqs_queue("gna-slow");
+    let policy = format!(
+        "interruptionQueue: {url}\n{}",
+        env.policy(&["us-east-1a"], "")
+    );
+    env.create(&env.policy_configmap(&policy));
+    // Prices read on every pass: the catalog is one of its calls.
+    env.start_controller("r1", &["--price-refresh-interval", "1s"]);
+    env.wait_for("a first pass", 2 * MIN, || {
+        (last_pass(&env) > 0.0).then_some(())
+    });
+    // Every call answers, each within its own time-out (listing 20 s, catalog 30 s, the
+    // queue's attempt 20 s), but one pass now takes over a minute: longer than /healthz allows
+    // between two beats (60 s).
+    let proxy = env.proxy.as_ref().unwrap();
+    for (action, secs) in [
+        ("DescribeInstances", 18),
+        ("DescribeInstanceTypes", 14),
+        ("DescribeSpotPriceHistory", 14),
+        ("ReceiveMessage", 18),
+    ] {
+        proxy.hold_every(action, Duration::from_secs(secs));
+    }
+    let listed = proxy.calls_of("DescribeInstances");
+    let passes_before = last_pass(&env);
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(160) {
+        assert_eq!(
+            env.http_get("r1", "/healthz").map(|r| r.0),
+            Some(200),
+            "the loop counted as stuck while every call answered:\n{}",
+            env.log("r1")
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // Passes ran during the slow stretch (it cannot pass by doing nothing), and no call was
+    // given up.
+    assert!(
+        proxy.calls_of("DescribeInstances") >= listed + 2,
+        "listed {} times during the slow stretch",
+        proxy.calls_of("DescribeInstances") - listed
+    );
+    assert!(last_pass(&env) > passes_before, "no pass ended");
+    let timeouts = env
+        .metric(
+            "r1",
+            "gpu_node_autoscaler_cloud_requests_total{provider=\"aws\",operation=\"list\",result=\"timeout\"}",
+        )
+        .unwrap_or(0.0);
+    assert_eq!(timeouts, 0.0, "a listing was given up:\n{}", env.log("r1"));
+    proxy.release();
+    // Passes go on at speed: a pod gets its node.
+    env.create(&gpu_pod("default", "after-slow", &no_labels(), None));
+    env.wait_for("the pod to run", 3 * MIN, || {
+        (env.pod_phase("default", "after-slow") == "Running").then_some(())
+    });
+}
+
+#[test]
 fn interrupt_drain_of_a_node_with_no_known_instance_evicts_its_pods_and_keeps_it_cordoned() {
     let mut env = Env::start("unknown-instance", Options::default());
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));

@@ -1812,24 +1812,7 @@ fn drained_before_its_instance_went_and_replaced_once(env: &Env, old: &str, inst
 #[test]
 fn a_spot_interruption_warning_from_the_sqs_queue_replaces_the_node_and_is_deleted() {
     let mut env = Env::start("sqs", Options::default());
-    let sqs = env.rt.block_on(async {
-        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new(support::aws::REGION))
-            .endpoint_url(env.moto.url())
-            .load()
-            .await;
-        aws_sdk_sqs::Client::new(&sdk)
-    });
-    let url = env.rt.block_on(async {
-        sqs.create_queue()
-            .queue_name("gna-interruptions")
-            .send()
-            .await
-            .expect("CreateQueue")
-            .queue_url()
-            .unwrap()
-            .to_string()
-    });
+    let (sqs, url) = env.sqs_queue("gna-interruptions");
     let policy = format!(
         "interruptionQueue: {url}\n{}",
         env.policy(&["us-east-1a"], "")

@@ -209,6 +209,29 @@ status:
         )
     }
 
+    /// An SQS queue in moto (the interruption queue a policy names): a client and its URL.
+    pub fn sqs_queue(&self, name: &str) -> (aws_sdk_sqs::Client, String) {
+        let sqs = self.rt.block_on(async {
+            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .region(aws_config::Region::new(aws::REGION))
+                .endpoint_url(self.moto.url())
+                .load()
+                .await;
+            aws_sdk_sqs::Client::new(&sdk)
+        });
+        let url = self.rt.block_on(async {
+            sqs.create_queue()
+                .queue_name(name)
+                .send()
+                .await
+                .expect("CreateQueue")
+                .queue_url()
+                .unwrap()
+                .to_string()
+        });
+        (sqs, url)
+    }
+
     pub fn policy_configmap(&self, policy: &str) -> String {
         let indented: String = policy.lines().map(|l| format!("    {l}\n")).collect();
         format!(

@@ -496,6 +496,20 @@ fn loop_alive(waiting_for: Option<Duration>) -> bool {
 }
 
 impl Controller {
+    /// The loop made progress. Written at the top of every turn and between the steps of a
+    /// pass: each step is one call with a time-out of its own (cloud calls, the API server's
+    /// 20 s, Prometheus' 10 s), so a pass of many slow but answered calls keeps `/healthz`
+    /// passing, and only a call that outlives its time-out (or a launch awaited too long) can
+    /// stop the beats.
+    fn beat(&self) {
+        let waiting_for = self.waiting.as_ref().map(|w| w.since.elapsed());
+        if loop_alive(waiting_for) {
+            let beat = wall_now().0 / 1000;
+            self.health.heartbeat.store(beat, Ordering::Relaxed);
+            self.metrics.heartbeat_timestamp_seconds.set(beat);
+        }
+    }
+
     async fn run_loop(&mut self, stop: &mut tokio::sync::watch::Receiver<bool>) {
         let mut seen_unschedulable = 0u64;
         let mut next_resync = tokio::time::Instant::now();
@@ -504,12 +518,7 @@ impl Controller {
             if *stop.borrow() {
                 break;
             }
-            let waiting_for = self.waiting.as_ref().map(|w| w.since.elapsed());
-            if loop_alive(waiting_for) {
-                let beat = wall_now().0 / 1000;
-                self.health.heartbeat.store(beat, Ordering::Relaxed);
-                self.metrics.heartbeat_timestamp_seconds.set(beat);
-            }
+            self.beat();
             // New unschedulable pods, and pods whose nomination the scheduler cleared, open the
             // batching window: a pass soon.
             let (synced, new_unschedulable) = {
@@ -1101,6 +1110,7 @@ impl Controller {
 
     async fn pass(&mut self) {
         self.reload_policy().await;
+        self.beat();
         if !self.elector.is_leader() {
             // Another replica may lead meanwhile: its history is read again on taking over.
             self.core.leadership_lost(&[]);
@@ -1110,7 +1120,9 @@ impl Controller {
             // Deciding without the last leader's cooldowns and back-offs could scale too early.
             return;
         }
+        self.beat();
         self.refresh_prices().await;
+        self.beat();
         let instances = if self.core.policy().is_some() {
             match self.list_instances().await {
                 Ok(i) => {
@@ -1141,8 +1153,10 @@ impl Controller {
         } else {
             None
         };
-        let now = wall_now();
+        self.beat();
         let reservations = self.list_reservations().await;
+        self.beat();
+        let now = wall_now();
         let (mut snapshot, other_provider_ids) = {
             let s = self.state.lock().unwrap();
             self.reacted.retain(|k| s.pods.items.contains_key(k));
@@ -1157,7 +1171,9 @@ impl Controller {
         snapshot.reservations = reservations;
         self.publish_pending_gauges(&snapshot, now);
         self.read_queue().await;
+        self.beat();
         let gpu_xids = self.read_gpu_metrics().await;
+        self.beat();
         let obs = Observation {
             now,
             snapshot,
@@ -1247,6 +1263,7 @@ impl Controller {
         let mut nominations = Vec::new();
         let mut actions = actions.into_iter();
         while let Some(action) = actions.next() {
+            self.beat();
             // Every change to the cluster or the cloud is the leader's.
             if action_mutates(&action) && !self.elector.is_leader() {
                 let mut not_done = vec![action];

@@ -26,6 +26,8 @@ struct Faults {
     spot_cap: Option<u32>,
     /// Action → how long its next call is held before it is relayed (a slow cloud API).
     hold: BTreeMap<String, std::time::Duration>,
+    /// Action → how long every one of its calls is held (a cloud slow for a while).
+    hold_every: BTreeMap<String, std::time::Duration>,
     /// Every action seen, in order.
     calls: Vec<String>,
 }
@@ -96,6 +98,23 @@ impl FaultProxy {
             .unwrap()
             .hold
             .insert(action.to_string(), how_long);
+    }
+
+    /// Every call of `action` is held for `how_long` before it is relayed, until
+    /// [`FaultProxy::release`].
+    pub fn hold_every(&self, action: &str, how_long: std::time::Duration) {
+        self.faults
+            .lock()
+            .unwrap()
+            .hold_every
+            .insert(action.to_string(), how_long);
+    }
+
+    /// Calls are relayed at once again.
+    pub fn release(&self) {
+        let mut f = self.faults.lock().unwrap();
+        f.hold.clear();
+        f.hold_every.clear();
     }
 
     /// Spot fleets launch at most `n` instances; the rest fail for lack of capacity.
@@ -453,12 +472,24 @@ async fn handle(
     faults: &Mutex<Faults>,
 ) -> std::io::Result<Vec<u8>> {
     let mut params = parse_form(&body);
+    // EC2's query protocol names the action in the form; JSON protocols (SQS) in a header
+    // (`X-Amz-Target: AmazonSQS.ReceiveMessage`).
     let action = params
         .iter()
         .find(|(k, _)| k == "Action")
         .map(|(_, v)| v.clone())
+        .or_else(|| {
+            header(head, "x-amz-target")
+                .and_then(|t| t.rsplit('.').next())
+                .map(str::to_string)
+        })
         .unwrap_or_default();
-    let held = faults.lock().unwrap().hold.remove(&action);
+    let held = {
+        let mut f = faults.lock().unwrap();
+        f.hold
+            .remove(&action)
+            .or_else(|| f.hold_every.get(&action).copied())
+    };
     if let Some(d) = held {
         tokio::time::sleep(d).await;
     }
