@@ -18,6 +18,7 @@
 pub mod build;
 #[cfg(feature = "client")]
 pub mod errors;
+pub mod groups;
 #[cfg(feature = "client")]
 pub mod interruptions;
 #[cfg(feature = "client")]
