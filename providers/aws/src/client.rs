@@ -31,7 +31,6 @@ use gpu_node_autoscaler_provider::{
 pub use crate::errors::ApiError;
 pub use crate::settings::AutoScalingGroups;
 
-#[path = "asg.rs"]
 mod asg;
 
 /// Tag carrying the cluster name.
@@ -1405,6 +1404,13 @@ impl AwsProvider {
             Err(e) => return Err(e.into_provider_error()),
         };
         for i in resp.reservations().iter().flat_map(|r| r.instances()) {
+            // Already on its way out (one of a group's, taken out before): nothing to refuse.
+            if matches!(
+                i.state().and_then(|s| s.name()),
+                Some(InstanceStateName::Terminated | InstanceStateName::ShuttingDown)
+            ) {
+                continue;
+            }
             let owned = tag_of(i, TAG_CLUSTER) == Some(self.config.cluster.as_str())
                 && self
                     .config

@@ -429,22 +429,6 @@ impl AwsProvider {
                 break;
             }
         }
-        if remaining > 0 && result.failures.is_empty() {
-            // No group had room for the rest.
-            for o in &offerings {
-                if !gs
-                    .iter()
-                    .any(|g| groups::serves(g, o) && groups::headroom(g) > 0)
-                {
-                    result.failures.push((
-                        o.clone(),
-                        ProviderError::InsufficientCapacity {
-                            offering: o.clone(),
-                        },
-                    ));
-                }
-            }
-        }
         // A failure of an offering another group launched is no failure of the offering.
         let launched: BTreeSet<(String, String, CapacityType)> = result
             .launched
@@ -460,6 +444,24 @@ impl AwsProvider {
         result.failures.retain(|(o, _)| {
             !launched.contains(&(o.instance_type.clone(), o.zone.clone(), o.capacity_type))
         });
+        if remaining > 0 {
+            // No group had room for the rest.
+            for o in &offerings {
+                let failed = result.failures.iter().any(|(k, _)| k == o);
+                if !failed
+                    && !gs
+                        .iter()
+                        .any(|g| groups::serves(g, o) && groups::headroom(g) > 0)
+                {
+                    result.failures.push((
+                        o.clone(),
+                        ProviderError::InsufficientCapacity {
+                            offering: o.clone(),
+                        },
+                    ));
+                }
+            }
+        }
         Ok(result)
     }
 
