@@ -246,7 +246,13 @@ fn check_account(
         }
         anyhow::anyhow!("{} {what} {}", lines.len(), file.display())
     };
-    match providers::check_against_account(name, policy, catalog, region, endpoint) {
+    let checked = providers::check_against_account(name, policy, catalog, region, endpoint);
+    if let Ok(found) = &checked {
+        for l in &found.found {
+            println!("{l}");
+        }
+    }
+    match checked {
         Ok(found) if found.problems.is_empty() => Ok(()),
         Ok(found) => Err(report(
             &format!("problem(s) with the {} account for", found.account),

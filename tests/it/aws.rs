@@ -65,3 +65,79 @@ fn check_policy_with_provider_aws_needs_a_region() {
         stderr(&o)
     );
 }
+
+/// `check-policy --provider aws` on a pool backed by Auto Scaling groups discovered by the
+/// Cluster Autoscaler's tags: each group found is printed with its template, and what the pool
+/// needs that its groups lack is a problem.
+#[test]
+fn check_policy_with_provider_aws_lists_each_asg_and_what_the_pool_lacks() {
+    use crate::moto::{autoscaling, create_group, ec2, network, GroupSpec};
+    let m = Moto::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let net = network(&ec2(&m.url()).await).await;
+        let asg = autoscaling(&m.url()).await;
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                name: "gpu-spot-a",
+                zones: &["us-east-1a"],
+                types: &["g5.xlarge"],
+                spot: true,
+                launch_template: "gpu-nodes",
+                min: 0,
+                max: 8,
+                desired: 0,
+                tags: &[
+                    ("k8s.io/cluster-autoscaler/enabled", "true"),
+                    ("k8s.io/cluster-autoscaler/prod-gpu", "owned"),
+                    (
+                        "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu",
+                        "present:NoSchedule",
+                    ),
+                ],
+            },
+        )
+        .await;
+    });
+    let policy = temp_file(
+        "aws-asg-policy.yaml",
+        "clusterName: prod-gpu\nregion: us-east-1\nzones: [us-east-1a, us-east-1b]\npools:\n  - name: a10g\n    provider: aws\n    instanceTypes: [g5.xlarge]\n    capacityTypes: [spot]\n    maxNodes: 8\n    aws:\n      autoScalingGroups: {autoDiscovery: {}}\n",
+    );
+    let o = bin()
+        .args([
+            "check-policy",
+            policy.to_str().unwrap(),
+            "--provider",
+            "aws",
+        ])
+        .args(["--aws-endpoint-url", &m.url()])
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env_remove("AWS_PROFILE")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    assert!(
+        out.contains(
+            "pool a10g: group gpu-spot-a: MixedInstancesPolicy [g5.xlarge] in us-east-1a (spot), \
+             size 0..8 (desired 0), taints nvidia.com/gpu=present:NoSchedule"
+        ),
+        "{out}"
+    );
+    let file = policy.display().to_string();
+    assert!(
+        err.contains(&format!(
+            "{file}: pool a10g: aws.autoScalingGroups: zone us-east-1b has none of its groups"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("1 problem(s) with the AWS account"), "{err}");
+}

@@ -1,5 +1,5 @@
-//! Test support: a `moto_server` EC2 emulator per test, network set-up through the SDK, and a
-//! fault-injecting HTTP proxy between the provider and moto.
+//! Test support: a `moto_server` EC2 and Auto Scaling emulator per test, network and group
+//! set-up through the SDK, and a fault-injecting HTTP proxy between the provider and moto.
 
 pub mod proxy;
 
@@ -268,4 +268,165 @@ pub async fn describe(client: &Client, id: &str) -> Ec2View {
             })
             .collect(),
     }
+}
+
+/// A plain Auto Scaling client for set-up and for checking what the provider did.
+pub async fn autoscaling(url: &str) -> aws_sdk_autoscaling::Client {
+    set_test_credentials();
+    let sdk = aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new(REGION))
+        .endpoint_url(url)
+        .load()
+        .await;
+    aws_sdk_autoscaling::Client::new(&sdk)
+}
+
+/// A launch template `name` whose instances are `instance_type` (for groups that take their
+/// type from their template).
+pub async fn typed_launch_template(client: &Client, name: &str, instance_type: &str) {
+    let images = client
+        .describe_images()
+        .owners("amazon")
+        .send()
+        .await
+        .expect("DescribeImages");
+    let ami = images
+        .images()
+        .iter()
+        .find_map(|i| i.image_id())
+        .expect("moto ships AMIs")
+        .to_string();
+    client
+        .create_launch_template()
+        .launch_template_name(name)
+        .launch_template_data(
+            RequestLaunchTemplateData::builder()
+                .image_id(ami)
+                .instance_type(aws_sdk_ec2::types::InstanceType::from(instance_type))
+                .build(),
+        )
+        .send()
+        .await
+        .expect("CreateLaunchTemplate");
+}
+
+/// An Auto Scaling group to create in moto.
+pub struct GroupSpec<'a> {
+    pub name: &'a str,
+    /// Its zones: it gets the network's subnet of each.
+    pub zones: &'a [&'a str],
+    /// With types: a `MixedInstancesPolicy` with these overrides (all spot when `spot`); without:
+    /// the launch template's own type.
+    pub types: &'a [&'a str],
+    pub spot: bool,
+    pub launch_template: &'a str,
+    pub min: i32,
+    pub max: i32,
+    pub desired: i32,
+    pub tags: &'a [(&'a str, &'a str)],
+}
+
+/// Creates the group in moto.
+pub async fn create_group(client: &aws_sdk_autoscaling::Client, net: &Network, g: &GroupSpec<'_>) {
+    use aws_sdk_autoscaling::types::{
+        InstancesDistribution, LaunchTemplate, LaunchTemplateOverrides,
+        LaunchTemplateSpecification, MixedInstancesPolicy, Tag as AsgTag,
+    };
+    let lt = LaunchTemplateSpecification::builder()
+        .launch_template_name(g.launch_template)
+        .version("$Default")
+        .build();
+    let subnets: Vec<&str> = g.zones.iter().map(|z| net.subnets[*z].as_str()).collect();
+    let mut req = client
+        .create_auto_scaling_group()
+        .auto_scaling_group_name(g.name)
+        .min_size(g.min)
+        .max_size(g.max)
+        .desired_capacity(g.desired)
+        .vpc_zone_identifier(subnets.join(","));
+    if g.types.is_empty() {
+        req = req.launch_template(lt);
+    } else {
+        let mut template = LaunchTemplate::builder().launch_template_specification(lt);
+        for t in g.types {
+            template =
+                template.overrides(LaunchTemplateOverrides::builder().instance_type(*t).build());
+        }
+        let mut policy = MixedInstancesPolicy::builder().launch_template(template.build());
+        if g.spot {
+            policy = policy.instances_distribution(
+                InstancesDistribution::builder()
+                    .on_demand_base_capacity(0)
+                    .on_demand_percentage_above_base_capacity(0)
+                    .build(),
+            );
+        }
+        req = req.mixed_instances_policy(policy.build());
+    }
+    for (k, v) in g.tags {
+        req = req.tags(
+            AsgTag::builder()
+                .resource_id(g.name)
+                .resource_type("auto-scaling-group")
+                .key(*k)
+                .value(*v)
+                .propagate_at_launch(true)
+                .build(),
+        );
+    }
+    req.send().await.expect("CreateAutoScalingGroup");
+}
+
+/// What Auto Scaling says of a group: (desired capacity, instance ids).
+pub async fn group_state(client: &aws_sdk_autoscaling::Client, name: &str) -> (i32, Vec<String>) {
+    let r = client
+        .describe_auto_scaling_groups()
+        .auto_scaling_group_names(name)
+        .send()
+        .await
+        .expect("DescribeAutoScalingGroups");
+    let g = &r.auto_scaling_groups()[0];
+    let mut ids: Vec<String> = g
+        .instances()
+        .iter()
+        .filter_map(|i| i.instance_id().map(str::to_string))
+        .collect();
+    ids.sort();
+    (g.desired_capacity().unwrap_or(0), ids)
+}
+
+/// A provider configuration with one pool backed by Auto Scaling groups, talking to `url`,
+/// with fast retries and short waits.
+pub fn group_config(
+    url: &str,
+    cluster: &str,
+    groups: gpu_node_autoscaler_aws::AutoScalingGroups,
+    types: &[&str],
+) -> AwsConfig {
+    let mut c = config(
+        url,
+        &Network {
+            subnets: BTreeMap::new(),
+            launch_template: String::new(),
+        },
+        cluster,
+    );
+    c.pools.clear();
+    c.group_launch_wait = Duration::from_secs(10);
+    c.group_poll = Duration::from_millis(50);
+    c.group_pools.push(gpu_node_autoscaler_aws::AsgPool {
+        name: POOL.to_string(),
+        groups,
+        instance_types: types.iter().map(|t| t.to_string()).collect(),
+        on_demand_prices: [
+            ("g5.xlarge".to_string(), 1.006),
+            ("p4d.24xlarge".to_string(), 32.77),
+        ]
+        .into_iter()
+        .filter(|(t, _)| types.contains(&t.as_str()))
+        .collect(),
+        zones: ZONES.iter().map(|z| z.to_string()).collect(),
+        capacity_types: Vec::new(),
+    });
+    c
 }

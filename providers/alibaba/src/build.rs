@@ -45,6 +45,7 @@ pub fn check<'a>(spec: &'a ProviderSpec<'a>) -> Checking<'a> {
         Ok(AccountProblems {
             account: "Alibaba Cloud",
             problems,
+            found: Vec::new(),
         })
     })
 }

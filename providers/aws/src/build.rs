@@ -11,7 +11,7 @@ use gpu_node_autoscaler_provider::CloudProvider;
 
 use crate::settings::{AwsPoolSettings, LaunchTemplateBy};
 use crate::{
-    AwsConfig, AwsPool, AwsProvider, LaunchTemplateRef, OnDemandAllocation, SpotAllocation,
+    AsgPool, AwsConfig, AwsPool, AwsProvider, LaunchTemplateRef, OnDemandAllocation, SpotAllocation,
 };
 
 /// The spec's `region`, else the AWS SDK's environment.
@@ -46,13 +46,19 @@ pub fn check<'a>(spec: &'a ProviderSpec<'a>) -> Checking<'a> {
         let provider = AwsProvider::new(config)
             .await
             .map_err(|e| CheckFailed::Cloud(e.to_string()))?;
-        let problems = provider
+        let mut problems = provider
             .validate()
             .await
             .map_err(|e| CheckFailed::Cloud(format!("EC2: {e}")))?;
+        let (found, group_problems) = provider
+            .group_report()
+            .await
+            .map_err(|e| CheckFailed::Cloud(format!("Auto Scaling: {e}")))?;
+        problems.extend(group_problems);
         Ok(AccountProblems {
             account: "AWS",
             problems,
+            found,
         })
     })
 }
@@ -76,6 +82,17 @@ pub fn config_from_spec(spec: &ProviderSpec<'_>, region: &str) -> Result<AwsConf
                 continue;
             }
         };
+        if let Some(groups) = &aws.auto_scaling_groups {
+            config.group_pools.push(AsgPool {
+                name: pool.name.clone(),
+                groups: groups.clone(),
+                instance_types: types,
+                on_demand_prices: prices,
+                zones: pool.zones.clone(),
+                capacity_types: pool.capacity_types.clone(),
+            });
+            continue;
+        }
         let id_or_name = match &aws.launch_template.by {
             LaunchTemplateBy::Name(n) | LaunchTemplateBy::Id(n) => n.clone(),
         };

@@ -29,6 +29,9 @@ use gpu_node_autoscaler_provider::{
 };
 
 pub use crate::errors::ApiError;
+pub use crate::settings::AutoScalingGroups;
+
+mod asg;
 
 /// Tag carrying the cluster name.
 pub const TAG_CLUSTER: &str = "gpu-node-autoscaler.io/cluster";
@@ -97,6 +100,23 @@ pub struct AwsPool {
     pub spot_allocation: SpotAllocation,
 }
 
+/// A pool backed by Auto Scaling groups: grown with `SetDesiredCapacity`, shrunk with
+/// `TerminateInstanceInAutoScalingGroup`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AsgPool {
+    pub name: String,
+    /// Its groups, named or discovered by tags.
+    pub groups: AutoScalingGroups,
+    /// The instance types the pool may launch (a group's others are left out); empty: all of
+    /// its groups'.
+    pub instance_types: Vec<String>,
+    /// Instance type → on-demand $/hour.
+    pub on_demand_prices: BTreeMap<String, f64>,
+    /// The pool's zones and capacity types, for the check of what its groups lack.
+    pub zones: Vec<String>,
+    pub capacity_types: Vec<CapacityType>,
+}
+
 /// Client-side rate limits, calls per second per API.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimits {
@@ -130,6 +150,14 @@ pub struct AwsConfig {
     /// tagged with it.
     pub cluster_id: Option<String>,
     pub pools: Vec<AwsPool>,
+    /// The pools backed by Auto Scaling groups.
+    pub group_pools: Vec<AsgPool>,
+    /// How long a launch follows a group it grew for its new instances.
+    pub group_launch_wait: Duration,
+    /// How often it looks meanwhile.
+    pub group_poll: Duration,
+    /// How long a group whose scaling activity failed is not grown again.
+    pub group_failure_hold: Duration,
     pub rate_limits: RateLimits,
     pub retry: RetryPolicy,
 }
@@ -142,6 +170,10 @@ impl AwsConfig {
             cluster: cluster.into(),
             cluster_id: None,
             pools: Vec::new(),
+            group_pools: Vec::new(),
+            group_launch_wait: Duration::from_secs(60),
+            group_poll: Duration::from_secs(2),
+            group_failure_hold: Duration::from_secs(300),
             rate_limits: RateLimits::default(),
             retry: RetryPolicy::default(),
         }
@@ -188,6 +220,14 @@ impl AwsConfig {
                 out.push(format!("pool {}: no instance types", p.name));
             }
         }
+        for p in &self.group_pools {
+            if !names.insert(&p.name) {
+                out.push(format!("duplicate pool {:?}", p.name));
+            }
+            if matches!(&p.groups, AutoScalingGroups::Named(n) if n.is_empty()) {
+                out.push(format!("pool {}: names no Auto Scaling group", p.name));
+            }
+        }
         if self.retry.max_attempts == 0 {
             out.push("retry.max_attempts must be at least 1".to_string());
         }
@@ -210,6 +250,10 @@ struct Limiters {
     describe_spot_prices: DefaultDirectRateLimiter,
     create_fleet: DefaultDirectRateLimiter,
     terminate: DefaultDirectRateLimiter,
+    /// Each Auto Scaling `Describe*` API and tagging.
+    autoscaling: DefaultDirectRateLimiter,
+    /// `SetDesiredCapacity`.
+    scale: DefaultDirectRateLimiter,
 }
 
 fn limiter(per_second: u32) -> DefaultDirectRateLimiter {
@@ -221,9 +265,11 @@ fn limiter(per_second: u32) -> DefaultDirectRateLimiter {
 /// The AWS provider. `Send + Sync`; every method takes `&self`.
 pub struct AwsProvider {
     client: Client,
+    autoscaling: aws_sdk_autoscaling::Client,
     config: AwsConfig,
     limits: Limiters,
     jitter_counter: AtomicU64,
+    groups: std::sync::Mutex<asg::GroupState>,
 }
 
 impl std::fmt::Debug for AwsProvider {
@@ -311,12 +357,16 @@ impl AwsProvider {
             describe_spot_prices: limiter(r.describe_per_second),
             create_fleet: limiter(r.create_fleet_per_second),
             terminate: limiter(r.terminate_per_second),
+            autoscaling: limiter(r.describe_per_second),
+            scale: limiter(r.create_fleet_per_second),
         };
         Ok(AwsProvider {
             client: Client::new(&sdk),
+            autoscaling: aws_sdk_autoscaling::Client::new(&sdk),
             config,
             limits,
             jitter_counter: AtomicU64::new(0),
+            groups: Default::default(),
         })
     }
 
@@ -830,8 +880,17 @@ impl CloudProvider for AwsProvider {
     }
 
     async fn catalog(&self) -> Result<Catalog, ProviderError> {
+        // What the group pools' groups offer.
+        let group_offers = if self.config.group_pools.is_empty() {
+            Vec::new()
+        } else {
+            self.group_offerings().await?
+        };
         // Types, and which zones each pool wants them in.
         let mut types: BTreeSet<&str> = BTreeSet::new();
+        for (k, _, _) in &group_offers {
+            types.insert(&k.instance_type);
+        }
         let mut missing_prices: BTreeSet<&str> = BTreeSet::new();
         for p in &self.config.pools {
             for t in &p.instance_types {
@@ -1021,6 +1080,22 @@ impl CloudProvider for AwsProvider {
                 }
             }
         }
+        for (key, price, available) in &group_offers {
+            od_price.entry(&key.instance_type).or_insert(*price);
+            let is_offered = offered.contains(&(key.instance_type.clone(), key.zone.clone()));
+            let price = match key.capacity_type {
+                CapacityType::Spot => spot
+                    .get(&(key.instance_type.clone(), key.zone.clone()))
+                    .map_or(*price, |(_, p)| *p),
+                _ => *price,
+            };
+            let o = offerings.entry(key.clone()).or_insert(Offering {
+                key: key.clone(),
+                price_per_hour: price,
+                available: false,
+            });
+            o.available |= *available && is_offered;
+        }
         let instance_types = shapes
             .into_values()
             .map(|mut t| {
@@ -1035,6 +1110,14 @@ impl CloudProvider for AwsProvider {
     }
 
     async fn launch(&self, request: &LaunchRequest) -> Result<LaunchResult, ProviderError> {
+        if let Some(pool) = self.group_pool(&request.pool) {
+            if request.count == 0 || request.launch_id.is_empty() || request.offerings.is_empty() {
+                return Err(ProviderError::InvalidRequest {
+                    message: "a launch needs a count, a launch id and offerings".into(),
+                });
+            }
+            return self.launch_in_groups(pool, request).await;
+        }
         let pool = self.pool(&request.pool)?;
         if request.count == 0 {
             return Err(ProviderError::InvalidRequest {
@@ -1172,6 +1255,9 @@ impl CloudProvider for AwsProvider {
                 message: format!("{instance_id:?} is not an EC2 instance id"),
             });
         }
+        if self.terminate_in_group(id).await? {
+            return Ok(());
+        }
         self.check_owned(id).await?;
         let r = self
             .call("TerminateInstances", &self.limits.terminate, || {
@@ -1192,6 +1278,9 @@ impl CloudProvider for AwsProvider {
     }
 
     async fn list(&self, pool: &str) -> Result<Vec<Instance>, ProviderError> {
+        if let Some(p) = self.group_pool(pool) {
+            return self.list_groups(p).await;
+        }
         let found = self
             .describe_tagged(
                 &[(TAG_CLUSTER, &self.config.cluster), (TAG_POOL, pool)],
@@ -1315,6 +1404,13 @@ impl AwsProvider {
             Err(e) => return Err(e.into_provider_error()),
         };
         for i in resp.reservations().iter().flat_map(|r| r.instances()) {
+            // Already on its way out (one of a group's, taken out before): nothing to refuse.
+            if matches!(
+                i.state().and_then(|s| s.name()),
+                Some(InstanceStateName::Terminated | InstanceStateName::ShuttingDown)
+            ) {
+                continue;
+            }
             let owned = tag_of(i, TAG_CLUSTER) == Some(self.config.cluster.as_str())
                 && self
                     .config

@@ -1,5 +1,8 @@
 //! The AWS [`CloudProvider`]: EC2 `CreateFleet` (type `instant`) for launches, the `Describe*`
-//! APIs for the catalog, tags for finding our instances again after a restart.
+//! APIs for the catalog, tags for finding our instances again after a restart. Pools backed by
+//! existing Auto Scaling groups (`aws.autoScalingGroups`) are grown with `SetDesiredCapacity` and
+//! shrunk with `TerminateInstanceInAutoScalingGroup` instead ([`groups`] decides, the client's
+//! `asg` module calls).
 //!
 //! - Credentials come from the SDK's default chain (environment, web identity / IRSA, ECS, IMDSv2).
 //!   They are never logged: this crate logs nothing and its `Debug` output shows no client.
@@ -18,6 +21,7 @@
 pub mod build;
 #[cfg(feature = "client")]
 pub mod errors;
+pub mod groups;
 #[cfg(feature = "client")]
 pub mod interruptions;
 #[cfg(feature = "client")]

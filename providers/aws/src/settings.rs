@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use gpu_node_autoscaler_provider::policy::{
-    decode_section, is_resource_id, FieldError, PoolFacts, ProviderPolicy, Value,
+    decode_section, is_resource_id, FieldError, PathKey, PoolFacts, ProviderPolicy, Value,
 };
 use serde::Deserialize;
 
@@ -17,9 +17,61 @@ pub static POLICY: AwsPolicy = AwsPolicy;
 /// A pool's `aws:` section: where and from what its instances launch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AwsPoolSettings {
+    /// The launch template of a `CreateFleet` pool (empty for a pool backed by Auto Scaling
+    /// groups, which launch from their own).
     pub launch_template: LaunchTemplate,
-    /// Zone → subnet id; every zone of the pool has one.
+    /// Zone → subnet id; every zone of a `CreateFleet` pool has one (none for a pool backed by
+    /// Auto Scaling groups: their subnets are theirs).
     pub subnets: BTreeMap<String, String>,
+    /// The Auto Scaling groups the pool scales, when it is backed by groups rather than
+    /// launched with `CreateFleet`.
+    pub auto_scaling_groups: Option<AutoScalingGroups>,
+}
+
+/// How a pool names the Auto Scaling groups behind it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AutoScalingGroups {
+    /// These groups, in the pool's order of preference.
+    Named(Vec<String>),
+    /// Every group carrying all these tags (the Cluster Autoscaler's
+    /// `--node-group-auto-discovery=asg:tag=...`); empty: the Cluster Autoscaler's own,
+    /// [`CA_ENABLED_TAG`] and `k8s.io/cluster-autoscaler/<clusterName>`.
+    Discovered(Vec<TagMatch>),
+}
+
+/// A tag a discovered group must carry: its key, and its value when one is given (`key=value`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TagMatch {
+    pub key: String,
+    pub value: Option<String>,
+}
+
+impl TagMatch {
+    /// `key` or `key=value`.
+    pub fn parse(s: &str) -> TagMatch {
+        match s.split_once('=') {
+            Some((k, v)) => TagMatch {
+                key: k.to_string(),
+                value: Some(v.to_string()),
+            },
+            None => TagMatch {
+                key: s.to_string(),
+                value: None,
+            },
+        }
+    }
+}
+
+/// The tag the Cluster Autoscaler's auto-discovery looks for on every group.
+pub const CA_ENABLED_TAG: &str = "k8s.io/cluster-autoscaler/enabled";
+
+/// The tags the Cluster Autoscaler discovers a cluster's groups by:
+/// `k8s.io/cluster-autoscaler/enabled` and `k8s.io/cluster-autoscaler/<cluster>`.
+pub fn cluster_autoscaler_tags(cluster: &str) -> Vec<TagMatch> {
+    vec![
+        TagMatch::parse(CA_ENABLED_TAG),
+        TagMatch::parse(&format!("k8s.io/cluster-autoscaler/{cluster}")),
+    ]
 }
 
 /// The EC2 launch template of a pool.
@@ -43,8 +95,21 @@ pub const DEFAULT_LAUNCH_TEMPLATE_VERSION: &str = "$Default";
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawAwsPool {
     launch_template: Option<RawLaunchTemplate>,
-    #[serde(default)]
-    subnets: BTreeMap<String, String>,
+    subnets: Option<BTreeMap<String, String>>,
+    auto_scaling_groups: Option<RawGroups>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawGroups {
+    names: Option<Vec<String>>,
+    auto_discovery: Option<RawDiscovery>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDiscovery {
+    tags: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -130,18 +195,42 @@ fn check(
             );
         }
     }
-    let launch_template = match a.launch_template {
-        None => {
+    let (groups, group_errors) = match a.auto_scaling_groups {
+        Some(g) => {
+            let (g, e) = check_groups(g);
+            (Some(g), e)
+        }
+        None => (None, Vec::new()),
+    };
+    let launch_template = match (a.launch_template, &groups) {
+        (None, Some(_)) => LaunchTemplate {
+            by: LaunchTemplateBy::Name(String::new()),
+            version: DEFAULT_LAUNCH_TEMPLATE_VERSION.to_string(),
+        },
+        (Some(_), Some(_)) => {
             at(
-                &[],
-                "missing `launchTemplate` (give its `name` or `id`)".to_string(),
+                &["launchTemplate"],
+                "a pool backed by Auto Scaling groups launches from the groups' own launch \
+                 templates: remove `launchTemplate`"
+                    .to_string(),
             );
             LaunchTemplate {
                 by: LaunchTemplateBy::Name(String::new()),
                 version: DEFAULT_LAUNCH_TEMPLATE_VERSION.to_string(),
             }
         }
-        Some(lt) => {
+        (None, None) => {
+            at(
+                &[],
+                "missing `launchTemplate` (give its `name` or `id`), or `autoScalingGroups`"
+                    .to_string(),
+            );
+            LaunchTemplate {
+                by: LaunchTemplateBy::Name(String::new()),
+                version: DEFAULT_LAUNCH_TEMPLATE_VERSION.to_string(),
+            }
+        }
+        (Some(lt), None) => {
             let by = match (lt.name, lt.id) {
                 (Some(_), Some(_)) => {
                     at(
@@ -191,7 +280,16 @@ fn check(
             LaunchTemplate { by, version }
         }
     };
-    for (zone, subnet) in &a.subnets {
+    if groups.is_some() && a.subnets.is_some() {
+        at(
+            &["subnets"],
+            "a pool backed by Auto Scaling groups launches into the groups' own subnets: \
+             remove `subnets`"
+                .to_string(),
+        );
+    }
+    let subnets = a.subnets.unwrap_or_default();
+    for (zone, subnet) in &subnets {
         if !is_resource_id(subnet, "subnet-") {
             at(
                 &["subnets", zone],
@@ -199,9 +297,9 @@ fn check(
             );
         }
     }
-    if let Some(pool) = pool.filter(|p| p.provider == NAME) {
+    if let Some(pool) = pool.filter(|p| p.provider == NAME && groups.is_none()) {
         for zone in pool.zones {
-            if !a.subnets.contains_key(zone) {
+            if !subnets.contains_key(zone) {
                 at(
                     &["subnets"],
                     format!("zone {zone} has no subnet in aws.subnets"),
@@ -209,8 +307,90 @@ fn check(
             }
         }
     }
+    errors.extend(group_errors);
     AwsPoolSettings {
         launch_template,
-        subnets: a.subnets,
+        subnets,
+        auto_scaling_groups: groups,
     }
+}
+
+/// The groups of `autoScalingGroups`: `names` or `autoDiscovery`, not both.
+fn check_groups(g: RawGroups) -> (AutoScalingGroups, Vec<FieldError>) {
+    const HERE: &str = "autoScalingGroups";
+    let mut errors = Vec::new();
+    let mut at = |path: &[&str], index: Option<usize>, message: String| {
+        let mut p = vec![PathKey::from(NAME)];
+        p.extend(path.iter().map(|k| PathKey::from(*k)));
+        p.extend(index.map(PathKey::Index));
+        errors.push(FieldError { path: p, message });
+    };
+    let groups = match (g.names, g.auto_discovery) {
+        (Some(_), Some(_)) => {
+            at(
+                &[HERE],
+                None,
+                "give the groups' `names` or `autoDiscovery`, not both".to_string(),
+            );
+            AutoScalingGroups::Named(Vec::new())
+        }
+        (None, None) => {
+            at(
+                &[HERE],
+                None,
+                "needs the groups' `names`, or `autoDiscovery` (`autoDiscovery: {}` finds them \
+                 by the Cluster Autoscaler's tags)"
+                    .to_string(),
+            );
+            AutoScalingGroups::Named(Vec::new())
+        }
+        (Some(names), None) => {
+            if names.is_empty() {
+                at(
+                    &[HERE, "names"],
+                    None,
+                    "names no group (give at least one Auto Scaling group)".to_string(),
+                );
+            }
+            for (i, n) in names.iter().enumerate() {
+                let path = [HERE, "names"];
+                if n.trim().is_empty() {
+                    at(
+                        &path,
+                        Some(i),
+                        "an Auto Scaling group name must not be empty".to_string(),
+                    );
+                } else if n.len() > 255 {
+                    at(
+                        &path,
+                        Some(i),
+                        format!("{n:?} is longer than an Auto Scaling group name (255)"),
+                    );
+                } else if names[..i].contains(n) {
+                    at(&path, Some(i), format!("group {n} is named twice"));
+                }
+            }
+            AutoScalingGroups::Named(names)
+        }
+        (None, Some(d)) => {
+            let tags = d.tags.unwrap_or_default();
+            let mut out = Vec::new();
+            for (i, t) in tags.iter().enumerate() {
+                let path = [HERE, "autoDiscovery", "tags"];
+                let m = TagMatch::parse(t);
+                if m.key.trim().is_empty() {
+                    at(
+                        &path,
+                        Some(i),
+                        format!("{t:?} has no tag key (write `key` or `key=value`)"),
+                    );
+                } else if out.contains(&m) {
+                    at(&path, Some(i), format!("tag {t} is given twice"));
+                }
+                out.push(m);
+            }
+            AutoScalingGroups::Discovered(out)
+        }
+    };
+    (groups, errors)
 }

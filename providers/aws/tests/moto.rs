@@ -511,3 +511,474 @@ async fn another_cluster_of_the_same_name_is_neither_listed_nor_terminated() {
     assert_eq!(theirs.list(POOL).await.unwrap().len(), 1);
     theirs.terminate(&id).await.unwrap();
 }
+
+// ---- pools backed by Auto Scaling groups ----
+
+mod asg {
+    use super::*;
+    use gpu_node_autoscaler_aws::groups::{
+        self, TEMPLATE_LABEL, TEMPLATE_RESOURCES, TEMPLATE_TAINT,
+    };
+    use gpu_node_autoscaler_aws::settings::TagMatch;
+    use gpu_node_autoscaler_aws::AutoScalingGroups;
+    use support::{autoscaling, create_group, group_config, group_state, GroupSpec};
+
+    const A: &str = "us-east-1a";
+
+    fn spec<'a>(name: &'a str, zones: &'a [&'a str], spot: bool, max: i32) -> GroupSpec<'a> {
+        GroupSpec {
+            name,
+            zones,
+            types: &["g5.xlarge"],
+            spot,
+            launch_template: "gpu-nodes",
+            min: 0,
+            max,
+            desired: 0,
+            tags: &[],
+        }
+    }
+
+    fn named(names: &[&str]) -> AutoScalingGroups {
+        AutoScalingGroups::Named(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    #[tokio::test]
+    async fn asg_discovery_by_cluster_autoscaler_tags_and_scale_from_zero_with_tag_templates() {
+        let moto = Moto::start();
+        let client = ec2(&moto.url()).await;
+        let net = network(&client).await;
+        support::typed_launch_template(&client, "gpu-g5", "g5.xlarge").await;
+        let asg = autoscaling(&moto.url()).await;
+        let label = format!("{TEMPLATE_LABEL}nvidia.com/gpu.product");
+        let taint = format!("{TEMPLATE_TAINT}nvidia.com/gpu");
+        let gpus = format!("{TEMPLATE_RESOURCES}nvidia.com/gpu");
+        let ours = format!("k8s.io/cluster-autoscaler/{CLUSTER}");
+        let tags = [
+            ("k8s.io/cluster-autoscaler/enabled", "true"),
+            (ours.as_str(), "owned"),
+            (label.as_str(), "NVIDIA-A10G"),
+            (taint.as_str(), "present:NoSchedule"),
+            (gpus.as_str(), "1"),
+        ];
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                types: &[],
+                launch_template: "gpu-g5",
+                max: 4,
+                tags: &tags,
+                ..spec("gpu-a10g", &[A], false, 4)
+            },
+        )
+        .await;
+        // Another cluster's group, and a group without the tags: not discovered.
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                tags: &[
+                    ("k8s.io/cluster-autoscaler/enabled", "true"),
+                    ("k8s.io/cluster-autoscaler/other-cluster", "owned"),
+                ],
+                ..spec("other-cluster-gpu", &[A], false, 4)
+            },
+        )
+        .await;
+        create_group(&asg, &net, &spec("untagged", &[A], false, 4)).await;
+
+        let provider = AwsProvider::new(group_config(
+            &moto.url(),
+            CLUSTER,
+            AutoScalingGroups::Discovered(Vec::new()),
+            &["g5.xlarge"],
+        ))
+        .await
+        .unwrap();
+        let pool = provider.config().group_pools[0].clone();
+        let found = provider.pool_groups(&pool).await.unwrap();
+        assert_eq!(
+            found.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
+            ["gpu-a10g"]
+        );
+        let g = &found[0];
+        assert_eq!(g.instance_types, ["g5.xlarge"], "from the launch template");
+        assert_eq!(g.zones, [A]);
+        assert_eq!(g.capacity_type, OnDemand);
+        let t = groups::node_template(&g.tags);
+        assert_eq!(t.labels["nvidia.com/gpu.product"], "NVIDIA-A10G");
+        assert_eq!(
+            t.taints,
+            [(
+                "nvidia.com/gpu".to_string(),
+                "present".to_string(),
+                "NoSchedule".to_string()
+            )]
+        );
+        assert_eq!(t.resources["nvidia.com/gpu"], "1");
+        // A tag list of our own finds the other cluster's group alone.
+        let mut c = group_config(
+            &moto.url(),
+            CLUSTER,
+            AutoScalingGroups::Discovered(vec![TagMatch::parse(
+                "k8s.io/cluster-autoscaler/other-cluster=owned",
+            )]),
+            &["g5.xlarge"],
+        );
+        c.cluster = "x".into();
+        let other = AwsProvider::new(c).await.unwrap();
+        let p = other.config().group_pools[0].clone();
+        let found = other.pool_groups(&p).await.unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].name, "other-cluster-gpu");
+
+        // Scale from zero: the empty group's offering is in the catalog, and a launch grows it.
+        let cat = provider.catalog().await.unwrap();
+        let o = offering("g5.xlarge", A, OnDemand);
+        assert!(
+            cat.offerings.iter().any(|x| x.key == o && x.available),
+            "{:#?}",
+            cat.offerings
+        );
+        assert!(
+            !cat.offerings
+                .iter()
+                .any(|x| x.key.zone != A || x.key.capacity_type != OnDemand),
+            "only what the group offers: {:#?}",
+            cat.offerings
+        );
+        assert_eq!(
+            cat.instance_type("g5.xlarge")
+                .unwrap()
+                .gpu
+                .as_ref()
+                .unwrap()
+                .count,
+            1
+        );
+        let r = provider
+            .launch(&request("asg-from-zero", 2, std::slice::from_ref(&o)))
+            .await
+            .unwrap();
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        assert_eq!(r.launched.len(), 2);
+        for i in &r.launched {
+            assert_eq!(i.offering, o);
+            assert_eq!(
+                (i.pool.as_str(), i.launch_id.as_str()),
+                (POOL, "asg-from-zero")
+            );
+            assert_eq!(i.provider_id, format!("aws:///{A}/{}", i.id));
+        }
+        let (desired, ids) = group_state(&asg, "gpu-a10g").await;
+        assert_eq!(desired, 2);
+        let mut launched: Vec<String> = r.launched.iter().map(|i| i.id.clone()).collect();
+        launched.sort();
+        assert_eq!(ids, launched);
+        let listed = provider.list(POOL).await.unwrap();
+        assert_eq!(
+            listed.iter().map(|i| i.id.clone()).collect::<Vec<_>>(),
+            launched
+        );
+        assert!(listed
+            .iter()
+            .all(|i| i.launched_at_ms > 0 && i.launch_id == "asg-from-zero"));
+        // The other groups were not touched.
+        assert_eq!(group_state(&asg, "untagged").await.0, 0);
+        assert_eq!(group_state(&asg, "other-cluster-gpu").await.0, 0);
+    }
+
+    #[tokio::test]
+    async fn asg_launch_is_idempotent_by_launch_id_across_a_restart() {
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        create_group(&asg, &net, &spec("gpu-od-a", &[A], false, 10)).await;
+        let config = group_config(&moto.url(), CLUSTER, named(&["gpu-od-a"]), &["g5.xlarge"]);
+        let provider = AwsProvider::new(config.clone()).await.unwrap();
+        let req = request("asg-once", 2, &[offering("g5.xlarge", A, OnDemand)]);
+        assert_eq!(provider.launch(&req).await.unwrap().launched.len(), 2);
+        assert_eq!(provider.launch(&req).await.unwrap().launched.len(), 0);
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 2);
+        // A fresh provider reads the launch off the group's tag.
+        let restarted = AwsProvider::new(config).await.unwrap();
+        assert_eq!(restarted.launch(&req).await.unwrap().launched.len(), 0);
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 2);
+    }
+
+    #[tokio::test]
+    async fn asg_spot_group_whose_activity_fails_falls_back_to_the_next_group() {
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        create_group(&asg, &net, &spec("gpu-spot-a", &[A], true, 10)).await;
+        create_group(&asg, &net, &spec("gpu-od-a", &[A], false, 10)).await;
+        let proxy = FaultProxy::start(moto.addr).await;
+        proxy.fail_scaling(
+            "gpu-spot-a",
+            "Could not launch Spot Instances. InsufficientInstanceCapacity - There is no Spot \
+             capacity available that matches your request. Launching EC2 instance failed.",
+        );
+        // Discovered by a tag list that matches nothing but a name-less check: use names, in
+        // the order the user gives (spot first).
+        let provider = AwsProvider::new(group_config(
+            &proxy.url(),
+            CLUSTER,
+            named(&["gpu-spot-a", "gpu-od-a"]),
+            &["g5.xlarge"],
+        ))
+        .await
+        .unwrap();
+        let pool = provider.config().group_pools[0].clone();
+        let found = provider.pool_groups(&pool).await.unwrap();
+        assert_eq!(
+            found
+                .iter()
+                .map(|g| (g.name.as_str(), g.capacity_type))
+                .collect::<Vec<_>>(),
+            [("gpu-spot-a", Spot), ("gpu-od-a", OnDemand)]
+        );
+        let spot = offering("g5.xlarge", A, Spot);
+        let od = offering("g5.xlarge", A, OnDemand);
+        let r = provider
+            .launch(&request("asg-fallback", 2, &[spot.clone(), od.clone()]))
+            .await
+            .unwrap();
+        assert_eq!(r.launched.len(), 2, "{r:?}");
+        assert!(r.launched.iter().all(|i| i.offering == od), "{r:?}");
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        assert_eq!(
+            r.failures[0],
+            (
+                spot.clone(),
+                ProviderError::InsufficientCapacity {
+                    offering: spot.clone()
+                }
+            )
+        );
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 2);
+        // The spot group was asked for 2 once; its desired capacity is what it has (0).
+        assert_eq!(proxy.desired_asked("gpu-spot-a").first(), Some(&2));
+        assert_eq!(group_state(&asg, "gpu-spot-a").await, (0, Vec::new()));
+        // While it is held short, the catalog says so and the next launch does not try it.
+        let cat = provider.catalog().await.unwrap();
+        let avail = |k: &OfferingKey| {
+            cat.offerings
+                .iter()
+                .find(|o| o.key == *k)
+                .unwrap()
+                .available
+        };
+        assert!(!avail(&spot) && avail(&od));
+        let asked = proxy.desired_asked("gpu-spot-a").len();
+        let r = provider
+            .launch(&request("asg-fallback-2", 1, &[spot.clone(), od.clone()]))
+            .await
+            .unwrap();
+        assert_eq!(r.launched.len(), 1);
+        assert_eq!(proxy.desired_asked("gpu-spot-a").len(), asked);
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 3);
+    }
+
+    #[tokio::test]
+    async fn asg_gang_spans_two_groups_in_one_zone() {
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        create_group(&asg, &net, &spec("gpu-a-1", &[A], false, 2)).await;
+        create_group(&asg, &net, &spec("gpu-a-2", &[A], false, 3)).await;
+        create_group(&asg, &net, &spec("gpu-b", &["us-east-1b"], false, 10)).await;
+        let provider = AwsProvider::new(group_config(
+            &moto.url(),
+            CLUSTER,
+            named(&["gpu-a-1", "gpu-a-2", "gpu-b"]),
+            &["g5.xlarge"],
+        ))
+        .await
+        .unwrap();
+        let r = provider
+            .launch(&request(
+                "asg-gang",
+                4,
+                &[offering("g5.xlarge", A, OnDemand)],
+            ))
+            .await
+            .unwrap();
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        assert_eq!(r.launched.len(), 4);
+        assert!(r.launched.iter().all(|i| i.offering.zone == A));
+        assert_eq!(
+            group_state(&asg, "gpu-a-1").await.0,
+            2,
+            "the first group to its max"
+        );
+        assert_eq!(
+            group_state(&asg, "gpu-a-2").await.0,
+            2,
+            "the rest in the second"
+        );
+        assert_eq!(group_state(&asg, "gpu-b").await.0, 0, "no other zone");
+        // More than the zone's groups hold: the rest is reported short, nothing over max.
+        let r = provider
+            .launch(&request(
+                "asg-gang-2",
+                3,
+                &[offering("g5.xlarge", A, OnDemand)],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(r.launched.len(), 1);
+        assert!(matches!(
+            r.failures.as_slice(),
+            [(_, ProviderError::InsufficientCapacity { .. })]
+        ));
+        assert_eq!(group_state(&asg, "gpu-a-2").await.0, 3);
+    }
+
+    #[tokio::test]
+    async fn asg_terminate_takes_the_instance_out_with_a_decrement_and_respects_min_size() {
+        let moto = Moto::start();
+        let client = ec2(&moto.url()).await;
+        let net = network(&client).await;
+        let asg = autoscaling(&moto.url()).await;
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                min: 1,
+                desired: 3,
+                ..spec("gpu-od-a", &[A], false, 4)
+            },
+        )
+        .await;
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                desired: 1,
+                ..spec("not-ours", &[A], false, 4)
+            },
+        )
+        .await;
+        let provider = AwsProvider::new(group_config(
+            &moto.url(),
+            CLUSTER,
+            named(&["gpu-od-a"]),
+            &["g5.xlarge"],
+        ))
+        .await
+        .unwrap();
+        let (_, ids) = group_state(&asg, "gpu-od-a").await;
+        assert_eq!(ids.len(), 3);
+        // Protected from scale-in: refused, nothing changes.
+        asg.set_instance_protection()
+            .auto_scaling_group_name("gpu-od-a")
+            .instance_ids(&ids[2])
+            .protected_from_scale_in(true)
+            .send()
+            .await
+            .unwrap();
+        let e = provider.terminate(&ids[2]).await.unwrap_err();
+        assert!(e.to_string().contains("protected from scale-in"), "{e}");
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 3);
+        // The exact instance goes, the desired capacity with it.
+        provider
+            .terminate(&format!("aws:///{A}/{}", ids[0]))
+            .await
+            .unwrap();
+        let (desired, left) = group_state(&asg, "gpu-od-a").await;
+        assert_eq!(desired, 2);
+        assert!(!left.contains(&ids[0]), "{left:?}");
+        assert_eq!(describe(&client, &ids[0]).await.state, "terminated");
+        assert!(left.contains(&ids[1]) && left.contains(&ids[2]));
+        // Again: already gone is fine.
+        provider.terminate(&ids[0]).await.unwrap();
+        // Down to the minimum size (1): the next is refused.
+        provider.terminate(&ids[1]).await.unwrap();
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 1);
+        asg.set_instance_protection()
+            .auto_scaling_group_name("gpu-od-a")
+            .instance_ids(&ids[2])
+            .protected_from_scale_in(false)
+            .send()
+            .await
+            .unwrap();
+        let e = provider.terminate(&ids[2]).await.unwrap_err();
+        assert!(e.to_string().contains("minimum size (1)"), "{e}");
+        assert_eq!(
+            group_state(&asg, "gpu-od-a").await,
+            (1, vec![ids[2].clone()])
+        );
+        // An instance of a group no pool scales is never terminated.
+        let (_, theirs) = group_state(&asg, "not-ours").await;
+        let e = provider.terminate(&theirs[0]).await.unwrap_err();
+        assert!(e.to_string().contains("which no pool scales"), "{e}");
+        assert_eq!(describe(&client, &theirs[0]).await.state, "running");
+        // Nor an instance outside every group that is not tagged as ours.
+        let plain = client
+            .run_instances()
+            .image_id(
+                client
+                    .describe_images()
+                    .owners("amazon")
+                    .send()
+                    .await
+                    .unwrap()
+                    .images()[0]
+                    .image_id()
+                    .unwrap(),
+            )
+            .min_count(1)
+            .max_count(1)
+            .send()
+            .await
+            .unwrap();
+        let plain_id = plain.instances()[0].instance_id().unwrap().to_string();
+        assert!(provider.terminate(&plain_id).await.is_err());
+        assert_eq!(describe(&client, &plain_id).await.state, "running");
+    }
+
+    #[tokio::test]
+    async fn asg_check_report_lists_each_group_and_what_the_pool_lacks() {
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        let label = format!("{TEMPLATE_LABEL}team");
+        let bad = format!("{TEMPLATE_TAINT}gpu");
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                tags: &[(label.as_str(), "ml"), (bad.as_str(), "oops")],
+                ..spec("gpu-spot-a", &[A], true, 10)
+            },
+        )
+        .await;
+        let mut c = group_config(
+            &moto.url(),
+            CLUSTER,
+            named(&["gpu-spot-a", "gpu-missing"]),
+            &["g5.xlarge", "p4d.24xlarge"],
+        );
+        c.group_pools[0].zones = vec![A.into(), "us-east-1b".into()];
+        c.group_pools[0].capacity_types = vec![Spot, OnDemand];
+        let provider = AwsProvider::new(c).await.unwrap();
+        let (found, problems) = provider.group_report().await.unwrap();
+        assert_eq!(
+            found,
+            [format!(
+                "pool gpu: group gpu-spot-a: MixedInstancesPolicy [g5.xlarge] in {A} (spot), \
+                 size 0..10 (desired 0), labels team=ml"
+            )]
+        );
+        let want = [
+            "pool gpu: aws.autoScalingGroups.names: Auto Scaling group gpu-missing not found",
+            "pool gpu: aws.autoScalingGroups: instance type p4d.24xlarge is launched by none of its groups",
+            "pool gpu: aws.autoScalingGroups: zone us-east-1b has none of its groups",
+            "pool gpu: aws.autoScalingGroups: capacity type on-demand is bought by none of its groups",
+            "pool gpu: aws.autoScalingGroups: group gpu-spot-a: tag k8s.io/cluster-autoscaler/node-template/taint/gpu=oops: a taint is `value:Effect` (Effect one of NoSchedule, PreferNoSchedule, NoExecute)",
+        ];
+        assert_eq!(problems, want);
+    }
+}

@@ -125,6 +125,9 @@ pub struct AccountProblems {
     pub account: &'static str,
     /// Every problem found; none when the pools can launch.
     pub problems: Vec<String>,
+    /// What was found for the pools, for people (e.g. each Auto Scaling group a pool scales and
+    /// its template), one line each.
+    pub found: Vec<String>,
 }
 
 /// A check of the spec's pools against the cloud account, under way.

@@ -1604,6 +1604,134 @@ fn aws_errors_name_the_field_and_position() {
 }
 
 #[test]
+fn aws_auto_scaling_groups_are_named_or_discovered() {
+    use gpu_node_autoscaler_aws::settings::{AutoScalingGroups, TagMatch};
+    let p = parse_ok(&aws_pool(&[
+        "    aws:",
+        "      autoScalingGroups:",
+        "        names: [gpu-spot-a, gpu-od-a]",
+    ]));
+    let aws = aws_of(&p.pools[0]).unwrap();
+    assert_eq!(
+        aws.auto_scaling_groups,
+        Some(AutoScalingGroups::Named(vec![
+            "gpu-spot-a".into(),
+            "gpu-od-a".into()
+        ]))
+    );
+    // No subnet per zone is needed: the groups have theirs.
+    assert!(aws.subnets.is_empty());
+    let p = parse_ok(&aws_pool(&[
+        "    aws:",
+        "      autoScalingGroups: {autoDiscovery: {}}",
+    ]));
+    assert_eq!(
+        aws_of(&p.pools[0]).unwrap().auto_scaling_groups,
+        Some(AutoScalingGroups::Discovered(Vec::new()))
+    );
+    let p = parse_ok(&aws_pool(&[
+        "    aws:",
+        "      autoScalingGroups:",
+        "        autoDiscovery:",
+        "          tags: [k8s.io/cluster-autoscaler/enabled, team=ml]",
+    ]));
+    assert_eq!(
+        aws_of(&p.pools[0]).unwrap().auto_scaling_groups,
+        Some(AutoScalingGroups::Discovered(vec![
+            TagMatch {
+                key: "k8s.io/cluster-autoscaler/enabled".into(),
+                value: None
+            },
+            TagMatch {
+                key: "team".into(),
+                value: Some("ml".into())
+            },
+        ]))
+    );
+}
+
+#[test]
+fn aws_auto_scaling_group_errors_name_the_field_and_position() {
+    let cases: Vec<(Vec<&str>, (usize, usize), &str)> = vec![
+        (
+            vec![
+                "    aws:",
+                "      autoScalingGroups: {names: [a], autoDiscovery: {}}",
+            ],
+            (8, 7),
+            "pools[0].aws.autoScalingGroups: give the groups' `names` or `autoDiscovery`, not both",
+        ),
+        (
+            vec!["    aws:", "      autoScalingGroups: {}"],
+            (8, 7),
+            "pools[0].aws.autoScalingGroups: needs the groups' `names`, or `autoDiscovery`",
+        ),
+        (
+            vec!["    aws:", "      autoScalingGroups: {names: []}"],
+            (8, 27),
+            "pools[0].aws.autoScalingGroups.names: names no group",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      autoScalingGroups:",
+                "        names: [a, \"\", b]",
+            ],
+            (9, 20),
+            "pools[0].aws.autoScalingGroups.names[1]: an Auto Scaling group name must not be empty",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      autoScalingGroups:",
+                "        names: [a, b, a]",
+            ],
+            (9, 23),
+            "pools[0].aws.autoScalingGroups.names[2]: group a is named twice",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      autoScalingGroups:",
+                "        autoDiscovery:",
+                "          tags: [k8s.io/cluster-autoscaler/enabled, =x]",
+            ],
+            (10, 53),
+            "pools[0].aws.autoScalingGroups.autoDiscovery.tags[1]: \"=x\" has no tag key",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      autoScalingGroups: {autoDiscovery: {tag: [a]}}",
+            ],
+            (8, 43),
+            "unknown field `tag`",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      launchTemplate: {name: gpu}",
+                "      autoScalingGroups: {names: [a]}",
+            ],
+            (8, 7),
+            "pools[0].aws.launchTemplate: a pool backed by Auto Scaling groups launches from the \
+             groups' own launch templates",
+        ),
+        (
+            vec![
+                "    aws:",
+                "      subnets: {us-east-1a: subnet-1}",
+                "      autoScalingGroups: {names: [a]}",
+            ],
+            (8, 7),
+            "pools[0].aws.subnets: a pool backed by Auto Scaling groups launches into the groups' \
+             own subnets",
+        ),
+    ];
+    assert_one_error_each(cases, aws_pool);
+}
+
+#[test]
 fn aws_section_needs_provider_aws() {
     let text = aws_pool(&[
         "    aws:",

@@ -3,7 +3,11 @@
 //! offerings (insufficient capacity, quotas, ...), partial fulfilment of spot fleets, and spot
 //! prices that change (moto answers `DescribeSpotPriceHistory` with one fixed price). It rewrites
 //! `CreateFleet` requests and responses into the shapes EC2 documents, and the prices of
-//! `DescribeSpotPriceHistory` responses; everything else passes through unchanged.
+//! `DescribeSpotPriceHistory` responses. For Auto Scaling, whose scaling activities moto never
+//! fails (its `DescribeScalingActivities` always answers none), it fails the launches of chosen
+//! groups: their `SetDesiredCapacity` is answered without reaching moto (no instance is
+//! launched, the desired capacity stays) and a `Failed` activity is recorded, which
+//! `DescribeScalingActivities` for the group answers. Everything else passes through unchanged.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,6 +32,12 @@ struct Faults {
     hold: BTreeMap<String, std::time::Duration>,
     /// Action → how long every one of its calls is held (a cloud slow for a while).
     hold_every: BTreeMap<String, std::time::Duration>,
+    /// Auto Scaling group → the status message of the failed activity of each of its launches.
+    fail_groups: BTreeMap<String, String>,
+    /// (group, start time, status message) of each failed activity recorded.
+    activities: Vec<(String, String, String)>,
+    /// (group, desired capacity) of every `SetDesiredCapacity`, in order.
+    desired: Vec<(String, u32)>,
     /// Every action seen, in order.
     calls: Vec<String>,
 }
@@ -120,6 +130,29 @@ impl FaultProxy {
     /// Spot fleets launch at most `n` instances; the rest fail for lack of capacity.
     pub fn cap_spot(&self, n: u32) {
         self.faults.lock().unwrap().spot_cap = Some(n);
+    }
+
+    /// Every later `SetDesiredCapacity` of Auto Scaling group `group` fails: nothing is launched
+    /// and a `Failed` scaling activity with `message` is recorded for the group.
+    pub fn fail_scaling(&self, group: &str, message: &str) {
+        self.faults
+            .lock()
+            .unwrap()
+            .fail_groups
+            .insert(group.to_string(), message.to_string());
+    }
+
+    /// The `SetDesiredCapacity` calls that reached the relay for `group`, in order: the desired
+    /// capacity each asked for (whether it failed or was relayed).
+    pub fn desired_asked(&self, group: &str) -> Vec<u32> {
+        self.faults
+            .lock()
+            .unwrap()
+            .desired
+            .iter()
+            .filter(|(g, _)| g == group)
+            .map(|(_, n)| *n)
+            .collect()
     }
 
     pub fn calls_of(&self, action: &str) -> usize {
@@ -262,6 +295,59 @@ const INTERNAL_ERROR: &str =
     "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
 <Code>InternalError</Code><Message>An internal error has occurred.</Message></Error></Errors>\
 <RequestID>fault-proxy</RequestID></Response>";
+
+const SET_DESIRED_OK: &str = "<SetDesiredCapacityResponse \
+xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><ResponseMetadata><RequestId>fault-proxy\
+</RequestId></ResponseMetadata></SetDesiredCapacityResponse>";
+
+/// `DescribeScalingActivities` for `group`: its failed activities, newest first.
+fn scaling_activities(group: &str, activities: &[(String, String, String)]) -> String {
+    let mut members = String::new();
+    for (i, (g, at, message)) in activities.iter().enumerate().rev() {
+        if g != group {
+            continue;
+        }
+        members.push_str(&format!(
+            "<member><ActivityId>fault-proxy-{i}</ActivityId><AutoScalingGroupName>{g}\
+             </AutoScalingGroupName><Description>Launching a new EC2 instance.  Status Reason: \
+             {message}</Description><Cause>At {at} a user request update of AutoScalingGroup \
+             constraints changed the desired capacity.</Cause><StartTime>{at}</StartTime>\
+             <EndTime>{at}</EndTime><StatusCode>Failed</StatusCode><StatusMessage>{message}\
+             </StatusMessage><Progress>100</Progress></member>"
+        ));
+    }
+    format!(
+        "<DescribeScalingActivitiesResponse \
+         xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><DescribeScalingActivitiesResult>\
+         <Activities>{members}</Activities></DescribeScalingActivitiesResult><ResponseMetadata>\
+         <RequestId>fault-proxy</RequestId></ResponseMetadata></DescribeScalingActivitiesResponse>"
+    )
+}
+
+/// Now as ISO 8601 in UTC with milliseconds (`2026-11-27T20:01:02.345Z`).
+fn iso_now() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Days since 1970-01-01 → civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3_600_000,
+        rest / 60_000 % 60,
+        rest / 1_000 % 60,
+        rest % 1_000
+    )
+}
 
 /// The text between `<tag>` and `</tag>` in `item`.
 fn element<'a>(item: &'a str, tag: &str) -> Option<&'a str> {
@@ -513,6 +599,27 @@ async fn handle(
                 "text/xml",
                 INTERNAL_ERROR.as_bytes(),
             ));
+        }
+        let param = |k: &str| {
+            params
+                .iter()
+                .find(|(pk, _)| pk == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        if action == "SetDesiredCapacity" {
+            let group = param("AutoScalingGroupName");
+            let n = param("DesiredCapacity").parse().unwrap_or(0);
+            f.desired.push((group.clone(), n));
+            if let Some(message) = f.fail_groups.get(&group).cloned() {
+                f.activities.push((group, iso_now(), message));
+                return Ok(response(200, "OK", "text/xml", SET_DESIRED_OK.as_bytes()));
+            }
+        }
+        if action == "DescribeScalingActivities" {
+            let group = param("AutoScalingGroupName");
+            let xml = scaling_activities(&group, &f.activities);
+            return Ok(response(200, "OK", "text/xml", xml.as_bytes()));
         }
         if action == "CreateFleet" {
             rewrite_create_fleet(&mut params, &f)
