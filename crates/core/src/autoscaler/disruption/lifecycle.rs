@@ -94,7 +94,13 @@ impl Autoscaler {
         let today: BTreeMap<&str, String> = policy
             .pools
             .iter()
-            .map(|p| (p.name.as_str(), plan::lifecycle::fingerprint(p)))
+            .map(|p| {
+                let version = pass.snapshot.launch_versions.get(&p.name);
+                (
+                    p.name.as_str(),
+                    plan::lifecycle::fingerprint(p, version.map(String::as_str)),
+                )
+            })
             .collect();
         let mut due_now: BTreeMap<String, Due> = BTreeMap::new();
         let mut next_expiry: Option<Time> = None;
