@@ -509,3 +509,64 @@ fn a_node_registered_after_a_restart_gets_its_launch_fingerprint_from_its_instan
     let a = run.pass(T0 + secs(80));
     assert_eq!(events(&a, "Drifted").len(), 1, "{a:?}");
 }
+
+#[test]
+fn dry_run_reports_drifted_and_expired_nodes_without_replacing_them() {
+    let old = policy_with(&["    disruption: {expireAfter: 6h}"]);
+    let mut run = nodes_of(&old, 2, true);
+    run.core.config.dry_run = true;
+    run.pass(T0 - secs(10));
+    change_policy(
+        &mut run,
+        &policy_with(&[
+            "    disruption: {expireAfter: 6h}",
+            "    labels: {example.com/image: v2}",
+        ]),
+        T0 - secs(5),
+    );
+    // In dry-run registration changes nothing, and the pass goes on to find them drifted.
+    let a = run.actions.clone();
+    for x in &a {
+        assert!(
+            matches!(
+                x,
+                Action::Event(_) | Action::Log { .. } | Action::Count(_) | Action::Status(_)
+            ),
+            "dry-run acted: {x:?}"
+        );
+    }
+    assert_eq!(events(&a, "Drifted").len(), 2, "{a:?}");
+    // The budget (10 % of 2 nodes, rounded up) lets one go: that one would be replaced.
+    let would = events(&a, "DryRunReplaceNode");
+    assert_eq!(would.len(), 1, "{a:?}");
+    assert!(
+        would[0]
+            .message
+            .contains("would replace node-0 (pool a10g)"),
+        "{}",
+        would[0].message
+    );
+    assert!(a.contains(&Action::Count(Count::NodesDrifted(2))), "{a:?}");
+    let st = status(&a).expect("a status");
+    assert!(
+        st.drifted_nodes["node-0"].ends_with("; would be replaced (dry run)")
+            && st.drifted_nodes["node-1"].ends_with(
+                "kept: the pool's disruption budget for Drifted allows no more nodes now"
+            ),
+        "{st:?}"
+    );
+    // Said once; an expired node is reported as such.
+    let a = run.pass(T0);
+    assert!(
+        events(&a, "Drifted").is_empty() && events(&a, "DryRunReplaceNode").is_empty(),
+        "{a:?}"
+    );
+    let a = run.pass(T0 + secs(3 * 3600));
+    assert!(
+        events(&a, "DryRunReplaceNode").len() == 1 && events(&a, "Expired").len() == 2,
+        "{a:?}"
+    );
+    let a = run.pass(T0 + secs(3 * 3600 + 10));
+    assert!(events(&a, "DryRunReplaceNode").is_empty(), "{a:?}");
+    assert!(tainted_replacing(&run.actions).is_empty());
+}
