@@ -167,3 +167,181 @@ fn a_node_older_than_expire_after_is_replaced_its_pod_moved_first() {
         "{events:?}"
     );
 }
+
+/// The pool's launch template moved from version 1 to `$Latest` (a new GPU AMI), with `extra`
+/// in the pool's `disruption:` section.
+fn drifting_policy(env: &Env, version: &str, disruption: &str) -> String {
+    let p = env.policy(&["us-east-1a"], disruption);
+    let lt = "launchTemplate: {name: gpu-nodes}";
+    assert!(p.contains(lt), "{p}");
+    p.replace(
+        lt,
+        &format!("launchTemplate: {{name: gpu-nodes, version: \"{version}\"}}"),
+    )
+}
+
+/// Seconds since the Unix epoch, as the controller's clock reads it.
+fn epoch_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// What the status ConfigMap says of `node` among the drifted nodes.
+fn drifted_status(env: &Env, node: &str) -> Option<String> {
+    env.status_json()["driftedNodes"][node]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// One trainer running on a node registered with its launch fingerprint; returns the node.
+fn trainer_on_a_fingerprinted_node(env: &Env) -> String {
+    let old = crate::gpu_trainer(env);
+    env.wait_for(
+        "the node to be registered with its launch fingerprint",
+        MIN,
+        || {
+            env.pool_nodes()
+                .iter()
+                .any(|n| {
+                    n["metadata"]["name"] == old.as_str()
+                        && n["metadata"]["annotations"]["gpu-node-autoscaler.io/launch-fingerprint"]
+                            .is_string()
+                })
+                .then_some(())
+        },
+    );
+    old
+}
+
+#[test]
+fn a_budget_of_zero_in_a_maintenance_window_holds_drift_replacement_until_the_window_ends() {
+    let mut env = Env::start("drift-window", Options::default());
+    env.create(&env.policy_configmap(&drifting_policy(&env, "1", "")));
+    env.start_controller("r1", &["--resync", "10s"]);
+    let old = trainer_on_a_fingerprinted_node(&env);
+
+    // A window (UTC, as cron reads it) that opened this minute and stays open four more
+    // minutes, freezing drift in it; the launch template changes inside it.
+    let now = epoch_secs();
+    let window_end = (now / 60) * 60 + 5 * 60;
+    let (minute, hour) = ((now / 60) % 60, (now / 3600) % 24);
+    let budget = format!(
+        "  disruption:\n    budgets:\n    - {{nodes: 0, reasons: [Drifted], schedule: \"{minute} \
+         {hour} * * *\", duration: 5m}}\n"
+    );
+    env.apply(&env.policy_configmap(&drifting_policy(&env, "$Latest", &budget)));
+
+    // Found drifted, and kept by the budget.
+    let kept = env.wait_for("the node to be reported drifted and kept", 3 * MIN, || {
+        drifted_status(&env, &old).filter(|s| s.contains("kept:"))
+    });
+    assert!(
+        kept.contains("its provider settings")
+            && kept.contains("the pool's disruption budget for Drifted allows no more nodes now"),
+        "{kept}"
+    );
+    assert!(
+        epoch_secs() < window_end,
+        "the window ended before the hold was seen; the machine is too slow for this test"
+    );
+    // Nothing replaced while the window is open: the old node keeps its trainer, untainted.
+    while epoch_secs() < window_end - 5 {
+        let nodes = env.pool_nodes();
+        assert_eq!(nodes.len(), 1, "nothing launched in the window: {nodes:?}");
+        assert!(
+            !has_taint(&nodes[0], "gpu-node-autoscaler.io/replacing", "drifted"),
+            "replaced in the window: {nodes:?}"
+        );
+        assert!(env.events("ReplacingDriftedNode").is_empty());
+        assert_eq!(crate::trainer_node(&env).as_deref(), Some(old.as_str()));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    // Once it ends the node is replaced, the new one first.
+    let new = crate::trainer_moved_and_node_removed(&env, &old);
+    assert_ne!(new, old);
+    let events = env.events("ReplacingDriftedNode");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].starts_with(&format!("{old}: ")), "{events:?}");
+    crate::counted_replaced(&env, "drifted");
+    env.wait_for("nothing drifted to be left", MIN, || {
+        (env.metric("r1", "gpu_node_autoscaler_nodes_drifted") == Some(0.0)).then_some(())
+    });
+}
+
+#[test]
+fn do_not_disrupt_holds_a_drifted_node_until_the_termination_grace_period_then_it_is_replaced() {
+    let mut env = Env::start("drift-dnd", Options::default());
+    let grace = "  disruption: {terminationGracePeriod: 90s}\n";
+    env.create(&env.policy_configmap(&drifting_policy(&env, "1", grace)));
+    env.start_controller("r1", &["--resync", "10s"]);
+    // A trainer that asks not to be disrupted (as Karpenter spells it).
+    env.create(
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: trainer\n  namespace: default\n\
+         spec:\n  replicas: 1\n  selector:\n    matchLabels: {app: trainer}\n  template:\n    \
+         metadata:\n      labels: {app: trainer}\n      \
+         annotations: {karpenter.sh/do-not-disrupt: \"true\"}\n    spec:\n      \
+         tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n      \
+         containers:\n      - name: main\n        image: cuda:12\n        resources:\n          \
+         requests: {cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}\n          \
+         limits: {nvidia.com/gpu: \"1\"}\n",
+    );
+    let old = env.wait_for("the trainer to run", 2 * MIN, || crate::trainer_node(&env));
+    env.wait_for("the node's launch fingerprint", MIN, || {
+        env.pool_nodes()
+            .iter()
+            .any(|n| {
+                n["metadata"]["annotations"]["gpu-node-autoscaler.io/launch-fingerprint"]
+                    .is_string()
+            })
+            .then_some(())
+    });
+
+    env.apply(&env.policy_configmap(&drifting_policy(&env, "$Latest", grace)));
+    // Held by the pod, with the Event saying until when.
+    let blocked = env.wait_for("the replacement to be blocked", 3 * MIN, || {
+        env.events("DisruptionBlocked")
+            .into_iter()
+            .find(|e| e.starts_with(&format!("{old}: ")))
+    });
+    assert!(
+        blocked.contains("karpenter.sh/do-not-disrupt")
+            && blocked.contains("the pool's terminationGracePeriod"),
+        "{blocked}"
+    );
+    let kept = drifted_status(&env, &old).unwrap_or_default();
+    assert!(
+        kept.contains("kept:") || env.events("DisruptionGracePeriodOver").len() == 1,
+        "{kept}"
+    );
+    // Until the grace period is over nothing is replaced; then it is, drain forced.
+    let over = env.wait_for("the grace period to run out", 4 * MIN, || {
+        let replacing = !env.events("ReplacingDriftedNode").is_empty();
+        let over = env.events("DisruptionGracePeriodOver");
+        if over.is_empty() {
+            // Both are raised by one pass: the replacement is never seen without the other
+            // (read a little later, the order in which they are written being the recorder's).
+            if replacing {
+                std::thread::sleep(Duration::from_secs(10));
+                assert!(
+                    !env.events("DisruptionGracePeriodOver").is_empty(),
+                    "replaced before the grace period was over"
+                );
+            } else {
+                assert_eq!(crate::trainer_node(&env).as_deref(), Some(old.as_str()));
+            }
+        }
+        over.into_iter().next()
+    });
+    assert!(
+        over.starts_with(&format!("{old}: ")) && over.contains("terminationGracePeriod"),
+        "{over}"
+    );
+    let new = crate::trainer_moved_and_node_removed(&env, &old);
+    assert_ne!(new, old);
+    let replacing = env.events("ReplacingDriftedNode");
+    assert_eq!(replacing.len(), 1, "{replacing:?}");
+    crate::counted_replaced(&env, "drifted");
+}

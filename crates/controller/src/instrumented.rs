@@ -122,6 +122,17 @@ impl CloudProvider for Instrumented {
         self.call("list", self.timeouts.list, self.inner.list(pool))
             .await
     }
+
+    async fn launch_versions(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, String>, ProviderError> {
+        self.call(
+            "launch_versions",
+            self.timeouts.list,
+            self.inner.launch_versions(),
+        )
+        .await
+    }
 }
 
 #[cfg(test)]

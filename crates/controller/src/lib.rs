@@ -1108,6 +1108,37 @@ impl Controller {
         out
     }
 
+    /// What the pools' moving launch template versions resolve to now, asked of each provider
+    /// once. A provider that fails is warned about: its pools' nodes are not compared on it in
+    /// this pass (and what launches then records no version).
+    async fn list_launch_versions(&self) -> BTreeMap<String, String> {
+        let Some(policy) = self.core.policy() else {
+            return BTreeMap::new();
+        };
+        let mut asked: Vec<*const ()> = Vec::new();
+        let mut out = BTreeMap::new();
+        for pool in &policy.pools {
+            let Some(provider) = self.providers.get(&pool.name) else {
+                continue;
+            };
+            let ptr = Arc::as_ptr(provider) as *const ();
+            if asked.contains(&ptr) {
+                continue;
+            }
+            asked.push(ptr);
+            match provider.launch_versions().await {
+                Ok(v) => out.extend(v),
+                Err(e) => warn!(
+                    "resolving the launch template versions of {} (pool {}): {e}; drift by a new \
+                     version is not looked for in this pass",
+                    provider.name(),
+                    pool.name
+                ),
+            }
+        }
+        out
+    }
+
     async fn pass(&mut self) {
         self.reload_policy().await;
         self.beat();
@@ -1156,6 +1187,8 @@ impl Controller {
         self.beat();
         let reservations = self.list_reservations().await;
         self.beat();
+        let launch_versions = self.list_launch_versions().await;
+        self.beat();
         let now = wall_now();
         let (mut snapshot, other_provider_ids) = {
             let s = self.state.lock().unwrap();
@@ -1169,6 +1202,7 @@ impl Controller {
             )
         };
         snapshot.reservations = reservations;
+        snapshot.launch_versions = launch_versions;
         self.publish_pending_gauges(&snapshot, now);
         self.read_queue().await;
         self.beat();

@@ -567,6 +567,7 @@ impl World {
                 state: InstanceState::Running,
                 launched_at_ms: i.launched,
                 reservation_id: i.reservation.clone(),
+                launch_fingerprint: None,
             })
             .collect();
         let listing = Arc::new(listing);

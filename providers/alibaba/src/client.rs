@@ -1100,6 +1100,7 @@ impl AlibabaProvider {
             state: instance_state(&s.lifecycle),
             launched_at_ms: s.created_ms.unwrap_or_else(now_ms),
             reservation_id: None,
+            launch_fingerprint: None,
         }
     }
 

@@ -25,7 +25,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, CloudProvider, GpuInfo, GpuVendor, Instance, InstanceState,
     InstanceType, LaunchRequest, LaunchResult, Offering, OfferingKey, ProviderError, Reservation,
-    ReservationKind,
+    ReservationKind, LAUNCH_FINGERPRINT_TAG,
 };
 
 pub use crate::errors::ApiError;
@@ -678,6 +678,7 @@ impl AwsProvider {
                 .and_then(|t| t.to_millis().ok())
                 .unwrap_or(0),
             reservation_id: i.capacity_reservation_id().map(str::to_string),
+            launch_fingerprint: Some(tag(LAUNCH_FINGERPRINT_TAG)).filter(|f| !f.is_empty()),
         })
     }
 
@@ -1219,6 +1220,7 @@ impl CloudProvider for AwsProvider {
                     state: InstanceState::Pending,
                     launched_at_ms: now_ms(),
                     reservation_id: None,
+                    launch_fingerprint: request.tags.get(LAUNCH_FINGERPRINT_TAG).cloned(),
                 });
             }
             remaining = remaining.saturating_sub(launched_now);
@@ -1338,6 +1340,60 @@ impl CloudProvider for AwsProvider {
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }
+
+    /// `DescribeLaunchTemplateVersions` of each pool whose launch template version is
+    /// `$Latest` or `$Default`: the version number it resolves to now, with the template's id
+    /// and its image (`lt-0abc version 7 (ami-0def)`). A new default or latest version is what
+    /// drifts the pool's nodes.
+    async fn launch_versions(&self) -> Result<BTreeMap<String, String>, ProviderError> {
+        let mut out = BTreeMap::new();
+        for p in &self.config.pools {
+            let lt = &p.launch_template;
+            if !matches!(lt.version.as_str(), "$Latest" | "$Default") {
+                continue;
+            }
+            let resp = self
+                .call(
+                    "DescribeLaunchTemplateVersions",
+                    &self.limits.describe_instances,
+                    || {
+                        let req = self
+                            .client
+                            .describe_launch_template_versions()
+                            .versions(lt.version.clone());
+                        if lt.is_id() {
+                            req.launch_template_id(lt.id_or_name.clone()).send()
+                        } else {
+                            req.launch_template_name(lt.id_or_name.clone()).send()
+                        }
+                    },
+                )
+                .await
+                .map_err(ApiError::into_provider_error)?;
+            let v =
+                resp.launch_template_versions()
+                    .first()
+                    .ok_or_else(|| ProviderError::NotFound {
+                        id: format!("{} version {}", lt.id_or_name, lt.version),
+                    })?;
+            out.insert(p.name.clone(), launch_version_of(v));
+        }
+        Ok(out)
+    }
+}
+
+/// A launch template version as the fingerprint records it: the template's id, the version's
+/// number, and the image it launches where it names one.
+pub fn launch_version_of(v: &aws_sdk_ec2::types::LaunchTemplateVersion) -> String {
+    let mut s = format!(
+        "{} version {}",
+        v.launch_template_id().unwrap_or_default(),
+        v.version_number().unwrap_or_default()
+    );
+    if let Some(image) = v.launch_template_data().and_then(|d| d.image_id()) {
+        s.push_str(&format!(" ({image})"));
+    }
+    s
 }
 
 /// A reservation as EC2 describes it; `None` without its id, type or zone.

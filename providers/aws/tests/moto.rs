@@ -982,3 +982,128 @@ mod asg {
         assert_eq!(problems, want);
     }
 }
+
+#[tokio::test]
+async fn latest_and_default_launch_template_versions_resolve_to_their_number_and_image() {
+    let (moto, net, _) = setup().await;
+    let client = ec2(&moto.url()).await;
+    let mut c = config(&moto.url(), &net, CLUSTER);
+    let mut latest = c.pools[0].clone();
+    latest.name = "latest".into();
+    latest.launch_template.version = "$Latest".into();
+    let mut fixed = c.pools[0].clone();
+    fixed.name = "fixed".into();
+    fixed.launch_template.version = "1".into();
+    c.pools.push(latest);
+    c.pools.push(fixed);
+    let provider = AwsProvider::new(c).await.unwrap();
+    let versions = provider.launch_versions().await.unwrap();
+    // A fixed version is what the policy says already: only the moving ones are asked.
+    assert_eq!(
+        versions.keys().map(String::as_str).collect::<Vec<_>>(),
+        [POOL, "latest"]
+    );
+    let v1 = versions[POOL].clone();
+    assert_eq!(versions["latest"], v1);
+    assert!(
+        v1.starts_with("lt-") && v1.contains(" version 1 (ami-"),
+        "{v1}"
+    );
+
+    // A new version with another image: `$Latest` moves to it, `$Default` stays.
+    let images = client
+        .describe_images()
+        .owners("amazon")
+        .send()
+        .await
+        .unwrap();
+    let old_image = v1.split(" (").nth(1).unwrap().trim_end_matches(')');
+    let new_image = images
+        .images()
+        .iter()
+        .filter_map(|i| i.image_id())
+        .find(|i| *i != old_image)
+        .expect("moto ships several AMIs")
+        .to_string();
+    client
+        .create_launch_template_version()
+        .launch_template_name(&net.launch_template)
+        .launch_template_data(
+            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                .image_id(&new_image)
+                .build(),
+        )
+        .send()
+        .await
+        .expect("CreateLaunchTemplateVersion");
+    let versions = provider.launch_versions().await.unwrap();
+    assert_eq!(versions[POOL], v1);
+    assert!(
+        versions["latest"].ends_with(&format!(" version 2 ({new_image})")),
+        "{versions:?}"
+    );
+    // It becomes the default: `$Default` moves too.
+    client
+        .modify_launch_template()
+        .launch_template_name(&net.launch_template)
+        .default_version("2")
+        .send()
+        .await
+        .expect("ModifyLaunchTemplate");
+    let versions = provider.launch_versions().await.unwrap();
+    assert_eq!(versions[POOL], versions["latest"]);
+}
+
+#[tokio::test]
+async fn a_launch_template_that_is_gone_is_an_error_of_launch_versions() {
+    let moto = Moto::start();
+    let net = network(&ec2(&moto.url()).await).await;
+    let mut c = config(&moto.url(), &net, CLUSTER);
+    c.pools[0].launch_template.id_or_name = "no-such-template".into();
+    let provider = AwsProvider::new(c).await.unwrap();
+    assert!(provider.launch_versions().await.is_err());
+}
+
+#[tokio::test]
+async fn a_listed_instance_carries_the_launch_fingerprint_it_was_tagged_with() {
+    let (_moto, _net, provider) = setup().await;
+    let mut req = request(
+        "launch-fp",
+        1,
+        &[offering("g5.xlarge", "us-east-1a", OnDemand)],
+    );
+    req.tags.insert(
+        gpu_node_autoscaler_provider::LAUNCH_FINGERPRINT_TAG.into(),
+        "provider=0a1b2c3d labels=00000000".into(),
+    );
+    let r = provider.launch(&req).await.unwrap();
+    assert_eq!(r.launched.len(), 1, "{:?}", r.failures);
+    assert_eq!(
+        r.launched[0].launch_fingerprint.as_deref(),
+        Some("provider=0a1b2c3d labels=00000000")
+    );
+    // A restarted controller lists it with what the launch used.
+    let listed = provider.list(POOL).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].launch_fingerprint.as_deref(),
+        Some("provider=0a1b2c3d labels=00000000")
+    );
+    // One launched without it has none.
+    let r = provider
+        .launch(&request(
+            "launch-bare",
+            1,
+            &[offering("g5.xlarge", "us-east-1a", OnDemand)],
+        ))
+        .await
+        .unwrap();
+    let bare = provider
+        .list(POOL)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|i| i.id == r.launched[0].id)
+        .unwrap();
+    assert_eq!(bare.launch_fingerprint, None);
+}

@@ -255,7 +255,16 @@ pub struct Instance {
     /// The capacity reservation it runs in (`cr-...`), where the cloud says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<String>,
+    /// What its launch used (the launch request's [`LAUNCH_FINGERPRINT_TAG`]), where the cloud
+    /// keeps the launch's tags: a Node registered after the launching process is gone gets it
+    /// from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_fingerprint: Option<String>,
 }
+
+/// The tag a launch request carries with what the launch used (its pool's launch fingerprint);
+/// providers keep it on the instance with the request's other tags.
+pub const LAUNCH_FINGERPRINT_TAG: &str = "gpu-node-autoscaler.io/launch-fingerprint";
 
 /// The outcome of a launch: providers fulfil partially, so both lists may be non-empty.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -316,6 +325,14 @@ pub trait CloudProvider: Send + Sync {
     /// without reservations has none.
     async fn reservations(&self) -> Result<Vec<Reservation>, ProviderError> {
         Ok(Vec::new())
+    }
+    /// What the pools whose launch settings name a version that moves (a launch template's
+    /// `$Latest` or `$Default`) launch now: pool → a text naming the version it resolves to
+    /// (and its image), e.g. `lt-0abc version 7 (ami-0def)`. The core records it with each
+    /// launch, and a node launched under another is drifted. Pools that name a fixed version
+    /// are left out; a provider without moving versions has none.
+    async fn launch_versions(&self) -> Result<BTreeMap<String, String>, ProviderError> {
+        Ok(BTreeMap::new())
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, CloudProvider, Instance, InstanceState, LaunchRequest, LaunchResult,
-    OfferingKey, ProviderError,
+    OfferingKey, ProviderError, LAUNCH_FINGERPRINT_TAG,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
@@ -217,6 +217,7 @@ pub fn instance_of(node: &Node) -> Option<Instance> {
             .as_ref()
             .map_or(0, |t| t.0.as_millisecond()),
         reservation_id: None,
+        launch_fingerprint: annotations.get(LAUNCH_FINGERPRINT_TAG).cloned(),
     })
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use gpu_node_autoscaler_provider::rng::SplitMix64;
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, CloudProvider, Instance, InstanceState, LaunchRequest, LaunchResult,
-    OfferingKey, ProviderError, Reservation,
+    OfferingKey, ProviderError, Reservation, LAUNCH_FINGERPRINT_TAG,
 };
 
 /// Tag carrying the cluster name.
@@ -463,6 +463,7 @@ impl State {
             state: InstanceState::Running,
             launched_at_ms: self.now_ms,
             reservation_id: reservation.clone(),
+            launch_fingerprint: req.tags.get(LAUNCH_FINGERPRINT_TAG).cloned(),
         };
         let mut tags = req.tags.clone();
         tags.insert(TAG_CLUSTER.into(), self.cluster.clone());

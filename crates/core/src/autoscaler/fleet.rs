@@ -341,11 +341,16 @@ pub fn registrations<'a>(
                 reg.remove_taints.push(t.clone());
             }
         }
-        // What its launch used, known for launches issued by this process (a provider that
-        // turns tags into annotations, kwok, has put it there already).
-        if let (false, Some((_, fp))) = (
+        // What its launch used: known for launches issued by this process, else as the cloud
+        // kept it with the instance's tags (a launch of a process gone since); a provider that
+        // turns tags into annotations, kwok, has put it there already.
+        let recorded = fingerprints
+            .get(&i.launch_id)
+            .map(|(_, fp)| fp)
+            .or(i.launch_fingerprint.as_ref());
+        if let (false, Some(fp)) = (
             node.annotations.contains_key(labels::LAUNCH_FINGERPRINT),
-            fingerprints.get(&i.launch_id),
+            recorded,
         ) {
             reg.annotations
                 .insert(labels::LAUNCH_FINGERPRINT.to_string(), fp.clone());
@@ -414,13 +419,19 @@ pub fn node_template_tags(pool: &Pool) -> BTreeMap<String, String> {
 }
 
 /// The launch request for one planned scale-up: the pool's node-template tags, and what the
-/// launch uses ([`crate::plan::lifecycle::fingerprint`]).
-pub fn launch_request(su: &ScaleUp, pool: Option<&Pool>, attempt: u32) -> LaunchRequest {
+/// launch uses ([`crate::plan::lifecycle::fingerprint`]; `launch_version`: what the pool's
+/// moving launch template version resolves to now, where known).
+pub fn launch_request(
+    su: &ScaleUp,
+    pool: Option<&Pool>,
+    launch_version: Option<&str>,
+    attempt: u32,
+) -> LaunchRequest {
     let mut tags = pool.map(node_template_tags).unwrap_or_default();
     if let Some(p) = pool {
         tags.insert(
             labels::LAUNCH_FINGERPRINT.to_string(),
-            crate::plan::lifecycle::fingerprint(p),
+            crate::plan::lifecycle::fingerprint(p, launch_version),
         );
     }
     LaunchRequest {
@@ -457,6 +468,7 @@ mod tests {
             state,
             launched_at_ms: at_s * 1000,
             reservation_id: None,
+            launch_fingerprint: None,
         }
     }
 
@@ -692,6 +704,7 @@ mod registration_tests {
             state,
             launched_at_ms: 0,
             reservation_id: None,
+            launch_fingerprint: None,
         }
     }
 

@@ -95,13 +95,18 @@ impl Autoscaler {
         let mut issued = Vec::with_capacity(plan.scale_ups.len());
         for su in &plan.scale_ups {
             let pool = pass.policy.pool(&su.pool);
+            let version = pass
+                .snapshot
+                .launch_versions
+                .get(&su.pool)
+                .map(String::as_str);
             let mut attempt = 0;
-            let mut req = launch_request(su, pool, attempt);
+            let mut req = launch_request(su, pool, version, attempt);
             while self.fleet.given_up.contains_key(&req.launch_id)
                 || taken.contains(req.launch_id.as_str())
             {
                 attempt += 1;
-                req = launch_request(su, pool, attempt);
+                req = launch_request(su, pool, version, attempt);
             }
             out.push(Action::Count(Count::Planned { pods: pod_keys(su) }));
             let what = describe(su);

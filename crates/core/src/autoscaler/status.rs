@@ -123,6 +123,7 @@ pub fn launched_unlisted_of(status_json: &str) -> Vec<Instance> {
                 state: InstanceState::Pending,
                 launched_at_ms: Time::parse_rfc3339(&l.launched_at).ok()?.0,
                 reservation_id: l.reservation_id,
+                launch_fingerprint: None,
             })
         })
         .collect()

@@ -98,6 +98,8 @@ impl Cloud {
                     // As EC2 says of an instance in a reservation.
                     reservation_id: (k.capacity_type == CapacityType::Reserved)
                         .then(|| "cr-0block".to_string()),
+                    // As EC2 keeps the launch's tags.
+                    launch_fingerprint: req.tags.get(labels::LAUNCH_FINGERPRINT).cloned(),
                 };
                 self.instances.push(i.clone());
                 res.launched.push(i);
@@ -146,6 +148,9 @@ struct Run {
     gpu_xids: Option<BTreeMap<String, Vec<GpuXid>>>,
     /// The account's capacity reservations, as the cloud reports them each pass.
     reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
+    /// What the pools' moving launch template versions resolve to, as the cloud reports it
+    /// each pass.
+    launch_versions: BTreeMap<String, String>,
 }
 
 impl Run {
@@ -172,6 +177,7 @@ impl Run {
             notices: Vec::new(),
             gpu_xids: None,
             reservations: Vec::new(),
+            launch_versions: BTreeMap::new(),
         }
     }
 
@@ -182,6 +188,7 @@ impl Run {
                 pods: self.pods.clone(),
                 nodes: self.nodes.clone(),
                 reservations: self.reservations.clone(),
+                launch_versions: self.launch_versions.clone(),
                 ..Default::default()
             },
             instances: Some(Arc::new(
@@ -277,6 +284,7 @@ impl Run {
             state: InstanceState::Running,
             launched_at_ms: n.created.0,
             reservation_id: None,
+            launch_fingerprint: None,
             id,
         };
         n.provider_id = Some(i.provider_id.clone());
@@ -2404,6 +2412,7 @@ fn orphaned_pool(policy: &str) -> Run {
             state: InstanceState::Running,
             launched_at_ms: (T0 - secs(3600)).0,
             reservation_id: None,
+            launch_fingerprint: None,
         };
         if with_node {
             let mut n = NodeBuilder::new(&format!("node-{id}"))
@@ -2532,6 +2541,7 @@ fn old_instance(run: &mut Run, id: &str) {
         state: InstanceState::Running,
         launched_at_ms: (T0 - secs(3600)).0,
         reservation_id: None,
+        launch_fingerprint: None,
     });
 }
 

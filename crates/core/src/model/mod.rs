@@ -74,7 +74,7 @@ pub mod labels {
     /// What a launch of a pool used (an instance tag, and an annotation on its Node from
     /// registration on): a hash per part of the pool, compared with what the pool would launch
     /// today to find drifted nodes ([`crate::plan::lifecycle`]).
-    pub const LAUNCH_FINGERPRINT: &str = "gpu-node-autoscaler.io/launch-fingerprint";
+    pub const LAUNCH_FINGERPRINT: &str = gpu_node_autoscaler_provider::LAUNCH_FINGERPRINT_TAG;
     /// On an empty on-demand Node of a pool that prefers spot, while its spot is to be had
     /// (NoSchedule): new pods get spot nodes instead of refilling it, and it is removed.
     pub const SPOT_AVAILABLE_TAINT: &str = "gpu-node-autoscaler.io/spot-available";

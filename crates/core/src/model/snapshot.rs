@@ -95,6 +95,11 @@ pub struct Snapshot {
     /// The account's capacity reservations as the cloud last reported them (counts of what can
     /// still be launched into each); the pools that select one plan it as a reserved offering.
     pub reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
+    /// Pool → the launch template version (and image) a moving version (`$Latest`,
+    /// `$Default`) resolves to now, as the cloud last reported it
+    /// ([`gpu_node_autoscaler_provider::CloudProvider::launch_versions`]); part of what a launch
+    /// records and what drift compares ([`crate::plan::lifecycle::fingerprint`]).
+    pub launch_versions: BTreeMap<String, String>,
     pub pools: BTreeMap<String, PoolState>,
     /// DeviceClasses, ResourceSlices and allocated devices (Dynamic Resource Allocation).
     pub dra: super::dra::DraState,

@@ -3,7 +3,9 @@
 //!
 //! What a launch used is recorded as a fingerprint: one short hash per part of the pool that
 //! shapes a node (the provider's section with its launch template and image, the labels, the
-//! taints, the startup taints, the GPU layout), `part=hash` pairs joined by spaces (characters every cloud's tags accept). It is put on
+//! taints, the startup taints, the GPU layout, and what a moving launch template version
+//! (`$Latest`, `$Default`) resolves to, as the provider reported it and the caller passes in),
+//! `part=hash` pairs joined by spaces (characters every cloud's tags accept). It is put on
 //! the instance as a tag and on the Node as an annotation at registration
 //! ([`crate::model::labels::LAUNCH_FINGERPRINT`]). Comparing part by part names what drifted;
 //! a part missing on either side (a fingerprint of an older release) is not compared, and a node
@@ -29,8 +31,9 @@ fn hash(parts: &[&str]) -> String {
     format!("{:08x}", h.finish() & 0xffff_ffff)
 }
 
-/// The parts of a pool that shape the nodes it launches, each as text to hash, in a fixed order.
-fn parts(pool: &Pool) -> Vec<(&'static str, Vec<String>)> {
+/// The parts of a pool that shape the nodes it launches, each as text to hash, in a fixed order
+/// (`version`, the launch template version a moving one resolves to, only when known).
+fn parts(pool: &Pool, launch_version: Option<&str>) -> Vec<(&'static str, Vec<String>)> {
     let taints = |ts: &[crate::model::constraints::Taint]| {
         let mut v: Vec<String> = ts
             .iter()
@@ -54,7 +57,7 @@ fn parts(pool: &Pool) -> Vec<(&'static str, Vec<String>)> {
         gpu.extend(d.attributes.iter().map(|(k, v)| format!("{k}={v:?}")));
         gpu.extend(d.capacity.iter().map(|(k, v)| format!("{k}={v:?}")));
     }
-    vec![
+    let mut parts = vec![
         (
             "provider",
             vec![
@@ -75,12 +78,20 @@ fn parts(pool: &Pool) -> Vec<(&'static str, Vec<String>)> {
         ("taints", taints(&pool.taints)),
         ("startupTaints", taints(&pool.startup_taints)),
         ("gpu", gpu),
-    ]
+    ];
+    if let Some(v) = launch_version {
+        parts.push(("version", vec![v.to_string()]));
+    }
+    parts
 }
 
 /// What `pool` launches today, as the fingerprint recorded on its instances and Nodes.
-pub fn fingerprint(pool: &Pool) -> String {
-    parts(pool)
+/// `launch_version`: what the pool's moving launch template version (`$Latest`, `$Default`)
+/// resolves to now, as the provider reported it
+/// ([`crate::model::Snapshot::launch_versions`]); `None` where the pool names a fixed version
+/// or the provider did not answer (the part is then left out, and not compared).
+pub fn fingerprint(pool: &Pool, launch_version: Option<&str>) -> String {
+    parts(pool, launch_version)
         .iter()
         .map(|(name, text)| {
             let refs: Vec<&str> = text.iter().map(String::as_str).collect();
@@ -102,6 +113,7 @@ fn describe(part: &str) -> &str {
         "taints" => "its taints",
         "startupTaints" => "its startup taints",
         "gpu" => "its GPU layout (MIG, shared GPUs, DRA)",
+        "version" => "the launch template version its $Latest or $Default resolves to",
         other => other,
     }
 }
@@ -185,7 +197,7 @@ mod tests {
     fn launched_under(p: &Pool) -> Node {
         NodeBuilder::new("n")
             .pool("a", "g5.xlarge", "z1")
-            .annotation(labels::LAUNCH_FINGERPRINT, &fingerprint(p))
+            .annotation(labels::LAUNCH_FINGERPRINT, &fingerprint(p, None))
             .build()
     }
 
@@ -194,7 +206,7 @@ mod tests {
         let catalog = Catalog::default();
         let old = pool("");
         let n = launched_under(&old);
-        assert_eq!(drifted(&n, &old, &fingerprint(&old), &catalog), None);
+        assert_eq!(drifted(&n, &old, &fingerprint(&old, None), &catalog), None);
         let cases = [
             ("    labels: {team: ml}\n".to_string(), "its labels"),
             (
@@ -212,7 +224,7 @@ mod tests {
         ];
         for (extra, what) in &cases {
             let new = pool(extra);
-            let why = drifted(&n, &new, &fingerprint(&new), &catalog).expect(what);
+            let why = drifted(&n, &new, &fingerprint(&new, None), &catalog).expect(what);
             assert!(why.contains(what), "{extra}: {why}");
         }
         // A new launch template version: the provider's settings.
@@ -220,7 +232,7 @@ mod tests {
                     g5.2xlarge]\n    maxNodes: 3\n    aws: {launchTemplate: {name: gpu, version: \
                     \"4\"}, subnets: {z1: subnet-1, z2: subnet-2}}\n";
         let v4 = parse_policy(text, "p.yaml").unwrap().pools.remove(0);
-        let why = drifted(&n, &v4, &fingerprint(&v4), &catalog).unwrap();
+        let why = drifted(&n, &v4, &fingerprint(&v4, None), &catalog).unwrap();
         assert!(why.contains("provider settings"), "{why}");
         // An instance type added drifts nothing; the node's own removed, or its zone, does.
         let more = pool("").instance_types.map(|mut t| {
@@ -229,20 +241,25 @@ mod tests {
         });
         let mut wider = old.clone();
         wider.instance_types = more;
-        assert_eq!(drifted(&n, &wider, &fingerprint(&wider), &catalog), None);
+        assert_eq!(
+            drifted(&n, &wider, &fingerprint(&wider, None), &catalog),
+            None
+        );
         let mut narrower = old.clone();
         narrower.instance_types = Some(vec!["g5.2xlarge".into()]);
-        assert!(drifted(&n, &narrower, &fingerprint(&narrower), &catalog)
-            .unwrap()
-            .contains("instance type g5.xlarge"));
+        assert!(
+            drifted(&n, &narrower, &fingerprint(&narrower, None), &catalog)
+                .unwrap()
+                .contains("instance type g5.xlarge")
+        );
         let mut zones = old.clone();
         zones.zones = vec!["z2".into()];
-        assert!(drifted(&n, &zones, &fingerprint(&zones), &catalog)
+        assert!(drifted(&n, &zones, &fingerprint(&zones, None), &catalog)
             .unwrap()
             .contains("zone z1"));
         // Budgets and expiry are not what a node is launched with.
         let budgets = pool("    disruption: {expireAfter: 1h, budgets: [{nodes: 1}]}\n");
-        assert_eq!(fingerprint(&budgets), fingerprint(&old));
+        assert_eq!(fingerprint(&budgets, None), fingerprint(&old, None));
     }
 
     #[test]

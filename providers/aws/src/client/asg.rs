@@ -660,6 +660,8 @@ impl AwsProvider {
                 now_ms()
             },
             reservation_id: None,
+            // A group launches from its own template, not ours: no launch of ours to compare.
+            launch_fingerprint: None,
         }
     }
 

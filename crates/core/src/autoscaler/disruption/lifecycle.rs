@@ -39,6 +39,8 @@ pub struct Due {
     pub held: Option<String>,
     /// Being replaced.
     pub replacing: bool,
+    /// Dry-run: it would be replaced now (nothing holds it).
+    pub would_replace: bool,
 }
 
 impl Due {
@@ -51,6 +53,7 @@ impl Due {
         let state = match (&self.held, self.replacing) {
             (_, true) => "; being replaced".to_string(),
             (Some(h), false) => format!("; kept: {h}"),
+            (None, false) if self.would_replace => "; would be replaced (dry run)".to_string(),
             (None, false) => String::new(),
         };
         format!("{what}: {}{state}", self.why)
@@ -82,7 +85,9 @@ impl LifecycleState {
 
 impl Autoscaler {
     /// Finds the drifted and expired nodes of ours and starts replacing those that nothing
-    /// holds, within the pools' disruption budgets.
+    /// holds, within the pools' disruption budgets. In dry-run they are reported the same way
+    /// (status, `Drifted`/`Expired` Events, the gauge) and those that would be replaced get a
+    /// `DryRunReplaceNode` Event instead; nothing is tainted or replaced.
     pub(in crate::autoscaler) fn replace_drifted_and_expired(
         &mut self,
         pass: &mut Pass,
@@ -94,7 +99,13 @@ impl Autoscaler {
         let today: BTreeMap<&str, String> = policy
             .pools
             .iter()
-            .map(|p| (p.name.as_str(), plan::lifecycle::fingerprint(p)))
+            .map(|p| {
+                let version = pass.snapshot.launch_versions.get(&p.name);
+                (
+                    p.name.as_str(),
+                    plan::lifecycle::fingerprint(p, version.map(String::as_str)),
+                )
+            })
             .collect();
         let mut due_now: BTreeMap<String, Due> = BTreeMap::new();
         let mut next_expiry: Option<Time> = None;
@@ -148,7 +159,9 @@ impl Autoscaler {
                 since,
                 held: None,
                 replacing: false,
+                would_replace: false,
             };
+            let dry_run = self.config.dry_run;
             let busy = self.disruption.replace.replacing.contains_key(&n.name)
                 || self.disruption.drains.contains_key(&n.name)
                 || has_drain_taint(n);
@@ -161,6 +174,7 @@ impl Autoscaler {
             let mut forced = false;
             if let Some(h) = plan::disrupt::held_by(n, &pass.snapshot) {
                 match pool.disruption.termination_grace_period {
+                    Some(g) if now >= since + g && dry_run => {}
                     Some(g) if now >= since + g => {
                         forced = true;
                         out.push(Action::Event(Note {
@@ -225,6 +239,23 @@ impl Autoscaler {
             }
             if let Some(e) = sizes.get_mut(pool.name.as_str()) {
                 e.1 += 1;
+            }
+            if dry_run {
+                if prev.is_none_or(|d| !d.would_replace || d.why != why) {
+                    out.push(Action::Event(Note {
+                        subject: Subject::Node(n.name.clone()),
+                        warning: false,
+                        reason: "DryRunReplaceNode",
+                        action: "Replace",
+                        message: format!(
+                            "would replace {} (pool {}): {why}; dry run, nothing is replaced",
+                            n.name, pool.name
+                        ),
+                    }));
+                }
+                due.would_replace = true;
+                due_now.insert(n.name.clone(), due);
+                continue;
             }
             let cause = match reason {
                 Reason::Expired => replace::Cause::Expired,

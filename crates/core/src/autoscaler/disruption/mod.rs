@@ -31,7 +31,8 @@ use crate::plan::Plan;
 
 /// One way of taking nodes away. Every step has a default that does nothing.
 pub(super) trait Method: Sync {
-    /// Before the pass plans (not in dry-run): start or call off this method's replacements;
+    /// Before the pass plans (not in dry-run, where only drift and expiry are reported): start or
+    /// call off this method's replacements;
     /// their pods are then planned as pending ([`replace::plan_as_moving`]).
     fn before_plan(&self, _a: &mut Autoscaler, _pass: &mut Pass, _out: &mut Vec<Action>) {}
 
@@ -57,6 +58,9 @@ impl Autoscaler {
     /// replaced are planned again as pending. Dry-run replaces nothing.
     pub(super) fn choose_disruptions(&mut self, pass: &mut Pass, out: &mut Vec<Action>) {
         if self.config.dry_run {
+            // Drifted and expired nodes are reported (status, Events, gauge) and what would
+            // be replaced is said; nothing is tainted or replaced.
+            self.replace_drifted_and_expired(pass, out);
             return;
         }
         for m in METHODS {

@@ -36,7 +36,7 @@ fn change_policy(run: &mut Run, text: &str, at: Time) {
 fn nodes_of(policy: &str, n: usize, busy: bool) -> Run {
     let mut run = Run::with_policy(Config::default(), policy);
     let parsed = parse_policy(policy, "policy.yaml").unwrap();
-    let fp = fingerprint(parsed.pool("a10g").unwrap());
+    let fp = fingerprint(parsed.pool("a10g").unwrap(), None);
     for i in 0..n {
         let name = format!("node-{i}");
         run.nodes.push(
@@ -109,7 +109,7 @@ fn a_drifted_node_is_replaced_first_and_drained_once_its_replacement_is_ready_wi
     run.pods[0].phase = crate::model::PodPhase::Running;
     // Registration records what the launch used.
     run.pass(T0 + secs(5));
-    let fp = fingerprint(parse_policy(&old, "p").unwrap().pool("a10g").unwrap());
+    let fp = fingerprint(parse_policy(&old, "p").unwrap().pool("a10g").unwrap(), None);
     assert_eq!(
         run.nodes[0].annotations.get(labels::LAUNCH_FINGERPRINT),
         Some(&fp)
@@ -418,4 +418,155 @@ fn nodes_without_a_launch_fingerprint_are_not_drifted_by_a_changed_pool() {
     assert!(ev[0]
         .message
         .contains("instance type g5.xlarge is no longer"));
+}
+
+/// The fingerprint the last launch request carried.
+fn launched_fingerprint(actions: &[Action]) -> String {
+    launches(actions)
+        .last()
+        .and_then(|r| r.tags.get(labels::LAUNCH_FINGERPRINT))
+        .cloned()
+        .expect("a launch with its fingerprint")
+}
+
+#[test]
+fn a_new_latest_launch_template_version_drifts_the_nodes_launched_under_the_old_one() {
+    let text = policy_with(&[]);
+    let mut run = Run::with_policy(Config::default(), &text);
+    // The pool's `$Latest` resolves to version 1.
+    let v1 = "lt-0abc version 1 (ami-0one)";
+    run.launch_versions.insert("a10g".into(), v1.into());
+    run.pods.push(gpu_pod("p", 1));
+    let a = run.pass(T0);
+    let pool = parse_policy(&text, "p").unwrap().pools.remove(0);
+    let fp = launched_fingerprint(&a);
+    assert_eq!(fp, fingerprint(&pool, Some(v1)));
+    assert_ne!(fp, fingerprint(&pool, None), "the version is recorded");
+    run.register("i-1", 1, T0);
+    run.pods[0].node_name = Some("node-i-1".into());
+    run.pods[0].phase = crate::model::PodPhase::Running;
+    run.pass(T0 + secs(5));
+    assert_eq!(
+        run.nodes[0].annotations.get(labels::LAUNCH_FINGERPRINT),
+        Some(&fp)
+    );
+    assert!(events(&run.pass(T0 + secs(10)), "Drifted").is_empty());
+    // The cloud does not answer for a pass: nothing is judged on the version.
+    run.launch_versions.clear();
+    let a = run.pass(T0 + secs(20));
+    assert!(
+        events(&a, "Drifted").is_empty() && tainted_replacing(&a).is_empty(),
+        "{a:?}"
+    );
+    // A new version is published: `$Latest` resolves to it, and the node is drifted.
+    run.launch_versions
+        .insert("a10g".into(), "lt-0abc version 2 (ami-0two)".into());
+    let a = run.pass(T0 + secs(30));
+    let ev = events(&a, "Drifted");
+    assert_eq!(ev.len(), 1, "{a:?}");
+    assert!(
+        ev[0].message.contains("launch template version"),
+        "{}",
+        ev[0].message
+    );
+    assert_eq!(tainted_replacing(&a), ["node-i-1"]);
+    // Its replacement records the new version.
+    assert_eq!(
+        launched_fingerprint(&a),
+        fingerprint(&pool, Some("lt-0abc version 2 (ami-0two)"))
+    );
+}
+
+#[test]
+fn a_node_registered_after_a_restart_gets_its_launch_fingerprint_from_its_instance_tags() {
+    let text = policy_with(&[]);
+    let mut run = Run::with_policy(Config::default(), &text);
+    run.pods.push(gpu_pod("p", 1));
+    let fp = launched_fingerprint(&run.pass(T0));
+    // The controller restarts before the instance becomes a Node: the new process did not
+    // launch it, the cloud kept the launch's tags.
+    let policy = parse_policy(&text, "policy.yaml").unwrap();
+    let catalog = run.core.catalog().clone();
+    run.core = Autoscaler::new(Config::default());
+    run.core.set_policy(Arc::new(policy), catalog);
+    run.core.restore(None);
+    run.pass(T0 + secs(30));
+    run.register("i-1", 1, T0 + secs(60));
+    assert!(!run.nodes[0]
+        .annotations
+        .contains_key(labels::LAUNCH_FINGERPRINT));
+    run.pass(T0 + secs(65));
+    assert_eq!(
+        run.nodes[0].annotations.get(labels::LAUNCH_FINGERPRINT),
+        Some(&fp)
+    );
+    // And so it is drifted when the pool changes.
+    change_policy(
+        &mut run,
+        &policy_with(&["    labels: {example.com/image: v2}"]),
+        T0 + secs(70),
+    );
+    let a = run.pass(T0 + secs(80));
+    assert_eq!(events(&a, "Drifted").len(), 1, "{a:?}");
+}
+
+#[test]
+fn dry_run_reports_drifted_and_expired_nodes_without_replacing_them() {
+    let old = policy_with(&["    disruption: {expireAfter: 6h}"]);
+    let mut run = nodes_of(&old, 2, true);
+    run.core.config.dry_run = true;
+    run.pass(T0 - secs(10));
+    change_policy(
+        &mut run,
+        &policy_with(&[
+            "    disruption: {expireAfter: 6h}",
+            "    labels: {example.com/image: v2}",
+        ]),
+        T0 - secs(5),
+    );
+    // In dry-run registration changes nothing, and the pass goes on to find them drifted.
+    let a = run.actions.clone();
+    for x in &a {
+        assert!(
+            matches!(
+                x,
+                Action::Event(_) | Action::Log { .. } | Action::Count(_) | Action::Status(_)
+            ),
+            "dry-run acted: {x:?}"
+        );
+    }
+    assert_eq!(events(&a, "Drifted").len(), 2, "{a:?}");
+    // The budget (10 % of 2 nodes, rounded up) lets one go: that one would be replaced.
+    let would = events(&a, "DryRunReplaceNode");
+    assert_eq!(would.len(), 1, "{a:?}");
+    assert!(
+        would[0]
+            .message
+            .contains("would replace node-0 (pool a10g)"),
+        "{}",
+        would[0].message
+    );
+    assert!(a.contains(&Action::Count(Count::NodesDrifted(2))), "{a:?}");
+    let st = status(&a).expect("a status");
+    assert!(
+        st.drifted_nodes["node-0"].ends_with("; would be replaced (dry run)")
+            && st.drifted_nodes["node-1"].ends_with(
+                "kept: the pool's disruption budget for Drifted allows no more nodes now"
+            ),
+        "{st:?}"
+    );
+    // Said once; an expired node is reported as such.
+    let a = run.pass(T0);
+    assert!(
+        events(&a, "Drifted").is_empty() && events(&a, "DryRunReplaceNode").is_empty(),
+        "{a:?}"
+    );
+    let a = run.pass(T0 + secs(3 * 3600));
+    assert!(
+        events(&a, "DryRunReplaceNode").len() == 1 && events(&a, "Expired").len() == 2,
+        "{a:?}"
+    );
+    let a = run.pass(T0 + secs(3 * 3600 + 10));
+    assert!(events(&a, "DryRunReplaceNode").is_empty(), "{a:?}");
+    assert!(tainted_replacing(&run.actions).is_empty());
 }
