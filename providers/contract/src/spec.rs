@@ -125,6 +125,9 @@ pub struct AccountProblems {
     pub account: &'static str,
     /// Every problem found; none when the pools can launch.
     pub problems: Vec<String>,
+    /// The account's capacity reservations, read when a pool lists `reserved` (the caller
+    /// matches them against the pools' selectors); none otherwise.
+    pub reservations: Vec<crate::Reservation>,
 }
 
 /// A check of the spec's pools against the cloud account, under way.
