@@ -246,18 +246,27 @@ fn check_account(
         }
         anyhow::anyhow!("{} {what} {}", lines.len(), file.display())
     };
-    let checked = providers::check_against_account(name, policy, catalog, region, endpoint);
-    if let Ok(found) = &checked {
-        for l in &found.found {
-            println!("{l}");
+    match providers::check_against_account(name, policy, catalog, region, endpoint) {
+        Ok(mut found) => {
+            // Each Auto Scaling group a pool scales, with its template.
+            for l in &found.found {
+                println!("{l}");
+            }
+            // The reservations the pools select, as the account has them now.
+            let (lines, problems) = policy::reservation_report(policy, name, &found.reservations);
+            for l in lines {
+                println!("{l}");
+            }
+            found.problems.extend(problems);
+            if found.problems.is_empty() {
+                Ok(())
+            } else {
+                Err(report(
+                    &format!("problem(s) with the {} account for", found.account),
+                    &found.problems,
+                ))
+            }
         }
-    }
-    match checked {
-        Ok(found) if found.problems.is_empty() => Ok(()),
-        Ok(found) => Err(report(
-            &format!("problem(s) with the {} account for", found.account),
-            &found.problems,
-        )),
         Err(CheckFailed::Spec(errors)) => Err(report("error(s) in", &errors)),
         Err(CheckFailed::Cloud(e)) => Err(anyhow::Error::msg(e)),
     }

@@ -17,6 +17,7 @@ mod kwok;
 mod lifecycle;
 mod prices;
 mod prometheus;
+mod reserved;
 mod support;
 mod topology;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_node_autoscaler_provider::{
-    Catalog, CloudProvider, Instance, LaunchRequest, LaunchResult, ProviderError,
+    Catalog, CloudProvider, Instance, LaunchRequest, LaunchResult, ProviderError, Reservation,
 };
 
 use crate::metrics::Metrics;
@@ -133,6 +133,16 @@ impl CloudProvider for Instrumented {
         )
         .await
     }
+
+    /// Within a listing's time: the reservations are read within the pass, as the instances.
+    async fn reservations(&self) -> Result<Vec<Reservation>, ProviderError> {
+        self.call(
+            "reservations",
+            self.timeouts.list,
+            self.inner.reservations(),
+        )
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -159,6 +169,20 @@ mod tests {
         }
         async fn list(&self, _: &str) -> Result<Vec<Instance>, ProviderError> {
             Ok(Vec::new())
+        }
+        async fn reservations(&self) -> Result<Vec<Reservation>, ProviderError> {
+            Ok(vec![Reservation {
+                id: "cr-0odcr".into(),
+                kind: gpu_node_autoscaler_provider::ReservationKind::Default,
+                instance_type: "g5.xlarge".into(),
+                zone: "us-east-1a".into(),
+                total: 2,
+                available: 1,
+                start_ms: None,
+                end_ms: None,
+                tags: Default::default(),
+                price_per_hour: None,
+            }])
         }
     }
 
@@ -229,8 +253,13 @@ mod tests {
             tags: Default::default(),
         };
         assert!(p.launch(&request).await.is_err());
+        // The account's reservations come through, not the trait's default of none.
+        let r = p.reservations().await.unwrap();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].id, "cr-0odcr");
         let text = metrics.encode();
         for line in [
+            r#"gpu_node_autoscaler_cloud_requests_total{provider="fake",operation="reservations",result="ok"} 1"#,
             r#"gpu_node_autoscaler_cloud_requests_total{provider="fake",operation="list",result="ok"} 2"#,
             r#"gpu_node_autoscaler_cloud_requests_total{provider="fake",operation="terminate",result="ok"} 1"#,
             r#"gpu_node_autoscaler_cloud_requests_total{provider="fake",operation="launch",result="error"} 1"#,

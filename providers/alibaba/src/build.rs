@@ -43,6 +43,7 @@ pub fn check<'a>(spec: &'a ProviderSpec<'a>) -> Checking<'a> {
             .await
             .map_err(|e| CheckFailed::Cloud(format!("Alibaba Cloud: {e}")))?;
         Ok(AccountProblems {
+            reservations: Vec::new(),
             account: "Alibaba Cloud",
             problems,
             found: Vec::new(),

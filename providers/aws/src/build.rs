@@ -7,7 +7,7 @@ use std::sync::Arc;
 use gpu_node_autoscaler_provider::spec::{
     AccountProblems, Building, CheckFailed, Checking, ProviderSpec,
 };
-use gpu_node_autoscaler_provider::CloudProvider;
+use gpu_node_autoscaler_provider::{CapacityType, CloudProvider};
 
 use crate::settings::{AwsPoolSettings, LaunchTemplateBy};
 use crate::{
@@ -34,7 +34,8 @@ pub fn build<'a>(spec: &'a ProviderSpec<'a>) -> Building<'a> {
 }
 
 /// Checks the spec's pools against the account (instance types offered in their zones, subnets,
-/// launch templates): every problem found. The spec needs a region.
+/// launch templates): every problem found, and the account's capacity reservations when a pool
+/// lists `reserved`. The spec needs a region.
 pub fn check<'a>(spec: &'a ProviderSpec<'a>) -> Checking<'a> {
     Box::pin(async move {
         let Some(region) = spec.region.as_deref() else {
@@ -55,10 +56,24 @@ pub fn check<'a>(spec: &'a ProviderSpec<'a>) -> Checking<'a> {
             .await
             .map_err(|e| CheckFailed::Cloud(format!("Auto Scaling: {e}")))?;
         problems.extend(group_problems);
+        // The reservations, where a pool launches into some (DescribeCapacityReservations).
+        let reservations = if spec
+            .pools
+            .iter()
+            .any(|p| p.capacity_types.contains(&CapacityType::Reserved))
+        {
+            provider
+                .reservations()
+                .await
+                .map_err(|e| CheckFailed::Cloud(format!("EC2: {e}")))?
+        } else {
+            Vec::new()
+        };
         Ok(AccountProblems {
             account: "AWS",
             problems,
             found,
+            reservations,
         })
     })
 }

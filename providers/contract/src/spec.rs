@@ -128,6 +128,9 @@ pub struct AccountProblems {
     /// What was found for the pools, for people (e.g. each Auto Scaling group a pool scales and
     /// its template), one line each.
     pub found: Vec<String>,
+    /// The account's capacity reservations, read when a pool lists `reserved` (the caller
+    /// matches them against the pools' selectors); none otherwise.
+    pub reservations: Vec<crate::Reservation>,
 }
 
 /// A check of the spec's pools against the cloud account, under way.

@@ -1,7 +1,7 @@
 //! The provider built from its spec: the catalog's instance types of the kwok pools with their
 //! offerings (prices from the pool's `prices`, else the catalog), the GPU labels of their types,
-//! each pool's startup taints as the taints its Nodes register with, and the GPU resources a
-//! pool's Node advertises.
+//! each pool's startup taints as the taints its Nodes register with, the GPU resources a
+//! pool's Node advertises, and the capacity reservations of the pools' `kwok:` sections.
 
 use std::sync::Arc;
 
@@ -91,6 +91,19 @@ pub fn config_from_spec(spec: &ProviderSpec<'_>) -> Result<KwokConfig, Vec<Strin
         config
             .register_taints
             .insert(pool.name.clone(), pool.startup_taints.clone());
+        // The reservations it declares (one of the account's, however many pools declare it).
+        if let Some(section) = &pool.settings {
+            match crate::settings::reservations(section) {
+                Ok(list) => {
+                    for r in list {
+                        if !config.reservations.iter().any(|x| x.id == r.id) {
+                            config.reservations.push(r);
+                        }
+                    }
+                }
+                Err(e) => errors.push(format!("pool {}: {e}", pool.name)),
+            }
+        }
     }
     if errors.is_empty() {
         Ok(config)

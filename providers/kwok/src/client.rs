@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_node_autoscaler_provider::{
     CapacityType, Catalog, CloudProvider, Instance, InstanceState, LaunchRequest, LaunchResult,
-    OfferingKey, ProviderError, LAUNCH_FINGERPRINT_TAG,
+    OfferingKey, ProviderError, Reservation, LAUNCH_FINGERPRINT_TAG,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
@@ -37,6 +37,37 @@ pub struct KwokConfig {
     /// Resource Allocation driver publishes the GPUs (ResourceSlices). A pool and type not here
     /// advertise the catalog's whole GPUs (`nvidia.com/gpu`, `amd.com/gpu`).
     pub gpu_resources: BTreeMap<(String, String), BTreeMap<String, i64>>,
+    /// The capacity reservations of the pools' `kwok:` sections (each `available` is counted
+    /// from the Nodes launched into it, not read from here).
+    pub reservations: Vec<Reservation>,
+}
+
+/// The wall clock, in ms since the epoch (reservations start and end by it).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// How many more instances `r` takes at `now_ms`, with `used` Nodes in it: none outside its
+/// start and end.
+pub fn reservation_room(r: &Reservation, used: u32, now_ms: i64) -> u32 {
+    if r.active_at(now_ms) {
+        r.total.saturating_sub(used)
+    } else {
+        0
+    }
+}
+
+/// Nodes in each reservation (by id), those being deleted left out (the cloud frees their slot).
+fn used_by_reservation(instances: &[Instance]) -> BTreeMap<String, u32> {
+    let mut used: BTreeMap<String, u32> = BTreeMap::new();
+    for i in instances {
+        if let (Some(r), InstanceState::Running) = (&i.reservation_id, i.state) {
+            *used.entry(r.clone()).or_default() += 1;
+        }
+    }
+    used
 }
 
 /// Nodes as instances, on the API server `client` talks to.
@@ -76,6 +107,7 @@ impl KwokProvider {
         name: &str,
         request: &LaunchRequest,
         offering: &OfferingKey,
+        reservation: Option<&str>,
     ) -> Result<Node, ProviderError> {
         let t = self
             .config
@@ -120,6 +152,9 @@ impl KwokProvider {
             (ANNOTATION_CAPACITY_TYPE, offering.capacity_type.as_str()),
         ] {
             annotations.insert(k.to_string(), v.to_string());
+        }
+        if let Some(r) = reservation {
+            annotations.insert(ANNOTATION_RESERVATION_ID.to_string(), r.to_string());
         }
         let mut capacity = json!({
             "cpu": t.vcpu.to_string(),
@@ -216,7 +251,7 @@ pub fn instance_of(node: &Node) -> Option<Instance> {
             .creation_timestamp
             .as_ref()
             .map_or(0, |t| t.0.as_millisecond()),
-        reservation_id: None,
+        reservation_id: annotations.get(ANNOTATION_RESERVATION_ID).cloned(),
         launch_fingerprint: annotations.get(LAUNCH_FINGERPRINT_TAG).cloned(),
     })
 }
@@ -320,6 +355,24 @@ impl CloudProvider for KwokProvider {
             .collect();
         let taken: BTreeSet<String> = existing.iter().map(|i| i.id.clone()).collect();
         result.launched.extend(existing);
+        // What the reservations hold now: counted from every Node of ours in them.
+        let now = now_ms();
+        let mut used = if request
+            .offerings
+            .iter()
+            .any(|o| o.capacity_type == CapacityType::Reserved)
+        {
+            used_by_reservation(
+                &self
+                    .ours()
+                    .await?
+                    .iter()
+                    .filter_map(instance_of)
+                    .collect::<Vec<_>>(),
+            )
+        } else {
+            BTreeMap::new()
+        };
         let mut index = 0u32;
         for offering in &request.offerings {
             if result.launched.len() as u32 >= request.count {
@@ -335,12 +388,34 @@ impl CloudProvider for KwokProvider {
                 continue;
             }
             while (result.launched.len() as u32) < request.count {
+                // A reserved offering launches into the first reservation of its type and
+                // zone with room; with none, it is short of capacity (that offering only).
+                let reservation = if offering.capacity_type == CapacityType::Reserved {
+                    let room = self.config.reservations.iter().find(|r| {
+                        r.offering() == *offering
+                            && reservation_room(r, used.get(&r.id).copied().unwrap_or(0), now) > 0
+                    });
+                    match room {
+                        Some(r) => Some(r.id.clone()),
+                        None => {
+                            result.failures.push((
+                                offering.clone(),
+                                ProviderError::InsufficientCapacity {
+                                    offering: offering.clone(),
+                                },
+                            ));
+                            break;
+                        }
+                    }
+                } else {
+                    None
+                };
                 let name = node_name(&request.launch_id, index);
                 index += 1;
                 if taken.contains(&name) {
                     continue;
                 }
-                let node = self.node_object(&name, request, offering)?;
+                let node = self.node_object(&name, request, offering, reservation.as_deref())?;
                 let created = match self.nodes.create(&PostParams::default(), &node).await {
                     Ok(n) => n,
                     Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -356,6 +431,9 @@ impl CloudProvider for KwokProvider {
                     }
                 };
                 if let Some(i) = instance_of(&created) {
+                    if let Some(r) = &i.reservation_id {
+                        *used.entry(r.clone()).or_default() += 1;
+                    }
                     result.launched.push(i);
                 }
             }
@@ -390,12 +468,46 @@ impl CloudProvider for KwokProvider {
     }
 
     async fn list(&self, pool: &str) -> Result<Vec<Instance>, ProviderError> {
+        let now = now_ms();
+        let mut out = Vec::new();
+        for i in self.ours().await?.iter().filter_map(instance_of) {
+            if i.pool != pool {
+                continue;
+            }
+            // A reservation that has ended takes its instances back, as the cloud does at a
+            // Capacity Block's end: what still runs there is gone.
+            let ended = i.reservation_id.as_ref().and_then(|id| {
+                self.config
+                    .reservations
+                    .iter()
+                    .find(|r| &r.id == id && r.end_ms.is_some_and(|e| e <= now))
+            });
+            if ended.is_some() {
+                self.terminate(&i.id).await?;
+                continue;
+            }
+            out.push(i);
+        }
+        Ok(out)
+    }
+
+    /// The pools' `kwok:` reservations, each with what is left of it now: its count less the
+    /// Nodes of ours in it, none outside its start and end.
+    async fn reservations(&self) -> Result<Vec<Reservation>, ProviderError> {
+        if self.config.reservations.is_empty() {
+            return Ok(Vec::new());
+        }
+        let instances: Vec<Instance> = self.ours().await?.iter().filter_map(instance_of).collect();
+        let used = used_by_reservation(&instances);
+        let now = now_ms();
         Ok(self
-            .ours()
-            .await?
+            .config
+            .reservations
             .iter()
-            .filter_map(instance_of)
-            .filter(|i| i.pool == pool)
+            .map(|r| Reservation {
+                available: reservation_room(r, used.get(&r.id).copied().unwrap_or(0), now),
+                ..r.clone()
+            })
             .collect())
     }
 }

@@ -12,12 +12,19 @@
 //! is the cluster identity label ([`LABEL_CLUSTER_ID`], the kube-system Namespace UID) and the
 //! cluster name; a Node without both is never listed and never deleted.
 //!
+//! Capacity reservations are declared in the pools' `kwok:` sections ([`settings`]): launches of
+//! `reserved` offerings go into them up to their count (counted from the Nodes launched into
+//! each), and a reservation that has ended takes its Nodes back (deleted at the next listing),
+//! as a cloud takes a Capacity Block's instances back at its end.
+//!
 //! What it does not model: boot time and the device plugin's start (the Node has its GPUs from
 //! creation; kwok's node stages decide when it turns Ready), and capacity shortages beyond the
-//! fixed set of unavailable offerings in [`KwokConfig::unavailable`].
+//! fixed set of unavailable offerings in [`KwokConfig::unavailable`] and the reservations' counts.
 //!
 //! Without the `client` feature (on by default) the crate is its policy part only (`provider:
 //! kwok`), for programs that only read policies.
+
+pub mod settings;
 
 #[cfg(feature = "client")]
 pub mod build;
@@ -37,6 +44,8 @@ pub const ANNOTATION_CLUSTER: &str = "kwok.gpu-node-autoscaler.io/cluster";
 pub const ANNOTATION_POOL: &str = "kwok.gpu-node-autoscaler.io/pool";
 pub const ANNOTATION_LAUNCH_ID: &str = "kwok.gpu-node-autoscaler.io/launch-id";
 pub const ANNOTATION_CAPACITY_TYPE: &str = "kwok.gpu-node-autoscaler.io/capacity-type";
+/// The capacity reservation (of the pools' `kwok.reservations`) a Node was launched into.
+pub const ANNOTATION_RESERVATION_ID: &str = "kwok.gpu-node-autoscaler.io/capacity-reservation-id";
 /// The providerID scheme of the Nodes: `kwok://<node name>`.
 pub const PROVIDER_ID_PREFIX: &str = "kwok://";
 /// Pods a Node admits (the kubelet's default `--max-pods`).
@@ -44,9 +53,9 @@ pub const MAX_PODS: u32 = 110;
 /// The most Nodes one launch creates (a guard against a runaway request).
 pub const MAX_LAUNCH: u32 = 500;
 
-/// The kwok provider's part of the scaling policy: `provider: kwok`, no section of its own.
-pub static POLICY: gpu_node_autoscaler_provider::policy::NameOnly =
-    gpu_node_autoscaler_provider::policy::NameOnly::new("kwok");
+/// The kwok provider's part of the scaling policy: `provider: kwok` and its `kwok:` section
+/// (the capacity reservations the cluster stands in for).
+pub static POLICY: settings::KwokPolicy = settings::KwokPolicy;
 
 /// The kwok provider as the registry lists it.
 pub static PROVIDER: gpu_node_autoscaler_provider::spec::Provider =

@@ -32,7 +32,7 @@ pub const DEFAULT_PROVIDER: &str = "aws";
 pub static NAMES_ONLY: [&dyn ProviderPolicy; 4] = [
     &NameOnly::with_section("aws", "aws"),
     &NameOnly::with_section("alibaba", "alibaba"),
-    &NameOnly::new("kwok"),
+    &NameOnly::with_section("kwok", "kwok"),
     &NameOnly::new("memory"),
 ];
 
@@ -263,6 +263,74 @@ impl Pool {
         self.capacity_types.contains(&CapacityType::Reserved)
             && self.capacity_reservations.iter().any(|s| s.matches(r))
     }
+}
+
+/// The account's reservations as the pools of `provider` select them (`check-policy
+/// --provider`): one line per pool and reservation selected (its type, instance type, zone,
+/// total and available count, start and end), and the problems: a selector that matches no
+/// reservation of the account, a reservation of an instance type or zone the pool does not
+/// launch.
+pub fn reservation_report(
+    policy: &Policy,
+    provider: &str,
+    reservations: &[gpu_node_autoscaler_provider::Reservation],
+) -> (Vec<String>, Vec<String>) {
+    let when = |ms: Option<i64>, none: &str| {
+        ms.map_or(none.to_string(), |t| crate::model::Time(t).to_rfc3339())
+    };
+    let mut lines = Vec::new();
+    let mut problems = Vec::new();
+    for p in policy
+        .pools
+        .iter()
+        .filter(|p| p.provider == provider && p.capacity_types.contains(&CapacityType::Reserved))
+    {
+        for (i, sel) in p.capacity_reservations.iter().enumerate() {
+            let found: Vec<_> = reservations.iter().filter(|r| sel.matches(r)).collect();
+            if found.is_empty() {
+                let what = match sel {
+                    ReservationSelector::Id(id) => format!("no capacity reservation {id}"),
+                    ReservationSelector::Tags(tags) => format!(
+                        "no capacity reservation with the tags {}",
+                        tags.iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                };
+                problems.push(format!(
+                    "pool {}: capacityReservations[{i}]: {what} in the account",
+                    p.name
+                ));
+            }
+            for r in found {
+                lines.push(format!(
+                    "pool {}: reservation {} ({}): {} in {}, {}/{} available, from {} until {}",
+                    p.name,
+                    r.id,
+                    r.kind.as_str(),
+                    r.instance_type,
+                    r.zone,
+                    r.available,
+                    r.total,
+                    when(r.start_ms, "now"),
+                    when(r.end_ms, "no end"),
+                ));
+                let type_out = p
+                    .instance_types
+                    .as_ref()
+                    .is_some_and(|t| !t.contains(&r.instance_type));
+                if type_out || !p.zones.contains(&r.zone) {
+                    problems.push(format!(
+                        "pool {}: capacityReservations[{i}]: reservation {} is {} in {}, which the \
+                         pool does not launch (instanceTypes, zones): it is never used",
+                        p.name, r.id, r.instance_type, r.zone
+                    ));
+                }
+            }
+        }
+    }
+    (lines, problems)
 }
 
 /// A pool's `dra:` section: the driver its nodes run and what the predicted devices carry beyond

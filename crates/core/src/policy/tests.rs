@@ -12,7 +12,7 @@ use gpu_node_autoscaler_aws::settings::{AwsPoolSettings, LaunchTemplate, LaunchT
 static PROVIDERS: &[&dyn ProviderPolicy] = &[
     &gpu_node_autoscaler_aws::settings::POLICY,
     &gpu_node_autoscaler_alibaba::settings::POLICY,
-    &NameOnly::new("kwok"),
+    &NameOnly::with_section("kwok", "kwok"),
     &NameOnly::new("memory"),
 ];
 
@@ -382,6 +382,85 @@ fn reserved_capacity_type_with_capacity_reservations_parses() {
         p.pools[0].capacity_block_drain_lead,
         Duration::from_secs(30 * 60)
     );
+}
+
+#[test]
+fn reservation_report_lists_each_selected_reservation_and_what_matches_none() {
+    use gpu_node_autoscaler_provider::{Reservation, ReservationKind};
+    let p = parse_ok(&one_pool(&[
+        "    capacityTypes: [reserved, on-demand]",
+        "    capacityReservations: [{id: cr-0odcr}, {tags: {team: ml}}, {id: cr-0gone}]",
+    ]));
+    let r = |id: &str, kind, t: &str, zone: &str, tags: &[(&str, &str)]| Reservation {
+        id: id.into(),
+        kind,
+        instance_type: t.into(),
+        zone: zone.into(),
+        total: 4,
+        available: 3,
+        start_ms: None,
+        end_ms: None,
+        tags: tags
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        price_per_hour: None,
+    };
+    let mut block = r(
+        "cr-0block",
+        ReservationKind::CapacityBlock,
+        "g5.xlarge",
+        "us-east-1a",
+        &[("team", "ml")],
+    );
+    block.start_ms = Some(1_796_000_000_000);
+    block.end_ms = Some(1_796_086_400_000);
+    let account = [
+        r(
+            "cr-0odcr",
+            ReservationKind::Default,
+            "g5.xlarge",
+            "us-east-1a",
+            &[],
+        ),
+        block,
+        r(
+            "cr-0other",
+            ReservationKind::Default,
+            "p5.48xlarge",
+            "us-east-1b",
+            &[("team", "ml")],
+        ),
+        r(
+            "cr-0notselected",
+            ReservationKind::Default,
+            "g5.xlarge",
+            "us-east-1a",
+            &[],
+        ),
+    ];
+    let (lines, problems) = reservation_report(&p, "aws", &account);
+    assert_eq!(
+        lines,
+        [
+            "pool a: reservation cr-0odcr (default): g5.xlarge in us-east-1a, 3/4 available, \
+             from now until no end",
+            "pool a: reservation cr-0block (capacity-block): g5.xlarge in us-east-1a, 3/4 \
+             available, from 2026-11-30T00:53:20Z until 2026-12-01T00:53:20Z",
+            "pool a: reservation cr-0other (default): p5.48xlarge in us-east-1b, 3/4 available, \
+             from now until no end",
+        ]
+    );
+    assert_eq!(
+        problems,
+        [
+            "pool a: capacityReservations[1]: reservation cr-0other is p5.48xlarge in \
+             us-east-1b, which the pool does not launch (instanceTypes, zones): it is never used",
+            "pool a: capacityReservations[2]: no capacity reservation cr-0gone in the account",
+        ]
+    );
+    // Another provider's pools are not this provider's to report.
+    assert_eq!(reservation_report(&p, "kwok", &account), (vec![], vec![]));
 }
 
 #[test]
@@ -1175,7 +1254,7 @@ fn provider_sections_are_listed_for_a_pools_own_fields_only() {
         "    maxNode: 3",
     ]));
     let msg = &pool_level.errors[0].message;
-    assert!(msg.ends_with("`aws`, `alibaba`"), "{msg}");
+    assert!(msg.ends_with("`aws`, `alibaba`, `kwok`"), "{msg}");
     let nested = parse_err(&yaml(&[
         "zones: [us-east-1a]",
         "pools:",

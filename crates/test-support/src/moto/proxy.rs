@@ -1,12 +1,15 @@
 //! A fault-injecting HTTP/1.1 relay between the SDK and moto, for what moto cannot produce:
 //! throttling (`RequestLimitExceeded`), an API failing (`InternalError`), errors for one subnet's
 //! offerings (insufficient capacity, quotas, ...), partial fulfilment of spot fleets, and spot
-//! prices that change (moto answers `DescribeSpotPriceHistory` with one fixed price). It rewrites
-//! `CreateFleet` requests and responses into the shapes EC2 documents, and the prices of
-//! `DescribeSpotPriceHistory` responses. For Auto Scaling, whose scaling activities moto never
-//! fails (its `DescribeScalingActivities` always answers none), it fails the launches of chosen
-//! groups: their `SetDesiredCapacity` is answered without reaching moto (no instance is
-//! launched, the desired capacity stays) and a `Failed` activity is recorded, which
+//! prices that change (moto answers `DescribeSpotPriceHistory` with one fixed price), and the
+//! account's capacity reservations (moto implements no capacity reservation call: the relay
+//! answers `DescribeCapacityReservations` itself, in EC2's documented shape, from what the test
+//! set with [`FaultProxy::set_capacity_reservations`]). It rewrites `CreateFleet` requests and
+//! responses into the shapes EC2 documents, and the prices of `DescribeSpotPriceHistory`
+//! responses. For Auto Scaling, whose scaling activities moto never fails (its
+//! `DescribeScalingActivities` always answers none), it fails the launches of chosen groups:
+//! their `SetDesiredCapacity` is answered without reaching moto (no instance is launched, the
+//! desired capacity stays) and a `Failed` activity is recorded, which
 //! `DescribeScalingActivities` for the group answers. Everything else passes through unchanged.
 
 use std::collections::BTreeMap;
@@ -40,6 +43,99 @@ struct Faults {
     desired: Vec<(String, u32)>,
     /// Every action seen, in order.
     calls: Vec<String>,
+    /// What `DescribeCapacityReservations` answers (moto has no such call).
+    capacity_reservations: Vec<FakeReservation>,
+}
+
+/// A capacity reservation as `DescribeCapacityReservations` describes it (EC2's field names).
+#[derive(Clone, Debug, Default)]
+pub struct FakeReservation {
+    pub id: String,
+    /// `default` or `capacity-block` (`reservationType`).
+    pub reservation_type: String,
+    pub instance_type: String,
+    pub zone: String,
+    pub total: u32,
+    pub available: u32,
+    /// `active` or `scheduled` (the states the provider asks for), or another.
+    pub state: String,
+    /// ISO 8601 times, as EC2 writes them.
+    pub start: Option<String>,
+    pub end: Option<String>,
+    pub tags: Vec<(String, String)>,
+}
+
+impl FakeReservation {
+    fn xml(&self) -> String {
+        let opt = |tag: &str, v: &Option<String>| {
+            v.as_ref()
+                .map(|v| format!("<{tag}>{v}</{tag}>"))
+                .unwrap_or_default()
+        };
+        let tags: String = self
+            .tags
+            .iter()
+            .map(|(k, v)| format!("<item><key>{k}</key><value>{v}</value></item>"))
+            .collect();
+        format!(
+            "<item><capacityReservationId>{id}</capacityReservationId>\
+             <ownerId>123456789012</ownerId><instanceType>{t}</instanceType>\
+             <instancePlatform>Linux/UNIX</instancePlatform><availabilityZone>{z}</availabilityZone>\
+             <tenancy>default</tenancy><totalInstanceCount>{total}</totalInstanceCount>\
+             <availableInstanceCount>{available}</availableInstanceCount><state>{state}</state>\
+             {start}{end}<endDateType>{end_type}</endDateType>\
+             <instanceMatchCriteria>{criteria}</instanceMatchCriteria>\
+             <reservationType>{kind}</reservationType><tagSet>{tags}</tagSet></item>",
+            id = self.id,
+            t = self.instance_type,
+            z = self.zone,
+            total = self.total,
+            available = self.available,
+            state = self.state,
+            start = opt("startDate", &self.start),
+            end = opt("endDate", &self.end),
+            end_type = if self.end.is_some() { "limited" } else { "unlimited" },
+            criteria = if self.reservation_type == "capacity-block" {
+                "targeted"
+            } else {
+                "open"
+            },
+            kind = self.reservation_type,
+        )
+    }
+}
+
+/// `DescribeCapacityReservations`' answer: the reservations in the states its `state` filter
+/// asks for (every one without a filter).
+fn describe_capacity_reservations(params: &[(String, String)], all: &[FakeReservation]) -> String {
+    let mut states: Vec<&str> = Vec::new();
+    let mut n = 1;
+    while let Some((_, name)) = params
+        .iter()
+        .find(|(k, _)| *k == format!("Filter.{n}.Name"))
+    {
+        if name == "state" {
+            let prefix = format!("Filter.{n}.Value.");
+            states.extend(
+                params
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&prefix))
+                    .map(|(_, v)| v.as_str()),
+            );
+        }
+        n += 1;
+    }
+    let items: String = all
+        .iter()
+        .filter(|r| states.is_empty() || states.contains(&r.state.as_str()))
+        .map(FakeReservation::xml)
+        .collect();
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeCapacityReservationsResponse \
+         xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>fault-proxy</requestId>\
+         <capacityReservationSet>{items}</capacityReservationSet>\
+         </DescribeCapacityReservationsResponse>"
+    )
 }
 
 /// The proxy; it serves until the test's runtime ends.
@@ -125,6 +221,11 @@ impl FaultProxy {
         let mut f = self.faults.lock().unwrap();
         f.hold.clear();
         f.hold_every.clear();
+    }
+
+    /// The account's capacity reservations, as `DescribeCapacityReservations` answers them.
+    pub fn set_capacity_reservations(&self, reservations: Vec<FakeReservation>) {
+        self.faults.lock().unwrap().capacity_reservations = reservations;
     }
 
     /// Spot fleets launch at most `n` instances; the rest fail for lack of capacity.
@@ -627,6 +728,11 @@ async fn handle(
             (Vec::new(), true)
         }
     };
+    if action == "DescribeCapacityReservations" {
+        let all = faults.lock().unwrap().capacity_reservations.clone();
+        let xml = describe_capacity_reservations(&params, &all);
+        return Ok(response(200, "OK", "text/xml", xml.as_bytes()));
+    }
     if action == "DescribeSpotPriceHistory" {
         let (code, reason, ct, rbody) = forward(head, &body, upstream).await?;
         let prices = faults.lock().unwrap().spot_prices.clone();
