@@ -291,11 +291,11 @@ impl Drop for Kueue {
     }
 }
 
-fn job(name: &str) -> String {
+fn job(name: &str, pods: u32) -> String {
     format!(
         "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\n  namespace: team\n\
          \x20 labels:\n    kueue.x-k8s.io/queue-name: team-queue\n\
-         spec:\n  suspend: true\n  parallelism: 2\n  completions: 2\n  template:\n    spec:\n\
+         spec:\n  suspend: true\n  parallelism: {pods}\n  completions: {pods}\n  template:\n    spec:\n\
          \x20     restartPolicy: Never\n\
          \x20     tolerations:\n      - {{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}\n\
          \x20     containers:\n      - name: main\n        image: cuda:12\n        resources:\n\
@@ -313,14 +313,14 @@ spec:\n  controllerName: kueue.x-k8s.io/provisioning-request\n\
 ---\napiVersion: kueue.x-k8s.io/v1beta2\nkind: ClusterQueue\nmetadata:\n  name: gpu\n\
 spec:\n  namespaceSelector: {}\n  resourceGroups:\n\
 \x20 - coveredResources: [cpu, memory, nvidia.com/gpu]\n    flavors:\n    - name: gpu\n      resources:\n\
-\x20     - {name: cpu, nominalQuota: 64}\n      - {name: memory, nominalQuota: 512Gi}\n\
-\x20     - {name: nvidia.com/gpu, nominalQuota: 16}\n\
+\x20     - {name: cpu, nominalQuota: 128}\n      - {name: memory, nominalQuota: 512Gi}\n\
+\x20     - {name: nvidia.com/gpu, nominalQuota: 32}\n\
 \x20 admissionChecksStrategy:\n    admissionChecks:\n    - name: gpu-capacity\n\
 ---\napiVersion: kueue.x-k8s.io/v1beta2\nkind: LocalQueue\nmetadata:\n  name: team-queue\n  namespace: team\n\
 spec:\n  clusterQueue: gpu\n";
 
 #[test]
-fn kueue_admits_a_two_gpu_node_job_once_its_provisioning_request_gets_nodes_in_one_zone() {
+fn kueue_admits_a_two_gpu_node_job_once_its_nodes_are_up_in_one_zone_and_not_one_too_big() {
     let mut env = kwok_env("kueue");
     let crds = kueue_dir().join("crds");
     for f in std::fs::read_dir(&crds).unwrap() {
@@ -375,7 +375,7 @@ fn kueue_admits_a_two_gpu_node_job_once_its_provisioning_request_gets_nodes_in_o
     });
 
     // The job waits, suspended, for its ProvisioningRequest, which Kueue writes and we serve.
-    env.create(&job("train"));
+    env.create(&job("train", 2));
     let request = env.wait_for(
         "Kueue's ProvisioningRequest to be Provisioned",
         4 * MIN,
@@ -448,5 +448,37 @@ fn kueue_admits_a_two_gpu_node_job_once_its_provisioning_request_gets_nodes_in_o
     let distinct: std::collections::BTreeSet<&String> = ran.iter().map(|(_, n)| n).collect();
     assert_eq!(distinct.len(), 2, "one pod per node: {ran:?}");
     assert_eq!(env.pool_nodes().len(), 2, "nothing more launched");
+
+    // A job of three more 4-GPU pods: the pool (4 nodes at most) has room for two. Kueue's
+    // request for it gets Failed, nothing is launched, and the job is not admitted.
+    env.create(&job("too-big", 3));
+    let failed = env.wait_for(
+        "Kueue's request for the big job to be Failed",
+        4 * MIN,
+        || {
+            let list = env.get_json(&["get", "provisioningrequest", "-n", "team"]);
+            list["items"].as_array()?.iter().find_map(|r| {
+                r["metadata"]["name"]
+                    .as_str()?
+                    .contains("too-big")
+                    .then(|| condition(r, "Failed"))
+                    .flatten()
+                    .filter(|c| c["status"] == "True")
+            })
+        },
+    );
+    assert_eq!(failed["reason"], "CapacityIsNotFound", "{failed}");
+    // Two passes later still nothing launched, and the job still suspended.
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(
+        env.pool_nodes().len(),
+        2,
+        "nothing launched for the big job"
+    );
+    let j = env.get_json(&["get", "job", "-n", "team", "too-big"]);
+    assert_eq!(
+        j["spec"]["suspend"], true,
+        "the big job is not admitted: {j}"
+    );
     assert!(kueue.exited().is_none(), "kueue still runs");
 }
