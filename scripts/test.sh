@@ -61,6 +61,12 @@ export GNA_HELM_BIN
 # module proxy into the cache (once).
 GNA_PROMETHEUS_ADAPTER_BIN="$(bash scripts/prometheus-adapter.sh)"
 export GNA_PROMETHEUS_ADAPTER_BIN
+# The real Kueue manager (run by the Kueue e2e, tests/e2e/kueue.rs) and the CRDs of the
+# ProvisioningRequest and Kueue tests: Kueue built pinned from the Go module proxy, the
+# ProvisioningRequest CRD copied from the Cluster Autoscaler's `apis` module at the version Kueue
+# pins, through the Go module cache (once).
+GNA_KUEUE_DIR="$(bash scripts/kueue.sh | tail -1)"
+export GNA_KUEUE_DIR
 # Karpenter's kwok provider, for the harness's smoke (simulations/anchors/tests/smoke.rs); pinned
 # and cached like the control plane. The Cluster Autoscaler is not built here: the Go module proxy
 # refuses its releases (docs/kwok.md).

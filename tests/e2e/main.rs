@@ -13,6 +13,7 @@ mod faults;
 mod helm;
 mod hpa;
 mod kube_proxy;
+mod kueue;
 mod kwok;
 mod lifecycle;
 mod prices;

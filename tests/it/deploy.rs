@@ -643,6 +643,19 @@ fn rbac_is_least_privilege() {
         ("core", "persistentvolumeclaims", "list watch", ""),
         ("core", "persistentvolumes", "list watch", ""),
         ("storage.k8s.io", "storageclasses", "list watch", ""),
+        (
+            "autoscaling.x-k8s.io",
+            "provisioningrequests",
+            "list watch",
+            "",
+        ),
+        (
+            "autoscaling.x-k8s.io",
+            "provisioningrequests/status",
+            "patch",
+            "",
+        ),
+        ("core", "podtemplates", "list watch", ""),
         ("events.k8s.io", "events", "create patch", ""),
         ("core", "namespaces", "get", "kube-system"),
     ]);

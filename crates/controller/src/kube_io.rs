@@ -113,6 +113,83 @@ pub fn dra_apis(client: &Client) -> Vec<(Kind, Api<kube::api::DynamicObject>)> {
         .collect()
 }
 
+const PROVISIONING_API_VERSION: &str = "autoscaling.x-k8s.io/v1";
+
+/// Whether the API server serves ProvisioningRequests (`autoscaling.x-k8s.io/v1`, a CRD the
+/// cluster installs): asked once at start.
+pub async fn serves_provisioning(client: &Client) -> Result<bool, kube::Error> {
+    match client
+        .list_api_group_resources(PROVISIONING_API_VERSION)
+        .await
+    {
+        Ok(list) => Ok(list
+            .resources
+            .iter()
+            .any(|r| r.name == "provisioningrequests")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn provisioning_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: "autoscaling.x-k8s.io".into(),
+        version: "v1".into(),
+        api_version: PROVISIONING_API_VERSION.into(),
+        kind: "ProvisioningRequest".into(),
+        plural: "provisioningrequests".into(),
+    }
+}
+
+/// ProvisioningRequests in every namespace, as dynamic objects (the store takes JSON).
+pub fn provisioning_api(client: &Client) -> Api<kube::api::DynamicObject> {
+    Api::all_with(client.clone(), &provisioning_resource())
+}
+
+/// Writes a ProvisioningRequest's conditions (the whole list: the status subresource, merge
+/// patch). A request deleted meanwhile is not an error.
+pub async fn write_provisioning_conditions(
+    client: &Client,
+    update: &gpu_node_autoscaler_core::provisioning::Update,
+) -> Result<(), kube::Error> {
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &update.namespace, &provisioning_resource());
+    let conditions: Vec<serde_json::Value> = update
+        .conditions
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "type": c.kind,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": c.since.to_rfc3339(),
+                "observedGeneration": c.observed_generation,
+            })
+        })
+        .collect();
+    let patch = serde_json::json!({"status": {"conditions": conditions}});
+    match api
+        .patch_status(&update.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn provisioning_request_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(PROVISIONING_API_VERSION.into()),
+        kind: Some("ProvisioningRequest".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: (!uid.is_empty()).then(|| uid.to_string()),
+        ..Default::default()
+    }
+}
+
 fn to_json<K: Serialize>(o: &K) -> serde_json::Value {
     serde_json::to_value(o).unwrap_or(serde_json::Value::Null)
 }

@@ -311,6 +311,29 @@ async fn run_async(args: RunArgs) -> Result<()> {
         state.lock().unwrap().without_dra(wall_now());
     }
 
+    // ProvisioningRequests (Kueue's provisioning admission check, the Cluster Autoscaler's
+    // API) and the PodTemplates they name, when the cluster has their CRD.
+    if kube_io::serves_provisioning(&client)
+        .await
+        .context("asking the API server whether it serves autoscaling.x-k8s.io/v1")?
+    {
+        tokio::spawn(kube_io::watch_into(
+            kube_io::provisioning_api(&watch_client),
+            watcher::Config::default(),
+            Kind::ProvisioningRequest,
+            state.clone(),
+        ));
+        tokio::spawn(kube_io::watch_into(
+            Api::<k8s_openapi::api::core::v1::PodTemplate>::all(watch_client.clone()),
+            watcher::Config::default(),
+            Kind::PodTemplate,
+            state.clone(),
+        ));
+    } else {
+        info!("the API server does not serve autoscaling.x-k8s.io/v1: ProvisioningRequests are not watched");
+        state.lock().unwrap().without_provisioning(wall_now());
+    }
+
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     health
@@ -366,6 +389,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         waiting: None,
         decided_at: None,
         reacted: HashSet::new(),
+        request_pods: HashMap::new(),
         queue: None,
         notices: BTreeMap::new(),
         http: reqwest::Client::new(),
@@ -450,6 +474,10 @@ struct Controller {
     decided_at: Option<Time>,
     /// Pods whose reaction time was recorded.
     reacted: HashSet<String>,
+    /// The pods of the last pass made from ProvisioningRequests (`namespace/name`) → the
+    /// request's namespace, name and UID: no such pod exists, so nothing is nominated for them
+    /// and their Events are the request's.
+    request_pods: HashMap<String, (String, String, String)>,
     /// The policy's interruption queue (`interruptionQueue`), when set.
     queue: Option<Arc<dyn InterruptionSource>>,
     /// Notices received and not acknowledged yet: message id → (receipt, notice).
@@ -1190,8 +1218,8 @@ impl Controller {
         let launch_versions = self.list_launch_versions().await;
         self.beat();
         let now = wall_now();
-        let (mut snapshot, other_provider_ids) = {
-            let s = self.state.lock().unwrap();
+        let (mut snapshot, other_provider_ids, (requests, bad_requests)) = {
+            let mut s = self.state.lock().unwrap();
             self.reacted.retain(|k| s.pods.items.contains_key(k));
             (
                 s.snapshot(Vec::new()),
@@ -1199,11 +1227,54 @@ impl Controller {
                     .values()
                     .cloned()
                     .collect::<Vec<_>>(),
+                s.provisioning_requests(),
             )
         };
         snapshot.reservations = reservations;
         snapshot.launch_versions = launch_versions;
         self.publish_pending_gauges(&snapshot, now);
+        for (key, why) in bad_requests {
+            warn!(request = %key, "ProvisioningRequest not understood: {why}");
+        }
+        let assessment = self.core.assess_provisioning(&snapshot, &requests, now);
+        self.request_pods = assessment
+            .inject
+            .iter()
+            .filter_map(|p| {
+                let name = p
+                    .annotations
+                    .get(gpu_node_autoscaler_core::provisioning::REQUEST_ANNOTATION)?;
+                let uid = requests
+                    .iter()
+                    .find(|r| r.namespace == p.id.namespace && &r.name == name)
+                    .map_or_else(String::new, |r| r.uid.clone());
+                Some((
+                    p.id.to_string(),
+                    (p.id.namespace.clone(), name.clone(), uid),
+                ))
+            })
+            .collect();
+        if !assessment.inject.is_empty() {
+            snapshot = assessment.snapshot(&snapshot);
+        }
+        // The requests' conditions are the leader's to write, and not in dry-run (nothing is
+        // launched for them there).
+        if self.args.dry_run {
+            for u in &assessment.updates {
+                let c: Vec<String> = u
+                    .conditions
+                    .iter()
+                    .map(|c| format!("{}={} ({})", c.kind, c.status, c.reason))
+                    .collect();
+                info!(request = %format!("{}/{}", u.namespace, u.name), "dry-run: ProvisioningRequest conditions not written: {}", c.join(", "));
+            }
+        } else if self.elector.is_leader() {
+            for u in &assessment.updates {
+                if let Err(e) = kube_io::write_provisioning_conditions(&self.client, u).await {
+                    warn!(request = %format!("{}/{}", u.namespace, u.name), "writing the ProvisioningRequest's conditions: {e}");
+                }
+            }
+        }
         self.read_queue().await;
         self.beat();
         let gpu_xids = self.read_gpu_metrics().await;
@@ -1405,6 +1476,8 @@ impl Controller {
                         warn!(message = %message_id, "interruption queue: {e}");
                     }
                 }
+                // A pod made from a ProvisioningRequest does not exist: its node is booked.
+                Action::Nominate { pod, .. } if self.request_pods.contains_key(&pod) => {}
                 Action::Nominate { pod, uid, node } => nominations.push((pod, uid, node)),
                 Action::Annotate { node, key, value } => {
                     let api: Api<K8sNode> = Api::all(self.client.clone());
@@ -1419,7 +1492,12 @@ impl Controller {
                             namespace,
                             name,
                             uid,
-                        } => pod_ref(namespace, name, uid),
+                        } => match self.request_pods.get(&format!("{namespace}/{name}")) {
+                            Some((ns, request, uid)) => {
+                                kube_io::provisioning_request_ref(ns, request, uid)
+                            }
+                            None => pod_ref(namespace, name, uid),
+                        },
                         Subject::Node(n) => node_ref(n),
                         Subject::Pool(_) => self.policy_ref(),
                     },

@@ -162,6 +162,10 @@ pub struct ClusterState {
     pub volume_claims: KindStore<volumes::Claim>,
     pub volumes: KindStore<volumes::Volume>,
     pub storage_classes: KindStore<volumes::StorageClass>,
+    /// ProvisioningRequests and PodTemplates by `namespace/name`, as objects without
+    /// `metadata.managedFields` (converted in each pass, see [`ClusterState::provisioning_requests`]).
+    pub provisioning_requests: KindStore<Value>,
+    pub pod_templates: KindStore<Value>,
     /// When each pending GPU pod was first seen unschedulable (for the reaction-time metric and
     /// the batching window).
     pub unschedulable_since: HashMap<String, Time>,
@@ -175,6 +179,14 @@ pub struct ClusterState {
     /// registered all the same (never taken for launches that did not come up).
     pub rejected_provider_ids: HashMap<String, String>,
     converter: Converter,
+}
+
+/// An object without `metadata.managedFields`.
+fn slim(mut v: Value) -> Value {
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
+    v
 }
 
 /// The key of the policy ConfigMap that holds the policy.
@@ -194,10 +206,12 @@ pub enum Kind {
     PersistentVolumeClaim,
     PersistentVolume,
     StorageClass,
+    ProvisioningRequest,
+    PodTemplate,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Pod,
         Kind::Node,
         Kind::Pdb,
@@ -209,7 +223,12 @@ impl Kind {
         Kind::PersistentVolumeClaim,
         Kind::PersistentVolume,
         Kind::StorageClass,
+        Kind::ProvisioningRequest,
+        Kind::PodTemplate,
     ];
+
+    /// ProvisioningRequests (`autoscaling.x-k8s.io/v1`) and the PodTemplates their pod sets name.
+    pub const PROVISIONING: [Kind; 2] = [Kind::ProvisioningRequest, Kind::PodTemplate];
 
     /// The kinds of `resource.k8s.io/v1` (Dynamic Resource Allocation).
     pub const DRA: [Kind; 4] = [
@@ -232,6 +251,8 @@ impl Kind {
             Kind::PersistentVolumeClaim => "persistentvolumeclaims",
             Kind::PersistentVolume => "persistentvolumes",
             Kind::StorageClass => "storageclasses",
+            Kind::ProvisioningRequest => "provisioningrequests",
+            Kind::PodTemplate => "podtemplates",
         }
     }
 }
@@ -254,6 +275,8 @@ impl ClusterState {
             Kind::PersistentVolumeClaim => self.volume_claims.synced,
             Kind::PersistentVolume => self.volumes.synced,
             Kind::StorageClass => self.storage_classes.synced,
+            Kind::ProvisioningRequest => self.provisioning_requests.synced,
+            Kind::PodTemplate => self.pod_templates.synced,
         }
     }
 
@@ -264,6 +287,46 @@ impl ClusterState {
             self.apply(kind, WatchEvent::Init, now);
             self.apply(kind, WatchEvent::InitDone, now);
         }
+    }
+
+    /// For an API server that does not serve ProvisioningRequests: those stores are complete and
+    /// empty (nothing can ask for capacity that way there).
+    pub fn without_provisioning(&mut self, now: Time) {
+        for kind in Kind::PROVISIONING {
+            self.apply(kind, WatchEvent::Init, now);
+            self.apply(kind, WatchEvent::InitDone, now);
+        }
+    }
+
+    /// The ProvisioningRequests, converted with the PodTemplates they name, sorted by key; those
+    /// that are not ProvisioningRequests at all are left out (their keys and why in the second
+    /// list).
+    pub fn provisioning_requests(
+        &mut self,
+    ) -> (
+        Vec<gpu_node_autoscaler_core::provisioning::ProvisioningRequest>,
+        Vec<(String, String)>,
+    ) {
+        let templates: BTreeMap<String, Value> = self
+            .pod_templates
+            .items
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut keys: Vec<&String> = self.provisioning_requests.items.keys().collect();
+        keys.sort();
+        let mut out = Vec::new();
+        let mut bad = Vec::new();
+        for k in keys {
+            match self
+                .converter
+                .provisioning_request(&self.provisioning_requests.items[k], &templates)
+            {
+                Ok(r) => out.push(r),
+                Err(e) => bad.push((k.clone(), e)),
+            }
+        }
+        (out, bad)
     }
 
     /// Applies one watch event of `kind` seen at `now`.
@@ -386,6 +449,14 @@ impl ClusterState {
             Kind::StorageClass => {
                 let conv = &mut self.converter;
                 self.storage_classes.apply(event, |v| conv.storage_class(v));
+            }
+            // Kept as objects (few, and converted together in each pass), without what no
+            // pass reads.
+            Kind::ProvisioningRequest => {
+                self.provisioning_requests.apply(event, |v| Ok(slim(v)));
+            }
+            Kind::PodTemplate => {
+                self.pod_templates.apply(event, |v| Ok(slim(v)));
             }
         }
     }
@@ -682,6 +753,7 @@ mod tests {
     fn pods_claims_are_joined_with_the_dra_stores_in_the_snapshot() {
         let mut s = ClusterState::default();
         s.without_dra(Time(0));
+        s.without_provisioning(Time(0));
         for k in [
             Kind::Pod,
             Kind::Node,

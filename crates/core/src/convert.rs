@@ -1042,7 +1042,10 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
 }
 
 mod dra;
+mod provisioning;
 mod volumes;
+
+pub use provisioning::VALID_UNTIL_SECONDS;
 
 #[cfg(test)]
 mod tests;

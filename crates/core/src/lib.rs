@@ -18,6 +18,7 @@ pub mod model;
 pub mod plan;
 pub mod policy;
 pub mod prices;
+pub mod provisioning;
 pub mod yaml;
 
 pub use gpu_node_autoscaler_provider as provider;

@@ -509,6 +509,24 @@ impl Autoscaler {
         &self.catalog
     }
 
+    /// What the ProvisioningRequests of a pass call for under the policy in force (see
+    /// [`crate::provisioning::assess`]): the executor plans the pass with
+    /// [`crate::provisioning::Assessment::snapshot`] and writes the updates. Without a policy,
+    /// nothing.
+    pub fn assess_provisioning(
+        &self,
+        snapshot: &Snapshot,
+        requests: &[crate::provisioning::ProvisioningRequest],
+        now: Time,
+    ) -> crate::provisioning::Assessment {
+        match (&self.policy, &self.templates) {
+            (Some(policy), Some(templates)) if !requests.is_empty() => {
+                crate::provisioning::assess(snapshot, templates, policy, requests, now)
+            }
+            _ => Default::default(),
+        }
+    }
+
     /// Whether the last leader's history must be read (with [`Autoscaler::restore`]) before
     /// the next pass decides anything.
     pub fn needs_restore(&self) -> bool {
