@@ -1,15 +1,16 @@
-//! The AWS [`CloudProvider`]: EC2 `CreateFleet` (type `instant`) for launches, the `Describe*`
-//! APIs for the catalog, tags for finding our instances again after a restart. Pools backed by
-//! existing Auto Scaling groups (`aws.autoScalingGroups`) are grown with `SetDesiredCapacity` and
-//! shrunk with `TerminateInstanceInAutoScalingGroup` instead ([`groups`] decides, the client's
-//! `asg` module calls).
+//! The AWS [`CloudProvider`](gpu_node_autoscaler_provider::CloudProvider): EC2 `CreateFleet`
+//! (type `instant`) for launches, the `Describe*` APIs for the catalog, tags for finding our
+//! instances again after a restart. Pools backed by existing Auto Scaling groups
+//! (`aws.autoScalingGroups`) are grown with `SetDesiredCapacity` and shrunk with
+//! `TerminateInstanceInAutoScalingGroup` instead ([`groups`] decides, the client's `asg` module
+//! calls).
 //!
 //! - Credentials come from the SDK's default chain (environment, web identity / IRSA, ECS, IMDSv2).
 //!   They are never logged: this crate logs nothing and its `Debug` output shows no client.
 //! - Every API has its own client-side rate limit (`governor`), and a throttled call
 //!   (`RequestLimitExceeded`) is retried with jittered exponential back-off before
-//!   [`ProviderError::Throttled`] is returned. The SDK's own retries are off, so that these are the
-//!   only ones.
+//!   [`ProviderError::Throttled`](gpu_node_autoscaler_provider::ProviderError::Throttled) is
+//!   returned. The SDK's own retries are off, so that these are the only ones.
 //! - A launch is idempotent per launch id: instances already tagged with it are counted first and
 //!   only the missing ones are launched (a `ClientToken` alone is not enough: its window is
 //!   limited and emulators ignore it).
