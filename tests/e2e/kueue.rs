@@ -12,8 +12,6 @@ use crate::cluster::free_port;
 use crate::kwok::kwok_env;
 use crate::MIN;
 
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
 const POLICY: &str = "clusterName: e2e\nzones: [us-east-1a, us-east-1b]\n\
 batching: {idle: 1s, max: 3s}\nmaxNodeProvisionTime: 2m\n\
 pools:\n- name: kwok-a10g\n  provider: kwok\n  instanceTypes: [g5.12xlarge]\n\
@@ -24,17 +22,8 @@ pools:\n- name: kwok-a10g\n  provider: kwok\n  instanceTypes: [g5.12xlarge]\n\
 /// Where `scripts/kueue.sh` put Kueue and the CRDs: `$GNA_KUEUE_DIR`, else its cache directory.
 /// A missing build fails with the command that makes it.
 pub fn kueue_dir() -> PathBuf {
-    let dir = match std::env::var_os("GNA_KUEUE_DIR") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let out = Command::new("bash")
-                .arg(format!("{REPO}/scripts/kueue.sh"))
-                .arg("--print-dir")
-                .output()
-                .expect("bash scripts/kueue.sh --print-dir");
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let dir =
+        gpu_node_autoscaler_test_support::tool_path("GNA_KUEUE_DIR", "kueue.sh", "--print-dir");
     assert!(
         dir.join(".complete").is_file(),
         "{} is not a complete Kueue build: run `bash scripts/kueue.sh` (scripts/test.sh does)",

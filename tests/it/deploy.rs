@@ -940,17 +940,11 @@ fn the_monitoring_overlay_scrapes_alerts_and_charts_what_the_runbook_documents()
 
 /// promtool, which comes with the tests' Prometheus (`scripts/prometheus.sh`).
 fn promtool() -> PathBuf {
-    let prometheus = match std::env::var_os("GNA_PROMETHEUS_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let out = Command::new("bash")
-                .arg(root().join("scripts/prometheus.sh"))
-                .arg("--print-bin")
-                .output()
-                .expect("bash scripts/prometheus.sh --print-bin");
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let prometheus = gpu_node_autoscaler_test_support::tool_path(
+        "GNA_PROMETHEUS_BIN",
+        "prometheus.sh",
+        "--print-bin",
+    );
     let promtool = prometheus.with_file_name("promtool");
     assert!(
         promtool.is_file(),

@@ -1109,28 +1109,35 @@ impl Controller {
         let Some(policy) = self.core.policy() else {
             return Vec::new();
         };
-        let mut asked: Vec<*const ()> = Vec::new();
         let mut out = Vec::new();
-        for pool in policy.pools.iter().filter(|p| {
+        for (pool, provider) in self.providers_once(policy.pools.iter().filter(|p| {
             p.capacity_types
                 .contains(&gpu_node_autoscaler_provider::CapacityType::Reserved)
-        }) {
-            let Some(provider) = self.providers.get(&pool.name) else {
-                continue;
-            };
-            let ptr = Arc::as_ptr(provider) as *const ();
-            if asked.contains(&ptr) {
-                continue;
-            }
-            asked.push(ptr);
+        })) {
             match provider.reservations().await {
                 Ok(r) => out.extend(r),
                 Err(e) => warn!(
-                    "listing the capacity reservations of {} (pool {}): {e}; its reservations \
+                    "listing the capacity reservations of {} (pool {pool}): {e}; its reservations \
                      are not planned in this pass",
                     provider.name(),
-                    pool.name
                 ),
+            }
+        }
+        out
+    }
+
+    /// The provider of each of `pools`, each provider once (with the first pool that named it):
+    /// pools often share one, and a question to the cloud need not be asked twice.
+    fn providers_once<'a>(
+        &self,
+        pools: impl Iterator<Item = &'a gpu_node_autoscaler_core::policy::Pool>,
+    ) -> Vec<(&'a str, Arc<dyn CloudProvider>)> {
+        let mut out: Vec<(&str, Arc<dyn CloudProvider>)> = Vec::new();
+        for pool in pools {
+            if let Some(provider) = self.providers.get(&pool.name) {
+                if !out.iter().any(|(_, p)| Arc::ptr_eq(p, provider)) {
+                    out.push((&pool.name, provider.clone()));
+                }
             }
         }
         out
@@ -1143,24 +1150,14 @@ impl Controller {
         let Some(policy) = self.core.policy() else {
             return BTreeMap::new();
         };
-        let mut asked: Vec<*const ()> = Vec::new();
         let mut out = BTreeMap::new();
-        for pool in &policy.pools {
-            let Some(provider) = self.providers.get(&pool.name) else {
-                continue;
-            };
-            let ptr = Arc::as_ptr(provider) as *const ();
-            if asked.contains(&ptr) {
-                continue;
-            }
-            asked.push(ptr);
+        for (pool, provider) in self.providers_once(policy.pools.iter()) {
             match provider.launch_versions().await {
                 Ok(v) => out.extend(v),
                 Err(e) => warn!(
-                    "resolving the launch template versions of {} (pool {}): {e}; drift by a new \
-                     version is not looked for in this pass",
+                    "resolving the launch template versions of {} (pool {pool}): {e}; drift by a \
+                     new version is not looked for in this pass",
                     provider.name(),
-                    pool.name
                 ),
             }
         }

@@ -45,17 +45,7 @@ pub fn free_port() -> u16 {
 fn bin_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = match std::env::var_os("GNA_CONTROL_PLANE_BIN") {
-            Some(d) => PathBuf::from(d),
-            None => {
-                let out = Command::new("bash")
-                    .arg(format!("{REPO}/scripts/control-plane.sh"))
-                    .arg("--print-bin")
-                    .output()
-                    .expect("bash scripts/control-plane.sh --print-bin");
-                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-            }
-        };
+        let dir = crate::tool_path("GNA_CONTROL_PLANE_BIN", "control-plane.sh", "--print-bin");
         for b in [
             "etcd",
             "kube-apiserver",
@@ -153,17 +143,7 @@ pub struct ClusterOptions {
 
 /// The `helm` of the tests: `GNA_HELM_BIN`, else where scripts/helm.sh builds it.
 pub fn helm_bin() -> PathBuf {
-    let bin = match std::env::var_os("GNA_HELM_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let out = Command::new("bash")
-                .arg(format!("{REPO}/scripts/helm.sh"))
-                .arg("--print-bin")
-                .output()
-                .expect("bash scripts/helm.sh --print-bin");
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let bin = crate::tool_path("GNA_HELM_BIN", "helm.sh", "--print-bin");
     assert!(
         bin.is_file(),
         "{} is missing: build it with `bash scripts/helm.sh` (scripts/test.sh does)",

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::cluster::{free_port, Cluster, REPO};
+use crate::cluster::{free_port, Cluster};
 
 /// dcgm-exporter's driver-version label on every series (the exposition of the e2e testdata).
 const DRIVER_VERSION: &str = "570.172.08";
@@ -355,17 +355,11 @@ pub fn serve_exposition(mut conn: TcpStream, body: &str) -> std::io::Result<()> 
 /// The prometheus-adapter binary: `$GNA_PROMETHEUS_ADAPTER_BIN`, else where
 /// `scripts/prometheus-adapter.sh` builds it. A missing binary fails with the command that builds it.
 pub fn adapter_bin() -> PathBuf {
-    let bin = match std::env::var_os("GNA_PROMETHEUS_ADAPTER_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let out = Command::new("bash")
-                .arg(format!("{REPO}/scripts/prometheus-adapter.sh"))
-                .arg("--print-bin")
-                .output()
-                .expect("bash scripts/prometheus-adapter.sh --print-bin");
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let bin = crate::tool_path(
+        "GNA_PROMETHEUS_ADAPTER_BIN",
+        "prometheus-adapter.sh",
+        "--print-bin",
+    );
     assert!(
         bin.is_file(),
         "{} is missing: the GPU HPA tests run the real prometheus-adapter; build it with \

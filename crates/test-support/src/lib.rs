@@ -18,3 +18,23 @@ pub mod ess;
 pub mod hpa;
 #[cfg(feature = "moto")]
 pub mod moto;
+
+/// Where a test tool built by one of the repository's scripts is: `$env_var` when set (as
+/// scripts/test.sh sets it), else what `bash scripts/SCRIPT print_flag` prints (the script only
+/// prints, it builds nothing).
+pub fn tool_path(env_var: &str, script: &str, print_flag: &str) -> std::path::PathBuf {
+    match std::env::var_os(env_var) {
+        Some(p) => std::path::PathBuf::from(p),
+        None => {
+            let out = std::process::Command::new("bash")
+                .arg(format!(
+                    "{}/../../scripts/{script}",
+                    env!("CARGO_MANIFEST_DIR")
+                ))
+                .arg(print_flag)
+                .output()
+                .unwrap_or_else(|e| panic!("bash scripts/{script} {print_flag}: {e}"));
+            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    }
+}
