@@ -345,3 +345,121 @@ fn do_not_disrupt_holds_a_drifted_node_until_the_termination_grace_period_then_i
     assert_eq!(replacing.len(), 1, "{replacing:?}");
     crate::counted_replaced(&env, "drifted");
 }
+
+/// The instance type a node was launched as.
+fn instance_type(n: &Value) -> String {
+    n["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_budget_of_zero_in_a_maintenance_window_holds_consolidation_until_the_window_ends() {
+    let mut env = Env::start("consolidation-window", Options::default());
+    // On-demand only: its catalog prices (moto's spot price history is one fixed price).
+    let types = |p: String| {
+        p.replace("[g5.xlarge]", "[g5.xlarge, g5.12xlarge]")
+            .replace("[spot, on-demand]", "[on-demand]")
+    };
+    env.create(&env.policy_configmap(&types(env.policy(&["us-east-1a"], ""))));
+    env.start_controller("r1", &["--resync", "10s"]);
+
+    // A 3-GPU pod gets a g5.12xlarge (4 GPUs), and the trainer (1 GPU) the GPU left on it.
+    env.create(
+        &crate::support::gpu_pod("default", "companion", &crate::no_labels(), None)
+            .replace("nvidia.com/gpu: \"1\"", "nvidia.com/gpu: \"3\""),
+    );
+    env.wait_for("the companion to run", 2 * MIN, || {
+        (env.pod_phase("default", "companion") == "Running").then_some(())
+    });
+    let old = crate::gpu_trainer(&env);
+    let companion = env.get_json(&["get", "pod", "companion", "-n", "default"]);
+    assert_eq!(
+        companion["spec"]["nodeName"],
+        old.as_str(),
+        "one node for both"
+    );
+    // Registered in the pool (the pods may land before registration labels their node).
+    let nodes = env.wait_for("the node in the pool", MIN, || {
+        Some(env.pool_nodes()).filter(|n| !n.is_empty())
+    });
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!(instance_type(&nodes[0]), "g5.12xlarge");
+
+    // Consolidation on, quick to act, and a window (UTC, as cron reads it) that opened this
+    // minute and stays open two more minutes, in which Underutilized may take no node.
+    let now = epoch_secs();
+    let window_end = (now / 60) * 60 + 3 * 60;
+    let (minute, hour) = ((now / 60) % 60, (now / 3600) % 24);
+    let extra = format!(
+        "  consolidation: {{enabled: true, interval: 5s, consolidateAfter: 5s, restartCost: 1s}}\n\
+         \x20 disruption:\n    budgets:\n    - {{nodes: 0, reasons: [Underutilized], schedule: \
+         \"{minute} {hour} * * *\", duration: 3m}}\n"
+    );
+    env.apply(&env.policy_configmap(&types(env.policy(&["us-east-1a"], &extra))));
+    // The companion ends: its trainer alone keeps a 4-GPU node, which a g5.xlarge would do.
+    env.kubectl_ok(&[
+        "delete",
+        "pod",
+        "companion",
+        "-n",
+        "default",
+        "--wait=false",
+    ]);
+
+    // Planned, and held by the budget.
+    env.wait_for(
+        "the consolidation to be held by the budget",
+        3 * MIN,
+        || {
+            env.log("r1")
+                .lines()
+                .find(|l| {
+                    l.contains("pool a10g: not consolidating:")
+                        && l.contains(&old)
+                        && l.contains(
+                            "the pool's disruption budget for Underutilized allows 0 more node(s) now",
+                        )
+                })
+                .map(str::to_string)
+        },
+    );
+    assert!(
+        epoch_secs() < window_end,
+        "the window ended before the hold was seen; the machine is too slow for this test"
+    );
+    // Nothing consolidated while the window is open: the old node keeps its trainer, untainted.
+    while epoch_secs() < window_end - 5 {
+        let nodes = env.pool_nodes();
+        assert_eq!(nodes.len(), 1, "nothing launched in the window: {nodes:?}");
+        assert!(
+            !has_taint(
+                &nodes[0],
+                "gpu-node-autoscaler.io/replacing",
+                "consolidating"
+            ),
+            "consolidated in the window: {nodes:?}"
+        );
+        assert!(env.events("Consolidating").is_empty());
+        assert_eq!(crate::trainer_node(&env).as_deref(), Some(old.as_str()));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    // Once it ends the trainer moves to a g5.xlarge and the g5.12xlarge goes.
+    let new = crate::trainer_moved_and_node_removed(&env, &old);
+    let events = env.events("Consolidating");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].starts_with(&format!("{old}: replacing {old} (pool a10g)")),
+        "{events:?}"
+    );
+    let nodes = env.pool_nodes();
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n["metadata"]["name"] == new.as_str() && instance_type(n) == "g5.xlarge"),
+        "{nodes:?}"
+    );
+    crate::counted_replaced(&env, "consolidating");
+}
