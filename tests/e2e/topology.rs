@@ -1,6 +1,7 @@
 //! Rules across nodes that kube-scheduler enforces, on the real scheduler: zone spread with
-//! hostname anti-affinity, and host ports. The kwok provider's Nodes carry the zone and hostname
-//! labels a kubelet and the cloud would set.
+//! hostname anti-affinity, host ports, volumes; and the safety net for a rule the planner does
+//! not model (a pod refused a node it fits is planned again without it). The kwok provider's
+//! Nodes carry the zone and hostname labels a kubelet and the cloud would set.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -155,4 +156,68 @@ fn volume_a_statefulset_pod_bound_to_a_zonal_volume_runs_in_the_volumes_zone() {
     assert_eq!(launched(&env), 1, "one node, in the volume's zone");
     let pvc = env.get_json(&["get", "pvc", "-n", "default", "data-ckpt-0"]);
     assert_eq!(pvc["spec"]["volumeName"], "ckpt-c", "{pvc}");
+}
+
+/// A bare pod in `ns` asking for one GPU, labelled `app=<app>`, with `extra` in its spec (YAML at
+/// 2 spaces).
+fn bare_gpu_pod(ns: &str, app: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {app}\n  namespace: {ns}\n  labels: {{app: {app}}}\n\
+         spec:\n  tolerations:\n  - {{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}\n\
+         {extra}  containers:\n  - name: main\n    image: cuda:12\n    resources:\n      \
+         requests: {{cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}}\n      \
+         limits: {{nvidia.com/gpu: \"1\"}}\n"
+    )
+}
+
+#[test]
+fn refused_a_pod_the_scheduler_keeps_off_a_node_for_a_rule_we_do_not_model_gets_a_node_of_its_own()
+{
+    let env = started("refused");
+    // A pod in a namespace labelled team=x runs on a 4-GPU node, three GPUs left free.
+    env.create("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: other\n  labels: {team: x}\n");
+    env.wait_for("the namespace's ServiceAccount", MIN, || {
+        env.get_json(&["get", "serviceaccounts", "-n", "other"])["items"]
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .map(|_| ())
+    });
+    env.create(&bare_gpu_pod("other", "a", ""));
+    let first = env.wait_for("pod a to run", 3 * MIN, || {
+        let p = env.get_json(&["get", "pod", "a", "-n", "other"]);
+        (p["status"]["phase"] == "Running")
+            .then(|| p["spec"]["nodeName"].as_str().map(str::to_string))
+            .flatten()
+    });
+    assert_eq!(launched(&env), 1);
+
+    // Pod b may not share a node with app=a pods of namespaces labelled team=x. The planner
+    // reads a namespaceSelector without Namespaces' labels (as the namespaces it lists and the
+    // pod's own), so on its model b fits the free GPUs of a's node; kube-scheduler refuses it
+    // there.
+    let anti = "  affinity:\n    podAntiAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:\n      \
+                - topologyKey: kubernetes.io/hostname\n        labelSelector: {matchLabels: {app: a}}\n        \
+                namespaceSelector: {matchLabels: {team: x}}\n";
+    env.create(&bare_gpu_pod("default", "b", anti));
+    let refused = env.wait_for("the refusal to be noticed", 4 * MIN, || {
+        env.events("FailedScaleUp")
+            .into_iter()
+            .find(|e| e.starts_with("b: "))
+    });
+    assert!(
+        refused.contains(&format!("node {first} for 90 s although it fits there"))
+            && refused.contains("kube-scheduler: 0/"),
+        "{refused}"
+    );
+    // Planned again without that node: b gets a node of its own and runs.
+    let second = env.wait_for("pod b to run", 3 * MIN, || {
+        let p = env.get_json(&["get", "pod", "b", "-n", "default"]);
+        (p["status"]["phase"] == "Running")
+            .then(|| p["spec"]["nodeName"].as_str().map(str::to_string))
+            .flatten()
+    });
+    assert_ne!(second, first);
+    assert_eq!(launched(&env), 2, "one more node, no more");
+    let refusals = "gpu_node_autoscaler_nodes_refused_by_scheduler_total{pool=\"kwok-a10g\"}";
+    assert_eq!(env.metric("r1", refusals), Some(1.0));
 }

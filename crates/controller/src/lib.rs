@@ -1579,6 +1579,12 @@ impl Controller {
                     })
                     .inc();
             }
+            Count::Refused { pool } => {
+                self.metrics
+                    .nodes_refused
+                    .get_or_create(&PoolLabel { pool })
+                    .inc();
+            }
             Count::GiveUpTerminateFailed { pool } => {
                 self.metrics
                     .give_up_terminations_failed

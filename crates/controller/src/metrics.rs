@@ -103,6 +103,7 @@ pub struct Metrics {
     pub scale_downs: Family<PoolLabel, Counter>,
     pub failed_launches: Family<FailedLaunch, Counter>,
     pub give_up_terminations_failed: Family<PoolLabel, Counter>,
+    pub nodes_refused: Family<PoolLabel, Counter>,
     pub evictions: Family<EvictionResult, Counter>,
     pub nodes_gpus_lost: Gauge,
     pub nodes_unhealthy: Gauge,
@@ -221,6 +222,7 @@ impl Metrics {
             scale_downs: Family::default(),
             failed_launches: Family::default(),
             give_up_terminations_failed: Family::default(),
+            nodes_refused: Family::default(),
             evictions: Family::default(),
             nodes_gpus_lost: Gauge::default(),
             nodes_unhealthy: Gauge::default(),
@@ -370,6 +372,13 @@ impl Metrics {
             "Terminations of instances given up (never became nodes) that failed, per pool; \
              retried with back-off",
             m.give_up_terminations_failed.clone(),
+        );
+        registry.register(
+            "nodes_refused_by_scheduler",
+            "Nodes of a pool kube-scheduler refused a pending pod that fits them on the \
+             planner's model (a rule it does not know), after which they were left out of the \
+             pod's plans",
+            m.nodes_refused.clone(),
         );
         registry.register(
             "evictions",

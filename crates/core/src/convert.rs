@@ -180,6 +180,7 @@ struct Condition {
     type_: String,
     status: String,
     reason: Option<String>,
+    message: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -711,6 +712,7 @@ impl Converter {
             tolerations,
             topology,
             volumes: Vec::new(),
+            refused_nodes: Vec::new(),
         });
         let owner = m
             .owner_references
@@ -729,11 +731,13 @@ impl Converter {
                 min_member,
             }
         });
-        let unschedulable = raw.status.conditions.iter().any(|c| {
+        let refusal = raw.status.conditions.iter().find(|c| {
             c.type_ == "PodScheduled"
                 && c.status == "False"
                 && c.reason.as_deref() == Some("Unschedulable")
         });
+        let unschedulable = refusal.is_some();
+        let scheduler_message = refusal.and_then(|c| c.message.clone());
         // Local volumes lost with the node, less those the pod says it may lose.
         let may_lose: Vec<&str> = m
             .annotations
@@ -765,6 +769,7 @@ impl Converter {
                 .and_then(|s| Time::parse_rfc3339(s).ok()),
             deleting: m.deletion_timestamp.is_some(),
             unschedulable,
+            scheduler_message,
             local_storage,
             nominated_node: raw
                 .status

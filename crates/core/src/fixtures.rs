@@ -91,6 +91,7 @@ impl PodBuilder {
                 started: None,
                 deleting: false,
                 unschedulable: true,
+                scheduler_message: None,
                 local_storage: false,
                 shared_gpu_index: None,
                 nominated_node: None,

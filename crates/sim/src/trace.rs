@@ -278,6 +278,7 @@ pub fn load_trace(
                 started: None,
                 deleting: false,
                 unschedulable: false,
+                scheduler_message: None,
                 local_storage: false,
                 shared_gpu_index: None,
                 nominated_node: None,

@@ -18,6 +18,7 @@ mod disruption;
 pub mod drain;
 pub mod fleet;
 pub mod orphans;
+mod refused;
 pub mod replace;
 mod report;
 mod scale_up;
@@ -178,6 +179,11 @@ pub enum Count {
     NodesUnhealthy(usize),
     /// Nodes of ours drifted now (a gauge).
     NodesDrifted(usize),
+    /// A node of `pool` kube-scheduler refused a pending pod that fits it on the model
+    /// ([`refused`]).
+    Refused {
+        pool: String,
+    },
     /// A node replaced (drained and removed) for `cause` (`unhealthy`, `interrupted`).
     Replaced {
         pool: String,
@@ -371,6 +377,7 @@ pub struct Autoscaler {
     pass: Option<Pass>,
     last_plan: Option<Plan>,
     wake: Wake,
+    refusals: refused::Refusals,
 }
 
 /// Scale-up state: offerings short of capacity, launch back-off, the pods each launch was planned
@@ -481,6 +488,7 @@ impl Autoscaler {
             pass: None,
             last_plan: None,
             wake: Wake::default(),
+            refusals: refused::Refusals::default(),
         }
     }
 

@@ -68,8 +68,12 @@ impl Autoscaler {
                 &pass.policy,
             ));
         let restored = self.restore_nominations(&mut pass.snapshot);
+        self.apply_refusals(&mut pass.snapshot);
         let plan = plan::plan_with(&pass.snapshot, &templates, &pass.policy, now);
         self.nominate(&pass.snapshot, &plan, &restored, out);
+        if round == 0 {
+            self.note_refusals(&pass.snapshot, &plan, now, out);
+        }
         // A launch whose capacity went to other pods is done with: its capacity given to them by
         // this plan (in flight), or its instance already a Node (the scheduler placed pods on
         // it). Its own pods, planned again, need a launch of their own: under the old id the

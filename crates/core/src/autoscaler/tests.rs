@@ -2849,3 +2849,105 @@ fn a_capacity_block_node_is_replaced_and_drained_before_the_block_ends() {
         })]
     );
 }
+
+fn refused_events(actions: &[Action]) -> Vec<&str> {
+    events(actions, "FailedScaleUp")
+        .into_iter()
+        .map(|n| n.message.as_str())
+        .collect()
+}
+
+/// A 1-GPU pod, a g5.xlarge launched for it and registered (Ready, its GPU advertised) at 60 s,
+/// and kube-scheduler still holding the pod `Unschedulable` for a rule the model does not know.
+fn a_pod_the_scheduler_refuses() -> Run {
+    let policy = POLICY.replace("[g5.xlarge, g5.12xlarge]", "[g5.xlarge]");
+    let mut run = Run::with_policy(Config::default(), &policy);
+    let mut pod = gpu_pod("server", 1);
+    pod.scheduler_message = Some(
+        "0/2 nodes are available: 1 node(s) didn't match pod anti-affinity rules, 1 \
+         Insufficient nvidia.com/gpu."
+            .into(),
+    );
+    run.pods.push(pod);
+    assert_eq!(launches(&run.pass(T0)).len(), 1);
+    run.register("i-1", 1, T0 + secs(60));
+    run
+}
+
+#[test]
+fn a_pod_refused_by_the_scheduler_on_a_ready_node_it_fits_gets_other_capacity_after_the_grace() {
+    let mut run = a_pod_the_scheduler_refuses();
+    // The node is its place: nothing launched while the scheduler may still take it there.
+    for s in [70, 100, 159] {
+        let a = run.pass(T0 + secs(s));
+        assert!(launches(&a).is_empty(), "launched at {s} s: {a:?}");
+        assert!(refused_events(&a).is_empty(), "{a:?}");
+    }
+    // 90 s after the plan first placed it on the Ready node: refused.
+    let a = run.pass(T0 + secs(160));
+    let why = refused_events(&a);
+    assert_eq!(why.len(), 1, "{a:?}");
+    assert!(
+        why[0].contains("node node-i-1 for 90 s although it fits there")
+            && why[0].contains("didn't match pod anti-affinity rules"),
+        "{why:?}"
+    );
+    assert!(a.contains(&Action::Count(Count::Refused {
+        pool: "a10g".into()
+    })));
+    // Planned again without that node: a new one is launched, the refusal said once.
+    let a = run.pass(T0 + secs(170));
+    assert_eq!(launches(&a).len(), 1, "{a:?}");
+    assert!(refused_events(&a).is_empty());
+    assert!(refused_events(&run.pass(T0 + secs(400))).is_empty());
+
+    // Once the pod is placed (here: gone), what was refused is forgotten.
+    run.pods.clear();
+    run.pass(T0 + secs(410));
+    assert!(run.core.refusals_is_empty());
+}
+
+#[test]
+fn a_pod_not_yet_marked_unschedulable_or_on_a_node_not_ready_is_not_refused() {
+    let mut run = a_pod_the_scheduler_refuses();
+    run.pods[0].unschedulable = false;
+    run.nodes[0].ready = false;
+    for s in [70, 200, 400] {
+        assert!(refused_events(&run.pass(T0 + secs(s))).is_empty());
+    }
+    // Ready from 400 s: the grace counts from then, and only while the scheduler refuses.
+    run.nodes[0].ready = true;
+    assert!(refused_events(&run.pass(T0 + secs(500))).is_empty());
+    run.pods[0].unschedulable = true;
+    assert!(refused_events(&run.pass(T0 + secs(510))).is_empty());
+    assert_eq!(refused_events(&run.pass(T0 + secs(600))).len(), 1);
+}
+
+#[test]
+fn a_pod_refused_on_three_nodes_waits_with_its_reason_instead_of_launching_more() {
+    let mut run = a_pod_the_scheduler_refuses();
+    let mut t = 70;
+    for k in 1..=3 {
+        run.pass(T0 + secs(t));
+        assert_eq!(
+            refused_events(&run.pass(T0 + secs(t + 90))).len(),
+            1,
+            "refusal {k}"
+        );
+        t += 100;
+        let a = run.pass(T0 + secs(t));
+        if k < 3 {
+            assert_eq!(launches(&a).len(), 1, "after refusal {k}: {a:?}");
+            let id = format!("i-{}", k + 1);
+            run.register(&id, 1, T0 + secs(t + 5));
+            t += 10;
+        } else {
+            assert!(launches(&a).is_empty(), "a fourth node: {a:?}");
+            let said = a.iter().any(|x| {
+                matches!(x, Action::Event(n) if n.reason == "NotTriggerScaleUp"
+                    && n.message.contains("kube-scheduler refused it on 3 nodes"))
+            });
+            assert!(said, "{a:?}");
+        }
+    }
+}

@@ -147,6 +147,9 @@ pub struct Constraints {
     /// Its PersistentVolumeClaims' node terms, one list per claim: each must hold (any one term
     /// of a list). Set when the pod is joined with the cluster's storage ([`super::volumes`]).
     pub volumes: Vec<Vec<Term>>,
+    /// Nodes kube-scheduler refused the pod on although it fits them on this model (a rule the
+    /// model does not know): never planned onto again while the pod waits. Empty for most pods.
+    pub refused_nodes: Vec<String>,
 }
 
 impl Constraints {
@@ -171,6 +174,7 @@ impl Constraints {
         };
         self.affinity.as_deref().is_none_or(any_term)
             && self.volumes.iter().all(|terms| any_term(terms))
+            && node_name.is_none_or(|n| !self.refused_nodes.iter().any(|r| r == n))
     }
 
     /// Every `NoSchedule`/`NoExecute` taint is tolerated.

@@ -123,6 +123,8 @@ pub struct Pod {
     pub deleting: bool,
     /// The scheduler tried and found no node (`PodScheduled=False`, reason `Unschedulable`).
     pub unschedulable: bool,
+    /// The scheduler's message with that condition (which rules refused which nodes).
+    pub scheduler_message: Option<String>,
     /// Uses `emptyDir` or `hostPath` volumes, lost when the node goes.
     pub local_storage: bool,
     /// On shared-GPU nodes, the GPU index the device plugin assigned, when known.
