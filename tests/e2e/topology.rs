@@ -158,6 +158,95 @@ fn volume_a_statefulset_pod_bound_to_a_zonal_volume_runs_in_the_volumes_zone() {
     assert_eq!(pvc["spec"]["volumeName"], "ckpt-c", "{pvc}");
 }
 
+/// The provisioner stand-in (as the EBS CSI driver's external-provisioner would do it): every
+/// claim kube-scheduler selected a node for (`volume.kubernetes.io/selected-node`) and that has no
+/// volume yet gets a PersistentVolume in that node's zone, pre-bound to it (the PV controller of
+/// kube-controller-manager then binds the claim). Called from the test's waits.
+fn provision_selected_claims(env: &Env) {
+    let claims = env.get_json(&["get", "pvc", "-A"]);
+    for c in claims["items"].as_array().into_iter().flatten() {
+        let Some(node) =
+            c["metadata"]["annotations"]["volume.kubernetes.io/selected-node"].as_str()
+        else {
+            continue;
+        };
+        if c["spec"]["volumeName"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty())
+        {
+            continue;
+        }
+        let (ns, name, uid) = (
+            c["metadata"]["namespace"].as_str().unwrap(),
+            c["metadata"]["name"].as_str().unwrap(),
+            c["metadata"]["uid"].as_str().unwrap(),
+        );
+        let class = c["spec"]["storageClassName"].as_str().unwrap_or_default();
+        let size = c["spec"]["resources"]["requests"]["storage"]
+            .as_str()
+            .unwrap_or("1Gi");
+        if env
+            .kubectl(&["get", "pv", &format!("pvc-{uid}")])
+            .status
+            .success()
+        {
+            continue;
+        }
+        let zone = zone_of(env, node);
+        env.create(&format!(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pvc-{uid}\n  \
+                 annotations: {{pv.kubernetes.io/provisioned-by: ebs.csi.aws.com}}\nspec:\n  \
+                 capacity: {{storage: {size}}}\n  accessModes: [ReadWriteOnce]\n  \
+                 storageClassName: {class}\n  persistentVolumeReclaimPolicy: Delete\n  \
+                 claimRef: {{namespace: {ns}, name: {name}, uid: {uid}}}\n  \
+                 csi: {{driver: ebs.csi.aws.com, volumeHandle: vol-{uid}}}\n  nodeAffinity:\n    \
+                 required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        \
+                 - {{key: topology.kubernetes.io/zone, operator: In, values: [{zone}]}}\n"
+        ));
+    }
+}
+
+#[test]
+fn volume_a_wait_for_first_consumer_claim_is_provisioned_in_the_zone_its_class_allows() {
+    let env = started("volume-wffc");
+    // gp3 volumes in us-east-1b only (without the class's rule the first, cheapest offering
+    // would be in us-east-1a), provisioned once a consumer is scheduled.
+    env.create(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: gp3-b}\n\
+         provisioner: ebs.csi.aws.com\nvolumeBindingMode: WaitForFirstConsumer\n\
+         allowedTopologies:\n- matchLabelExpressions:\n  \
+         - {key: topology.kubernetes.io/zone, values: [us-east-1b]}\n",
+    );
+    env.create(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: scratch, namespace: default}\n\
+         spec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: gp3-b\n  \
+         resources: {requests: {storage: 10Gi}}\n",
+    );
+    env.create(&bare_gpu_pod(
+        "default",
+        "finetune",
+        "  volumes:\n  - name: data\n    persistentVolumeClaim: {claimName: scratch}\n",
+    ));
+    let node = env.wait_for("the pod to run", 4 * MIN, || {
+        provision_selected_claims(&env);
+        let p = env.get_json(&["get", "pod", "finetune", "-n", "default"]);
+        (p["status"]["phase"] == "Running")
+            .then(|| p["spec"]["nodeName"].as_str().map(str::to_string))
+            .flatten()
+    });
+    assert_eq!(zone_of(&env, &node), "us-east-1b");
+    assert_eq!(launched(&env), 1, "one node, in the zone the class allows");
+    let pvc = env.get_json(&["get", "pvc", "-n", "default", "scratch"]);
+    assert_eq!(pvc["status"]["phase"], "Bound", "{pvc}");
+    let pv = env.get_json(&["get", "pv", pvc["spec"]["volumeName"].as_str().unwrap()]);
+    assert_eq!(
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+            ["values"][0],
+        "us-east-1b",
+        "{pv}"
+    );
+}
+
 /// A bare pod in `ns` asking for one GPU, labelled `app=<app>`, with `extra` in its spec (YAML at
 /// 2 spaces).
 fn bare_gpu_pod(ns: &str, app: &str, extra: &str) -> String {
