@@ -131,6 +131,26 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_without_room_is_told_by_its_capacity_codes_only() {
+        for code in [
+            "ReservationCapacityExceeded",
+            "InvalidCapacityReservationId.NotFound",
+            "InsufficientInstanceCapacity",
+        ] {
+            assert!(is_reservation_short(Some(code)), "{code}");
+        }
+        for code in [
+            "VcpuLimitExceeded",
+            "RequestLimitExceeded",
+            "InvalidParameterValue",
+            "UnauthorizedOperation",
+        ] {
+            assert!(!is_reservation_short(Some(code)), "{code}");
+        }
+        assert!(!is_reservation_short(None));
+    }
+
+    #[test]
     fn quota_throttle_and_other_codes() {
         for code in QUOTA_CODES {
             let e = fleet_error(&key(), code, "You have requested more vCPU capacity");
