@@ -444,6 +444,33 @@ async fn a_reserved_launch_targets_its_reservations_by_id_a_capacity_block_as_su
 }
 
 #[tokio::test]
+async fn a_throttled_launch_into_a_reservation_is_retried_under_the_same_client_token() {
+    let (_moto, _net, proxy, provider) = setup_with_proxy().await;
+    proxy.throttle("RunInstances", 2);
+    let reserved = offering("g5.xlarge", "us-east-1a", Reserved);
+    let mut req = request("launch-thr", 1, std::slice::from_ref(&reserved));
+    req.reservations = vec![reservation(
+        "cr-0block",
+        ReservationKind::CapacityBlock,
+        "us-east-1a",
+        1,
+    )];
+    let r = provider.launch(&req).await.unwrap();
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.launched.len(), 1);
+    assert_eq!(r.launched[0].reservation_id.as_deref(), Some("cr-0block"));
+    // Two throttled attempts and the one that launched: one call, one token.
+    let calls = proxy.requests_of("RunInstances");
+    assert_eq!(calls.len(), 3);
+    assert!(calls
+        .iter()
+        .all(|p| p["ClientToken"] == calls[0]["ClientToken"]
+            && p[TARGET] == "cr-0block"
+            && p["InstanceMarketOptions.MarketType"] == "capacity-block"));
+    assert_eq!(provider.list(POOL).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
 async fn an_exhausted_reservation_is_insufficient_capacity_for_its_offering_only() {
     let (_moto, _net, proxy, provider) = setup_with_proxy().await;
     proxy.fail_reservation("cr-0full", "ReservationCapacityExceeded");
