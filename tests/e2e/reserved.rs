@@ -179,3 +179,67 @@ fn a_capacity_block_is_filled_first_and_its_pods_are_moved_before_it_ends_none_l
     assert!(reserved_now.is_empty(), "{reserved_now:?}");
     assert_eq!(running_trainers(&env).len(), 3);
 }
+
+/// A pool that selects only `cr-0selected00000001` (an ODCR of 1 g5.xlarge in us-east-1a), while
+/// the account (the pool's `kwok.reservations`) also holds `cr-0foreign000000001`, another team's
+/// ODCR of the same type and zone, listed first.
+const SELECTED: &str = "cr-0selected00000001";
+const FOREIGN: &str = "cr-0foreign000000001";
+
+fn two_reservations_policy() -> String {
+    format!(
+        "clusterName: e2e\nzones: [us-east-1a]\n\
+batching: {{idle: 1s, max: 3s}}\nmaxNodeProvisionTime: 2m\n\
+pools:\n- name: h100-reserved\n  provider: kwok\n  instanceTypes: [g5.xlarge]\n\
+\x20 capacityTypes: [reserved, on-demand]\n\
+\x20 capacityReservations: [{{id: {SELECTED}}}]\n  maxNodes: 4\n\
+\x20 taints:\n  - {{key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}}\n\
+\x20 scaleDown: {{cooldownAfterScaleUp: 5m, unneededTime: 5m}}\n\
+\x20 kwok:\n    reservations:\n\
+\x20   - {{id: {FOREIGN}, kind: default, instanceType: g5.xlarge, zone: us-east-1a, total: 2}}\n\
+\x20   - {{id: {SELECTED}, kind: default, instanceType: g5.xlarge, zone: us-east-1a, total: 1}}\n"
+    )
+}
+
+#[test]
+fn a_reserved_launch_goes_into_the_reservation_its_pool_selects_never_another_of_the_same_type() {
+    let mut env = kwok_env("reservation-selected");
+    env.create(&env.policy_configmap(&two_reservations_policy()));
+    env.start_controller("r1", &["--resync", "10s"]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    create_trainers(&env, 2);
+    // One node in the selected reservation (its count), the other on-demand: none in the
+    // other team's reservation, though it has room for both.
+    let nodes = env.wait_for("two trainers on two registered nodes", 3 * MIN, || {
+        let nodes = env.pool_nodes();
+        let registered = nodes
+            .iter()
+            .filter(|n| !label(n, "gpu-node-autoscaler.io/capacity-type").is_empty())
+            .count();
+        (running_trainers(&env).len() == 2 && registered == 2 && nodes.len() == 2).then_some(nodes)
+    });
+    let mut got: Vec<(&str, &str)> = nodes
+        .iter()
+        .map(|n| {
+            (
+                label(n, "gpu-node-autoscaler.io/capacity-type"),
+                label(n, "gpu-node-autoscaler.io/capacity-reservation-id"),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [("on-demand", ""), ("reserved", SELECTED)],
+        "{nodes:?}"
+    );
+    for n in &nodes {
+        assert_ne!(
+            label(n, "karpenter.k8s.aws/capacity-reservation-id"),
+            FOREIGN,
+            "{n}"
+        );
+    }
+}

@@ -251,6 +251,7 @@ mod tests {
             count: 1,
             offerings: Vec::new(),
             tags: Default::default(),
+            reservations: Vec::new(),
         };
         assert!(p.launch(&request).await.is_err());
         // The account's reservations come through, not the trait's default of none.

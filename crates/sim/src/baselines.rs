@@ -561,6 +561,7 @@ impl Strategy for CaLike {
                     count: n,
                     offerings: self.group_offerings(t, ct),
                     tags: BTreeMap::new(),
+                    reservations: Vec::new(),
                 };
                 let got = world
                     .launch(&req)
@@ -880,6 +881,7 @@ impl Strategy for KarpenterLike {
                 count: 1,
                 offerings,
                 tags: BTreeMap::new(),
+                reservations: Vec::new(),
             };
             match world.launch(&req) {
                 Ok(res) => {
@@ -1023,6 +1025,7 @@ impl KarpenterLike {
                 count: 1,
                 offerings: vec![offering],
                 tags: BTreeMap::new(),
+                reservations: Vec::new(),
             };
             let launched = world
                 .launch(&req)
@@ -1134,6 +1137,7 @@ impl KarpenterLike {
             count: 1,
             offerings: offers.into_iter().map(|o| o.1).collect(),
             tags: BTreeMap::new(),
+            reservations: Vec::new(),
         };
         let Ok(res) = world.launch(&req) else {
             return false;

@@ -99,6 +99,7 @@ fn request(launch_id: &str, count: u32) -> LaunchRequest {
             key(A10, CapacityType::OnDemand),
         ],
         tags: BTreeMap::new(),
+        reservations: Vec::new(),
     }
 }
 

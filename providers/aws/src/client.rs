@@ -12,12 +12,13 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
-    DefaultTargetCapacityType, Filter, FleetLaunchTemplateConfigRequest,
-    FleetLaunchTemplateOverridesRequest, FleetLaunchTemplateSpecificationRequest,
-    FleetOnDemandAllocationStrategy, FleetType, InstanceLifecycle, InstanceLifecycleType,
-    InstanceStateName, InstanceType as Ec2InstanceType, LocationType, OnDemandOptionsRequest,
-    ResourceType, SpotAllocationStrategy, SpotOptionsRequest, Tag, TagSpecification,
-    TargetCapacitySpecificationRequest,
+    CapacityReservationSpecification, CapacityReservationTarget, DefaultTargetCapacityType, Filter,
+    FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
+    FleetLaunchTemplateSpecificationRequest, FleetOnDemandAllocationStrategy, FleetType,
+    InstanceLifecycle, InstanceLifecycleType, InstanceMarketOptionsRequest, InstanceStateName,
+    InstanceType as Ec2InstanceType, LaunchTemplateSpecification, LocationType, MarketType,
+    OnDemandOptionsRequest, ResourceType, SpotAllocationStrategy, SpotOptionsRequest, Tag,
+    TagSpecification, TargetCapacitySpecificationRequest,
 };
 use aws_sdk_ec2::Client;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -45,6 +46,9 @@ pub const TAG_MANAGED_BY: &str = "gpu-node-autoscaler.io/managed-by";
 /// Namespace UID): unlike `clusterName`, two clusters cannot share it.
 pub const TAG_CLUSTER_ID: &str = "gpu-node-autoscaler.io/cluster-id";
 pub const MANAGED_BY: &str = "gpu-node-autoscaler";
+/// Tag carrying the capacity reservation an instance was launched into (`cr-...`), the one the
+/// launch targeted; EC2's own `CapacityReservationId` of the instance comes first when listing.
+pub const TAG_RESERVATION_ID: &str = "gpu-node-autoscaler.io/capacity-reservation-id";
 
 /// A launch template: `id_or_name` starting with `lt-` is an id, anything else a name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -648,9 +652,15 @@ impl AwsProvider {
                 .unwrap_or_default()
                 .to_string()
         };
+        // In a reservation: as EC2 says, else as the targeted launch tagged it.
+        let reservation_id = i
+            .capacity_reservation_id()
+            .map(str::to_string)
+            .or_else(|| Some(tag(TAG_RESERVATION_ID)).filter(|r| !r.is_empty()));
         let capacity_type = match i.instance_lifecycle() {
+            _ if reservation_id.is_some() => CapacityType::Reserved,
+            Some(InstanceLifecycleType::CapacityBlock) => CapacityType::Reserved,
             Some(InstanceLifecycleType::Spot) => CapacityType::Spot,
-            _ if i.capacity_reservation_id().is_some() => CapacityType::Reserved,
             _ => CapacityType::OnDemand,
         };
         let state = match i.state().and_then(|s| s.name()) {
@@ -677,9 +687,178 @@ impl AwsProvider {
                 .launch_time()
                 .and_then(|t| t.to_millis().ok())
                 .unwrap_or(0),
-            reservation_id: i.capacity_reservation_id().map(str::to_string),
+            reservation_id,
             launch_fingerprint: Some(tag(LAUNCH_FINGERPRINT_TAG)).filter(|f| !f.is_empty()),
         })
+    }
+
+    /// The tags of a launch's instances: the request's, then ours (cluster, pool, launch id,
+    /// managed-by, cluster identity) and, for a launch into a reservation, its id.
+    fn launch_tags(
+        &self,
+        pool: &AwsPool,
+        request: &LaunchRequest,
+        reservation: Option<&str>,
+    ) -> Vec<Tag> {
+        let mut tags: BTreeMap<&str, &str> = request
+            .tags
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        tags.insert(TAG_CLUSTER, &self.config.cluster);
+        tags.insert(TAG_POOL, &pool.name);
+        tags.insert(TAG_LAUNCH_ID, &request.launch_id);
+        tags.insert(TAG_MANAGED_BY, MANAGED_BY);
+        if let Some(id) = &self.config.cluster_id {
+            tags.insert(TAG_CLUSTER_ID, id);
+        }
+        if let Some(r) = reservation {
+            tags.insert(TAG_RESERVATION_ID, r);
+        }
+        tags.iter()
+            .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
+            .collect()
+    }
+
+    /// One `RunInstances` into reservation `r` (targeted by id; a Capacity Block with market
+    /// type `capacity-block`): at least one and at most `count` instances of `offering`, from
+    /// the pool's launch template in the offering's subnet, tagged as every launch. `done`: how
+    /// many of the launch id's instances exist already (part of the client token). Returns the
+    /// ids EC2 launched.
+    async fn run_in_reservation(
+        &self,
+        pool: &AwsPool,
+        request: &LaunchRequest,
+        offering: &OfferingKey,
+        r: &Reservation,
+        count: u32,
+        done: u32,
+    ) -> Result<Vec<String>, ApiError> {
+        let lt = &pool.launch_template;
+        let spec = if lt.is_id() {
+            LaunchTemplateSpecification::builder().launch_template_id(&lt.id_or_name)
+        } else {
+            LaunchTemplateSpecification::builder().launch_template_name(&lt.id_or_name)
+        }
+        .version(&lt.version)
+        .build();
+        let tag_specs = vec![TagSpecification::builder()
+            .resource_type(ResourceType::Instance)
+            .set_tags(Some(self.launch_tags(pool, request, Some(&r.id))))
+            .build()];
+        let target = CapacityReservationSpecification::builder()
+            .capacity_reservation_target(
+                CapacityReservationTarget::builder()
+                    .capacity_reservation_id(&r.id)
+                    .build(),
+            )
+            .build();
+        let market = (r.kind == ReservationKind::CapacityBlock).then(|| {
+            InstanceMarketOptionsRequest::builder()
+                .market_type(MarketType::CapacityBlock)
+                .build()
+        });
+        let subnet = &pool.subnets[&offering.zone];
+        let token = crate::plan::reservation_client_token(&request.launch_id, &r.id, done, count);
+        let resp = self
+            .call("RunInstances", &self.limits.create_fleet, || {
+                self.client
+                    .run_instances()
+                    .launch_template(spec.clone())
+                    .instance_type(Ec2InstanceType::from(offering.instance_type.as_str()))
+                    .subnet_id(subnet)
+                    .min_count(1)
+                    .max_count(i32::try_from(count).unwrap_or(i32::MAX))
+                    .client_token(&token)
+                    .capacity_reservation_specification(target.clone())
+                    .set_instance_market_options(market.clone())
+                    .set_tag_specifications(Some(tag_specs.clone()))
+                    .send()
+            })
+            .await?;
+        Ok(resp
+            .instances()
+            .iter()
+            .filter_map(|i| i.instance_id().map(str::to_string))
+            .collect())
+    }
+
+    /// Launches up to `remaining` instances of the reserved offerings `group` (in order) into
+    /// the request's reservations of each, and returns how many are still to launch. An
+    /// offering left short (its reservations used up, EC2 refusing them for lack of room, or
+    /// none in the request) fails with insufficient capacity, that offering only; a call
+    /// throttled or over quota before anything launched is the launch's error.
+    async fn launch_reserved(
+        &self,
+        pool: &AwsPool,
+        request: &LaunchRequest,
+        group: &[OfferingKey],
+        mut remaining: u32,
+        result: &mut LaunchResult,
+    ) -> Result<u32, ProviderError> {
+        for o in group {
+            if remaining == 0 {
+                break;
+            }
+            let mut failed: Option<ProviderError> = None;
+            for r in request
+                .reservations
+                .iter()
+                .filter(|r| r.offering() == *o && r.available > 0)
+            {
+                let mut room = r.available;
+                while remaining > 0 && room > 0 {
+                    let n = remaining.min(room);
+                    let done = request.count - remaining;
+                    let ids = match self.run_in_reservation(pool, request, o, r, n, done).await {
+                        Ok(ids) => ids,
+                        Err(e) if crate::errors::is_reservation_short(e.code.as_deref()) => break,
+                        Err(e) => {
+                            let e = e.into_provider_error();
+                            let whole_call = matches!(
+                                e,
+                                ProviderError::Throttled { .. }
+                                    | ProviderError::QuotaExceeded { .. }
+                            );
+                            if whole_call && result.launched.is_empty() {
+                                return Err(e);
+                            }
+                            failed = Some(e);
+                            break;
+                        }
+                    };
+                    if ids.is_empty() {
+                        break;
+                    }
+                    let k = (ids.len() as u32).min(remaining);
+                    for id in ids {
+                        result.launched.push(Instance {
+                            provider_id: crate::plan::provider_id(&o.zone, &id),
+                            id,
+                            pool: pool.name.clone(),
+                            launch_id: request.launch_id.clone(),
+                            offering: o.clone(),
+                            state: InstanceState::Pending,
+                            launched_at_ms: now_ms(),
+                            reservation_id: Some(r.id.clone()),
+                            launch_fingerprint: request.tags.get(LAUNCH_FINGERPRINT_TAG).cloned(),
+                        });
+                    }
+                    remaining -= k;
+                    room = room.saturating_sub(k);
+                }
+                if remaining == 0 || failed.is_some() {
+                    break;
+                }
+            }
+            if remaining > 0 {
+                let e = failed.unwrap_or_else(|| ProviderError::InsufficientCapacity {
+                    offering: o.clone(),
+                });
+                result.failures.push((o.clone(), e));
+            }
+        }
+        Ok(remaining)
     }
 
     async fn create_fleet(
@@ -719,28 +898,13 @@ impl AwsProvider {
             CapacityType::Spot => target
                 .default_target_capacity_type(DefaultTargetCapacityType::Spot)
                 .spot_target_capacity(count_i32),
-            // Reserved capacity is on-demand capacity taken from the account's reservations
-            // first (`CapacityReservationOptions`, below).
+            // Reserved offerings are launched by `RunInstances` into their reservations
+            // (`launch_reserved`), never by a fleet.
             CapacityType::OnDemand | CapacityType::Reserved => target
                 .default_target_capacity_type(DefaultTargetCapacityType::OnDemand)
                 .on_demand_target_capacity(count_i32),
         };
-        let mut tags: BTreeMap<&str, &str> = request
-            .tags
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        tags.insert(TAG_CLUSTER, &self.config.cluster);
-        tags.insert(TAG_POOL, &pool.name);
-        tags.insert(TAG_LAUNCH_ID, &request.launch_id);
-        tags.insert(TAG_MANAGED_BY, MANAGED_BY);
-        if let Some(id) = &self.config.cluster_id {
-            tags.insert(TAG_CLUSTER_ID, id);
-        }
-        let tag_list: Vec<Tag> = tags
-            .iter()
-            .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
-            .collect();
+        let tag_list = self.launch_tags(pool, request, None);
         // An instant fleet takes tags for the fleet and its instances; volumes get theirs from
         // the launch template (see docs/aws.md).
         let tag_specs: Vec<TagSpecification> = [ResourceType::Instance, ResourceType::Fleet]
@@ -780,25 +944,16 @@ impl AwsProvider {
                             .build(),
                     ),
                     CapacityType::OnDemand | CapacityType::Reserved => {
-                        let mut od = OnDemandOptionsRequest::builder().allocation_strategy(
-                            match pool.on_demand_allocation {
-                                OnDemandAllocation::Prioritized => {
-                                    FleetOnDemandAllocationStrategy::Prioritized
-                                }
-                                OnDemandAllocation::LowestPrice => {
-                                    FleetOnDemandAllocationStrategy::LowestPrice
-                                }
-                            },
-                        );
-                        if capacity_type == CapacityType::Reserved {
-                            od = od.capacity_reservation_options(
-                                aws_sdk_ec2::types::CapacityReservationOptionsRequest::builder()
-                                    .usage_strategy(
-                                        aws_sdk_ec2::types::FleetCapacityReservationUsageStrategy::UseCapacityReservationsFirst,
-                                    )
-                                    .build(),
-                            );
-                        }
+                        let od = OnDemandOptionsRequest::builder().allocation_strategy(match pool
+                            .on_demand_allocation
+                        {
+                            OnDemandAllocation::Prioritized => {
+                                FleetOnDemandAllocationStrategy::Prioritized
+                            }
+                            OnDemandAllocation::LowestPrice => {
+                                FleetOnDemandAllocationStrategy::LowestPrice
+                            }
+                        });
                         b.on_demand_options(od.build())
                     }
                 };
@@ -1188,6 +1343,12 @@ impl CloudProvider for AwsProvider {
         for (capacity_type, group) in crate::plan::group_by_capacity_type(&usable) {
             if remaining == 0 {
                 break;
+            }
+            if capacity_type == CapacityType::Reserved {
+                remaining = self
+                    .launch_reserved(pool, request, &group, remaining, &mut result)
+                    .await?;
+                continue;
             }
             let outcome = match self
                 .create_fleet(pool, request, capacity_type, &group, remaining)

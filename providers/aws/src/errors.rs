@@ -13,6 +13,23 @@ pub const INSUFFICIENT_CAPACITY_CODES: [&str; 4] = [
     "InsufficientFreeAddressesInSubnet",
 ];
 
+/// Codes of a `RunInstances` into a targeted capacity reservation meaning the reservation has
+/// no room for the launch now: used up by others since it was read
+/// (`ReservationCapacityExceeded`), EC2 short of the capacity it holds, or gone (ended or
+/// cancelled since it was read).
+pub const RESERVATION_SHORT_CODES: [&str; 2] = [
+    "ReservationCapacityExceeded",
+    "InvalidCapacityReservationId.NotFound",
+];
+
+/// Whether a targeted launch's error means its reservation has no room now (one of
+/// [`RESERVATION_SHORT_CODES`] or [`INSUFFICIENT_CAPACITY_CODES`]).
+pub fn is_reservation_short(code: Option<&str>) -> bool {
+    code.is_some_and(|c| {
+        RESERVATION_SHORT_CODES.contains(&c) || INSUFFICIENT_CAPACITY_CODES.contains(&c)
+    })
+}
+
 /// Codes meaning an account limit was hit.
 pub const QUOTA_CODES: [&str; 2] = ["VcpuLimitExceeded", "InstanceLimitExceeded"];
 
@@ -111,6 +128,26 @@ mod tests {
                 ProviderError::InsufficientCapacity { offering: key() }
             );
         }
+    }
+
+    #[test]
+    fn a_reservation_without_room_is_told_by_its_capacity_codes_only() {
+        for code in [
+            "ReservationCapacityExceeded",
+            "InvalidCapacityReservationId.NotFound",
+            "InsufficientInstanceCapacity",
+        ] {
+            assert!(is_reservation_short(Some(code)), "{code}");
+        }
+        for code in [
+            "VcpuLimitExceeded",
+            "RequestLimitExceeded",
+            "InvalidParameterValue",
+            "UnauthorizedOperation",
+        ] {
+            assert!(!is_reservation_short(Some(code)), "{code}");
+        }
+        assert!(!is_reservation_short(None));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The AWS [`CloudProvider`](gpu_node_autoscaler_provider::CloudProvider): EC2 `CreateFleet`
-//! (type `instant`) for launches, the `Describe*` APIs for the catalog, tags for finding our
+//! (type `instant`) for launches (`RunInstances` targeted by id into the capacity reservations
+//! a launch of `reserved` offerings names), the `Describe*` APIs for the catalog, tags for finding our
 //! instances again after a restart. Pools backed by existing Auto Scaling groups
 //! (`aws.autoScalingGroups`) are grown with `SetDesiredCapacity` and shrunk with
 //! `TerminateInstanceInAutoScalingGroup` instead ([`groups`] decides, the client's `asg` module

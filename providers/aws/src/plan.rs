@@ -45,6 +45,27 @@ pub fn client_token(
     token
 }
 
+/// The `ClientToken` of one `RunInstances` into capacity reservation `reservation`: derived
+/// from the launch id, the reservation, how many of the launch's instances existed before the
+/// call (`done`) and how many it asks for, so that a retried identical call is idempotent at EC2
+/// and a follow-up for the remainder gets a token of its own. At most 64 ASCII characters.
+pub fn reservation_client_token(
+    launch_id: &str,
+    reservation: &str,
+    done: u32,
+    count: u32,
+) -> String {
+    let full = format!("{launch_id}/reserved/{reservation}/{done}/{count}");
+    let readable: String = launch_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(32)
+        .collect();
+    let token = format!("gna-{readable}-r{count}-{:016x}", fnv1a(full.as_bytes()));
+    debug_assert!(token.len() <= MAX_CLIENT_TOKEN);
+    token
+}
+
 /// The request's offerings grouped by capacity type, groups in the order their first offering
 /// appears, offerings in request order within a group (duplicates dropped).
 pub fn group_by_capacity_type(offerings: &[OfferingKey]) -> Vec<(CapacityType, Vec<OfferingKey>)> {
@@ -116,6 +137,19 @@ mod tests {
             client_token("launch-1", CapacityType::Spot, 3, &a[..1]),
             "gna-launch-1-s3-e190fd7f5f3f8b62"
         );
+    }
+
+    #[test]
+    fn reservation_client_tokens_are_short_stable_and_distinct() {
+        let long = "x".repeat(200);
+        let t = reservation_client_token(&long, "cr-0aaa", 0, 3);
+        assert!(t.len() <= MAX_CLIENT_TOKEN, "{t}");
+        assert_eq!(t, reservation_client_token(&long, "cr-0aaa", 0, 3));
+        assert_ne!(t, reservation_client_token(&long, "cr-0bbb", 0, 3));
+        assert_ne!(t, reservation_client_token(&long, "cr-0aaa", 1, 2));
+        assert_ne!(t, reservation_client_token(&long, "cr-0aaa", 0, 2));
+        // Never a fleet's token of the same launch.
+        assert_ne!(t, client_token(&long, CapacityType::Reserved, 3, &[]));
     }
 
     #[test]

@@ -8,15 +8,16 @@ use std::collections::BTreeMap;
 
 use gpu_node_autoscaler_aws::{
     AwsProvider, TAG_CLUSTER, TAG_CLUSTER_ID, TAG_LAUNCH_ID, TAG_MANAGED_BY, TAG_POOL,
+    TAG_RESERVATION_ID,
 };
 use gpu_node_autoscaler_provider::{
     CapacityType, CloudProvider, GpuInfo, GpuVendor, InstanceState, LaunchRequest, OfferingKey,
-    ProviderError,
+    ProviderError, Reservation, ReservationKind,
 };
 use support::proxy::FaultProxy;
 use support::{config, describe, ec2, network, Moto, Network, CLUSTER, POOL};
 
-use CapacityType::{OnDemand, Spot};
+use CapacityType::{OnDemand, Reserved, Spot};
 
 fn offering(t: &str, zone: &str, ct: CapacityType) -> OfferingKey {
     OfferingKey {
@@ -33,6 +34,7 @@ fn request(launch_id: &str, count: u32, offerings: &[OfferingKey]) -> LaunchRequ
         count,
         offerings: offerings.to_vec(),
         tags: BTreeMap::from([("team".to_string(), "ml".to_string())]),
+        reservations: Vec::new(),
     }
 }
 
@@ -323,6 +325,210 @@ async fn insufficient_capacity_in_one_zone_fails_that_offering_and_falls_back() 
         .launched
         .iter()
         .all(|i| i.offering == offering("g5.xlarge", "us-east-1a", Spot)));
+}
+
+/// A reservation of `available` g5.xlarge in `zone`, as the controller read it.
+fn reservation(id: &str, kind: ReservationKind, zone: &str, available: u32) -> Reservation {
+    Reservation {
+        id: id.into(),
+        kind,
+        instance_type: "g5.xlarge".into(),
+        zone: zone.into(),
+        total: 4,
+        available,
+        start_ms: None,
+        end_ms: None,
+        tags: BTreeMap::new(),
+        price_per_hour: None,
+    }
+}
+
+const TARGET: &str =
+    "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId";
+
+#[tokio::test]
+async fn a_reserved_launch_targets_its_reservations_by_id_a_capacity_block_as_such() {
+    let (moto, net, proxy, provider) = setup_with_proxy().await;
+    let reserved = offering("g5.xlarge", "us-east-1a", Reserved);
+    let mut req = request("launch-cr", 3, std::slice::from_ref(&reserved));
+    req.reservations = vec![
+        reservation("cr-0odcr", ReservationKind::Default, "us-east-1a", 1),
+        // Of another zone: not this offering's.
+        reservation("cr-0other", ReservationKind::Default, "us-east-1b", 4),
+        reservation("cr-0block", ReservationKind::CapacityBlock, "us-east-1a", 2),
+    ];
+    let r = provider.launch(&req).await.unwrap();
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    let mut got: Vec<_> = r
+        .launched
+        .iter()
+        .map(|i| {
+            (
+                i.offering.clone(),
+                i.reservation_id.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (reserved.clone(), "cr-0block".to_string()),
+            (reserved.clone(), "cr-0block".to_string()),
+            (reserved.clone(), "cr-0odcr".to_string()),
+        ]
+    );
+    // No fleet: one RunInstances per call into a reservation, each targeting it by id, from
+    // the pool's launch template in the offering's subnet; the block's with market type
+    // capacity-block. (moto launches MinCount instances, one a call.)
+    assert_eq!(proxy.calls_of("CreateFleet"), 0);
+    let calls = proxy.requests_of("RunInstances");
+    let target: Vec<(&str, &str, &str)> = calls
+        .iter()
+        .map(|p| {
+            (
+                p[TARGET].as_str(),
+                p.get("InstanceMarketOptions.MarketType")
+                    .map_or("", String::as_str),
+                p["MaxCount"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        target,
+        [
+            ("cr-0odcr", "", "1"),
+            ("cr-0block", "capacity-block", "2"),
+            ("cr-0block", "capacity-block", "1"),
+        ]
+    );
+    let tokens: std::collections::BTreeSet<_> = calls.iter().map(|p| &p["ClientToken"]).collect();
+    assert_eq!(tokens.len(), 3, "a token of its own per call");
+    for p in &calls {
+        assert_eq!(p["LaunchTemplate.LaunchTemplateName"], "gpu-nodes");
+        assert_eq!(p["InstanceType"], "g5.xlarge");
+        assert_eq!(p["SubnetId"], net.subnets["us-east-1a"]);
+        assert_eq!(p["MinCount"], "1");
+        assert!(p["ClientToken"].starts_with("gna-launch-cr-r"), "{p:?}");
+    }
+    // Tagged as every launch, and with the reservation.
+    let client = ec2(&moto.url()).await;
+    for i in &r.launched {
+        let v = describe(&client, &i.id).await;
+        assert_eq!(v.zone, "us-east-1a");
+        assert_eq!(v.tags[TAG_CLUSTER], CLUSTER);
+        assert_eq!(v.tags[TAG_POOL], POOL);
+        assert_eq!(v.tags[TAG_LAUNCH_ID], "launch-cr");
+        assert_eq!(v.tags[TAG_MANAGED_BY], "gpu-node-autoscaler");
+        assert_eq!(v.tags["team"], "ml");
+        assert_eq!(Some(&v.tags[TAG_RESERVATION_ID]), i.reservation_id.as_ref());
+    }
+    // Listed as reserved in its reservation (moto reports no CapacityReservationId: the tag
+    // says which).
+    let mut listed: Vec<_> = provider
+        .list(POOL)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.offering, i.reservation_id.unwrap_or_default()))
+        .collect();
+    listed.sort();
+    assert_eq!(listed, got);
+    // Asked again under the same launch id: nothing more.
+    let again = provider.launch(&req).await.unwrap();
+    assert!(
+        again.launched.is_empty() && again.failures.is_empty(),
+        "{again:?}"
+    );
+    assert_eq!(proxy.requests_of("RunInstances").len(), 3);
+}
+
+#[tokio::test]
+async fn a_throttled_launch_into_a_reservation_is_retried_under_the_same_client_token() {
+    let (_moto, _net, proxy, provider) = setup_with_proxy().await;
+    proxy.throttle("RunInstances", 2);
+    let reserved = offering("g5.xlarge", "us-east-1a", Reserved);
+    let mut req = request("launch-thr", 1, std::slice::from_ref(&reserved));
+    req.reservations = vec![reservation(
+        "cr-0block",
+        ReservationKind::CapacityBlock,
+        "us-east-1a",
+        1,
+    )];
+    let r = provider.launch(&req).await.unwrap();
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.launched.len(), 1);
+    assert_eq!(r.launched[0].reservation_id.as_deref(), Some("cr-0block"));
+    // Two throttled attempts and the one that launched: one call, one token.
+    let calls = proxy.requests_of("RunInstances");
+    assert_eq!(calls.len(), 3);
+    assert!(calls
+        .iter()
+        .all(|p| p["ClientToken"] == calls[0]["ClientToken"]
+            && p[TARGET] == "cr-0block"
+            && p["InstanceMarketOptions.MarketType"] == "capacity-block"));
+    assert_eq!(provider.list(POOL).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_exhausted_reservation_is_insufficient_capacity_for_its_offering_only() {
+    let (_moto, _net, proxy, provider) = setup_with_proxy().await;
+    proxy.fail_reservation("cr-0full", "ReservationCapacityExceeded");
+    let reserved = offering("g5.xlarge", "us-east-1a", Reserved);
+    let on_demand = offering("g5.xlarge", "us-east-1a", OnDemand);
+    let mut req = request("launch-full", 3, &[reserved.clone(), on_demand.clone()]);
+    req.reservations = vec![
+        reservation("cr-0full", ReservationKind::Default, "us-east-1a", 2),
+        reservation("cr-0room", ReservationKind::Default, "us-east-1a", 1),
+    ];
+    let r = provider.launch(&req).await.unwrap();
+    // The full one refused, the next one of the offering used, the offering then short, and
+    // the rest launched on-demand by the fleet.
+    assert_eq!(
+        r.failures,
+        vec![(
+            reserved.clone(),
+            ProviderError::InsufficientCapacity {
+                offering: reserved.clone()
+            }
+        )]
+    );
+    let mut got: Vec<_> = r
+        .launched
+        .iter()
+        .map(|i| (i.offering.capacity_type, i.reservation_id.clone()))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (OnDemand, None),
+            (OnDemand, None),
+            (Reserved, Some("cr-0room".to_string())),
+        ]
+    );
+    let targets: Vec<String> = proxy
+        .requests_of("RunInstances")
+        .iter()
+        .map(|p| p[TARGET].clone())
+        .collect();
+    assert_eq!(targets, ["cr-0full", "cr-0room"]);
+    assert_eq!(proxy.calls_of("CreateFleet"), 1);
+
+    // A reserved offering the request names no reservation for has no capacity: nothing is
+    // launched outside a reservation for it.
+    let r = provider
+        .launch(&request("launch-none", 1, std::slice::from_ref(&reserved)))
+        .await
+        .unwrap();
+    assert!(r.launched.is_empty(), "{r:?}");
+    assert_eq!(
+        r.failures,
+        vec![(
+            reserved.clone(),
+            ProviderError::InsufficientCapacity { offering: reserved }
+        )]
+    );
 }
 
 #[tokio::test]

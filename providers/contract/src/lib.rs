@@ -228,6 +228,13 @@ pub struct LaunchRequest {
     /// Extra tags/labels to put on the instances (cluster, pool and launch id are added by the
     /// provider from the fields above).
     pub tags: BTreeMap<String, String>,
+    /// The capacity reservations the request's `reserved` offerings launch into, preferred
+    /// first, each with its room when the launch was planned: a provider launches a reserved
+    /// offering into these (targeted by id, a Capacity Block as such), never into a
+    /// reservation the pool does not select. A reserved offering with none of them has no
+    /// capacity.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
 }
 
 /// Lifecycle state of an instance as the cloud reports it.

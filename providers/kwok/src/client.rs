@@ -388,13 +388,20 @@ impl CloudProvider for KwokProvider {
                 continue;
             }
             while (result.launched.len() as u32) < request.count {
-                // A reserved offering launches into the first reservation of its type and
-                // zone with room; with none, it is short of capacity (that offering only).
+                // A reserved offering launches into the first reservation the request names
+                // for it (those its pool selects, in the request's order) that has room here;
+                // with none, it is short of capacity (that offering only).
                 let reservation = if offering.capacity_type == CapacityType::Reserved {
-                    let room = self.config.reservations.iter().find(|r| {
-                        r.offering() == *offering
-                            && reservation_room(r, used.get(&r.id).copied().unwrap_or(0), now) > 0
-                    });
+                    let room = request
+                        .reservations
+                        .iter()
+                        .filter(|t| t.offering() == *offering)
+                        .filter_map(|t| self.config.reservations.iter().find(|r| r.id == t.id))
+                        .find(|r| {
+                            r.offering() == *offering
+                                && reservation_room(r, used.get(&r.id).copied().unwrap_or(0), now)
+                                    > 0
+                        });
                     match room {
                         Some(r) => Some(r.id.clone()),
                         None => {

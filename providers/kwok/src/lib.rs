@@ -13,8 +13,8 @@
 //! cluster name; a Node without both is never listed and never deleted.
 //!
 //! Capacity reservations are declared in the pools' `kwok:` sections ([`settings`]): launches of
-//! `reserved` offerings go into them up to their count (counted from the Nodes launched into
-//! each), and a reservation that has ended takes its Nodes back (deleted at the next listing),
+//! `reserved` offerings go into those the launch names (the ones its pool selects) up to their
+//! count (counted from the Nodes launched into each), and a reservation that has ended takes its Nodes back (deleted at the next listing),
 //! as a cloud takes a Capacity Block's instances back at its end.
 //!
 //! What it does not model: boot time and the device plugin's start (the Node has its GPUs from

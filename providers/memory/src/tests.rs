@@ -84,6 +84,7 @@ fn req(launch_id: &str, pool: &str, count: u32, offerings: &[OfferingKey]) -> La
         count,
         offerings: offerings.to_vec(),
         tags: BTreeMap::new(),
+        reservations: Vec::new(),
     }
 }
 

@@ -7,7 +7,9 @@ use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_node_autoscaler_provider::{Catalog, Instance, InstanceState, LaunchRequest, OfferingKey};
+use gpu_node_autoscaler_provider::{
+    CapacityType, Catalog, Instance, InstanceState, LaunchRequest, OfferingKey, Reservation,
+};
 
 use crate::model::snapshot::group_in_flight;
 use crate::model::{labels, InFlight, Node, Taint, Time};
@@ -418,6 +420,44 @@ pub fn node_template_tags(pool: &Pool) -> BTreeMap<String, String> {
     tags
 }
 
+/// The reservations a scale-up's `reserved` offerings launch into: those its pool selects that
+/// have room and take launches at `now` ([`crate::plan::templates::launchable`]), by offering in
+/// the scale-up's order and, within an offering, open-ended reservations first, then the one
+/// ending last (a node in a Capacity Block is moved off it before the block's end), then by id.
+/// Empty for a scale-up without reserved offerings.
+pub fn launch_reservations(
+    su: &ScaleUp,
+    pool: Option<&Pool>,
+    reservations: &[Reservation],
+    now: Time,
+) -> Vec<Reservation> {
+    let Some(pool) = pool else {
+        return Vec::new();
+    };
+    let mut out: Vec<Reservation> = Vec::new();
+    for o in &su.offerings {
+        if o.capacity_type != CapacityType::Reserved {
+            continue;
+        }
+        let key = o.key();
+        let mut of_offering: Vec<&Reservation> = reservations
+            .iter()
+            .filter(|r| {
+                r.available > 0
+                    && r.offering() == key
+                    && crate::plan::templates::launchable(pool, r, now)
+                    && !out.iter().any(|x| x.id == r.id)
+            })
+            .collect();
+        of_offering.sort_by(|a, b| {
+            let end = |r: &Reservation| r.end_ms.unwrap_or(i64::MAX);
+            end(b).cmp(&end(a)).then(a.id.cmp(&b.id))
+        });
+        out.extend(of_offering.into_iter().cloned());
+    }
+    out
+}
+
 /// The launch request for one planned scale-up: the pool's node-template tags, and what the
 /// launch uses ([`crate::plan::lifecycle::fingerprint`]; `launch_version`: what the pool's
 /// moving launch template version resolves to now, where known).
@@ -440,6 +480,7 @@ pub fn launch_request(
         count: su.count,
         offerings: su.offerings.iter().map(|o| o.key()).collect(),
         tags,
+        reservations: Vec::new(),
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
 use gpu_node_autoscaler_provider::{Instance, LaunchResult, ProviderError};
 
-use crate::autoscaler::fleet::{launch_request, NodeIndex};
+use crate::autoscaler::fleet::{launch_request, launch_reservations, NodeIndex};
 use crate::autoscaler::{
     pod_subject, Action, Autoscaler, Count, Feedback, Issued, Level, Note, Pass, Stage,
     CAPACITY_ROUNDS,
@@ -112,6 +112,7 @@ impl Autoscaler {
                 attempt += 1;
                 req = launch_request(su, pool, version, attempt);
             }
+            req.reservations = launch_reservations(su, pool, &pass.snapshot.reservations, now);
             out.push(Action::Count(Count::Planned { pods: pod_keys(su) }));
             let what = describe(su);
             if self.config.dry_run {

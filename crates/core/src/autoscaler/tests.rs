@@ -95,9 +95,13 @@ impl Cloud {
                     offering: k.clone(),
                     state: InstanceState::Pending,
                     launched_at_ms: now.0,
-                    // As EC2 says of an instance in a reservation.
-                    reservation_id: (k.capacity_type == CapacityType::Reserved)
-                        .then(|| "cr-0block".to_string()),
+                    // As EC2 says of an instance in a reservation: the one the request
+                    // names first for the offering.
+                    reservation_id: req
+                        .reservations
+                        .iter()
+                        .find(|r| r.offering() == *k)
+                        .map(|r| r.id.clone()),
                     // As EC2 keeps the launch's tags.
                     launch_fingerprint: req.tags.get(labels::LAUNCH_FINGERPRINT).cloned(),
                 };
@@ -2745,6 +2749,56 @@ fn reserved_capacity_is_filled_first_and_what_exceeds_its_count_goes_on_demand()
             .count(),
         2
     );
+}
+
+#[test]
+fn a_reserved_launch_names_the_reservations_its_pool_selects_open_ended_first() {
+    let mut run = Run::with_policy(
+        Config::default(),
+        &RESERVED_POLICY.replace("[{id: cr-0block}]", "[{id: cr-0block}, {id: cr-0odcr}]"),
+    );
+    let odcr = |id: &str, available| gpu_node_autoscaler_provider::Reservation {
+        id: id.into(),
+        kind: gpu_node_autoscaler_provider::ReservationKind::Default,
+        end_ms: None,
+        start_ms: None,
+        available,
+        ..capacity_block(0, T0)
+    };
+    run.reservations = vec![
+        capacity_block(2, T0 + secs(10 * 3600)),
+        // Not selected by the pool: never targeted, though of the same type and zone.
+        odcr("cr-0other", 5),
+        odcr("cr-0odcr", 1),
+        // Selected but full.
+        gpu_node_autoscaler_provider::Reservation {
+            zone: "us-east-1b".into(),
+            ..odcr("cr-0odcr", 0)
+        },
+    ];
+    run.pods = (0..3).map(|i| gpu_pod(&format!("p{i}"), 1)).collect();
+    let a = run.pass(T0);
+    let l = launches(&a);
+    let reserved: Vec<_> = l
+        .iter()
+        .filter(|r| r.offerings[0] == reserved_key())
+        .collect();
+    assert_eq!(reserved.len(), 1, "{l:?}");
+    assert_eq!(reserved[0].count, 3, "{l:?}");
+    let ids: Vec<&str> = reserved[0]
+        .reservations
+        .iter()
+        .map(|r| r.id.as_str())
+        .collect();
+    assert_eq!(ids, ["cr-0odcr", "cr-0block"], "{l:?}");
+    // A launch without reserved offerings names none.
+    assert!(l
+        .iter()
+        .filter(|r| r
+            .offerings
+            .iter()
+            .all(|o| o.capacity_type != CapacityType::Reserved))
+        .all(|r| r.reservations.is_empty()));
 }
 
 #[test]

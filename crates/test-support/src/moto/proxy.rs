@@ -10,7 +10,11 @@
 //! `DescribeScalingActivities` always answers none), it fails the launches of chosen groups:
 //! their `SetDesiredCapacity` is answered without reaching moto (no instance is launched, the
 //! desired capacity stays) and a `Failed` activity is recorded, which
-//! `DescribeScalingActivities` for the group answers. Everything else passes through unchanged.
+//! `DescribeScalingActivities` for the group answers. moto keeps no capacity reservations, so it
+//! never refuses a `RunInstances` into one: the relay fails those that target a chosen
+//! reservation ([`FaultProxy::fail_reservation`]). It records every request's parameters
+//! ([`FaultProxy::requests_of`]), so that tests see what the SDK sent that moto ignores (a
+//! targeted reservation). Everything else passes through unchanged.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -45,6 +49,11 @@ struct Faults {
     calls: Vec<String>,
     /// What `DescribeCapacityReservations` answers (moto has no such call).
     capacity_reservations: Vec<FakeReservation>,
+    /// Capacity reservation → error code of every `RunInstances` that targets it (moto keeps
+    /// no reservations, so it never refuses one).
+    fail_reservations: BTreeMap<String, String>,
+    /// Every request's form parameters, by action, in order.
+    requests: Vec<(String, BTreeMap<String, String>)>,
 }
 
 /// A capacity reservation as `DescribeCapacityReservations` describes it (EC2's field names).
@@ -253,6 +262,30 @@ impl FaultProxy {
             .iter()
             .filter(|(g, _)| g == group)
             .map(|(_, n)| *n)
+            .collect()
+    }
+
+    /// Every later `RunInstances` that targets capacity reservation `id`
+    /// (`CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId`) fails
+    /// with `code` (EC2's HTTP 400 error shape) without reaching moto.
+    pub fn fail_reservation(&self, id: &str, code: &str) {
+        self.faults
+            .lock()
+            .unwrap()
+            .fail_reservations
+            .insert(id.to_string(), code.to_string());
+    }
+
+    /// The form parameters of every call of `action` that reached the relay, in order (what the
+    /// SDK sent, before any rewriting).
+    pub fn requests_of(&self, action: &str) -> Vec<BTreeMap<String, String>> {
+        self.faults
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|(a, _)| a == action)
+            .map(|(_, p)| p.clone())
             .collect()
     }
 
@@ -683,6 +716,8 @@ async fn handle(
     let (errors, launchable) = {
         let mut f = faults.lock().unwrap();
         f.calls.push(action.clone());
+        f.requests
+            .push((action.clone(), params.iter().cloned().collect()));
         if let Some(n) = f.throttle.get_mut(&action).filter(|n| **n > 0) {
             *n -= 1;
             return Ok(response(
@@ -715,6 +750,19 @@ async fn handle(
             if let Some(message) = f.fail_groups.get(&group).cloned() {
                 f.activities.push((group, iso_now(), message));
                 return Ok(response(200, "OK", "text/xml", SET_DESIRED_OK.as_bytes()));
+            }
+        }
+        if action == "RunInstances" {
+            let target = param(
+                "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
+            );
+            if let Some(code) = f.fail_reservations.get(&target) {
+                let xml = format!(
+                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
+                     <Code>{code}</Code><Message>Injected {code} for {target}.</Message></Error>\
+                     </Errors><RequestID>fault-proxy</RequestID></Response>"
+                );
+                return Ok(response(400, "Bad Request", "text/xml", xml.as_bytes()));
             }
         }
         if action == "DescribeScalingActivities" {

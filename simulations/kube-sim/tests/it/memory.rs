@@ -59,6 +59,7 @@ fn launch(provider: &MemoryProvider, id: &str, capacity_type: CapacityType) -> S
             count: 1,
             offerings: vec![key(capacity_type)],
             tags,
+            reservations: Vec::new(),
         })
         .expect("launch");
     out.launched[0].id.clone()

@@ -85,6 +85,7 @@ pub(super) fn launch_where(
         count: 1,
         offerings: vec![key],
         tags: BTreeMap::new(),
+        reservations: Vec::new(),
     };
     assert_eq!(w.launch(&req).unwrap().launched.len(), 1);
 }
