@@ -1,5 +1,5 @@
 //! CapacityBuffers (`autoscaling.x-k8s.io/v1beta1`), the PodTemplates and scalable objects
-//! (Deployments, StatefulSets, ReplicaSets) they name → [`crate::buffer::CapacityBuffer`], with
+//! (Deployments, StatefulSets) they name → [`crate::buffer::CapacityBuffer`], with
 //! one chunk's pod.
 
 use std::collections::BTreeMap;
@@ -139,12 +139,12 @@ impl Converter {
                 )) {
                     None if !matches!(
                         (s.api_group.as_str(), s.kind.as_str()),
-                        ("apps", "Deployment" | "StatefulSet" | "ReplicaSet")
+                        ("apps", "Deployment" | "StatefulSet")
                     ) =>
                     {
                         Err(format!(
-                            "spec.scalableRef: kind {}/{} is not supported (apps Deployment, \
-                             StatefulSet and ReplicaSet are)",
+                            "spec.scalableRef: kind {}/{} is not supported (apps Deployment and \
+                             StatefulSet are)",
                             s.api_group, s.kind
                         ))
                     }
