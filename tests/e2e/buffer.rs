@@ -114,25 +114,32 @@ fn buffer_keeps_warm_gpu_nodes_a_real_pod_runs_at_once_and_the_buffer_is_repleni
         .filter(|v| *v == 2.0)
     });
     assert_eq!(warm_now, 2.0);
-    let cost = env
-        .metric(
+    let cost = env.wait_for("the buffer's cost", MIN, || {
+        env.metric(
             "r1",
             "gpu_node_autoscaler_buffer_cost_dollars_per_hour{buffer=\"serve/warm\"}",
         )
-        .unwrap_or_default();
-    assert!(cost > 0.0, "warm capacity has a cost: {cost}");
-    let status = env.get_json(&[
-        "get",
-        "configmap",
-        "-n",
-        "kube-system",
-        "gpu-node-autoscaler-status",
-    ]);
-    let text = status["data"]["buffers"].as_str().unwrap_or_default();
-    assert!(
-        text.contains("serve/warm: 2 chunks (2 GPUs), 2 warm"),
-        "{status}"
-    );
+        .filter(|v| *v > 0.0)
+    });
+    // Two g5.xlarge at their on-demand list price.
+    assert!((cost - 2.0 * 1.006).abs() < 1e-6, "{cost}");
+    env.wait_for("the buffer in the status ConfigMap", MIN, || {
+        let status = env.get_json(&[
+            "get",
+            "configmap",
+            "-n",
+            "kube-system",
+            "gpu-node-autoscaler-status",
+        ]);
+        let text = status["data"]["buffers"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        text.contains(
+            "serve/warm: 2 chunks (2 GPUs), 2 warm, 0 on their way, 0 without a node; $2.012/hour",
+        )
+        .then_some(())
+    });
 
     // Empty, and past the pool's unneededTime and cooldown several passes over: kept warm,
     // nothing more launched.

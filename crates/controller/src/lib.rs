@@ -1327,7 +1327,10 @@ impl Controller {
         if !buffered.inject.is_empty() {
             snapshot = buffered.snapshot(&snapshot);
         }
-        self.publish_buffers(&buffered.report);
+        if self.publish_buffers(&buffered.report) && self.elector.is_leader() {
+            // The status ConfigMap's buffer keys follow the buffers, not the core's status.
+            self.write_buffer_status_keys().await;
+        }
         // The requests' and buffers' status are the leader's to write, and not in dry-run
         // (nothing is launched for them there).
         if self.args.dry_run {
@@ -1810,7 +1813,8 @@ impl Controller {
     }
 
     /// Each CapacityBuffer's room and cost as metrics; the series of buffers gone are removed.
-    fn publish_buffers(&mut self, report: &[gpu_node_autoscaler_core::buffer::Report]) {
+    /// Whether the report changed since the last pass.
+    fn publish_buffers(&mut self, report: &[gpu_node_autoscaler_core::buffer::Report]) -> bool {
         let m = &self.metrics;
         for old in &self.buffer_report {
             if !report.iter().any(|r| r.buffer == old.buffer) {
@@ -1836,10 +1840,20 @@ impl Controller {
             m.buffer_gpus.get_or_create(&l).set(r.gpus);
             m.buffer_cost.get_or_create(&l).set(r.cost_per_hour);
         }
+        let changed = self.buffer_report != report;
         self.buffer_report = report.to_vec();
+        changed
     }
 
-    async fn write_status(&self, st: &status::Status) {
+    async fn write_buffer_status_keys(&self) {
+        let (ns, name) = &self.status_name;
+        if let Err(e) = kube_io::write_status(&self.client, ns, name, self.buffer_data()).await {
+            warn!("writing the status ConfigMap: {e}");
+        }
+    }
+
+    /// The status ConfigMap's `buffers` (for people) and `buffers.json` (for tools).
+    fn buffer_data(&self) -> BTreeMap<String, String> {
         let mut buffers = String::new();
         for r in &self.buffer_report {
             buffers.push_str(&format!(
@@ -1850,18 +1864,22 @@ impl Controller {
         if buffers.is_empty() {
             buffers.push_str("none\n");
         }
-        let data = BTreeMap::from([
-            ("status".to_string(), status::to_text(st)),
-            (
-                "status.json".to_string(),
-                serde_json::to_string_pretty(st).unwrap_or_default(),
-            ),
+        BTreeMap::from([
             ("buffers".to_string(), buffers),
             (
                 "buffers.json".to_string(),
                 serde_json::to_string_pretty(&self.buffer_report).unwrap_or_default(),
             ),
-        ]);
+        ])
+    }
+
+    async fn write_status(&self, st: &status::Status) {
+        let mut data = self.buffer_data();
+        data.insert("status".to_string(), status::to_text(st));
+        data.insert(
+            "status.json".to_string(),
+            serde_json::to_string_pretty(st).unwrap_or_default(),
+        );
         let (ns, name) = &self.status_name;
         if let Err(e) = kube_io::write_status(&self.client, ns, name, data).await {
             warn!("writing the status ConfigMap: {e}");

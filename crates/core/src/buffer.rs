@@ -504,7 +504,13 @@ impl<'a> Placed<'a> {
         if let Some(&target) = self.existing.get(key) {
             return match self.snapshot.nodes.iter().find(|n| n.name == target) {
                 Some(n) => {
-                    let t = template_of_node(n, &self.templates).map(|t| &self.templates[t]);
+                    // A node of ours not registered into its pool yet: priced as its type.
+                    let t = template_of_node(n, &self.templates)
+                        .map(|t| &self.templates[t])
+                        .or_else(|| {
+                            let it = n.instance_type()?;
+                            self.templates.iter().find(|t| t.instance_type == it)
+                        });
                     let price = price_of(n, t);
                     let gpus = match t {
                         Some(t) if n.allocatable.whole_gpus() == 0 => i64::from(t.gpus),
