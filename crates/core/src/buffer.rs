@@ -173,6 +173,13 @@ pub fn pod_name(buffer: &str, i: u32) -> String {
     format!("capacity-buffer.{buffer}.{i}")
 }
 
+/// Whether a plan's pod key (`namespace/name`) names a buffer's virtual pod (by the names
+/// [`pod_name`] gives them): not a pod that waits.
+pub fn is_virtual_key(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(_, name)| name.starts_with("capacity-buffer."))
+}
+
 /// A buffer's new status (conditions whole, others' kept).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Update {

@@ -2921,6 +2921,8 @@ fn buffer_timeline_warm_nodes_launched_kept_replenished_and_let_go() {
         2,
         "{a:?}"
     );
+    // Not pods that wait: the status counts none.
+    assert_eq!(status(&a).map(|s| s.pending_gpu_pods), Some(0), "{a:?}");
     // Nothing more while they come up, nor once they are Ready.
     assert!(launches(&run.pass_with_buffers(T0 + secs(10), &buffer)).is_empty());
     let ids: Vec<String> = run.cloud.live().iter().map(|i| i.id.clone()).collect();
