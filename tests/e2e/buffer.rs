@@ -105,6 +105,15 @@ fn buffer_keeps_warm_gpu_nodes_a_real_pod_runs_at_once_and_the_buffer_is_repleni
         Some("True".into()),
         "{b}"
     );
+    // The launch's Event is on the buffer (its chunks are no pods).
+    let on_buffer = env.wait_for("a TriggeredScaleUp Event on the buffer", MIN, || {
+        let e = env.events("TriggeredScaleUp");
+        e.iter().any(|l| l.starts_with("warm: ")).then_some(e)
+    });
+    assert!(
+        on_buffer.iter().all(|l| !l.starts_with("capacity-buffer.")),
+        "{on_buffer:?}"
+    );
     // Reported: both chunks warm, at a price.
     let warm_now = env.wait_for("the buffer's metrics", MIN, || {
         env.metric(
