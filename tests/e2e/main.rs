@@ -7,6 +7,7 @@
 
 mod alibaba;
 mod anchors;
+mod buffer;
 mod cluster;
 mod dra;
 mod faults;

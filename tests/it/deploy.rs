@@ -656,6 +656,15 @@ fn rbac_is_least_privilege() {
             "",
         ),
         ("core", "podtemplates", "list watch", ""),
+        ("autoscaling.x-k8s.io", "capacitybuffers", "list watch", ""),
+        (
+            "autoscaling.x-k8s.io",
+            "capacitybuffers/status",
+            "patch",
+            "",
+        ),
+        ("apps", "deployments", "list watch", ""),
+        ("apps", "statefulsets", "list watch", ""),
         ("events.k8s.io", "events", "create patch", ""),
         ("core", "namespaces", "get", "kube-system"),
     ]);

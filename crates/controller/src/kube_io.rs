@@ -190,6 +190,84 @@ pub fn provisioning_request_ref(namespace: &str, name: &str, uid: &str) -> Objec
     }
 }
 
+const BUFFER_API_VERSION: &str = "autoscaling.x-k8s.io/v1beta1";
+
+/// Whether the API server serves CapacityBuffers (`autoscaling.x-k8s.io/v1beta1`, a CRD the
+/// cluster installs): asked once at start.
+pub async fn serves_buffers(client: &Client) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(BUFFER_API_VERSION).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "capacitybuffers")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn buffer_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: "autoscaling.x-k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: BUFFER_API_VERSION.into(),
+        kind: "CapacityBuffer".into(),
+        plural: "capacitybuffers".into(),
+    }
+}
+
+/// CapacityBuffers in every namespace, as dynamic objects (the store takes JSON).
+pub fn buffer_api(client: &Client) -> Api<kube::api::DynamicObject> {
+    Api::all_with(client.clone(), &buffer_resource())
+}
+
+/// Writes a CapacityBuffer's status (`replicas`, `podTemplateRef`, `provisioningStrategy`, the
+/// whole list of conditions: the status subresource, merge patch). A buffer deleted meanwhile is
+/// not an error.
+pub async fn write_buffer_status(
+    client: &Client,
+    update: &gpu_node_autoscaler_core::buffer::Update,
+) -> Result<(), kube::Error> {
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &update.namespace, &buffer_resource());
+    let st = &update.status;
+    let conditions: Vec<serde_json::Value> = st
+        .conditions
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "type": c.kind,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": c.since.to_rfc3339(),
+                "observedGeneration": c.observed_generation,
+            })
+        })
+        .collect();
+    let patch = serde_json::json!({"status": {
+        "replicas": st.replicas,
+        "podTemplateRef": st.pod_template.as_ref().map(|n| serde_json::json!({"name": n})),
+        "provisioningStrategy": st.strategy,
+        "conditions": conditions,
+    }});
+    match api
+        .patch_status(&update.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn buffer_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(BUFFER_API_VERSION.into()),
+        kind: Some("CapacityBuffer".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: (!uid.is_empty()).then(|| uid.to_string()),
+        ..Default::default()
+    }
+}
+
 fn to_json<K: Serialize>(o: &K) -> serde_json::Value {
     serde_json::to_value(o).unwrap_or(serde_json::Value::Null)
 }

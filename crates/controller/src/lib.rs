@@ -312,26 +312,68 @@ async fn run_async(args: RunArgs) -> Result<()> {
     }
 
     // ProvisioningRequests (Kueue's provisioning admission check, the Cluster Autoscaler's
-    // API) and the PodTemplates they name, when the cluster has their CRD.
-    if kube_io::serves_provisioning(&client)
+    // API) and CapacityBuffers (warm capacity), with the PodTemplates they name, when the
+    // cluster has their CRDs.
+    let provisioning = kube_io::serves_provisioning(&client)
         .await
-        .context("asking the API server whether it serves autoscaling.x-k8s.io/v1")?
-    {
-        tokio::spawn(kube_io::watch_into(
-            kube_io::provisioning_api(&watch_client),
-            watcher::Config::default(),
-            Kind::ProvisioningRequest,
-            state.clone(),
-        ));
+        .context("asking the API server whether it serves autoscaling.x-k8s.io/v1")?;
+    let buffers = kube_io::serves_buffers(&client)
+        .await
+        .context("asking the API server whether it serves autoscaling.x-k8s.io/v1beta1")?;
+    if !provisioning && !buffers {
+        info!("the API server serves neither ProvisioningRequests (autoscaling.x-k8s.io/v1) nor CapacityBuffers (autoscaling.x-k8s.io/v1beta1): neither is watched");
+        state.lock().unwrap().without_provisioning(wall_now());
+    } else {
         tokio::spawn(kube_io::watch_into(
             Api::<k8s_openapi::api::core::v1::PodTemplate>::all(watch_client.clone()),
             watcher::Config::default(),
             Kind::PodTemplate,
             state.clone(),
         ));
-    } else {
+    }
+    if provisioning {
+        tokio::spawn(kube_io::watch_into(
+            kube_io::provisioning_api(&watch_client),
+            watcher::Config::default(),
+            Kind::ProvisioningRequest,
+            state.clone(),
+        ));
+    } else if buffers {
         info!("the API server does not serve autoscaling.x-k8s.io/v1: ProvisioningRequests are not watched");
-        state.lock().unwrap().without_provisioning(wall_now());
+        let mut s = state.lock().unwrap();
+        s.apply(
+            Kind::ProvisioningRequest,
+            store::WatchEvent::Init,
+            wall_now(),
+        );
+        s.apply(
+            Kind::ProvisioningRequest,
+            store::WatchEvent::InitDone,
+            wall_now(),
+        );
+    }
+    if buffers {
+        tokio::spawn(kube_io::watch_into(
+            kube_io::buffer_api(&watch_client),
+            watcher::Config::default(),
+            Kind::CapacityBuffer,
+            state.clone(),
+        ));
+        tokio::spawn(kube_io::watch_into(
+            Api::<k8s_openapi::api::apps::v1::Deployment>::all(watch_client.clone()),
+            watcher::Config::default(),
+            Kind::Deployment,
+            state.clone(),
+        ));
+        tokio::spawn(kube_io::watch_into(
+            Api::<k8s_openapi::api::apps::v1::StatefulSet>::all(watch_client.clone()),
+            watcher::Config::default(),
+            Kind::StatefulSet,
+            state.clone(),
+        ));
+    } else {
+        info!("the API server does not serve autoscaling.x-k8s.io/v1beta1: CapacityBuffers are not watched");
+        state.lock().unwrap().without_buffers(wall_now());
     }
 
     let metrics = Arc::new(Metrics::new());
@@ -390,6 +432,8 @@ async fn run_async(args: RunArgs) -> Result<()> {
         decided_at: None,
         reacted: HashSet::new(),
         request_pods: HashMap::new(),
+        buffer_pods: HashMap::new(),
+        buffer_report: Vec::new(),
         queue: None,
         notices: BTreeMap::new(),
         http: reqwest::Client::new(),
@@ -478,6 +522,11 @@ struct Controller {
     /// request's namespace, name and UID: no such pod exists, so nothing is nominated for them
     /// and their Events are the request's.
     request_pods: HashMap<String, (String, String, String)>,
+    /// The virtual pods of the last pass made from CapacityBuffers (`namespace/name`) → the
+    /// buffer's namespace, name and UID: as `request_pods`, they do not exist.
+    buffer_pods: HashMap<String, (String, String, String)>,
+    /// Where the last pass found each buffer's room, and its cost (status ConfigMap, metrics).
+    buffer_report: Vec<gpu_node_autoscaler_core::buffer::Report>,
     /// The policy's interruption queue (`interruptionQueue`), when set.
     queue: Option<Arc<dyn InterruptionSource>>,
     /// Notices received and not acknowledged yet: message id → (receipt, notice).
@@ -1215,7 +1264,7 @@ impl Controller {
         let launch_versions = self.list_launch_versions().await;
         self.beat();
         let now = wall_now();
-        let (mut snapshot, other_provider_ids, (requests, bad_requests)) = {
+        let (mut snapshot, other_provider_ids, (requests, bad_requests), (buffers, bad_buffers)) = {
             let mut s = self.state.lock().unwrap();
             self.reacted.retain(|k| s.pods.items.contains_key(k));
             (
@@ -1225,6 +1274,7 @@ impl Controller {
                     .cloned()
                     .collect::<Vec<_>>(),
                 s.provisioning_requests(),
+                s.capacity_buffers(),
             )
         };
         snapshot.reservations = reservations;
@@ -1254,8 +1304,35 @@ impl Controller {
         if !assessment.inject.is_empty() {
             snapshot = assessment.snapshot(&snapshot);
         }
-        // The requests' conditions are the leader's to write, and not in dry-run (nothing is
-        // launched for them there).
+        // CapacityBuffers: their virtual pods planned after every real pod (and the requests').
+        for (key, why) in bad_buffers {
+            warn!(buffer = %key, "CapacityBuffer not understood: {why}");
+        }
+        let buffered = self.core.assess_buffers(&snapshot, &buffers, now);
+        self.buffer_pods = buffered
+            .inject
+            .iter()
+            .filter_map(|p| {
+                let name = gpu_node_autoscaler_core::buffer::buffer_of(p)?;
+                let uid = buffers
+                    .iter()
+                    .find(|b| b.namespace == p.id.namespace && b.name == name)
+                    .map_or_else(String::new, |b| b.uid.clone());
+                Some((
+                    p.id.to_string(),
+                    (p.id.namespace.clone(), name.to_string(), uid),
+                ))
+            })
+            .collect();
+        if !buffered.inject.is_empty() {
+            snapshot = buffered.snapshot(&snapshot);
+        }
+        if self.publish_buffers(&buffered.report) && self.elector.is_leader() {
+            // The status ConfigMap's buffer keys follow the buffers, not the core's status.
+            self.write_buffer_status_keys().await;
+        }
+        // The requests' and buffers' status are the leader's to write, and not in dry-run
+        // (nothing is launched for them there).
         if self.args.dry_run {
             for u in &assessment.updates {
                 let c: Vec<String> = u
@@ -1265,10 +1342,24 @@ impl Controller {
                     .collect();
                 info!(request = %format!("{}/{}", u.namespace, u.name), "dry-run: ProvisioningRequest conditions not written: {}", c.join(", "));
             }
+            for u in &buffered.updates {
+                let c: Vec<String> = u
+                    .status
+                    .conditions
+                    .iter()
+                    .map(|c| format!("{}={} ({})", c.kind, c.status, c.reason))
+                    .collect();
+                info!(buffer = %format!("{}/{}", u.namespace, u.name), "dry-run: CapacityBuffer status not written: {}", c.join(", "));
+            }
         } else if self.elector.is_leader() {
             for u in &assessment.updates {
                 if let Err(e) = kube_io::write_provisioning_conditions(&self.client, u).await {
                     warn!(request = %format!("{}/{}", u.namespace, u.name), "writing the ProvisioningRequest's conditions: {e}");
+                }
+            }
+            for u in &buffered.updates {
+                if let Err(e) = kube_io::write_buffer_status(&self.client, u).await {
+                    warn!(buffer = %format!("{}/{}", u.namespace, u.name), "writing the CapacityBuffer's status: {e}");
                 }
             }
         }
@@ -1474,7 +1565,9 @@ impl Controller {
                     }
                 }
                 // A pod made from a ProvisioningRequest does not exist: its node is booked.
-                Action::Nominate { pod, .. } if self.request_pods.contains_key(&pod) => {}
+                Action::Nominate { pod, .. }
+                    if self.request_pods.contains_key(&pod)
+                        || self.buffer_pods.contains_key(&pod) => {}
                 Action::Nominate { pod, uid, node } => nominations.push((pod, uid, node)),
                 Action::Annotate { node, key, value } => {
                     let api: Api<K8sNode> = Api::all(self.client.clone());
@@ -1489,12 +1582,18 @@ impl Controller {
                             namespace,
                             name,
                             uid,
-                        } => match self.request_pods.get(&format!("{namespace}/{name}")) {
-                            Some((ns, request, uid)) => {
-                                kube_io::provisioning_request_ref(ns, request, uid)
+                        } => {
+                            let key = format!("{namespace}/{name}");
+                            match (self.request_pods.get(&key), self.buffer_pods.get(&key)) {
+                                (Some((ns, request, uid)), _) => {
+                                    kube_io::provisioning_request_ref(ns, request, uid)
+                                }
+                                (None, Some((ns, buffer, uid))) => {
+                                    kube_io::buffer_ref(ns, buffer, uid)
+                                }
+                                (None, None) => pod_ref(namespace, name, uid),
                             }
-                            None => pod_ref(namespace, name, uid),
-                        },
+                        }
                         Subject::Node(n) => node_ref(n),
                         Subject::Pool(_) => self.policy_ref(),
                     },
@@ -1719,14 +1818,74 @@ impl Controller {
         }
     }
 
-    async fn write_status(&self, st: &status::Status) {
-        let data = BTreeMap::from([
-            ("status".to_string(), status::to_text(st)),
+    /// Each CapacityBuffer's room and cost as metrics; the series of buffers gone are removed.
+    /// Whether the report changed since the last pass.
+    fn publish_buffers(&mut self, report: &[gpu_node_autoscaler_core::buffer::Report]) -> bool {
+        let m = &self.metrics;
+        for old in &self.buffer_report {
+            if !report.iter().any(|r| r.buffer == old.buffer) {
+                let l = metrics::BufferLabel {
+                    buffer: old.buffer.clone(),
+                };
+                m.buffer_replicas.remove(&l);
+                m.buffer_ready_replicas.remove(&l);
+                m.buffer_gpus.remove(&l);
+                m.buffer_cost.remove(&l);
+            }
+        }
+        for r in report {
+            let l = metrics::BufferLabel {
+                buffer: r.buffer.clone(),
+            };
+            m.buffer_replicas
+                .get_or_create(&l)
+                .set(i64::from(r.replicas));
+            m.buffer_ready_replicas
+                .get_or_create(&l)
+                .set(i64::from(r.ready));
+            m.buffer_gpus.get_or_create(&l).set(r.gpus);
+            m.buffer_cost.get_or_create(&l).set(r.cost_per_hour);
+        }
+        let changed = self.buffer_report != report;
+        self.buffer_report = report.to_vec();
+        changed
+    }
+
+    async fn write_buffer_status_keys(&self) {
+        let (ns, name) = &self.status_name;
+        if let Err(e) = kube_io::write_status(&self.client, ns, name, self.buffer_data()).await {
+            warn!("writing the status ConfigMap: {e}");
+        }
+    }
+
+    /// The status ConfigMap's `buffers` (for people) and `buffers.json` (for tools).
+    fn buffer_data(&self) -> BTreeMap<String, String> {
+        let mut buffers = String::new();
+        for r in &self.buffer_report {
+            buffers.push_str(&format!(
+                "{}: {} chunks ({} GPUs), {} warm, {} on their way, {} without a node; ${:.3}/hour\n",
+                r.buffer, r.replicas, r.gpus, r.ready, r.provisioning, r.unplaced, r.cost_per_hour
+            ));
+        }
+        if buffers.is_empty() {
+            buffers.push_str("none\n");
+        }
+        BTreeMap::from([
+            ("buffers".to_string(), buffers),
             (
-                "status.json".to_string(),
-                serde_json::to_string_pretty(st).unwrap_or_default(),
+                "buffers.json".to_string(),
+                serde_json::to_string_pretty(&self.buffer_report).unwrap_or_default(),
             ),
-        ]);
+        ])
+    }
+
+    async fn write_status(&self, st: &status::Status) {
+        let mut data = self.buffer_data();
+        data.insert("status".to_string(), status::to_text(st));
+        data.insert(
+            "status.json".to_string(),
+            serde_json::to_string_pretty(st).unwrap_or_default(),
+        );
         let (ns, name) = &self.status_name;
         if let Err(e) = kube_io::write_status(&self.client, ns, name, data).await {
             warn!("writing the status ConfigMap: {e}");

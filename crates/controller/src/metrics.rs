@@ -80,6 +80,12 @@ pub struct CloudResult {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BufferLabel {
+    /// `namespace/name` of the CapacityBuffer.
+    pub buffer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildInfo {
     pub version: String,
 }
@@ -124,6 +130,10 @@ pub struct Metrics {
     pub last_pass_timestamp_seconds: Gauge,
     pub offering_price: Family<OfferingLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub price_refreshes: Family<PriceRefresh, Counter>,
+    pub buffer_replicas: Family<BufferLabel, Gauge>,
+    pub buffer_ready_replicas: Family<BufferLabel, Gauge>,
+    pub buffer_gpus: Family<BufferLabel, Gauge>,
+    pub buffer_cost: Family<BufferLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The process' own (`process_*`, without the prefix, as every exporter names them).
     process: Process,
     registry: Registry,
@@ -243,6 +253,10 @@ impl Metrics {
             last_pass_timestamp_seconds: Gauge::default(),
             offering_price: Family::default(),
             price_refreshes: Family::default(),
+            buffer_replicas: Family::default(),
+            buffer_ready_replicas: Family::default(),
+            buffer_gpus: Family::default(),
+            buffer_cost: Family::default(),
             process: Process::new(),
             registry: Registry::default(),
         };
@@ -410,6 +424,27 @@ impl Metrics {
             "Reads of a cloud's prices while the policy stays the same, by result (ok, error: \
              the last good prices stay)",
             m.price_refreshes.clone(),
+        );
+        registry.register(
+            "buffer_replicas",
+            "Chunks each CapacityBuffer keeps as spare capacity (its status.replicas)",
+            m.buffer_replicas.clone(),
+        );
+        registry.register(
+            "buffer_ready_replicas",
+            "Chunks of each CapacityBuffer with room on Ready nodes now (warm)",
+            m.buffer_ready_replicas.clone(),
+        );
+        registry.register(
+            "buffer_gpus",
+            "GPUs of all the chunks of each CapacityBuffer",
+            m.buffer_gpus.clone(),
+        );
+        registry.register(
+            "buffer_cost_dollars_per_hour",
+            "What the room each CapacityBuffer holds costs: each chunk's share of its node's \
+             GPUs times the node's price",
+            m.buffer_cost.clone(),
         );
         registry.register(
             "reaction_seconds",

@@ -166,6 +166,12 @@ pub struct ClusterState {
     /// `metadata.managedFields` (converted in each pass, see [`ClusterState::provisioning_requests`]).
     pub provisioning_requests: KindStore<Value>,
     pub pod_templates: KindStore<Value>,
+    /// CapacityBuffers (`autoscaling.x-k8s.io/v1beta1`) by `namespace/name`, and the scalable
+    /// objects they may name (Deployments, StatefulSets), kept with only their pod template and
+    /// replicas (see [`ClusterState::capacity_buffers`]).
+    pub capacity_buffers: KindStore<Value>,
+    pub deployments: KindStore<Value>,
+    pub stateful_sets: KindStore<Value>,
     /// When each pending GPU pod was first seen unschedulable (for the reaction-time metric and
     /// the batching window).
     pub unschedulable_since: HashMap<String, Time>,
@@ -189,6 +195,21 @@ fn slim(mut v: Value) -> Value {
     v
 }
 
+/// What a buffer reads of a scalable object: its pod template and replicas.
+fn scalable(v: Value) -> Value {
+    serde_json::json!({
+        "metadata": {
+            "name": v.pointer("/metadata/name"),
+            "namespace": v.pointer("/metadata/namespace"),
+        },
+        "spec": {
+            "replicas": v.pointer("/spec/replicas"),
+            "template": v.pointer("/spec/template"),
+        },
+        "status": {"replicas": v.pointer("/status/replicas")},
+    })
+}
+
 /// The key of the policy ConfigMap that holds the policy.
 pub const POLICY_KEY: &str = "policy.yaml";
 
@@ -208,10 +229,13 @@ pub enum Kind {
     StorageClass,
     ProvisioningRequest,
     PodTemplate,
+    CapacityBuffer,
+    Deployment,
+    StatefulSet,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Pod,
         Kind::Node,
         Kind::Pdb,
@@ -225,10 +249,17 @@ impl Kind {
         Kind::StorageClass,
         Kind::ProvisioningRequest,
         Kind::PodTemplate,
+        Kind::CapacityBuffer,
+        Kind::Deployment,
+        Kind::StatefulSet,
     ];
 
     /// ProvisioningRequests (`autoscaling.x-k8s.io/v1`) and the PodTemplates their pod sets name.
     pub const PROVISIONING: [Kind; 2] = [Kind::ProvisioningRequest, Kind::PodTemplate];
+
+    /// CapacityBuffers (`autoscaling.x-k8s.io/v1beta1`) and the scalable objects they may name
+    /// (their PodTemplates are watched with ProvisioningRequests' or alone).
+    pub const BUFFERS: [Kind; 3] = [Kind::CapacityBuffer, Kind::Deployment, Kind::StatefulSet];
 
     /// The kinds of `resource.k8s.io/v1` (Dynamic Resource Allocation).
     pub const DRA: [Kind; 4] = [
@@ -253,6 +284,9 @@ impl Kind {
             Kind::StorageClass => "storageclasses",
             Kind::ProvisioningRequest => "provisioningrequests",
             Kind::PodTemplate => "podtemplates",
+            Kind::CapacityBuffer => "capacitybuffers",
+            Kind::Deployment => "deployments",
+            Kind::StatefulSet => "statefulsets",
         }
     }
 }
@@ -277,6 +311,9 @@ impl ClusterState {
             Kind::StorageClass => self.storage_classes.synced,
             Kind::ProvisioningRequest => self.provisioning_requests.synced,
             Kind::PodTemplate => self.pod_templates.synced,
+            Kind::CapacityBuffer => self.capacity_buffers.synced,
+            Kind::Deployment => self.deployments.synced,
+            Kind::StatefulSet => self.stateful_sets.synced,
         }
     }
 
@@ -296,6 +333,64 @@ impl ClusterState {
             self.apply(kind, WatchEvent::Init, now);
             self.apply(kind, WatchEvent::InitDone, now);
         }
+    }
+
+    /// For an API server that does not serve CapacityBuffers: their stores are complete and
+    /// empty (the PodTemplates' store is [`ClusterState::without_provisioning`]'s).
+    pub fn without_buffers(&mut self, now: Time) {
+        for kind in Kind::BUFFERS {
+            self.apply(kind, WatchEvent::Init, now);
+            self.apply(kind, WatchEvent::InitDone, now);
+        }
+    }
+
+    /// The CapacityBuffers, converted with the PodTemplates and scalable objects they name,
+    /// sorted by key; those that are not CapacityBuffers at all are left out (their keys and
+    /// why in the second list).
+    pub fn capacity_buffers(
+        &mut self,
+    ) -> (
+        Vec<gpu_node_autoscaler_core::buffer::CapacityBuffer>,
+        Vec<(String, String)>,
+    ) {
+        if self.capacity_buffers.items.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
+        let templates: BTreeMap<String, Value> = self
+            .pod_templates
+            .items
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut scalables: BTreeMap<String, Value> = BTreeMap::new();
+        for (kind, store) in [
+            ("Deployment", &self.deployments),
+            ("StatefulSet", &self.stateful_sets),
+        ] {
+            for (k, v) in &store.items {
+                if let Some((ns, name)) = k.split_once('/') {
+                    scalables.insert(
+                        gpu_node_autoscaler_core::convert::scalable_key("apps", kind, ns, name),
+                        v.clone(),
+                    );
+                }
+            }
+        }
+        let mut keys: Vec<&String> = self.capacity_buffers.items.keys().collect();
+        keys.sort();
+        let mut out = Vec::new();
+        let mut bad = Vec::new();
+        for k in keys {
+            match self.converter.capacity_buffer(
+                &self.capacity_buffers.items[k],
+                &templates,
+                &scalables,
+            ) {
+                Ok(b) => out.push(b),
+                Err(e) => bad.push((k.clone(), e)),
+            }
+        }
+        (out, bad)
     }
 
     /// The ProvisioningRequests, converted with the PodTemplates they name, sorted by key; those
@@ -457,6 +552,15 @@ impl ClusterState {
             }
             Kind::PodTemplate => {
                 self.pod_templates.apply(event, |v| Ok(slim(v)));
+            }
+            Kind::CapacityBuffer => {
+                self.capacity_buffers.apply(event, |v| Ok(slim(v)));
+            }
+            Kind::Deployment => {
+                self.deployments.apply(event, |v| Ok(scalable(v)));
+            }
+            Kind::StatefulSet => {
+                self.stateful_sets.apply(event, |v| Ok(scalable(v)));
             }
         }
     }
@@ -754,6 +858,7 @@ mod tests {
         let mut s = ClusterState::default();
         s.without_dra(Time(0));
         s.without_provisioning(Time(0));
+        s.without_buffers(Time(0));
         for k in [
             Kind::Pod,
             Kind::Node,

@@ -1046,10 +1046,12 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     Ok(out)
 }
 
+mod buffer;
 mod dra;
 mod provisioning;
 mod volumes;
 
+pub use buffer::scalable_key;
 pub use provisioning::VALID_UNTIL_SECONDS;
 
 #[cfg(test)]

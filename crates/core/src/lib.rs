@@ -7,6 +7,7 @@
 //! and writes YAML.
 
 pub mod autoscaler;
+pub mod buffer;
 pub mod catalog;
 pub mod convert;
 pub mod dra;

@@ -535,6 +535,24 @@ impl Autoscaler {
         }
     }
 
+    /// What the CapacityBuffers of a pass call for under the policy in force (see
+    /// [`crate::buffer::assess`]): `snapshot` is the one the pass plans (with the
+    /// ProvisioningRequests' pods); the executor plans with
+    /// [`crate::buffer::Assessment::snapshot`] and writes the updates. Without a policy, nothing.
+    pub fn assess_buffers(
+        &self,
+        snapshot: &Snapshot,
+        buffers: &[crate::buffer::CapacityBuffer],
+        now: Time,
+    ) -> crate::buffer::Assessment {
+        match (&self.policy, &self.templates) {
+            (Some(policy), Some(templates)) if !buffers.is_empty() => {
+                crate::buffer::assess(snapshot, templates, policy, buffers, now)
+            }
+            _ => Default::default(),
+        }
+    }
+
     /// Whether the last leader's history must be read (with [`Autoscaler::restore`]) before
     /// the next pass decides anything.
     pub fn needs_restore(&self) -> bool {

@@ -281,9 +281,22 @@ pub fn build(i: &StatusInput) -> Status {
         leader: i.leader.to_string(),
         dry_run: i.dry_run,
         policy_valid: i.policy_valid,
-        pending_gpu_pods: i.plan.scale_ups.iter().map(|u| u.pods.len()).sum::<usize>()
-            + i.plan.unschedulable.len()
-            + i.plan.existing_capacity.len(),
+        // Real pods only: a CapacityBuffer's chunks are not pods that wait.
+        pending_gpu_pods: {
+            let real = |k: &str| !crate::buffer::is_virtual_key(k);
+            i.plan
+                .scale_ups
+                .iter()
+                .flat_map(|u| &u.pods)
+                .filter(|p| real(p.as_str()))
+                .count()
+                + i.plan.unschedulable.iter().filter(|u| real(&u.pod)).count()
+                + i.plan
+                    .existing_capacity
+                    .iter()
+                    .filter(|p| real(&p.pod))
+                    .count()
+        },
         pools,
         unavailable_offerings: i
             .unavailable

@@ -3005,3 +3005,121 @@ fn a_pod_refused_on_three_nodes_waits_with_its_reason_instead_of_launching_more(
         }
     }
 }
+
+/// A CapacityBuffer of `replicas` one-GPU chunks in namespace `serve`.
+fn one_gpu_buffer(replicas: i32) -> crate::buffer::CapacityBuffer {
+    use crate::buffer::{CapacityBuffer, Source, Status, STRATEGY_ACTIVE};
+    let mut chunk = PodBuilder::new("serve", "chunk")
+        .gpus(1)
+        .cpu_milli(1000)
+        .memory_gib(2)
+        .build();
+    chunk.unschedulable = true;
+    CapacityBuffer {
+        namespace: "serve".into(),
+        name: "warm".into(),
+        uid: "uid-warm".into(),
+        generation: 1,
+        created: T0,
+        strategy: STRATEGY_ACTIVE.into(),
+        source: Source::PodTemplate("replica".into()),
+        replicas: Some(replicas),
+        percentage: None,
+        limits: None,
+        chunk: Ok(chunk),
+        scalable_replicas: None,
+        status: Status::default(),
+    }
+}
+
+impl Run {
+    /// One pass with the buffers' virtual pods planned alongside the real ones, as the
+    /// executors do.
+    fn pass_with_buffers(
+        &mut self,
+        now: Time,
+        buffers: &[crate::buffer::CapacityBuffer],
+    ) -> Vec<Action> {
+        let real: Vec<Pod> = self
+            .pods
+            .iter()
+            .filter(|p| crate::buffer::buffer_of(p).is_none())
+            .cloned()
+            .collect();
+        self.pods = real;
+        let a = self
+            .core
+            .assess_buffers(&self.observation(now).snapshot, buffers, now);
+        self.pods.extend(a.inject);
+        self.pass(now)
+    }
+}
+
+const BUFFER_POLICY: &str = r#"
+zones: [us-east-1a]
+maxNodeProvisionTime: 10m
+pools:
+  - name: a10g
+    instanceTypes: [g5.xlarge]
+    capacityTypes: [on-demand]
+    maxNodes: 20
+    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}
+"#;
+
+#[test]
+fn buffer_timeline_warm_nodes_launched_kept_replenished_and_let_go() {
+    let mut run = Run::with_policy(Config::default(), BUFFER_POLICY);
+    let buffer = [one_gpu_buffer(2)];
+    // No pod at all: two one-GPU nodes are launched for the buffer's two chunks.
+    let a = run.pass_with_buffers(T0, &buffer);
+    assert_eq!(
+        launches(&a).iter().map(|l| l.count).sum::<u32>(),
+        2,
+        "{a:?}"
+    );
+    // Not pods that wait: the status counts none.
+    assert_eq!(status(&a).map(|s| s.pending_gpu_pods), Some(0), "{a:?}");
+    // Nothing more while they come up, nor once they are Ready.
+    assert!(launches(&run.pass_with_buffers(T0 + secs(10), &buffer)).is_empty());
+    let ids: Vec<String> = run.cloud.live().iter().map(|i| i.id.clone()).collect();
+    assert_eq!(ids.len(), 2);
+    for id in &ids {
+        run.register(id, 1, T0 + secs(60));
+    }
+    assert!(launches(&run.pass_with_buffers(T0 + secs(70), &buffer)).is_empty());
+
+    // Empty far past their unneeded time and the cooldown: kept, never drained.
+    for t in [600, 1200, 1800] {
+        let a = run.pass_with_buffers(T0 + secs(t), &buffer);
+        assert!(drains(&a).is_empty(), "drained at {t}s: {a:?}");
+        assert!(launches(&a).is_empty(), "launched at {t}s: {a:?}");
+    }
+
+    // A real pod takes one warm node (the scheduler bound it at once): one node more, for the
+    // room it took.
+    let node = run.nodes[0].name.clone();
+    run.pods.push(
+        PodBuilder::new("serve", "burst-0")
+            .gpus(1)
+            .cpu_milli(500)
+            .memory_gib(1)
+            .on(&node)
+            .build(),
+    );
+    let a = run.pass_with_buffers(T0 + secs(1810), &buffer);
+    assert_eq!(
+        launches(&a).iter().map(|l| l.count).sum::<u32>(),
+        1,
+        "{a:?}"
+    );
+
+    // The buffer is deleted: its empty node is unneeded, and goes after its unneeded time.
+    let a = run.pass_with_buffers(T0 + secs(1900), &[]);
+    assert!(drains(&a).is_empty());
+    let since = (T0 + secs(1900)).to_rfc3339();
+    Arc::make_mut(&mut run.nodes[1].annotations).insert(labels::UNNEEDED_SINCE.into(), since);
+    let a = run.pass_with_buffers(T0 + secs(2100), &[]);
+    let d = drains(&a);
+    assert_eq!(d.len(), 1, "{a:?}");
+    assert_eq!(d[0].node, run.nodes[1].name);
+}

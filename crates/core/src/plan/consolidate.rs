@@ -156,6 +156,14 @@ pub fn consolidate(
 ) -> Result<Consolidation, String> {
     let cfg = &pool.consolidation;
     if let Some(p) = snapshot.pods.iter().find(|p| is_planned_pod(p)) {
+        // A CapacityBuffer's pods are always pending: while a buffer is in force, its room is
+        // not moved around.
+        if let Some(b) = crate::buffer::buffer_of(p) {
+            return Err(format!(
+                "capacity buffer {}/{b} holds room: consolidation waits while a buffer is in force",
+                p.id.namespace
+            ));
+        }
         return Err(format!("pod {} waits for a node", p.id));
     }
     if snapshot.in_flight.iter().any(|f| f.pool == pool.name) {
