@@ -90,7 +90,19 @@ impl Autoscaler {
             let Some(pod) = snapshot.pods.get(placed.pod_index) else {
                 continue;
             };
-            if placed.target.starts_with("launch/") || !pod.is_pending() || !pod.unschedulable {
+            // Pods no scheduler places (a CapacityBuffer's chunks, a ProvisioningRequest's
+            // booked pods) sit on their room for good: never refusals.
+            let virtual_pod = [
+                crate::buffer::BUFFER_ANNOTATION,
+                crate::provisioning::REQUEST_ANNOTATION,
+            ]
+            .iter()
+            .any(|a| pod.annotations.contains_key(*a));
+            if placed.target.starts_with("launch/")
+                || !pod.is_pending()
+                || !pod.unschedulable
+                || virtual_pod
+            {
                 continue;
             }
             let nodes = nodes.get_or_insert_with(|| {
