@@ -371,6 +371,8 @@ pub struct Autoscaler {
     pass: Option<Pass>,
     last_plan: Option<Plan>,
     wake: Wake,
+    /// What each pool launches today ([`crate::plan::lifecycle::fingerprint`]), per policy.
+    fingerprints: crate::plan::lifecycle::Fingerprints,
 }
 
 /// Scale-up state: offerings short of capacity, launch back-off, the pods each launch was planned
@@ -481,6 +483,7 @@ impl Autoscaler {
             pass: None,
             last_plan: None,
             wake: Wake::default(),
+            fingerprints: Default::default(),
         }
     }
 
