@@ -459,19 +459,14 @@ pub fn launch_reservations(
 }
 
 /// The launch request for one planned scale-up: the pool's node-template tags, and what the
-/// launch uses ([`crate::plan::lifecycle::fingerprint`]; `launch_version`: what the pool's
-/// moving launch template version resolves to now, where known).
-pub fn launch_request(
-    su: &ScaleUp,
-    pool: Option<&Pool>,
-    launch_version: Option<&str>,
-    attempt: u32,
-) -> LaunchRequest {
-    let mut tags = pool.map(node_template_tags).unwrap_or_default();
-    if let Some(p) = pool {
+/// launch uses (`fingerprint`: [`crate::plan::lifecycle::fingerprint`] of the pool, with what
+/// its moving launch template version resolves to now, where known).
+pub fn launch_request(su: &ScaleUp, pool: Option<(&Pool, &str)>, attempt: u32) -> LaunchRequest {
+    let mut tags = pool.map(|(p, _)| node_template_tags(p)).unwrap_or_default();
+    if let Some((_, fingerprint)) = pool {
         tags.insert(
             labels::LAUNCH_FINGERPRINT.to_string(),
-            crate::plan::lifecycle::fingerprint(p, launch_version),
+            fingerprint.to_string(),
         );
     }
     LaunchRequest {

@@ -378,6 +378,8 @@ pub struct Autoscaler {
     last_plan: Option<Plan>,
     wake: Wake,
     refusals: refused::Refusals,
+    /// What each pool launches today ([`crate::plan::lifecycle::fingerprint`]), per policy.
+    fingerprints: crate::plan::lifecycle::Fingerprints,
 }
 
 /// Scale-up state: offerings short of capacity, launch back-off, the pods each launch was planned
@@ -489,6 +491,7 @@ impl Autoscaler {
             last_plan: None,
             wake: Wake::default(),
             refusals: refused::Refusals::default(),
+            fingerprints: Default::default(),
         }
     }
 

@@ -507,10 +507,7 @@ pub fn plan_as_moving(
         }
     }
     for p in &mut snapshot.pods {
-        let Some(node) = p.node_name.clone() else {
-            continue;
-        };
-        let Some(list) = moving.get_mut(&node) else {
+        let Some(list) = p.node_name.as_deref().and_then(|n| moving.get_mut(n)) else {
             continue;
         };
         // Only GPU pods are ours to place; the others go wherever the scheduler puts them
@@ -518,9 +515,12 @@ pub fn plan_as_moving(
         if !p.is_bound_active() || p.is_daemonset() || p.deleting || !p.wants_gpu() {
             continue;
         }
-        list.push(p.id.to_string());
-        moved_from.insert(p.id.to_string(), (node, p.phase));
-        p.node_name = None;
+        let id = p.id.to_string();
+        list.push(id.clone());
+        let Some(node) = p.node_name.take() else {
+            continue;
+        };
+        moved_from.insert(id, (node, p.phase));
         p.phase = PodPhase::Pending;
     }
     moving

@@ -104,15 +104,19 @@ impl Autoscaler {
                 .launch_versions
                 .get(&su.pool)
                 .map(String::as_str);
+            let fingerprint =
+                pool.map(|p| self.fingerprints.get(&pass.policy, p, version).to_string());
+            let pool = pool.zip(fingerprint.as_deref());
             let mut attempt = 0;
-            let mut req = launch_request(su, pool, version, attempt);
+            let mut req = launch_request(su, pool, attempt);
             while self.fleet.given_up.contains_key(&req.launch_id)
                 || taken.contains(req.launch_id.as_str())
             {
                 attempt += 1;
-                req = launch_request(su, pool, version, attempt);
+                req = launch_request(su, pool, attempt);
             }
-            req.reservations = launch_reservations(su, pool, &pass.snapshot.reservations, now);
+            req.reservations =
+                launch_reservations(su, pool.map(|(p, _)| p), &pass.snapshot.reservations, now);
             out.push(Action::Count(Count::Planned { pods: pod_keys(su) }));
             let what = describe(su);
             if self.config.dry_run {

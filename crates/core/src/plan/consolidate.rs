@@ -145,6 +145,20 @@ struct Candidate<'a> {
     pods: Vec<&'a Pod>,
 }
 
+/// A pod waits for a node: no pool is consolidated (why, as [`consolidate`] says it).
+pub fn waiting(snapshot: &Snapshot) -> Option<String> {
+    let p = snapshot.pods.iter().find(|p| is_planned_pod(p))?;
+    // A CapacityBuffer's pods are always pending: while a buffer is in force, its room is not
+    // moved around.
+    Some(match crate::buffer::buffer_of(p) {
+        Some(b) => format!(
+            "capacity buffer {}/{b} holds room: consolidation waits while a buffer is in force",
+            p.id.namespace
+        ),
+        None => format!("pod {} waits for a node", p.id),
+    })
+}
+
 /// Why nothing in `pool` is worth consolidating now, or what is.
 pub fn consolidate(
     snapshot: &Snapshot,
@@ -155,16 +169,8 @@ pub fn consolidate(
     drains_running: usize,
 ) -> Result<Consolidation, String> {
     let cfg = &pool.consolidation;
-    if let Some(p) = snapshot.pods.iter().find(|p| is_planned_pod(p)) {
-        // A CapacityBuffer's pods are always pending: while a buffer is in force, its room is
-        // not moved around.
-        if let Some(b) = crate::buffer::buffer_of(p) {
-            return Err(format!(
-                "capacity buffer {}/{b} holds room: consolidation waits while a buffer is in force",
-                p.id.namespace
-            ));
-        }
-        return Err(format!("pod {} waits for a node", p.id));
+    if let Some(why) = waiting(snapshot) {
+        return Err(why);
     }
     if snapshot.in_flight.iter().any(|f| f.pool == pool.name) {
         return Err("launches of the pool are in flight".into());

@@ -13,11 +13,12 @@
 //! not hashed: a node is drifted when the pool no longer admits its own (adding an instance
 //! type to a pool does not replace its nodes).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hasher;
+use std::sync::Arc;
 
 use crate::model::{labels, Node, Time};
-use crate::policy::{GpuMode, Pool};
+use crate::policy::{GpuMode, Policy, Pool};
 use gpu_node_autoscaler_provider::Catalog;
 
 /// Feeds `parts` (each followed by a separator) into FNV-1a: stable across releases, unlike
@@ -101,6 +102,55 @@ pub fn fingerprint(pool: &Pool, launch_version: Option<&str>) -> String {
         .join(" ")
 }
 
+/// [`fingerprint`] of the pools of one policy, worked out once per pool and launch template
+/// version and kept until the policy changes (a pass asks for every pool's, a launch for its
+/// pool's).
+#[derive(Default)]
+pub struct Fingerprints {
+    /// The policy they are of (held, so that a new policy is never taken for it).
+    policy: Option<Arc<Policy>>,
+    /// Per pool: per launch template version, the fingerprint.
+    of: HashMap<String, Vec<(Option<String>, String)>>,
+}
+
+impl Fingerprints {
+    /// [`fingerprint`]`(pool, launch_version)` for `pool` of `policy`.
+    pub fn get(&mut self, policy: &Arc<Policy>, pool: &Pool, launch_version: Option<&str>) -> &str {
+        if !self.policy.as_ref().is_some_and(|p| Arc::ptr_eq(p, policy)) {
+            self.policy = Some(policy.clone());
+            self.of.clear();
+        }
+        if !self.of.contains_key(&pool.name) {
+            self.of.insert(pool.name.clone(), Vec::new());
+        }
+        let versions = self.of.get_mut(&pool.name).expect("inserted above");
+        let i = match versions
+            .iter()
+            .position(|(v, _)| v.as_deref() == launch_version)
+        {
+            Some(i) => i,
+            None => {
+                versions.push((
+                    launch_version.map(str::to_string),
+                    fingerprint(pool, launch_version),
+                ));
+                versions.len() - 1
+            }
+        };
+        &versions[i].1
+    }
+
+    /// What [`Fingerprints::get`] gave for `pool` and `launch_version` under the policy it was
+    /// last asked about, if it was asked.
+    pub fn known(&self, pool: &str, launch_version: Option<&str>) -> Option<&str> {
+        self.of
+            .get(pool)?
+            .iter()
+            .find(|(v, _)| v.as_deref() == launch_version)
+            .map(|(_, fp)| fp.as_str())
+    }
+}
+
 fn parse(fp: &str) -> BTreeMap<&str, &str> {
     fp.split(' ').filter_map(|kv| kv.split_once('=')).collect()
 }
@@ -123,7 +173,12 @@ fn describe(part: &str) -> &str {
 /// capacity type or zone the pool no longer admits.
 pub fn drifted(n: &Node, pool: &Pool, today: &str, catalog: &Catalog) -> Option<String> {
     let mut what: Vec<String> = Vec::new();
-    if let Some(recorded) = n.annotations.get(labels::LAUNCH_FINGERPRINT) {
+    // The same text has the same parts: nothing to compare.
+    if let Some(recorded) = n
+        .annotations
+        .get(labels::LAUNCH_FINGERPRINT)
+        .filter(|r| r.as_str() != today)
+    {
         let (was, now) = (parse(recorded), parse(today));
         for (part, h) in &now {
             if was.get(part).is_some_and(|w| w != h) {

@@ -207,26 +207,16 @@ struct Packer<'a> {
 /// launch, as pod indices of the pods still pending.
 struct PlannedLists<'a> {
     snapshot: &'a Snapshot,
-    index: HashMap<String, usize>,
+    /// Pending pods by name, made when a list is first handed out.
+    index: Option<HashMap<String, usize>>,
     next: HashMap<&'a str, usize>,
 }
 
 impl<'a> PlannedLists<'a> {
     fn new(snapshot: &'a Snapshot) -> Self {
-        let index = if snapshot.planned.is_empty() {
-            HashMap::new()
-        } else {
-            snapshot
-                .pods
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| is_planned_pod(p))
-                .map(|(i, p)| (p.id.to_string(), i))
-                .collect()
-        };
         PlannedLists {
             snapshot,
-            index,
+            index: None,
             next: HashMap::new(),
         }
     }
@@ -240,9 +230,15 @@ impl<'a> PlannedLists<'a> {
             return Vec::new();
         };
         *i += 1;
-        list.iter()
-            .filter_map(|k| self.index.get(k).copied())
-            .collect()
+        let pods = &self.snapshot.pods;
+        let index = self.index.get_or_insert_with(|| {
+            pods.iter()
+                .enumerate()
+                .filter(|(_, p)| is_planned_pod(p))
+                .map(|(i, p)| (p.id.to_string(), i))
+                .collect()
+        });
+        list.iter().filter_map(|k| index.get(k).copied()).collect()
     }
 }
 
@@ -325,15 +321,22 @@ impl<'a> Packer<'a> {
             p.usage.reserved = counts.values().copied().collect();
         }
         p.build_bins(now);
-        p.topology = topology::index_of(
-            &snapshot.pods,
-            &snapshot.nodes,
-            templates
-                .iter()
-                .flat_map(|t| t.offerings.iter().filter(|o| o.available))
-                .map(|o| o.labels.clone())
-                .collect(),
-        );
+        // Only when some pod has rules across nodes.
+        if snapshot
+            .pods
+            .iter()
+            .any(|p| p.constraints.topology.is_some())
+        {
+            p.topology = topology::index_of(
+                &snapshot.pods,
+                &snapshot.nodes,
+                templates
+                    .iter()
+                    .flat_map(|t| t.offerings.iter().filter(|o| o.available))
+                    .map(|o| o.labels.clone())
+                    .collect(),
+            );
+        }
         if p.topology.is_some() {
             p.sites = (0..p.bins.len()).map(|b| p.site_of(b)).collect();
         }
@@ -341,11 +344,11 @@ impl<'a> Packer<'a> {
             p.bins[b].update_full();
             p.index_bin(b);
         }
-        let mut zones: BTreeSet<String> = p.zone_bins.keys().cloned().collect();
+        let mut zones: BTreeSet<&str> = p.zone_bins.keys().map(String::as_str).collect();
         for t in templates {
-            zones.extend(t.offerings.iter().map(|o| o.key.zone.clone()));
+            zones.extend(t.offerings.iter().map(|o| o.key.zone.as_str()));
         }
-        p.zones = zones.into_iter().collect();
+        p.zones = zones.into_iter().map(str::to_string).collect();
         p.build_classes(now);
         p
     }

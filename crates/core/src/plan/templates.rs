@@ -1,7 +1,7 @@
 //! Node templates: what a new node of a pool's instance type would look like (labels, taints,
 //! allocatable after reservations and DaemonSet pods) and the offerings it can be bought as.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::{CapacityType, Catalog, GpuVendor, InstanceType, OfferingKey};
@@ -356,6 +356,9 @@ pub struct Templates {
     memo: Memo,
     /// Per pool that lists `reserved`: its reservation selectors and Capacity Block drain lead.
     reserving: BTreeMap<usize, Pool>,
+    /// Each template's index by pool and instance type (the list never changes after
+    /// [`Templates::new`]).
+    by_name: HashMap<String, HashMap<String, usize>>,
 }
 
 /// Whether `pool` may launch into reservation `r` at `now`: it selects it, it has started, and,
@@ -517,7 +520,15 @@ impl Templates {
                 });
             }
         }
+        let mut by_name: HashMap<String, HashMap<String, usize>> = HashMap::new();
+        for (i, t) in out.iter().enumerate() {
+            by_name
+                .entry(t.pool_name.clone())
+                .or_default()
+                .insert(t.instance_type.clone(), i);
+        }
         Templates {
+            by_name,
             from_catalog: out.iter().map(|t| t.allocatable.clone()).collect(),
             templates: out,
             errors,
@@ -546,12 +557,6 @@ impl Templates {
     /// count any of them allocates (GPUs stay as the catalog says: a node missing GPUs is a
     /// health matter, not a shape); one without keeps what it learned last. Returns what changed.
     pub fn learn_from(&mut self, nodes: &[Node]) -> Vec<Learned> {
-        let index: BTreeMap<(&str, &str), usize> = self
-            .templates
-            .iter()
-            .enumerate()
-            .map(|(i, t)| ((t.pool_name.as_str(), t.instance_type.as_str()), i))
-            .collect();
         let mut seen: BTreeMap<usize, (Resources, &str)> = BTreeMap::new();
         for n in nodes {
             if !n.ready || n.deleting {
@@ -560,7 +565,7 @@ impl Templates {
             let (Some(pool), Some(it)) = (n.pool(), n.instance_type()) else {
                 continue;
             };
-            let Some(&ti) = index.get(&(pool, it)) else {
+            let Some(&ti) = self.by_name.get(pool).and_then(|types| types.get(it)) else {
                 continue;
             };
             let a = &n.allocatable;

@@ -86,46 +86,57 @@ impl Autoscaler {
         if due.is_empty() {
             return;
         }
-        // The snapshot as the plan will see it: launches in flight, offerings short.
-        let mut snapshot = pass.snapshot.clone();
-        snapshot.in_flight = pass.view.in_flight.clone();
-        snapshot.unavailable = self.launches.ice.clone();
         self.disruption.consolidation_short.retain(|_, t| *t > now);
-        for (o, t) in &self.disruption.consolidation_short {
-            let until = snapshot.unavailable.entry(o.clone()).or_insert(*t);
-            *until = (*until).max(*t);
-        }
-        // Only nodes of ours are replaced: others are left out of the candidates.
-        let view = &pass.view;
-        for n in &mut snapshot.nodes {
-            let ours = view.is_ours(n);
-            if !ours {
-                Arc::make_mut(&mut n.annotations)
-                    .insert(labels::SCALE_DOWN_DISABLED.into(), "true".into());
-            }
-        }
-        let for_snapshot = templates.for_snapshot(&snapshot, now);
         let drains_running = self.disruption.drains.len() + self.disruption.replace.replacing.len();
+        // The snapshot as the plan will see it (launches in flight, offerings short, only nodes
+        // of ours candidates) and its templates: made once, when a pool is planned.
+        let mut prepared: Option<(crate::model::Snapshot, Arc<Vec<plan::Template>>)> = None;
         for pool in due {
             self.disruption
                 .consolidation_due
                 .insert(pool.name.clone(), now + pool.consolidation.interval);
             // Nothing changed since a look that found nothing: look again only after a while
             // (the pods' age, which makes a move pay more, is all that changes).
-            let fp = plan::consolidate::fingerprint(&snapshot, &pool.name);
+            let fp = plan::consolidate::fingerprint(&pass.snapshot, &pool.name);
             if let Some((seen, at)) = self.disruption.consolidation_seen.get(&pool.name) {
                 if *seen == fp && now < *at + CONSOLIDATION_RELOOK {
                     continue;
                 }
             }
-            let found = plan::consolidate::consolidate(
-                &snapshot,
-                &for_snapshot,
-                policy,
-                pool,
-                now,
-                drains_running,
-            );
+            // A pod waiting for a node stops every pool's: no need for the copy.
+            let found = match plan::consolidate::waiting(&pass.snapshot) {
+                Some(why) => Err(why),
+                None => {
+                    let (snapshot, for_snapshot) = &*prepared.get_or_insert_with(|| {
+                        let mut snapshot = pass.snapshot.clone();
+                        snapshot.in_flight = pass.view.in_flight.clone();
+                        snapshot.unavailable = self.launches.ice.clone();
+                        for (o, t) in &self.disruption.consolidation_short {
+                            let until = snapshot.unavailable.entry(o.clone()).or_insert(*t);
+                            *until = (*until).max(*t);
+                        }
+                        // Only nodes of ours are replaced: others are left out of the candidates.
+                        let view = &pass.view;
+                        for n in &mut snapshot.nodes {
+                            let ours = view.is_ours(n);
+                            if !ours {
+                                Arc::make_mut(&mut n.annotations)
+                                    .insert(labels::SCALE_DOWN_DISABLED.into(), "true".into());
+                            }
+                        }
+                        let for_snapshot = templates.for_snapshot(&snapshot, now);
+                        (snapshot, for_snapshot)
+                    });
+                    plan::consolidate::consolidate(
+                        snapshot,
+                        for_snapshot,
+                        policy,
+                        pool,
+                        now,
+                        drains_running,
+                    )
+                }
+            };
             let c = match found {
                 Ok(c) => c,
                 Err(why) => {

@@ -96,15 +96,21 @@ impl Autoscaler {
         let now = pass.now;
         let policy = pass.policy.clone();
         let mut sizes = self.disruption_counts(&pass.snapshot.nodes);
-        let today: BTreeMap<&str, String> = policy
+        let version_of = |p: &crate::policy::Pool| {
+            pass.snapshot
+                .launch_versions
+                .get(&p.name)
+                .map(String::as_str)
+        };
+        for p in &policy.pools {
+            self.fingerprints.get(&policy, p, version_of(p));
+        }
+        let today: BTreeMap<&str, &str> = policy
             .pools
             .iter()
-            .map(|p| {
-                let version = pass.snapshot.launch_versions.get(&p.name);
-                (
-                    p.name.as_str(),
-                    plan::lifecycle::fingerprint(p, version.map(String::as_str)),
-                )
+            .filter_map(|p| {
+                let fp = self.fingerprints.known(&p.name, version_of(p))?;
+                Some((p.name.as_str(), fp))
             })
             .collect();
         let mut due_now: BTreeMap<String, Due> = BTreeMap::new();
@@ -123,7 +129,7 @@ impl Autoscaler {
                     next_expiry = Some(next_expiry.map_or(t, |x: Time| x.min(t)));
                 }
             }
-            let fp = today.get(pool.name.as_str()).map_or("", String::as_str);
+            let fp = today.get(pool.name.as_str()).copied().unwrap_or_default();
             let drift = plan::lifecycle::drifted(n, pool, fp, &self.catalog);
             if drift.is_some() {
                 drifted += 1;
