@@ -8,7 +8,13 @@
 //! 2. memory: 5,000 nodes and 100,000 pods in the cluster; the controller's peak RSS once its
 //!    caches are synced and it has made a decision.
 //!
-//! `cargo bench --features controller --bench controller [-- RUNS]` (moto_server must be installed: scripts/test.sh).
+//! 3. with `real`: the reaction on the real control plane (kube-apiserver, kube-scheduler marking
+//!    the pods, kube-controller-manager, kwok playing the nodes' kubelets) with 1,000 nodes and
+//!    10,000 pods, the controller with the RBAC `deploy/` grants, and its peak RSS.
+//!
+//! `cargo bench --features controller --bench controller [-- RUNS]` (moto_server must be installed: scripts/test.sh);
+//! `cargo bench --features controller --bench controller -- real [RUNS]` (and the control plane:
+//! `bash scripts/control-plane.sh`, or `GNA_CONTROL_PLANE_BIN`).
 
 use gpu_node_autoscaler_test_support::moto as aws;
 
@@ -134,6 +140,7 @@ struct Controller {
 }
 
 impl Controller {
+    /// The controller of kube-sim at `addr` (no authentication).
     fn start(
         addr: SocketAddr,
         endpoint: &str,
@@ -149,13 +156,22 @@ impl Controller {
             ),
         )
         .unwrap();
+        Controller::start_with(&kubeconfig, endpoint, dir, extra)
+    }
+
+    fn start_with(
+        kubeconfig: &std::path::Path,
+        endpoint: &str,
+        dir: &std::path::Path,
+        extra: &[&str],
+    ) -> Controller {
         let port = free_port();
         let child = Command::new(BIN)
             .args(["run", "--identity", "bench", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .args(["--aws-endpoint-url", endpoint])
             .args(extra)
-            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -221,6 +237,9 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(5);
+    if std::env::args().any(|a| a == "real") {
+        return real_control_plane(runs);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -351,5 +370,213 @@ fn main() {
     let (peak, now) = ctl.rss_mib();
     println!("  controller RSS: peak {peak:.0} MiB, now {now:.0} MiB");
     drop(ctl);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Nodes and pods of the run on the real control plane.
+const REAL_NODES: usize = 1_000;
+const REAL_PODS: usize = 10_000;
+
+/// A CPU node kwok plays the kubelet of (it keeps it Ready and renews its Lease).
+fn kwok_node(i: usize) -> Node {
+    let mut n = node(i, false);
+    n.metadata.annotations = Some(
+        [("kwok.x-k8s.io/node".to_string(), "fake".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    n
+}
+
+/// The seconds from `t0` to each instant, sorted.
+fn sorted_secs(v: &[f64]) -> Vec<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v
+}
+
+/// The reaction on the real control plane: etcd, kube-apiserver, kube-controller-manager,
+/// kube-scheduler and kwok (test-support's `Cluster`, the binaries `scripts/control-plane.sh`
+/// builds), `REAL_NODES` kwok CPU nodes, and the controller with the RBAC `deploy/` grants.
+/// `REAL_PODS` one-GPU pods are created; kube-scheduler marks each `Unschedulable` (no node has
+/// a GPU). Measured from the last pod marked (as the benchmark's own watch sees it) to the first
+/// `CreateFleet` reaching the relay; and the controller's peak RSS.
+fn real_control_plane(runs: usize) {
+    use gpu_node_autoscaler_test_support::cluster::{Cluster, ClusterOptions};
+    use kube::runtime::watcher;
+    use std::collections::HashSet;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let moto = aws::Moto::start();
+    let ec2 = rt.block_on(aws::ec2(&moto.url()));
+    let net = rt.block_on(aws::network(&ec2));
+    let dir = std::env::temp_dir().join(format!("gna-bench-real-{}", std::process::id()));
+    println!(
+        "reaction on the real control plane: {REAL_NODES} kwok nodes, {REAL_PODS} pending GPU \
+         pods marked by kube-scheduler ({runs} runs)"
+    );
+    let (mut reactions, mut spans, mut peaks) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..runs {
+        let run_dir = dir.join(format!("run-{run}"));
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let cluster = Cluster::start(
+            &run_dir,
+            &ClusterOptions {
+                quiet: true,
+                ..ClusterOptions::default()
+            },
+        );
+        let proxy = Arc::new(rt.block_on(aws::proxy::FaultProxy::start(moto.addr)));
+        let admin = rt.block_on(async {
+            let kc = kube::config::Kubeconfig::read_from(&cluster.admin).unwrap();
+            let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .unwrap();
+            kube::Client::try_from(config).unwrap()
+        });
+        for i in 0..10 {
+            let ns: k8s_openapi::api::core::v1::Namespace =
+                serde_json::from_value(json!({"metadata": {"name": format!("team-{i}")}})).unwrap();
+            rt.block_on(Api::all(admin.clone()).create(&PostParams::default(), &ns))
+                .expect("namespace");
+        }
+        // The batching window closes once no new unschedulable pod arrived for 1 s; its
+        // maximum is long enough not to close while kube-scheduler is still marking.
+        let name = format!("bench-real-{run}-{}", std::process::id());
+        let pol =
+            policy(&name, &net).replacen("pools:", "batching: {idle: 1s, max: 10m}\npools:", 1);
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "gpu-node-autoscaler-policy", "namespace": "kube-system"},
+            "data": {"policy.yaml": pol}
+        }))
+        .unwrap();
+        rt.block_on(
+            Api::<ConfigMap>::namespaced(admin.clone(), "kube-system")
+                .create(&PostParams::default(), &cm),
+        )
+        .expect("policy");
+        let t = Instant::now();
+        rt.block_on(create_all(Api::all(admin.clone()), REAL_NODES, kwok_node));
+        let nodes_s = t.elapsed().as_secs_f64();
+        let ctl = Controller::start_with(
+            &cluster.controller,
+            &proxy.url(),
+            &run_dir,
+            &["--resync", "10m"],
+        );
+        ctl.wait_leader();
+        let before = proxy.calls_of("CreateFleet");
+
+        // The first CreateFleet, as the relay sees it.
+        let launched = {
+            let proxy = proxy.clone();
+            rt.spawn(async move {
+                while proxy.calls_of("CreateFleet") == before {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Instant::now()
+            })
+        };
+        // Every pod marked unschedulable, as a watch sees it: (first, last).
+        let marked = rt.spawn({
+            let pods = Api::<Pod>::all(admin.clone());
+            async move {
+                let mut seen = HashSet::new();
+                let mut first = None;
+                let mut stream = std::pin::pin!(watcher(pods, watcher::Config::default()));
+                while let Some(ev) = stream.next().await {
+                    let ps = match ev {
+                        Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => vec![p],
+                        _ => continue,
+                    };
+                    for p in ps {
+                        let unschedulable = p
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|cs| {
+                                cs.iter().any(|c| {
+                                    c.type_ == "PodScheduled"
+                                        && c.status == "False"
+                                        && c.reason.as_deref() == Some("Unschedulable")
+                                })
+                            });
+                        if unschedulable && seen.insert(p.metadata.name.clone().unwrap()) {
+                            first.get_or_insert_with(Instant::now);
+                            if seen.len() == REAL_PODS {
+                                return (first.unwrap(), Instant::now());
+                            }
+                        }
+                    }
+                }
+                panic!("the pod watch ended");
+            }
+        });
+        let t0 = Instant::now();
+        rt.block_on(async {
+            futures::stream::iter(0..REAL_PODS)
+                .map(|i| {
+                    let api = Api::<Pod>::namespaced(admin.clone(), &format!("team-{}", i % 10));
+                    let mut pod = gpu_pod(i, None);
+                    // Bare pods: the garbage collector would delete pods of Jobs that do not
+                    // exist.
+                    pod.metadata.owner_references = None;
+                    async move {
+                        api.create(&PostParams::default(), &pod)
+                            .await
+                            .expect("create pod");
+                    }
+                })
+                .buffer_unordered(32)
+                .collect::<Vec<()>>()
+                .await;
+        });
+        let created_s = t0.elapsed().as_secs_f64();
+        let (first, last) = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(600), marked).await })
+            .expect("every pod marked unschedulable within 600 s")
+            .unwrap();
+        let launched = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(120), launched).await })
+            .expect("a launch within 120 s of the last pod marked")
+            .unwrap();
+        // Negative when the window closed before kube-scheduler marked the last pod.
+        let r = if launched >= last {
+            launched.duration_since(last).as_secs_f64()
+        } else {
+            -last.duration_since(launched).as_secs_f64()
+        };
+        let (peak, now) = ctl.rss_mib();
+        println!(
+            "  run {run}: {REAL_NODES} nodes created in {nodes_s:.1} s; {REAL_PODS} pods created \
+             in {created_s:.1} s, marked unschedulable over {:.1} s (first {:.1} s after the \
+             first creation); first CreateFleet {r:.3} s after the last; controller RSS peak \
+             {peak:.0} MiB, now {now:.0} MiB",
+            last.duration_since(first).as_secs_f64(),
+            first.duration_since(t0).as_secs_f64(),
+        );
+        reactions.push(r);
+        spans.push(last.duration_since(first).as_secs_f64());
+        peaks.push(peak);
+        drop(ctl);
+        drop(cluster);
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
+    let r = sorted_secs(&reactions);
+    let pct = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "  first launch after the last pod marked: p50 {:.3} s, p99 {:.3} s (of {runs}); \
+         marking took {:.1}–{:.1} s; controller peak RSS {:.0}–{:.0} MiB",
+        pct(&r, 0.5),
+        pct(&r, 0.99),
+        sorted_secs(&spans)[0],
+        sorted_secs(&spans)[spans.len() - 1],
+        sorted_secs(&peaks)[0],
+        sorted_secs(&peaks)[peaks.len() - 1],
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
