@@ -118,16 +118,68 @@ const PROVISIONING_API_VERSION: &str = "autoscaling.x-k8s.io/v1";
 /// Whether the API server serves ProvisioningRequests (`autoscaling.x-k8s.io/v1`, a CRD the
 /// cluster installs): asked once at start.
 pub async fn serves_provisioning(client: &Client) -> Result<bool, kube::Error> {
-    match client
-        .list_api_group_resources(PROVISIONING_API_VERSION)
-        .await
-    {
-        Ok(list) => Ok(list
-            .resources
-            .iter()
-            .any(|r| r.name == "provisioningrequests")),
+    serves(client, PROVISIONING_API_VERSION, "provisioningrequests").await
+}
+
+/// Whether the API server serves `plural` in `api_version` (404 for a group it does not know).
+async fn serves(client: &Client, api_version: &str, plural: &str) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(api_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == plural)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// Conditions as the API writes them.
+fn conditions_json(
+    conditions: &[gpu_node_autoscaler_core::provisioning::Condition],
+) -> Vec<serde_json::Value> {
+    conditions
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "type": c.kind,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": c.since.to_rfc3339(),
+                "observedGeneration": c.observed_generation,
+            })
+        })
+        .collect()
+}
+
+/// A merge patch of `name`'s status subresource; an object deleted meanwhile is not an error.
+async fn patch_status_if_there(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<(), kube::Error> {
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A reference to a namespaced object, for Events.
+fn object_ref(
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(api_version.into()),
+        kind: Some(kind.into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: (!uid.is_empty()).then(|| uid.to_string()),
+        ..Default::default()
     }
 }
 
@@ -154,40 +206,18 @@ pub async fn write_provisioning_conditions(
 ) -> Result<(), kube::Error> {
     let api: Api<kube::api::DynamicObject> =
         Api::namespaced_with(client.clone(), &update.namespace, &provisioning_resource());
-    let conditions: Vec<serde_json::Value> = update
-        .conditions
-        .iter()
-        .map(|c| {
-            serde_json::json!({
-                "type": c.kind,
-                "status": c.status,
-                "reason": c.reason,
-                "message": c.message,
-                "lastTransitionTime": c.since.to_rfc3339(),
-                "observedGeneration": c.observed_generation,
-            })
-        })
-        .collect();
-    let patch = serde_json::json!({"status": {"conditions": conditions}});
-    match api
-        .patch_status(&update.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    let patch = serde_json::json!({"status": {"conditions": conditions_json(&update.conditions)}});
+    patch_status_if_there(&api, &update.name, &patch).await
 }
 
 pub fn provisioning_request_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(PROVISIONING_API_VERSION.into()),
-        kind: Some("ProvisioningRequest".into()),
-        namespace: Some(namespace.into()),
-        name: Some(name.into()),
-        uid: (!uid.is_empty()).then(|| uid.to_string()),
-        ..Default::default()
-    }
+    object_ref(
+        PROVISIONING_API_VERSION,
+        "ProvisioningRequest",
+        namespace,
+        name,
+        uid,
+    )
 }
 
 const BUFFER_API_VERSION: &str = "autoscaling.x-k8s.io/v1beta1";
@@ -195,11 +225,7 @@ const BUFFER_API_VERSION: &str = "autoscaling.x-k8s.io/v1beta1";
 /// Whether the API server serves CapacityBuffers (`autoscaling.x-k8s.io/v1beta1`, a CRD the
 /// cluster installs): asked once at start.
 pub async fn serves_buffers(client: &Client) -> Result<bool, kube::Error> {
-    match client.list_api_group_resources(BUFFER_API_VERSION).await {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "capacitybuffers")),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    }
+    serves(client, BUFFER_API_VERSION, "capacitybuffers").await
 }
 
 fn buffer_resource() -> kube::api::ApiResource {
@@ -227,45 +253,17 @@ pub async fn write_buffer_status(
     let api: Api<kube::api::DynamicObject> =
         Api::namespaced_with(client.clone(), &update.namespace, &buffer_resource());
     let st = &update.status;
-    let conditions: Vec<serde_json::Value> = st
-        .conditions
-        .iter()
-        .map(|c| {
-            serde_json::json!({
-                "type": c.kind,
-                "status": c.status,
-                "reason": c.reason,
-                "message": c.message,
-                "lastTransitionTime": c.since.to_rfc3339(),
-                "observedGeneration": c.observed_generation,
-            })
-        })
-        .collect();
     let patch = serde_json::json!({"status": {
         "replicas": st.replicas,
         "podTemplateRef": st.pod_template.as_ref().map(|n| serde_json::json!({"name": n})),
         "provisioningStrategy": st.strategy,
-        "conditions": conditions,
+        "conditions": conditions_json(&st.conditions),
     }});
-    match api
-        .patch_status(&update.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    patch_status_if_there(&api, &update.name, &patch).await
 }
 
 pub fn buffer_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(BUFFER_API_VERSION.into()),
-        kind: Some("CapacityBuffer".into()),
-        namespace: Some(namespace.into()),
-        name: Some(name.into()),
-        uid: (!uid.is_empty()).then(|| uid.to_string()),
-        ..Default::default()
-    }
+    object_ref(BUFFER_API_VERSION, "CapacityBuffer", namespace, name, uid)
 }
 
 fn to_json<K: Serialize>(o: &K) -> serde_json::Value {

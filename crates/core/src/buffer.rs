@@ -33,7 +33,7 @@ use crate::plan::scale_down::price_of;
 use crate::plan::templates::template_of_node;
 use crate::plan::{is_planned_pod, plan_with, Plan, Templates};
 use crate::policy::Policy;
-use crate::provisioning::Condition;
+use crate::provisioning::{set, Condition};
 
 /// The default strategy: the buffer is kept as active (running) spare capacity.
 pub const STRATEGY_ACTIVE: &str = "buffer.x-k8s.io/active-capacity";
@@ -242,33 +242,6 @@ impl Assessment {
 /// The buffer a pod stands for, if it is one of a buffer's virtual pods.
 pub fn buffer_of(p: &Pod) -> Option<&str> {
     p.annotations.get(BUFFER_ANNOTATION).map(String::as_str)
-}
-
-fn set(
-    c: &mut Vec<Condition>,
-    kind: &str,
-    status: bool,
-    reason: &str,
-    msg: &str,
-    g: i64,
-    now: Time,
-) {
-    let status = if status { "True" } else { "False" };
-    let new = |since| Condition {
-        kind: kind.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message: msg.to_string(),
-        since,
-        observed_generation: g,
-    };
-    match c.iter_mut().find(|x| x.kind == kind) {
-        Some(x) => {
-            let since = if x.status == status { x.since } else { now };
-            *x = new(since);
-        }
-        None => c.push(new(now)),
-    }
 }
 
 /// The virtual pods of a buffer of `n` chunks.

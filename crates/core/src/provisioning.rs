@@ -227,7 +227,7 @@ fn booked_pods(
 }
 
 /// Sets a condition in `conditions` (its transition time kept when its status does not change).
-fn set(
+pub(crate) fn set(
     conditions: &mut Vec<Condition>,
     kind: &str,
     status: bool,

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::provisioning::RawCondition;
 use super::{add_resource_list, parse_time, Converter};
 use crate::buffer::{self, CapacityBuffer, Source, Status};
 use crate::model::resources::{GpuShare, Resources};
 use crate::model::Pod;
-use crate::provisioning::Condition;
 
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
@@ -55,18 +55,6 @@ struct RawStatus {
     pod_template_ref: Option<Ref>,
     provisioning_strategy: Option<String>,
     conditions: Vec<RawCondition>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct RawCondition {
-    #[serde(rename = "type")]
-    kind: String,
-    status: String,
-    reason: String,
-    message: String,
-    last_transition_time: Option<String>,
-    observed_generation: i64,
 }
 
 #[derive(Deserialize, Default)]
@@ -199,14 +187,7 @@ impl Converter {
             .status
             .conditions
             .iter()
-            .map(|c| Condition {
-                kind: c.kind.clone(),
-                status: c.status.clone(),
-                reason: c.reason.clone(),
-                message: c.message.clone(),
-                since: parse_time(&c.last_transition_time),
-                observed_generation: c.observed_generation,
-            })
+            .map(RawCondition::condition)
             .collect();
         Ok(CapacityBuffer {
             namespace,

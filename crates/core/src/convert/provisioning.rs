@@ -48,9 +48,10 @@ struct Status {
     conditions: Vec<RawCondition>,
 }
 
+/// A condition of a ProvisioningRequest's or a CapacityBuffer's status, as the API server has it.
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
-struct RawCondition {
+pub(super) struct RawCondition {
     #[serde(rename = "type")]
     kind: String,
     status: String,
@@ -58,6 +59,19 @@ struct RawCondition {
     message: String,
     last_transition_time: Option<String>,
     observed_generation: i64,
+}
+
+impl RawCondition {
+    pub(super) fn condition(&self) -> Condition {
+        Condition {
+            kind: self.kind.clone(),
+            status: self.status.clone(),
+            reason: self.reason.clone(),
+            message: self.message.clone(),
+            since: parse_time(&self.last_transition_time),
+            observed_generation: self.observed_generation,
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -94,14 +108,7 @@ impl Converter {
             .status
             .conditions
             .iter()
-            .map(|c| Condition {
-                kind: c.kind.clone(),
-                status: c.status.clone(),
-                reason: c.reason.clone(),
-                message: c.message.clone(),
-                since: parse_time(&c.last_transition_time),
-                observed_generation: c.observed_generation,
-            })
+            .map(RawCondition::condition)
             .collect();
         let mut valid_until = None;
         let mut problem = None;
