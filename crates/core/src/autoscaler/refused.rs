@@ -164,7 +164,13 @@ impl Autoscaler {
             out.push(Action::Event(Note {
                 subject: pod_subject(pod),
                 warning: true,
-                reason: "FailedScaleUp",
+                // A reason of its own in a dry run beside the Cluster Autoscaler (which uses
+                // FailedScaleUp for its node groups).
+                reason: if self.config.dry_run {
+                    "DryRunFailedScaleUp"
+                } else {
+                    "FailedScaleUp"
+                },
                 action: "ScaleUp",
                 message,
             }));

@@ -3123,3 +3123,26 @@ fn buffer_timeline_warm_nodes_launched_kept_replenished_and_let_go() {
     assert_eq!(d.len(), 1, "{a:?}");
     assert_eq!(d[0].node, run.nodes[1].name);
 }
+
+#[test]
+fn a_dry_run_reports_a_node_the_scheduler_refused_under_a_reason_of_its_own() {
+    let mut run = Run::new(Config {
+        dry_run: true,
+        ..Config::default()
+    });
+    run.pods.push(gpu_pod("server", 1));
+    run.nodes.push(
+        NodeBuilder::new("ready")
+            .pool("a10g", "g5.xlarge", "us-east-1a")
+            .annotation(labels::GPUS_ADVERTISED, "true")
+            .cpu_milli(4000)
+            .memory_gib(16)
+            .gpus(1)
+            .created(T0 - secs(600))
+            .build(),
+    );
+    assert!(events(&run.pass(T0), "DryRunFailedScaleUp").is_empty());
+    let a = run.pass(T0 + secs(90));
+    assert_eq!(events(&a, "DryRunFailedScaleUp").len(), 1, "{a:?}");
+    assert!(events(&a, "FailedScaleUp").is_empty(), "{a:?}");
+}
