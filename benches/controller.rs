@@ -232,14 +232,9 @@ impl Drop for Controller {
     }
 }
 
-fn main() {
-    let runs: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(5);
-    if std::env::args().any(|a| a == "real") {
-        return real_control_plane(runs);
-    }
+/// The benchmark's runtime, and moto with the network (VPC, subnets, launch template) the
+/// policy names.
+fn runtime_and_moto() -> (tokio::runtime::Runtime, aws::Moto, aws::Network) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -248,6 +243,18 @@ fn main() {
     let moto = aws::Moto::start();
     let ec2 = rt.block_on(aws::ec2(&moto.url()));
     let net = rt.block_on(aws::network(&ec2));
+    (rt, moto, net)
+}
+
+fn main() {
+    let runs: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(5);
+    if std::env::args().any(|a| a == "real") {
+        return real_control_plane(runs);
+    }
+    let (rt, moto, net) = runtime_and_moto();
     let dir = std::env::temp_dir().join(format!("gna-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
@@ -406,14 +413,7 @@ fn real_control_plane(runs: usize) {
     use kube::runtime::watcher;
     use std::collections::HashSet;
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let moto = aws::Moto::start();
-    let ec2 = rt.block_on(aws::ec2(&moto.url()));
-    let net = rt.block_on(aws::network(&ec2));
+    let (rt, moto, net) = runtime_and_moto();
     let dir = std::env::temp_dir().join(format!("gna-bench-real-{}", std::process::id()));
     println!(
         "reaction on the real control plane: {REAL_NODES} kwok nodes, {REAL_PODS} pending GPU \
