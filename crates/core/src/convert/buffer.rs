@@ -7,21 +7,11 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::provisioning::RawCondition;
+use super::provisioning::{Meta, RawCondition};
 use super::{add_resource_list, parse_time, Converter};
 use crate::buffer::{self, CapacityBuffer, Source, Status};
 use crate::model::resources::{GpuShare, Resources};
 use crate::model::Pod;
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct Meta {
-    name: String,
-    namespace: Option<String>,
-    uid: String,
-    generation: i64,
-    creation_timestamp: Option<String>,
-}
 
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]

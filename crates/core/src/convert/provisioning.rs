@@ -11,14 +11,15 @@ use super::{parse_time, Converter};
 use crate::model::GangRef;
 use crate::provisioning::{self, Condition, ProvisioningRequest};
 
+/// The metadata of a custom object (a ProvisioningRequest, a CapacityBuffer) that is read.
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
-struct Meta {
-    name: String,
-    namespace: Option<String>,
-    uid: String,
-    generation: i64,
-    creation_timestamp: Option<String>,
+pub(super) struct Meta {
+    pub(super) name: String,
+    pub(super) namespace: Option<String>,
+    pub(super) uid: String,
+    pub(super) generation: i64,
+    pub(super) creation_timestamp: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
