@@ -247,6 +247,58 @@ fn volume_a_wait_for_first_consumer_claim_is_provisioned_in_the_zone_its_class_a
     );
 }
 
+#[test]
+fn volume_attach_limit_a_node_at_its_csi_limit_is_not_planned_for_a_pod_with_one_more_volume() {
+    let env = started("volume-attach");
+    env.create(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: gp3}\n\
+         provisioner: ebs.csi.aws.com\nvolumeBindingMode: WaitForFirstConsumer\n",
+    );
+    let claim = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: default}}\n\
+             spec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: gp3\n  \
+             resources: {{requests: {{storage: 10Gi}}}}\n"
+        )
+    };
+    let with_claim = |claim: &str| {
+        format!("  volumes:\n  - name: data\n    persistentVolumeClaim: {{claimName: {claim}}}\n")
+    };
+    let running = |pod: &str| {
+        env.wait_for(&format!("pod {pod} to run"), 4 * MIN, || {
+            provision_selected_claims(&env);
+            let p = env.get_json(&["get", "pod", pod, "-n", "default"]);
+            (p["status"]["phase"] == "Running")
+                .then(|| p["spec"]["nodeName"].as_str().map(str::to_string))
+                .flatten()
+        })
+    };
+    env.create(&claim("data-a"));
+    env.create(&bare_gpu_pod("default", "a", &with_claim("data-a")));
+    let first = running("a");
+    assert_eq!(launched(&env), 1);
+    // The node's EBS driver attaches one volume at most, as its kubelet registers it: a's
+    // volume fills it. b fits the node's three free GPUs, and kube-scheduler's NodeVolumeLimits
+    // would refuse it there.
+    env.create(&format!(
+        "apiVersion: storage.k8s.io/v1\nkind: CSINode\nmetadata: {{name: {first}}}\nspec:\n  \
+         drivers:\n  - name: ebs.csi.aws.com\n    nodeID: {first}\n    allocatable: {{count: 1}}\n"
+    ));
+    env.create(&claim("data-b"));
+    env.create(&bare_gpu_pod("default", "b", &with_claim("data-b")));
+    let second = running("b");
+    assert_ne!(second, first, "b on a node of its own");
+    assert_eq!(launched(&env), 2, "one more node, no more");
+    // Planned there at once, not after the scheduler refused the first node (the safety net
+    // would have said so).
+    let refused: Vec<String> = env
+        .events("FailedScaleUp")
+        .into_iter()
+        .filter(|e| e.starts_with("b: "))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
+}
+
 /// A bare pod in `ns` asking for one GPU, labelled `app=<app>`, with `extra` in its spec (YAML at
 /// 2 spaces).
 fn bare_gpu_pod(ns: &str, app: &str, extra: &str) -> String {

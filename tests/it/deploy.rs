@@ -643,6 +643,7 @@ fn rbac_is_least_privilege() {
         ("core", "persistentvolumeclaims", "list watch", ""),
         ("core", "persistentvolumes", "list watch", ""),
         ("storage.k8s.io", "storageclasses", "list watch", ""),
+        ("storage.k8s.io", "csinodes", "list watch", ""),
         (
             "autoscaling.x-k8s.io",
             "provisioningrequests",

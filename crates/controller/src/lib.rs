@@ -291,6 +291,13 @@ async fn run_async(args: RunArgs) -> Result<()> {
         Kind::StorageClass,
         state.clone(),
     ));
+    // The CSI drivers' attach limits per node (kube-scheduler's NodeVolumeLimits).
+    tokio::spawn(kube_io::watch_into(
+        Api::<k8s_openapi::api::storage::v1::CSINode>::all(client.clone()),
+        watcher::Config::default(),
+        Kind::CsiNode,
+        state.clone(),
+    ));
     // Dynamic Resource Allocation: pods' ResourceClaims, their templates, DeviceClasses and the
     // devices nodes publish. On an API server without `resource.k8s.io/v1` no pod can claim
     // devices, and those stores are complete and empty.

@@ -162,6 +162,8 @@ pub struct ClusterState {
     pub volume_claims: KindStore<volumes::Claim>,
     pub volumes: KindStore<volumes::Volume>,
     pub storage_classes: KindStore<volumes::StorageClass>,
+    /// CSINodes by name: each CSI driver's attach limit on that node (read only).
+    pub csi_nodes: KindStore<BTreeMap<String, u32>>,
     /// ProvisioningRequests and PodTemplates by `namespace/name`, as objects without
     /// `metadata.managedFields` (converted in each pass, see [`ClusterState::provisioning_requests`]).
     pub provisioning_requests: KindStore<Value>,
@@ -227,6 +229,7 @@ pub enum Kind {
     PersistentVolumeClaim,
     PersistentVolume,
     StorageClass,
+    CsiNode,
     ProvisioningRequest,
     PodTemplate,
     CapacityBuffer,
@@ -235,7 +238,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 17] = [
         Kind::Pod,
         Kind::Node,
         Kind::Pdb,
@@ -247,6 +250,7 @@ impl Kind {
         Kind::PersistentVolumeClaim,
         Kind::PersistentVolume,
         Kind::StorageClass,
+        Kind::CsiNode,
         Kind::ProvisioningRequest,
         Kind::PodTemplate,
         Kind::CapacityBuffer,
@@ -282,6 +286,7 @@ impl Kind {
             Kind::PersistentVolumeClaim => "persistentvolumeclaims",
             Kind::PersistentVolume => "persistentvolumes",
             Kind::StorageClass => "storageclasses",
+            Kind::CsiNode => "csinodes",
             Kind::ProvisioningRequest => "provisioningrequests",
             Kind::PodTemplate => "podtemplates",
             Kind::CapacityBuffer => "capacitybuffers",
@@ -309,6 +314,7 @@ impl ClusterState {
             Kind::PersistentVolumeClaim => self.volume_claims.synced,
             Kind::PersistentVolume => self.volumes.synced,
             Kind::StorageClass => self.storage_classes.synced,
+            Kind::CsiNode => self.csi_nodes.synced,
             Kind::ProvisioningRequest => self.provisioning_requests.synced,
             Kind::PodTemplate => self.pod_templates.synced,
             Kind::CapacityBuffer => self.capacity_buffers.synced,
@@ -545,6 +551,10 @@ impl ClusterState {
                 let conv = &mut self.converter;
                 self.storage_classes.apply(event, |v| conv.storage_class(v));
             }
+            Kind::CsiNode => {
+                let conv = &mut self.converter;
+                self.csi_nodes.apply(event, |v| Ok(conv.csi_node(v)?.1));
+            }
             // Kept as objects (few, and converted together in each pass), without what no
             // pass reads.
             Kind::ProvisioningRequest => {
@@ -609,6 +619,18 @@ impl ClusterState {
                 .collect(),
             volumes: by_key(&self.volumes.items),
             classes: by_key(&self.storage_classes.items),
+            limited_drivers: Default::default(),
+        };
+        snapshot.attach_limits.by_node = self
+            .csi_nodes
+            .items
+            .iter()
+            .filter(|(_, limits)| !limits.is_empty())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let storage = volumes::Storage {
+            limited_drivers: snapshot.attach_limits.drivers(),
+            ..storage
         };
         storage.join(&mut snapshot.pods);
         snapshot.dra = dra.join(&mut snapshot.pods);
@@ -854,6 +876,64 @@ mod tests {
     }
 
     #[test]
+    fn volume_attach_limit_of_a_csinode_reaches_the_snapshot_and_the_pods_volumes() {
+        let mut s = ClusterState::default();
+        let mut p = pod("web-0", true);
+        p["spec"]["volumes"] =
+            json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0"}}]);
+        s.apply(Kind::Pod, WatchEvent::Apply(p), Time(0));
+        s.apply(
+            Kind::PersistentVolumeClaim,
+            WatchEvent::Apply(
+                json!({"metadata": {"name": "data-web-0", "namespace": "ml"},
+                "spec": {"volumeName": "pv-1", "storageClassName": "gp3"}}),
+            ),
+            Time(0),
+        );
+        s.apply(
+            Kind::PersistentVolume,
+            WatchEvent::Apply(json!({"metadata": {"name": "pv-1"},
+                "spec": {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-1"}}})),
+            Time(0),
+        );
+        let attachments = |s: &ClusterState| {
+            s.snapshot(Vec::new()).pods[0]
+                .constraints
+                .topology
+                .as_ref()
+                .map(|t| t.attachments.clone())
+                .unwrap_or_default()
+        };
+        // No CSINode limits the driver: the volume is not an attachment.
+        assert!(attachments(&s).is_empty());
+        s.apply(
+            Kind::CsiNode,
+            WatchEvent::Apply(json!({"metadata": {"name": "n1"}, "spec": {"drivers": [
+                {"name": "ebs.csi.aws.com", "nodeID": "i-1", "allocatable": {"count": 25}},
+                {"name": "efs.csi.aws.com", "nodeID": "i-1"}]}})),
+            Time(0),
+        );
+        let snap = s.snapshot(Vec::new());
+        assert_eq!(
+            snap.attach_limits.by_node["n1"],
+            BTreeMap::from([("ebs.csi.aws.com".to_string(), 25)])
+        );
+        assert_eq!(
+            attachments(&s),
+            vec![gpu_node_autoscaler_core::model::topology::Attachment {
+                driver: "ebs.csi.aws.com".into(),
+                volume: "pv-1".into(),
+            }]
+        );
+        s.apply(
+            Kind::CsiNode,
+            WatchEvent::Delete(json!({"metadata": {"name": "n1"}})),
+            Time(0),
+        );
+        assert!(s.snapshot(Vec::new()).attach_limits.by_node.is_empty());
+    }
+
+    #[test]
     fn pods_claims_are_joined_with_the_dra_stores_in_the_snapshot() {
         let mut s = ClusterState::default();
         s.without_dra(Time(0));
@@ -867,6 +947,7 @@ mod tests {
             Kind::PersistentVolumeClaim,
             Kind::PersistentVolume,
             Kind::StorageClass,
+            Kind::CsiNode,
         ] {
             s.apply(k, WatchEvent::Init, Time(0));
             s.apply(k, WatchEvent::InitDone, Time(0));

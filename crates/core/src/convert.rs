@@ -926,7 +926,7 @@ pub fn load_reservations(
         .map_err(|e| format!("{file}: {}: {}", e.path(), e.inner()))
 }
 
-/// Reads what `kubectl get pods,nodes,pdb,pvc,pv,storageclass -A -o yaml` (or `-o json`) prints: a `List`.
+/// Reads what `kubectl get pods,nodes,pdb,pvc,pv,storageclass,csinode -A -o yaml` (or `-o json`) prints: a `List`.
 pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     let doc = crate::yaml::parse(text).map_err(|e| {
         format!(
@@ -939,7 +939,7 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
         Some(Value::Array(items)) if kind == "List" || kind.ends_with("List") => items,
         _ => {
             return Err(format!(
-                "{file}: expected a Kubernetes List with `items` (what `kubectl get pods,nodes,pdb,pvc,pv,storageclass -A -o yaml` prints), got {}",
+                "{file}: expected a Kubernetes List with `items` (what `kubectl get pods,nodes,pdb,pvc,pv,storageclass,csinode -A -o yaml` prints), got {}",
                 if kind.is_empty() { "no `kind`".to_string() } else { format!("kind {kind:?}") }
             ))
         }
@@ -1024,14 +1024,23 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
                 }
                 Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
             },
+            "CSINode" => match conv.csi_node(item.clone()) {
+                Ok((node, limits)) => {
+                    if !limits.is_empty() {
+                        out.snapshot.attach_limits.by_node.insert(node, limits);
+                    }
+                }
+                Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
+            },
             _ => out.warnings.push(format!(
                 "{what}: ignored (only Pods, Nodes, PodDisruptionBudgets, ResourceClaims, \
                  ResourceClaimTemplates, DeviceClasses, ResourceSlices, PersistentVolumeClaims, \
-                 PersistentVolumes and StorageClasses are read)"
+                 PersistentVolumes, StorageClasses and CSINodes are read)"
             )),
         }
     }
     storage.complete = !storage.claims.is_empty();
+    storage.limited_drivers = out.snapshot.attach_limits.drivers();
     storage.join(&mut out.snapshot.pods);
     out.snapshot.dra = dra.join(&mut out.snapshot.pods);
     for p in &out.snapshot.pods {

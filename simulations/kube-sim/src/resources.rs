@@ -64,7 +64,7 @@ const fn def(
 }
 
 /// Every served resource; the index in this table identifies a resource in the store.
-pub static RESOURCES: [ResourceDef; 12] = [
+pub static RESOURCES: [ResourceDef; 13] = [
     ResourceDef {
         name_is_label: true,
         ..def(
@@ -154,6 +154,15 @@ pub static RESOURCES: [ResourceDef; 12] = [
         "StorageClass",
         false,
         &["sc"],
+        false,
+    ),
+    def(
+        "storage.k8s.io",
+        "csinodes",
+        "csinode",
+        "CSINode",
+        false,
+        &[],
         false,
     ),
 ];

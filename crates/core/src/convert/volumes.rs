@@ -1,6 +1,8 @@
 //! PersistentVolumeClaims, PersistentVolumes and StorageClasses into [`crate::model::volumes`],
 //! and the claims a pod's volumes name.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -53,6 +55,39 @@ struct RawVolume {
 struct VolumeSpec {
     node_affinity: Option<VolumeNodeAffinity>,
     claim_ref: Option<ClaimRef>,
+    csi: Option<CsiSource>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct CsiSource {
+    driver: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct RawCsiNode {
+    metadata: Meta,
+    spec: CsiNodeSpec,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct CsiNodeSpec {
+    drivers: Vec<CsiNodeDriver>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct CsiNodeDriver {
+    name: String,
+    allocatable: Option<CsiAllocatable>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct CsiAllocatable {
+    count: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -78,6 +113,7 @@ struct Selector {
 #[serde(default, rename_all = "camelCase")]
 struct RawClass {
     metadata: Meta,
+    provisioner: String,
     volume_binding_mode: Option<String>,
     allowed_topologies: Vec<TopologyTerm>,
 }
@@ -176,7 +212,32 @@ impl Converter {
                 .filter(|c| !c.name.is_empty())
                 .map(|c| format!("{}/{}", c.namespace, c.name)),
             node_affinity,
+            driver: raw.spec.csi.map(|c| c.driver).filter(|d| !d.is_empty()),
         })
+    }
+
+    /// A CSINode: its node's name and the attach limit of each driver that publishes one
+    /// (`spec.drivers[].allocatable.count`).
+    pub fn csi_node(&mut self, v: Value) -> Result<(String, BTreeMap<String, u32>), String> {
+        let raw: RawCsiNode =
+            serde_json::from_value(v).map_err(|e| format!("not a CSINode: {e}"))?;
+        if raw.metadata.name.is_empty() {
+            return Err("CSINode without metadata.name".into());
+        }
+        let mut limits = BTreeMap::new();
+        for (i, d) in raw.spec.drivers.iter().enumerate() {
+            let Some(count) = d.allocatable.as_ref().and_then(|a| a.count) else {
+                continue;
+            };
+            let count = u32::try_from(count).map_err(|_| {
+                format!("spec.drivers[{i}].allocatable.count: {count} is not a count of volumes")
+            })?;
+            if d.name.is_empty() {
+                return Err(format!("spec.drivers[{i}]: no name"));
+            }
+            limits.insert(d.name.clone(), count);
+        }
+        Ok((raw.metadata.name, limits))
     }
 
     pub fn storage_class(&mut self, v: Value) -> Result<StorageClass, String> {
@@ -209,6 +270,7 @@ impl Converter {
         });
         Ok(StorageClass {
             name: raw.metadata.name,
+            provisioner: raw.provisioner,
             binding,
             allowed,
         })

@@ -103,6 +103,8 @@ pub struct Snapshot {
     pub pools: BTreeMap<String, PoolState>,
     /// DeviceClasses, ResourceSlices and allocated devices (Dynamic Resource Allocation).
     pub dra: super::dra::DraState,
+    /// The CSI drivers' per-node attach limits, from the CSINodes.
+    pub attach_limits: super::volumes::AttachLimits,
 }
 
 impl Snapshot {

@@ -1,7 +1,7 @@
 //! What kube-scheduler checks across nodes before it binds a pod, with its semantics:
 //! host ports (its `NodePorts` plugin), required inter-pod affinity and anti-affinity in both
-//! directions (`InterPodAffinity`) and topology spread with `whenUnsatisfiable: DoNotSchedule`
-//! (`PodTopologySpread`).
+//! directions (`InterPodAffinity`), topology spread with `whenUnsatisfiable: DoNotSchedule`
+//! (`PodTopologySpread`) and the CSI drivers' per-node attach limits (`NodeVolumeLimits`).
 //!
 //! These rules need more than one node's labels, so they are checked against a
 //! [`TopologyIndex`]: the pods placed so far (running ones, and those a pass has placed), counted
@@ -37,6 +37,15 @@ impl HostPort {
             && self.protocol == other.protocol
             && (self.ip.is_empty() || other.ip.is_empty() || self.ip == other.ip)
     }
+}
+
+/// A volume a pod attaches on its node, by a CSI driver whose attach count the node limits
+/// (see [`crate::model::volumes::AttachLimits`]). Pods that share the volume attach it once.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Attachment {
+    pub driver: String,
+    /// The PersistentVolume's name, or `namespace/claim` for a claim not bound yet.
+    pub volume: String,
 }
 
 /// The pods a term looks at: a label selector over some namespaces.
@@ -85,11 +94,14 @@ pub struct PodTopology {
     pub affinity: Vec<AffinityTerm>,
     pub anti_affinity: Vec<AffinityTerm>,
     pub spread: Vec<Spread>,
+    /// Its volumes of CSI drivers some node limits, sorted.
+    pub attachments: Vec<Attachment>,
 }
 
 impl PodTopology {
     pub fn is_empty(&self) -> bool {
         self.host_ports.is_empty()
+            && self.attachments.is_empty()
             && self.affinity.is_empty()
             && self.anti_affinity.is_empty()
             && self.spread.is_empty()
@@ -129,6 +141,7 @@ impl<'a> Site<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     HostPort,
+    VolumeLimit,
     AntiAffinity,
     Affinity,
     Spread,
@@ -138,6 +151,7 @@ impl Refusal {
     pub fn describe(self) -> &'static str {
         match self {
             Refusal::HostPort => "its host ports are taken there",
+            Refusal::VolumeLimit => "its volumes would exceed the node's CSI attach limit",
             Refusal::AntiAffinity => "pod anti-affinity (its own or a running pod's)",
             Refusal::Affinity => "required pod affinity",
             Refusal::Spread => "topology spread (DoNotSchedule)",
@@ -175,13 +189,14 @@ pub struct Profile {
     anti: Vec<usize>,
     spread: Vec<SpreadCheck>,
     ports: Vec<HostPort>,
+    attach: Vec<Attachment>,
 }
 
 impl Profile {
     /// Neither has rules of its own nor is looked at by another pod's: the index never
     /// refuses it and need not record it.
     pub fn is_free(&self) -> bool {
-        self.ports.is_empty() && !self.is_bound_to_domains()
+        self.ports.is_empty() && self.attach.is_empty() && !self.is_bound_to_domains()
     }
 
     /// Has rules of its own or is looked at by other pods' rules: its new nodes must each be
@@ -238,6 +253,13 @@ pub struct TopologyIndex {
     repel: Vec<Counter>,
     repel_ix: HashMap<(String, Vec<PodSelector>), usize>,
     ports: HashMap<String, Vec<HostPort>>,
+    /// Per node, the volumes its pods attach (once per pod: a volume two pods share is in it
+    /// twice).
+    attached: HashMap<String, Vec<Attachment>>,
+    /// The CSI drivers' attach limits per node, and per instance type for nodes not launched
+    /// yet.
+    limits: HashMap<String, BTreeMap<String, u32>>,
+    type_limits: HashMap<String, BTreeMap<String, u32>>,
     /// Sites that exist: labels and node name.
     nodes: Vec<(Arc<BTreeMap<String, String>>, String)>,
     /// Labels of nodes that may be launched.
@@ -395,6 +417,7 @@ impl TopologyIndex {
                 .map(|a| self.repel_ix[&(a.topology_key.clone(), vec![a.selector.clone()])])
                 .collect();
             p.ports = t.host_ports.clone();
+            p.attach = t.attachments.clone();
         }
         p
     }
@@ -498,6 +521,9 @@ impl TopologyIndex {
                 }
             }
         }
+        if !p.attach.is_empty() && !self.attach_fits(&p.attach, site) {
+            return Err(Refusal::VolumeLimit);
+        }
         let present = |c: &Counter| c.at(site).is_some_and(|n| n > 0);
         if p.repelled_by.iter().any(|&r| present(&self.repel[r]))
             || p.anti.iter().any(|&a| present(&self.counted[a]))
@@ -533,6 +559,53 @@ impl TopologyIndex {
             }
         }
         Ok(())
+    }
+
+    /// Sets the CSI drivers' attach limits: per node, and per instance type for the nodes not
+    /// launched yet (their `node.kubernetes.io/instance-type` label).
+    pub fn set_attach_limits(
+        &mut self,
+        by_node: HashMap<String, BTreeMap<String, u32>>,
+        by_type: HashMap<String, BTreeMap<String, u32>>,
+    ) {
+        self.limits = by_node;
+        self.type_limits = by_type;
+    }
+
+    /// Whether a pod's volumes fit the site's attach limits with those attached there: the
+    /// distinct volumes of each limited driver, its own not yet attached counted once more.
+    fn attach_fits(&self, attach: &[Attachment], site: &Site) -> bool {
+        let limits = self.limits.get(site.node).or_else(|| {
+            site.labels
+                .get(super::labels::INSTANCE_TYPE)
+                .and_then(|t| self.type_limits.get(t))
+        });
+        let Some(limits) = limits else {
+            return true;
+        };
+        let here = self.attached.get(site.node);
+        for (driver, &limit) in limits {
+            let new: Vec<&Attachment> = attach
+                .iter()
+                .filter(|a| &a.driver == driver)
+                .filter(|a| here.is_none_or(|h| !h.contains(a)))
+                .collect();
+            if new.is_empty() {
+                continue;
+            }
+            let mut distinct: Vec<&str> = here
+                .into_iter()
+                .flatten()
+                .filter(|a| &a.driver == driver)
+                .map(|a| a.volume.as_str())
+                .collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            if distinct.len() + new.len() > limit as usize {
+                return false;
+            }
+        }
+        true
     }
 
     /// What, besides the counts at a site, decides whether a pod of profile `p` is admitted
@@ -589,6 +662,18 @@ impl TopologyIndex {
                 }
             }
         }
+        if !p.attach.is_empty() {
+            let here = self.attached.entry(site.node.to_string()).or_default();
+            if k > 0 {
+                here.extend(p.attach.iter().cloned());
+            } else {
+                for a in &p.attach {
+                    if let Some(i) = here.iter().position(|x| x == a) {
+                        here.swap_remove(i);
+                    }
+                }
+            }
+        }
     }
 
     /// Every pod of `pods` that holds a node records at its node.
@@ -631,6 +716,7 @@ pub fn index_of(
     pods: &[Pod],
     nodes: &[super::Node],
     offerings: Vec<Arc<BTreeMap<String, String>>>,
+    limits: &super::volumes::AttachLimits,
 ) -> Option<TopologyIndex> {
     if !pods.iter().any(|p| p.constraints.topology.is_some()) {
         return None;
@@ -641,6 +727,16 @@ pub fn index_of(
         .map(|n| (n.labels.clone(), n.name.clone()))
         .collect();
     let mut ix = TopologyIndex::new(pods, sites, offerings);
+    if !limits.by_node.is_empty() {
+        ix.set_attach_limits(
+            limits
+                .by_node
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            limits.by_instance_type(nodes),
+        );
+    }
     ix.add_bound(pods, nodes);
     Some(ix)
 }

@@ -9,15 +9,22 @@
 //!   not a node.
 //! - A `ReadWriteOncePod` claim another pod uses: the pod cannot run anywhere until that pod goes.
 //!
+//! - Per-node attach limits (`NodeVolumeLimits`): a CSI driver's `allocatable.count` in a node's
+//!   CSINode caps the distinct volumes of that driver its pods use. A pod's volumes of a limited
+//!   driver become [`Attachment`]s of its cross-node rules, checked per node like host ports
+//!   ([`crate::model::topology`]); a node not launched yet has the limit its instance type's
+//!   registered nodes publish ([`AttachLimits`]).
+//!
 //! The claims' rules join the pod's own node affinity as more required terms ([`Constraints::volumes`]):
 //! every check of a pod against a node or a template (planner, scale-down, consolidation, the
 //! simulator's scheduler) then applies them. Pure: objects in, pods changed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::constraints::{Constraints, Term};
 use super::pod::Pod;
+use super::topology::Attachment;
 
 /// One volume of a pod that comes from a PersistentVolumeClaim.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +45,8 @@ pub enum Binding {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StorageClass {
     pub name: String,
+    /// `provisioner`: the CSI driver its volumes are attached by.
+    pub provisioner: String,
     pub binding: Binding,
     /// `allowedTopologies`, as node selector terms (any one holds). `None`: anywhere.
     pub allowed: Option<Vec<Term>>,
@@ -61,6 +70,46 @@ pub struct Volume {
     pub claim: Option<String>,
     /// `spec.nodeAffinity.required`: node selector terms (any one holds). `None`: anywhere.
     pub node_affinity: Option<Vec<Term>>,
+    /// `spec.csi.driver`: the CSI driver that attaches it; `None` for other volume sources.
+    pub driver: Option<String>,
+}
+
+/// The CSI drivers' attach limits: per node, as its CSINode publishes them
+/// (`spec.drivers[].allocatable.count`), driver → volumes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AttachLimits {
+    pub by_node: BTreeMap<String, BTreeMap<String, u32>>,
+}
+
+impl AttachLimits {
+    /// The drivers some node limits.
+    pub fn drivers(&self) -> BTreeSet<String> {
+        self.by_node
+            .values()
+            .flat_map(|d| d.keys().cloned())
+            .collect()
+    }
+
+    /// Per instance type, the limits its registered nodes publish (the lowest where they differ):
+    /// what a node of that type not launched yet will have.
+    pub fn by_instance_type(
+        &self,
+        nodes: &[super::Node],
+    ) -> HashMap<String, BTreeMap<String, u32>> {
+        let mut out: HashMap<String, BTreeMap<String, u32>> = HashMap::new();
+        for n in nodes {
+            let (Some(t), Some(limits)) = (n.instance_type(), self.by_node.get(&n.name)) else {
+                continue;
+            };
+            let e = out.entry(t.to_string()).or_default();
+            for (driver, &count) in limits {
+                e.entry(driver.clone())
+                    .and_modify(|c| *c = (*c).min(count))
+                    .or_insert(count);
+            }
+        }
+        out
+    }
 }
 
 /// The cluster's claims, volumes and classes, by key (`namespace/name` for claims).
@@ -73,6 +122,8 @@ pub struct Storage {
     pub claims: BTreeMap<String, Claim>,
     pub volumes: BTreeMap<String, Volume>,
     pub classes: BTreeMap<String, StorageClass>,
+    /// The CSI drivers some node's CSINode limits: a pod's volumes of these are attachments.
+    pub limited_drivers: BTreeSet<String>,
 }
 
 /// What one claim does to the pods that use it.
@@ -120,6 +171,34 @@ impl Storage {
         }
     }
 
+    /// The volume a pod's claim attaches on its node, when its driver is limited: the bound
+    /// (or reserved) PersistentVolume, or for a claim not bound yet the claim itself, attached
+    /// by its class's provisioner (as kube-scheduler counts it).
+    fn attachment(&self, namespace: &str, v: &PodVolume) -> Option<Attachment> {
+        let key = format!("{namespace}/{}", v.claim);
+        let claim = self.claims.get(&key);
+        let bound = claim
+            .and_then(|c| c.volume.as_ref())
+            .and_then(|pv| self.volumes.get(pv))
+            .or_else(|| {
+                self.volumes
+                    .values()
+                    .find(|pv| pv.claim.as_deref() == Some(key.as_str()))
+            });
+        let (driver, volume) = match bound {
+            Some(pv) => (pv.driver.clone()?, pv.name.clone()),
+            None => {
+                let class = claim
+                    .and_then(|c| c.class.as_deref())
+                    .or(v.ephemeral_class.as_deref())?;
+                (self.classes.get(class)?.provisioner.clone(), key)
+            }
+        };
+        self.limited_drivers
+            .contains(&driver)
+            .then_some(Attachment { driver, volume })
+    }
+
     fn unbound(&self, key: &str, class: Option<&str>) -> Rule {
         match class.and_then(|c| self.classes.get(c)) {
             Some(StorageClass {
@@ -160,7 +239,15 @@ impl Storage {
                 continue;
             }
             let mut terms = Vec::new();
+            let mut attachments = Vec::new();
             for v in &p.volumes {
+                if !self.limited_drivers.is_empty() {
+                    if let Some(a) = self.attachment(&p.id.namespace, v) {
+                        if !attachments.contains(&a) {
+                            attachments.push(a);
+                        }
+                    }
+                }
                 match self.rule(&p.id.namespace, v) {
                     Rule::Anywhere => {}
                     Rule::Within(t) => terms.push(t),
@@ -179,11 +266,19 @@ impl Storage {
                     }
                 }
             }
-            if terms.is_empty() {
+            if terms.is_empty() && attachments.is_empty() {
                 continue;
             }
             let mut c = (*p.constraints).clone();
-            c.volumes = terms;
+            if !terms.is_empty() {
+                c.volumes = terms;
+            }
+            if !attachments.is_empty() {
+                attachments.sort();
+                let mut t = c.topology.as_deref().cloned().unwrap_or_default();
+                t.attachments = attachments;
+                c.topology = Some(Arc::new(t));
+            }
             p.constraints = interned
                 .entry(c.clone())
                 .or_insert_with(|| Arc::new(c))
@@ -194,7 +289,7 @@ impl Storage {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
     use crate::model::constraints::{Operator, Requirement};
@@ -259,6 +354,7 @@ mod tests {
                         name: "pv-b".into(),
                         claim: None,
                         node_affinity: Some(zone_terms(&["us-east-1b"])),
+                        driver: Some("ebs.csi.aws.com".into()),
                     },
                 ),
                 (
@@ -267,6 +363,7 @@ mod tests {
                         name: "pv-any".into(),
                         claim: None,
                         node_affinity: None,
+                        driver: Some("ebs.csi.aws.com".into()),
                     },
                 ),
             ]
@@ -276,6 +373,7 @@ mod tests {
                     "gp3".to_string(),
                     StorageClass {
                         name: "gp3".into(),
+                        provisioner: "ebs.csi.aws.com".into(),
                         binding: Binding::WaitForFirstConsumer,
                         allowed: None,
                     },
@@ -284,6 +382,7 @@ mod tests {
                     "gp3-c".to_string(),
                     StorageClass {
                         name: "gp3-c".into(),
+                        provisioner: "ebs.csi.aws.com".into(),
                         binding: Binding::WaitForFirstConsumer,
                         allowed: Some(zone_terms(&["us-east-1c"])),
                     },
@@ -292,12 +391,14 @@ mod tests {
                     "fast".to_string(),
                     StorageClass {
                         name: "fast".into(),
+                        provisioner: "ebs.csi.aws.com".into(),
                         binding: Binding::Immediate,
                         allowed: None,
                     },
                 ),
             ]
             .into(),
+            limited_drivers: BTreeSet::new(),
         }
     }
 
@@ -330,6 +431,7 @@ mod tests {
                 name: "pv-reserved".into(),
                 claim: Some("ml/data-web-0".into()),
                 node_affinity: Some(zone_terms(&["us-east-1c"])),
+                driver: Some("ebs.csi.aws.com".into()),
             },
         );
         let mut pods = vec![pod("web-0", &["data-web-0"], None)];

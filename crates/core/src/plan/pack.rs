@@ -335,6 +335,7 @@ impl<'a> Packer<'a> {
                     .flat_map(|t| t.offerings.iter().filter(|o| o.available))
                     .map(|o| o.labels.clone())
                     .collect(),
+                &snapshot.attach_limits,
             );
         }
         if p.topology.is_some() {
