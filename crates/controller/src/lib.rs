@@ -828,12 +828,12 @@ impl Controller {
             warn!("policy: {w}");
         }
         let (file_catalog, catalog_warning) = file_catalog?;
-        let (providers, catalog) = if self.args.dry_run {
+        let (providers, catalog, policy) = if self.args.dry_run {
             // No cloud call at all: the price file's catalog, every offering assumed available.
-            (BTreeMap::new(), file_catalog)
+            (BTreeMap::new(), file_catalog, policy)
         } else {
             build_providers(
-                &policy,
+                policy,
                 &file_catalog,
                 &self.args,
                 &self.cluster_id,
@@ -1922,16 +1922,19 @@ fn load_catalog(
 
 /// One provider per cloud the policy's pools use, and their catalogs merged. Availability is
 /// learnt by failing (insufficient capacity), not assumed from the catalog.
+/// The providers of the policy's pools, the catalog they offer, and the policy with what they
+/// say of the pools whose templates come from the cloud ([`Policy::with_cloud_templates`]).
 async fn build_providers(
-    policy: &Policy,
+    policy: Policy,
     file_catalog: &Catalog,
     args: &RunArgs,
     cluster_id: &str,
     metrics: &Arc<Metrics>,
     client: &Client,
-) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog), String> {
+) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog, Policy), String> {
     let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
     let mut catalog = Catalog::default();
+    let mut found = BTreeMap::new();
     let clouds: std::collections::BTreeSet<&str> =
         policy.pools.iter().map(|p| p.provider.as_str()).collect();
     for cloud in clouds {
@@ -1940,7 +1943,7 @@ async fn build_providers(
             client,
             endpoint_url: args.endpoint_url(cloud),
         };
-        let provider = providers::build(cloud, policy, file_catalog, host).await?;
+        let provider = providers::build(cloud, &policy, file_catalog, host).await?;
         let provider = crate::instrumented::Instrumented::wrap(provider, metrics.clone());
         let mut c = provider
             .catalog()
@@ -1955,11 +1958,24 @@ async fn build_providers(
             }
         }
         catalog.offerings.extend(c.offerings);
+        if policy
+            .pools
+            .iter()
+            .any(|p| p.provider == cloud && p.templates_from_cloud)
+        {
+            found.extend(
+                provider
+                    .templates()
+                    .await
+                    .map_err(|e| format!("reading the {cloud} groups' templates: {e}"))?,
+            );
+        }
         for p in policy.pools.iter().filter(|p| p.provider == cloud) {
             providers.insert(p.name.clone(), provider.clone());
         }
     }
-    Ok((providers, catalog))
+    let policy = policy.with_cloud_templates(&found);
+    Ok((providers, catalog, policy))
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpu_node_autoscaler_provider::{CapacityType, OfferingKey};
+use gpu_node_autoscaler_provider::{CapacityType, GroupTemplate, OfferingKey};
 
 use crate::settings::TagMatch;
 
@@ -114,6 +114,27 @@ pub fn capacity_type_of(tags: &BTreeMap<String, String>, spot_distribution: bool
         CapacityType::Spot
     } else {
         CapacityType::OnDemand
+    }
+}
+
+/// A group as the planner sees it: its instance types (only those in `pool_types` when the pool
+/// lists some), its zones and capacity type, and its `node-template` tags' labels, taints and
+/// resources (unreadable tags left out; `check-policy --provider aws` reports them).
+pub fn group_template(g: &Group, pool_types: &[String]) -> GroupTemplate {
+    let t = node_template(&g.tags);
+    GroupTemplate {
+        group: g.name.clone(),
+        instance_types: g
+            .instance_types
+            .iter()
+            .filter(|i| pool_types.is_empty() || pool_types.contains(i))
+            .cloned()
+            .collect(),
+        zones: g.zones.clone(),
+        capacity_type: Some(g.capacity_type),
+        labels: t.labels,
+        taints: t.taints,
+        resources: t.resources,
     }
 }
 
