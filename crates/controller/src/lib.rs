@@ -828,20 +828,30 @@ impl Controller {
             warn!("policy: {w}");
         }
         let (file_catalog, catalog_warning) = file_catalog?;
-        let (providers, catalog, policy) = if self.args.dry_run {
-            // No cloud call at all: the price file's catalog, every offering assumed available.
-            (BTreeMap::new(), file_catalog, policy)
-        } else {
-            build_providers(
-                policy,
-                &file_catalog,
-                &self.args,
-                &self.cluster_id,
-                &self.metrics,
-                &self.client,
-            )
-            .await?
-        };
+        let (providers, catalog, policy) =
+            if self.args.dry_run {
+                // No cloud call at all: the price file's catalog, every offering assumed available.
+                for p in policy.pools.iter().filter(|p| {
+                    gpu_node_autoscaler_core::plan::templates::awaits_cloud_templates(p)
+                }) {
+                    warn!(
+                        "pool {}: its instance types come from its cloud groups, which a dry run \
+                     does not read: it plans nothing (list `instanceTypes` to plan it)",
+                        p.name
+                    );
+                }
+                (BTreeMap::new(), file_catalog, policy)
+            } else {
+                build_providers(
+                    policy,
+                    &file_catalog,
+                    &self.args,
+                    &self.cluster_id,
+                    &self.metrics,
+                    &self.client,
+                )
+                .await?
+            };
         // Every pool's counters exist from the start, so that the first failure shows as an
         // increase (a series appearing at 1 does not).
         for p in &policy.pools {
