@@ -518,6 +518,43 @@ mod tests {
     }
 
     #[test]
+    fn asg_group_template_keeps_the_pools_types_and_readable_tags() {
+        let mut g = group("g", Spot, &["a", "b"], 0, 4);
+        g.instance_types = vec!["g5.xlarge".into(), "g5.2xlarge".into()];
+        g.tags = [
+            (format!("{TEMPLATE_LABEL}gpu-type"), "a10g".to_string()),
+            (
+                format!("{TEMPLATE_TAINT}gpu"),
+                "present:NoSchedule".to_string(),
+            ),
+            (format!("{TEMPLATE_TAINT}bad"), "x".to_string()),
+            (
+                format!("{TEMPLATE_RESOURCES}example.com/fpga"),
+                "2".to_string(),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let all = group_template(&g, &[]);
+        assert_eq!(all.instance_types, ["g5.xlarge", "g5.2xlarge"]);
+        assert_eq!(all.zones, ["a", "b"]);
+        assert_eq!(all.capacity_type, Some(Spot));
+        assert_eq!(all.labels["gpu-type"], "a10g");
+        assert_eq!(
+            all.taints,
+            [(
+                "gpu".to_string(),
+                "present".to_string(),
+                "NoSchedule".to_string()
+            )]
+        );
+        assert_eq!(all.resources["example.com/fpga"], "2");
+        // A pool that lists types keeps only those of the group.
+        let listed = group_template(&g, &["g5.2xlarge".to_string(), "p4d.24xlarge".to_string()]);
+        assert_eq!(listed.instance_types, ["g5.2xlarge"]);
+    }
+
+    #[test]
     fn asg_last_launch_round_trips() {
         let v = last_launch_value("su-abc=1", 3);
         assert_eq!(last_launch(&v), Some(("su-abc=1", 3)));
