@@ -158,7 +158,7 @@ fn run(cli: Cli) -> Result<()> {
                 Some(s) => Time::parse_rfc3339(&s).map_err(anyhow::Error::msg)?,
                 None => Time(chrono::Utc::now().timestamp_millis()),
             };
-            let plan = plan::plan(&loaded.snapshot, &catalog, &policy, now);
+            let plan = plan::plan_adopting(&loaded.snapshot, &catalog, &policy, now);
             match format {
                 Format::Json => println!("{}", output::to_json(&plan)),
                 Format::Table => print!("{}", output::to_table(&plan)),

@@ -17,6 +17,7 @@ mod kube_proxy;
 mod kueue;
 mod kwok;
 mod lifecycle;
+mod nodegroup;
 mod prices;
 mod prometheus;
 mod reserved;

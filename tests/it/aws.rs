@@ -235,3 +235,129 @@ fn check_policy_with_provider_aws_lists_each_selected_capacity_reservation() {
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(proxy.calls_of("DescribeCapacityReservations"), 1);
 }
+
+/// A pool that names its Auto Scaling groups only (no instance types, zones or labels in the
+/// policy): the groups' templates, read from the account as the controller reads them when it
+/// applies a policy, are what the planner plans from. A pod selecting a `node-template` label of
+/// one group is planned onto that group's instance type and zone, and the launch grows that
+/// group from zero, not the cheaper other one.
+#[test]
+fn asg_a_pool_of_named_groups_alone_is_planned_from_their_tag_templates_and_scaled_from_zero() {
+    use crate::moto::{
+        autoscaling, create_group, ec2, group_state, network, typed_launch_template, GroupSpec,
+    };
+    use gpu_node_autoscaler::convert::load_cluster_file;
+    use gpu_node_autoscaler::model::Time;
+    use gpu_node_autoscaler::plan::templates::provider_spec;
+    use gpu_node_autoscaler::provider::LaunchRequest;
+    let m = Moto::start();
+    crate::moto::set_test_credentials();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = ec2(&m.url()).await;
+        let net = network(&client).await;
+        typed_launch_template(&client, "lt-g5", "g5.xlarge").await;
+        typed_launch_template(&client, "lt-g6", "g6.xlarge").await;
+        let asg = autoscaling(&m.url()).await;
+        let label = "k8s.io/cluster-autoscaler/node-template/label/gpu-type";
+        let taint = "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu";
+        for (name, lt, zone, gpu) in [
+            ("gpu-a10g-b", "lt-g5", "us-east-1b", "a10g"),
+            ("gpu-l4-a", "lt-g6", "us-east-1a", "l4"),
+        ] {
+            create_group(
+                &asg,
+                &net,
+                &GroupSpec {
+                    name,
+                    zones: &[zone],
+                    types: &[],
+                    spot: false,
+                    launch_template: lt,
+                    min: 0,
+                    max: 4,
+                    desired: 0,
+                    tags: &[(label, gpu), (taint, "present:NoSchedule")],
+                },
+            )
+            .await;
+        }
+
+        let text = "clusterName: test-cluster\nregion: us-east-1\npools:\n  - name: gpu\n    \
+                    provider: aws\n    maxNodes: 4\n    aws:\n      autoScalingGroups: \
+                    {names: [gpu-l4-a, gpu-a10g-b]}\n";
+        let providers = gpu_node_autoscaler::provider_policies();
+        let policy = gpu_node_autoscaler::policy::parse_policy_with(text, "p.yaml", &providers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (types, _) = gpu_node_autoscaler::catalog::load(None, Some("us-east-1")).unwrap();
+        let file_catalog = gpu_node_autoscaler::catalog::offerings_from_list_prices(&policy, types);
+        let mut spec = provider_spec(&policy, &file_catalog, "aws");
+        spec.endpoint_url = Some(m.url());
+        spec.cluster_id = Some("uid-test".into());
+        let build = gpu_node_autoscaler_registry::find("aws")
+            .and_then(|p| p.build)
+            .expect("built with aws");
+        let provider = build(&spec).await.unwrap_or_else(|e| panic!("{e}"));
+
+        // What the controller does when it applies the policy.
+        let found = provider.templates().await.unwrap();
+        assert_eq!(
+            found["gpu"]
+                .iter()
+                .map(|g| g.group.as_str())
+                .collect::<Vec<_>>(),
+            ["gpu-l4-a", "gpu-a10g-b"]
+        );
+        let policy = policy.with_cloud_templates(&found);
+        let catalog = provider.catalog().await.unwrap();
+
+        let cluster = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Pod\n  \
+                       metadata: {name: trainer, namespace: ml}\n  spec:\n    nodeSelector: \
+                       {gpu-type: a10g}\n    tolerations:\n    - {key: nvidia.com/gpu, operator: \
+                       Exists, effect: NoSchedule}\n    containers:\n    - name: main\n      \
+                       resources:\n        requests: {cpu: '2', memory: 8Gi}\n        limits: \
+                       {nvidia.com/gpu: 1}\n  status:\n    phase: Pending\n    conditions:\n    \
+                       - {type: PodScheduled, status: 'False', reason: Unschedulable}\n";
+        let loaded = load_cluster_file(cluster, "cluster.yaml").unwrap();
+        let now = Time(chrono::Utc::now().timestamp_millis());
+        let plan = gpu_node_autoscaler::plan::plan(&loaded.snapshot, &catalog, &policy, now);
+        assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+        assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+        assert_eq!(plan.scale_ups.len(), 1, "{plan:#?}");
+        let su = &plan.scale_ups[0];
+        assert_eq!((su.pool.as_str(), su.count), ("gpu", 1));
+        let first = &su.offerings[0];
+        assert_eq!(
+            (first.instance_type.as_str(), first.zone.as_str()),
+            ("g5.xlarge", "us-east-1b"),
+            "the group whose template label the pod selects"
+        );
+        assert!(
+            su.offerings.iter().all(|o| o.instance_type == "g5.xlarge"),
+            "{:?}",
+            su.offerings
+        );
+
+        let request = LaunchRequest {
+            launch_id: "asg-tag-only".into(),
+            pool: su.pool.clone(),
+            count: su.count,
+            offerings: su.offerings.iter().map(|o| o.key()).collect(),
+            tags: Default::default(),
+            reservations: Vec::new(),
+        };
+        let r = provider.launch(&request).await.unwrap();
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        assert_eq!(r.launched.len(), 1);
+        assert_eq!(r.launched[0].offering.zone, "us-east-1b");
+        assert_eq!(group_state(&asg, "gpu-a10g-b").await.0, 1);
+        assert_eq!(
+            group_state(&asg, "gpu-l4-a").await.0,
+            0,
+            "the other group untouched"
+        );
+    });
+}

@@ -500,3 +500,69 @@ fn plan_fills_the_capacity_reservations_a_pool_selects_first_at_no_cost() {
     );
     assert!((v["added_cost_per_hour"].as_f64().unwrap() - 55.04).abs() < 1e-9);
 }
+
+/// `plan` shows a node adopted into a pool by its `nodeSelector` as the controller sees it:
+/// unneeded since its annotation, and then kept as not ours (`ScaleDownNotOwned`), or, in a pool
+/// backed by its Auto Scaling group, scaled down.
+#[test]
+fn plan_shows_an_adopted_nodegroup_node_as_unneeded_and_kept_as_not_ours_or_scaled_down_with_its_asg(
+) {
+    let cluster = temp_file(
+        "adopted-cluster.yaml",
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata:\n    \
+         name: ip-10-0-9-9.ec2.internal\n    creationTimestamp: \"2026-11-21T08:00:00Z\"\n    \
+         annotations: {gpu-node-autoscaler.io/unneeded-since: \"2026-11-21T09:30:00Z\"}\n    \
+         labels:\n      node.kubernetes.io/instance-type: g5.xlarge\n      \
+         topology.kubernetes.io/zone: us-east-1a\n      eks.amazonaws.com/nodegroup: gpu-ng\n  \
+         spec:\n    providerID: aws:///us-east-1a/i-0a1b2c3d4e5f69999\n  status:\n    \
+         allocatable: {cpu: 3800m, memory: 15Gi, pods: \"58\", nvidia.com/gpu: \"1\"}\n    \
+         conditions:\n    - {type: Ready, status: \"True\"}\n",
+    );
+    let plan_with = |name: &str, aws: &str| {
+        let policy = temp_file(
+            name,
+            &format!(
+                "clusterName: prod\nregion: us-east-1\nzones: [us-east-1a]\npools:\n  - name: ng\n    \
+                 provider: aws\n    instanceTypes: [g5.xlarge]\n    maxNodes: 4\n    \
+                 nodeSelector: {{eks.amazonaws.com/nodegroup: gpu-ng}}\n{aws}"
+            ),
+        );
+        let o = run(&[
+            "plan",
+            "--cluster",
+            cluster.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+            "--format",
+            "json",
+            "--now",
+            "2026-11-21T10:00:00Z",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<Value>(&stdout(&o)).unwrap()
+    };
+    let node = "ip-10-0-9-9.ec2.internal";
+    let adopted = plan_with("adopted-policy.yaml", "");
+    assert_eq!(adopted["unneeded"][0]["node"], node, "{adopted:#}");
+    assert_eq!(adopted["unneeded"][0]["since"], "2026-11-21T09:30:00Z");
+    assert!(
+        adopted["scale_downs"].as_array().unwrap().is_empty(),
+        "{adopted:#}"
+    );
+    assert_eq!(adopted["kept"][0]["node"], node, "{adopted:#}");
+    let why = adopted["kept"][0]["reason"].as_str().unwrap();
+    assert!(why.contains("not ours (ScaleDownNotOwned)"), "{why}");
+    assert!(why.contains("scale its node group down"), "{why}");
+
+    let with_asg = plan_with(
+        "adopted-asg-policy.yaml",
+        "    aws: {autoScalingGroups: {names: [gpu-ng]}}\n",
+    );
+    assert_eq!(with_asg["unneeded"][0]["node"], node, "{with_asg:#}");
+    assert!(
+        with_asg["kept"].as_array().unwrap().is_empty(),
+        "{with_asg:#}"
+    );
+    assert_eq!(with_asg["scale_downs"][0]["node"], node, "{with_asg:#}");
+    assert_eq!(with_asg["scale_downs"][0]["pool"], "ng");
+}

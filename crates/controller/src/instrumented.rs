@@ -134,6 +134,17 @@ impl CloudProvider for Instrumented {
         .await
     }
 
+    /// Within a catalog's time: read with it when a policy is applied.
+    async fn templates(
+        &self,
+    ) -> Result<
+        std::collections::BTreeMap<String, Vec<gpu_node_autoscaler_provider::GroupTemplate>>,
+        ProviderError,
+    > {
+        self.call("templates", self.timeouts.catalog, self.inner.templates())
+            .await
+    }
+
     /// Within a listing's time: the reservations are read within the pass, as the instances.
     async fn reservations(&self) -> Result<Vec<Reservation>, ProviderError> {
         self.call(

@@ -835,20 +835,30 @@ impl Controller {
             warn!("policy: {w}");
         }
         let (file_catalog, catalog_warning) = file_catalog?;
-        let (providers, catalog) = if self.args.dry_run {
-            // No cloud call at all: the price file's catalog, every offering assumed available.
-            (BTreeMap::new(), file_catalog)
-        } else {
-            build_providers(
-                &policy,
-                &file_catalog,
-                &self.args,
-                &self.cluster_id,
-                &self.metrics,
-                &self.client,
-            )
-            .await?
-        };
+        let (providers, catalog, policy) =
+            if self.args.dry_run {
+                // No cloud call at all: the price file's catalog, every offering assumed available.
+                for p in policy.pools.iter().filter(|p| {
+                    gpu_node_autoscaler_core::plan::templates::awaits_cloud_templates(p)
+                }) {
+                    warn!(
+                        "pool {}: its instance types come from its cloud groups, which a dry run \
+                     does not read: it plans nothing (list `instanceTypes` to plan it)",
+                        p.name
+                    );
+                }
+                (BTreeMap::new(), file_catalog, policy)
+            } else {
+                build_providers(
+                    policy,
+                    &file_catalog,
+                    &self.args,
+                    &self.cluster_id,
+                    &self.metrics,
+                    &self.client,
+                )
+                .await?
+            };
         // Every pool's counters exist from the start, so that the first failure shows as an
         // increase (a series appearing at 1 does not).
         for p in &policy.pools {
@@ -1929,16 +1939,19 @@ fn load_catalog(
 
 /// One provider per cloud the policy's pools use, and their catalogs merged. Availability is
 /// learnt by failing (insufficient capacity), not assumed from the catalog.
+/// The providers of the policy's pools, the catalog they offer, and the policy with what they
+/// say of the pools whose templates come from the cloud ([`Policy::with_cloud_templates`]).
 async fn build_providers(
-    policy: &Policy,
+    policy: Policy,
     file_catalog: &Catalog,
     args: &RunArgs,
     cluster_id: &str,
     metrics: &Arc<Metrics>,
     client: &Client,
-) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog), String> {
+) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog, Policy), String> {
     let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
     let mut catalog = Catalog::default();
+    let mut found = BTreeMap::new();
     let clouds: std::collections::BTreeSet<&str> =
         policy.pools.iter().map(|p| p.provider.as_str()).collect();
     for cloud in clouds {
@@ -1947,7 +1960,7 @@ async fn build_providers(
             client,
             endpoint_url: args.endpoint_url(cloud),
         };
-        let provider = providers::build(cloud, policy, file_catalog, host).await?;
+        let provider = providers::build(cloud, &policy, file_catalog, host).await?;
         let provider = crate::instrumented::Instrumented::wrap(provider, metrics.clone());
         let mut c = provider
             .catalog()
@@ -1962,11 +1975,24 @@ async fn build_providers(
             }
         }
         catalog.offerings.extend(c.offerings);
+        if policy
+            .pools
+            .iter()
+            .any(|p| p.provider == cloud && p.templates_from_cloud)
+        {
+            found.extend(
+                provider
+                    .templates()
+                    .await
+                    .map_err(|e| format!("reading the {cloud} groups' templates: {e}"))?,
+            );
+        }
         for p in policy.pools.iter().filter(|p| p.provider == cloud) {
             providers.insert(p.name.clone(), provider.clone());
         }
     }
-    Ok((providers, catalog))
+    let policy = policy.with_cloud_templates(&found);
+    Ok((providers, catalog, policy))
 }
 
 #[cfg(test)]

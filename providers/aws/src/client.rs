@@ -1502,6 +1502,26 @@ impl CloudProvider for AwsProvider {
         Ok(out)
     }
 
+    /// Each group pool's groups as templates: their instance types (those of the pool's when it
+    /// lists some), zones, capacity type and `node-template` tags, in the pool's order.
+    async fn templates(
+        &self,
+    ) -> Result<BTreeMap<String, Vec<gpu_node_autoscaler_provider::GroupTemplate>>, ProviderError>
+    {
+        let mut out = BTreeMap::new();
+        for p in &self.config.group_pools {
+            let groups = self.pool_groups(p).await?;
+            out.insert(
+                p.name.clone(),
+                groups
+                    .iter()
+                    .map(|g| crate::groups::group_template(g, &p.instance_types))
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+
     /// `DescribeLaunchTemplateVersions` of each pool whose launch template version is
     /// `$Latest` or `$Default`: the version number it resolves to now, with the template's id
     /// and its image (`lt-0abc version 7 (ami-0def)`). A new default or latest version is what

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpu_node_autoscaler_provider::{CapacityType, OfferingKey};
+use gpu_node_autoscaler_provider::{CapacityType, GroupTemplate, OfferingKey};
 
 use crate::settings::TagMatch;
 
@@ -114,6 +114,27 @@ pub fn capacity_type_of(tags: &BTreeMap<String, String>, spot_distribution: bool
         CapacityType::Spot
     } else {
         CapacityType::OnDemand
+    }
+}
+
+/// A group as the planner sees it: its instance types (only those in `pool_types` when the pool
+/// lists some), its zones and capacity type, and its `node-template` tags' labels, taints and
+/// resources (unreadable tags left out; `check-policy --provider aws` reports them).
+pub fn group_template(g: &Group, pool_types: &[String]) -> GroupTemplate {
+    let t = node_template(&g.tags);
+    GroupTemplate {
+        group: g.name.clone(),
+        instance_types: g
+            .instance_types
+            .iter()
+            .filter(|i| pool_types.is_empty() || pool_types.contains(i))
+            .cloned()
+            .collect(),
+        zones: g.zones.clone(),
+        capacity_type: Some(g.capacity_type),
+        labels: t.labels,
+        taints: t.taints,
+        resources: t.resources,
     }
 }
 
@@ -494,6 +515,43 @@ mod tests {
         assert_eq!(give_back(&g), Some(1));
         g.desired = 1;
         assert_eq!(give_back(&g), None);
+    }
+
+    #[test]
+    fn asg_group_template_keeps_the_pools_types_and_readable_tags() {
+        let mut g = group("g", Spot, &["a", "b"], 0, 4);
+        g.instance_types = vec!["g5.xlarge".into(), "g5.2xlarge".into()];
+        g.tags = [
+            (format!("{TEMPLATE_LABEL}gpu-type"), "a10g".to_string()),
+            (
+                format!("{TEMPLATE_TAINT}gpu"),
+                "present:NoSchedule".to_string(),
+            ),
+            (format!("{TEMPLATE_TAINT}bad"), "x".to_string()),
+            (
+                format!("{TEMPLATE_RESOURCES}example.com/fpga"),
+                "2".to_string(),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let all = group_template(&g, &[]);
+        assert_eq!(all.instance_types, ["g5.xlarge", "g5.2xlarge"]);
+        assert_eq!(all.zones, ["a", "b"]);
+        assert_eq!(all.capacity_type, Some(Spot));
+        assert_eq!(all.labels["gpu-type"], "a10g");
+        assert_eq!(
+            all.taints,
+            [(
+                "gpu".to_string(),
+                "present".to_string(),
+                "NoSchedule".to_string()
+            )]
+        );
+        assert_eq!(all.resources["example.com/fpga"], "2");
+        // A pool that lists types keeps only those of the group.
+        let listed = group_template(&g, &["g5.2xlarge".to_string(), "p4d.24xlarge".to_string()]);
+        assert_eq!(listed.instance_types, ["g5.2xlarge"]);
     }
 
     #[test]

@@ -156,6 +156,13 @@ impl ProviderPolicy for AwsPolicy {
         decode_section::<RawAwsPool>(section).map(|_| ())
     }
 
+    /// A pool backed by Auto Scaling groups plans from their templates.
+    fn templates_from_cloud(&self, section: &Value) -> bool {
+        section
+            .get("autoScalingGroups")
+            .is_some_and(|g| !g.is_null())
+    }
+
     /// A launch template by name or id, a `subnet-...` for every zone.
     fn validate_pool(&self, section: Option<&Value>, pool: &PoolFacts<'_>) -> Vec<FieldError> {
         let mut errors = Vec::new();

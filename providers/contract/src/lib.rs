@@ -237,6 +237,40 @@ pub struct LaunchRequest {
     pub reservations: Vec<Reservation>,
 }
 
+/// What a cloud says the Nodes of one of a pool's scaling groups look like, for a pool whose
+/// templates come from the cloud (an Auto Scaling group read as the Cluster Autoscaler reads it
+/// for scale from zero): the core plans the pool from these where its policy leaves a field out.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupTemplate {
+    /// The group's name, for people.
+    pub group: String,
+    /// The instance types it launches, in its order.
+    pub instance_types: Vec<String>,
+    /// The zones it launches into.
+    pub zones: Vec<String>,
+    pub capacity_type: Option<CapacityType>,
+    /// The labels its Nodes register with.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The taints its Nodes register with, as `(key, value, effect)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<(String, String, String)>,
+    /// Resources its Nodes advertise besides the instance type's, as quantities
+    /// (`ephemeral-storage: 100Gi`, `example.com/fpga: 1`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, String>,
+}
+
+impl GroupTemplate {
+    /// Whether the group launches `key`: its instance type, in one of its zones, bought its way.
+    pub fn serves(&self, key: &OfferingKey) -> bool {
+        self.capacity_type.is_none_or(|c| c == key.capacity_type)
+            && self.instance_types.contains(&key.instance_type)
+            && self.zones.contains(&key.zone)
+    }
+}
+
 /// Lifecycle state of an instance as the cloud reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -339,6 +373,13 @@ pub trait CloudProvider: Send + Sync {
     /// launch, and a node launched under another is drifted. Pools that name a fixed version
     /// are left out; a provider without moving versions has none.
     async fn launch_versions(&self) -> Result<BTreeMap<String, String>, ProviderError> {
+        Ok(BTreeMap::new())
+    }
+    /// For the pools whose templates come from the cloud (their policy section says so, see
+    /// [`policy::ProviderPolicy::templates_from_cloud`]): pool → its groups' templates, in the
+    /// pool's order of preference. The core plans such a pool from them where its policy leaves
+    /// a field out. A provider without such pools has none.
+    async fn templates(&self) -> Result<BTreeMap<String, Vec<GroupTemplate>>, ProviderError> {
         Ok(BTreeMap::new())
     }
 }

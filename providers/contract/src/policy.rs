@@ -95,6 +95,12 @@ pub trait ProviderPolicy: Send + Sync {
     fn decode(&self, _section: &Value) -> Result<(), FieldError> {
         Ok(())
     }
+    /// Whether a pool with this section takes what its Nodes look like (instance types, zones,
+    /// labels, taints) from the cloud ([`crate::CloudProvider::templates`]), so that the policy
+    /// need not list its `instanceTypes` or `requirements`.
+    fn templates_from_cloud(&self, _section: &Value) -> bool {
+        false
+    }
     /// Checks a pool that names this provider or carries its section (`section` is `None` when
     /// it has none): errors with paths inside the pool.
     fn validate_pool(&self, section: Option<&Value>, pool: &PoolFacts<'_>) -> Vec<FieldError>;

@@ -188,6 +188,49 @@ pub fn plan(snapshot: &Snapshot, catalog: &Catalog, policy: &Policy, now: Time) 
     plan_with(snapshot, &Templates::new(policy, catalog), policy, now)
 }
 
+/// [`plan`] of a snapshot as the controller would see it (the `plan` command): nodes without a
+/// pool label that carry every label of a pool's `nodeSelector` are adopted into that pool, as
+/// the controller adopts them, so they count and may be unneeded. The controller drains only
+/// instances it can remove: an adopted node of a pool backed by its cloud groups (an Auto
+/// Scaling group, which the controller shrinks by that instance) stays a scale-down; any other
+/// adopted node is kept, reported as not ours (`ScaleDownNotOwned`).
+pub fn plan_adopting(snapshot: &Snapshot, catalog: &Catalog, policy: &Policy, now: Time) -> Plan {
+    let mut s = snapshot.clone();
+    let before: std::collections::BTreeSet<String> = s
+        .nodes
+        .iter()
+        .filter(|n| n.pool().is_some())
+        .map(|n| n.name.clone())
+        .collect();
+    crate::autoscaler::fleet::adopt_nodes(&mut s.nodes, &Default::default(), &policy.pools);
+    let adopted: std::collections::BTreeSet<&str> = s
+        .nodes
+        .iter()
+        .filter(|n| n.pool().is_some() && !before.contains(&n.name))
+        .map(|n| n.name.as_str())
+        .collect();
+    let mut out = plan(&s, catalog, policy, now);
+    let mut kept = Vec::new();
+    out.scale_downs.retain(|d| {
+        let scales_its_groups = policy
+            .pool(&d.pool)
+            .is_some_and(|p| p.templates_from_cloud);
+        if !adopted.contains(d.node.as_str()) || scales_its_groups {
+            return true;
+        }
+        kept.push(Kept {
+            node: d.node.clone(),
+            reason: format!(
+                "not ours (ScaleDownNotOwned): unneeded in pool {} (would save ${:.3}/hour: {}),                  but its instance was not launched by this autoscaler: scale its node group down                  to remove it",
+                d.pool, d.saves_per_hour, d.reason
+            ),
+        });
+        false
+    });
+    out.kept.extend(kept);
+    out
+}
+
 /// [`plan`] with templates built once for a policy and catalog (a long-running loop).
 pub fn plan_with(snapshot: &Snapshot, templates: &Templates, policy: &Policy, now: Time) -> Plan {
     let warnings = templates.errors.clone();

@@ -67,6 +67,12 @@ pub fn to_table(plan: &Plan) -> String {
             }
         }
     }
+    if !plan.unneeded.is_empty() {
+        let _ = writeln!(s, "\n{:<32} SINCE", "UNNEEDED NODE");
+        for u in &plan.unneeded {
+            let _ = writeln!(s, "{:<32} {}", u.node, u.since);
+        }
+    }
     if !plan.kept.is_empty() {
         let _ = writeln!(s, "\n{:<32} KEPT BECAUSE", "IDLE NODE");
         for k in &plan.kept {

@@ -155,6 +155,16 @@ pub fn pool_instance_types<'a>(
                 out.push(t);
             }
         }
+        // The types its groups launch (that its requirements admit, if any).
+        None if !pool.cloud_templates.is_empty() => {
+            let r = pool.requirements.as_ref();
+            out.extend(catalog.instance_types.iter().filter(|t| {
+                pool.cloud_templates
+                    .iter()
+                    .any(|g| g.instance_types.contains(&t.name))
+                    && r.is_none_or(|r| r.admits(t))
+            }));
+        }
         None => {
             let r = pool.requirements.as_ref();
             out.extend(
@@ -165,6 +175,18 @@ pub fn pool_instance_types<'a>(
             );
         }
     }
+    if out.is_empty() && !pool.cloud_templates.is_empty() && pool.instance_types.is_none() {
+        return Err(format!(
+            "pool {}: no instance type its groups launch ({}) is in the catalog{}",
+            pool.name,
+            cloud_types(pool).join(", "),
+            if pool.requirements.is_some() {
+                " and admitted by its requirements"
+            } else {
+                ""
+            }
+        ));
+    }
     if out.is_empty() {
         return Err(format!(
             "pool {}: no instance type of the catalog matches its instanceTypes/requirements",
@@ -174,7 +196,58 @@ pub fn pool_instance_types<'a>(
     Ok(out)
 }
 
-/// Labels of a node of this pool and type bought as `key` (pool labels win).
+/// Every instance type a pool's groups launch, in their order.
+fn cloud_types(pool: &Pool) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for t in pool.cloud_templates.iter().flat_map(|g| &g.instance_types) {
+        if !out.contains(&t.as_str()) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// Whether a pool's instance types are still to be read from the cloud: its templates come from
+/// there, none was read yet, and its policy neither lists types nor gives requirements (it plans
+/// nothing until then, without an error).
+pub fn awaits_cloud_templates(pool: &Pool) -> bool {
+    pool.templates_from_cloud
+        && pool.cloud_templates.is_empty()
+        && pool.instance_types.is_none()
+        && pool.requirements.is_none()
+}
+
+/// The taints of a pool's nodes of instance type `t`: the pool's `taints`, else (its templates
+/// from the cloud) those of every group launching `t`, each once.
+fn template_taints(pool: &Pool, t: &str) -> Vec<Taint> {
+    if !pool.taints.is_empty() {
+        return pool.taints.clone();
+    }
+    let mut out: Vec<Taint> = Vec::new();
+    for g in pool
+        .cloud_templates
+        .iter()
+        .filter(|g| g.instance_types.iter().any(|x| x == t))
+    {
+        for (key, value, effect) in &g.taints {
+            let Some(effect) = crate::model::constraints::Effect::parse(effect) else {
+                continue;
+            };
+            let taint = Taint {
+                key: key.clone(),
+                value: value.clone(),
+                effect,
+            };
+            if !out.contains(&taint) {
+                out.push(taint);
+            }
+        }
+    }
+    out
+}
+
+/// Labels of a node of this pool and type bought as `key` (pool labels win, then the labels of
+/// the first of its cloud groups that launches `key`).
 fn node_labels(
     pool: &Pool,
     t: &InstanceType,
@@ -212,10 +285,39 @@ fn node_labels(
             );
         }
     }
+    if let Some(g) = pool.cloud_templates.iter().find(|g| g.serves(key)) {
+        for (k, v) in &g.labels {
+            l.insert(k.clone(), v.clone());
+        }
+    }
     for (k, v) in &pool.labels {
         l.insert(k.clone(), v.clone());
     }
     l
+}
+
+/// The resources a pool's cloud groups launching `t` advertise besides the instance type's
+/// (their `node-template/resources` tags): each that the instance type does not give already,
+/// from the first such group; cpu, memory and pods stay the instance type's.
+fn add_group_resources(pool: &Pool, t: &str, alloc: &mut Resources) {
+    use crate::model::resources::{CPU, MEMORY, PODS};
+    for g in pool
+        .cloud_templates
+        .iter()
+        .filter(|g| g.instance_types.iter().any(|x| x == t))
+    {
+        for (name, q) in &g.resources {
+            if [CPU, MEMORY, PODS].contains(&name.as_str()) || alloc.get(name) != 0 {
+                continue;
+            }
+            if let Ok(n) = crate::model::quantity::parse_quantity(q).and_then(|q| q.to_units_ceil())
+            {
+                if n > 0 {
+                    alloc.set(name, n);
+                }
+            }
+        }
+    }
 }
 
 /// Allocatable of an empty node, before DaemonSet pods.
@@ -438,6 +540,9 @@ impl Templates {
         let mut out = Vec::new();
         let mut errors = Vec::new();
         for (pi, pool) in policy.pools.iter().enumerate() {
+            if awaits_cloud_templates(pool) {
+                continue;
+            }
             let types = match pool_instance_types(pool, catalog) {
                 Ok(t) => t,
                 Err(e) => {
@@ -446,13 +551,14 @@ impl Templates {
                 }
             };
             for t in types {
-                let (alloc, shared) = match base_allocatable(pool, t) {
+                let (mut alloc, shared) = match base_allocatable(pool, t) {
                     Ok(x) => x,
                     Err(e) => {
                         errors.push(e);
                         continue;
                     }
                 };
+                add_group_resources(pool, &t.name, &mut alloc);
                 let mut offerings = Vec::new();
                 let zones: BTreeSet<&String> = pool.zones.iter().collect();
                 for (rank, ct) in pool.capacity_types.iter().enumerate() {
@@ -462,6 +568,13 @@ impl Templates {
                             zone: (*z).clone(),
                             capacity_type: *ct,
                         };
+                        // A pool of cloud groups buys only what one of its groups launches.
+                        if !pool.cloud_templates.is_empty()
+                            && *ct != CapacityType::Reserved
+                            && !pool.cloud_templates.iter().any(|g| g.serves(&key))
+                        {
+                            continue;
+                        }
                         let over = pool.prices.get(&t.name).and_then(|p| match ct {
                             CapacityType::Spot => p.spot,
                             CapacityType::OnDemand => p.on_demand,
@@ -514,7 +627,7 @@ impl Templates {
                     learned_from: None,
                     shared,
                     gpus: t.gpu.as_ref().map_or(0, |g| g.count),
-                    taints: pool.taints.clone(),
+                    taints: template_taints(pool, &t.name),
                     offerings: offerings.into_iter().map(|(_, o)| o).collect(),
                     devices: Arc::new(crate::dra::predicted_devices(pool, t)),
                 });
@@ -699,7 +812,24 @@ pub fn provider_spec<'a>(
         .iter()
         .filter(|p| p.provider == provider)
         .map(|pool| {
-            let types = pool_types_and_prices(pool, catalog);
+            // Instance types still to be read from the cloud: any of the catalog's, priced.
+            let types = if awaits_cloud_templates(pool) {
+                Ok((
+                    Vec::new(),
+                    catalog
+                        .instance_types
+                        .iter()
+                        .filter_map(|t| Some((t.name.clone(), t.on_demand_price?)))
+                        .chain(
+                            pool.prices
+                                .iter()
+                                .filter_map(|(t, p)| Some((t.clone(), p.on_demand?))),
+                        )
+                        .collect(),
+                ))
+            } else {
+                pool_types_and_prices(pool, catalog)
+            };
             let gpu_resources = types
                 .iter()
                 .flat_map(|(names, _)| names)

@@ -237,6 +237,14 @@ pub struct Pool {
     /// How long before a Capacity Block ends its nodes are replaced and drained
     /// (`capacityBlockDrainLead`).
     pub capacity_block_drain_lead: Duration,
+    /// The pool's provider section says its Nodes' shape comes from the cloud (its Auto Scaling
+    /// groups' templates): `instanceTypes` and `requirements` may be left out, and fields the
+    /// policy leaves out are filled in from [`Pool::cloud_templates`]
+    /// ([`Policy::with_cloud_templates`]).
+    pub templates_from_cloud: bool,
+    /// What the cloud said its groups' Nodes look like, in the pool's order of preference (empty
+    /// until [`Policy::with_cloud_templates`]).
+    pub cloud_templates: Vec<gpu_node_autoscaler_provider::GroupTemplate>,
 }
 
 /// One entry of a pool's `capacityReservations`: a reservation by id, or every reservation
@@ -386,6 +394,63 @@ impl Orphans {
             Orphans::Keep => "keep",
             Orphans::Drain => "drain",
         }
+    }
+}
+
+impl Policy {
+    /// The policy with what the cloud says of the groups of its pools whose templates come from
+    /// the cloud (`found`: pool → its groups' templates, in its order of preference, as
+    /// [`gpu_node_autoscaler_provider::CloudProvider::templates`] gives them). What the policy
+    /// gives wins: see [`Pool::take_cloud_templates`]. Pools not in `found` are left as they are.
+    pub fn with_cloud_templates(
+        &self,
+        found: &BTreeMap<String, Vec<gpu_node_autoscaler_provider::GroupTemplate>>,
+    ) -> Policy {
+        let mut out = self.clone();
+        for pool in out.pools.iter_mut().filter(|p| p.templates_from_cloud) {
+            if let Some(groups) = found.get(&pool.name) {
+                pool.take_cloud_templates(groups);
+            }
+        }
+        out
+    }
+}
+
+impl Pool {
+    /// Takes its groups' templates: the pool is then planned from them where its policy leaves
+    /// a field out, and constrained by the policy where it gives one.
+    ///
+    /// - instance types: the policy's `instanceTypes` if listed; else every type its groups
+    ///   launch (that its `requirements` admit, if given), see
+    ///   [`crate::plan::templates::pool_instance_types`];
+    /// - zones: the policy's (the pool's, else the top-level `zones`); else every zone of its
+    ///   groups;
+    /// - capacity types: the policy's order (left out: spot, then on-demand), less those no group
+    ///   buys;
+    /// - labels and taints: each offering gets the `node-template` labels of the first group that
+    ///   launches it (the policy's `labels` win per key); a template's taints are the policy's
+    ///   `taints` if any, else those of every group launching its instance type;
+    /// - an offering no group launches is not planned.
+    pub fn take_cloud_templates(&mut self, groups: &[gpu_node_autoscaler_provider::GroupTemplate]) {
+        if self.zones.is_empty() {
+            let zones: BTreeSet<&String> = groups.iter().flat_map(|g| &g.zones).collect();
+            self.zones = zones.into_iter().cloned().collect();
+        }
+        let bought: Vec<CapacityType> = self
+            .capacity_types
+            .iter()
+            .copied()
+            .filter(|c| {
+                *c == CapacityType::Reserved
+                    || groups
+                        .iter()
+                        .any(|g| g.capacity_type.is_none_or(|x| x == *c))
+            })
+            .collect();
+        if !bought.is_empty() {
+            self.capacity_types = bought;
+        }
+        self.cloud_templates = groups.to_vec();
     }
 }
 
@@ -1559,7 +1624,17 @@ fn validate_pool(
             ),
         );
     }
-    if r.instance_types.is_none() && r.requirements.is_none() {
+    // A pool whose provider section says its Nodes' shape comes from the cloud (an Auto
+    // Scaling group's template) may leave its instance types to the cloud.
+    let templates_from_cloud = providers
+        .iter()
+        .find(|p| p.name() == provider)
+        .and_then(|p| {
+            let section = sections.get(p.section()?)?;
+            Some(p.templates_from_cloud(section))
+        })
+        .unwrap_or(false);
+    if r.instance_types.is_none() && r.requirements.is_none() && !templates_from_cloud {
         c.at(
             &at(&[]),
             "a pool needs `instanceTypes` or `requirements` to choose instance types",
@@ -1605,7 +1680,8 @@ fn validate_pool(
         }
         None => global_zones.unwrap_or_default().to_vec(),
     };
-    if zones.is_empty() && (r_zones_given || global_zones.is_some()) {
+    // A pool of cloud groups without zones in the policy takes its groups' zones.
+    if zones.is_empty() && (r_zones_given || global_zones.is_some() && !templates_from_cloud) {
         c.at(
             &at(&[]),
             "no zones: set `zones` on the pool or at the top level",
@@ -1613,6 +1689,10 @@ fn validate_pool(
     }
     let mut capacity_types = Vec::new();
     match r.capacity_types {
+        // From the cloud: whatever its groups buy, spot first (as they are tried).
+        None if templates_from_cloud => {
+            capacity_types.extend([CapacityType::Spot, CapacityType::OnDemand])
+        }
         None => capacity_types.push(CapacityType::OnDemand),
         Some(list) => {
             if list.is_empty() {
@@ -2068,6 +2148,8 @@ fn validate_pool(
         capacity_reservations,
         keep_reserved_warm: r.keep_reserved_warm.unwrap_or(false),
         capacity_block_drain_lead,
+        templates_from_cloud,
+        cloud_templates: Vec::new(),
     })
 }
 

@@ -223,6 +223,8 @@ fn example_policy_parses_with_defaults_applied() {
             capacity_reservations: Vec::new(),
             keep_reserved_warm: false,
             capacity_block_drain_lead: mins(30),
+            templates_from_cloud: false,
+            cloud_templates: Vec::new(),
             health: Health {
                 enabled: true,
                 conditions: vec![HealthCondition {
@@ -2269,4 +2271,142 @@ fn bad_disruption_budgets_are_reported_at_their_field() {
         ),
     ];
     assert_one_error_each(cases, one_pool);
+}
+
+/// A pool backed by Auto Scaling groups and nothing else: its instance types, zones, capacity
+/// types, labels and taints come from its groups' templates; what the policy gives wins.
+#[test]
+fn asg_group_templates_fill_what_the_policy_leaves_out_and_the_policy_wins() {
+    use crate::plan::templates::Templates;
+    use gpu_node_autoscaler_provider::{CapacityType, GroupTemplate};
+    let p = parse_ok(&yaml(&[
+        "pools:",
+        "  - name: tagged",
+        "    provider: aws",
+        "    maxNodes: 4",
+        "    aws: {autoScalingGroups: {autoDiscovery: {}}}",
+        "  - name: pinned",
+        "    provider: aws",
+        "    instanceTypes: [g5.xlarge]",
+        "    zones: [us-east-1b]",
+        "    capacityTypes: [on-demand]",
+        "    labels: {team: from-policy}",
+        "    taints: [{key: policy, value: x, effect: NoSchedule}]",
+        "    maxNodes: 4",
+        "    aws: {autoScalingGroups: {names: [a10g-spot-a, l4-od-b]}}",
+    ]));
+    let tagged = &p.pools[0];
+    assert!(tagged.templates_from_cloud && tagged.instance_types.is_none());
+    assert!(tagged.zones.is_empty());
+    assert_eq!(
+        tagged.capacity_types,
+        [CapacityType::Spot, CapacityType::OnDemand]
+    );
+    // Not read yet: the pool plans nothing, and that is no error.
+    let types = crate::catalog::parse_csv(crate::catalog::BUILTIN_AWS, "builtin").unwrap();
+    let before = Templates::new(
+        &p,
+        &crate::catalog::offerings_from_list_prices(&p, types.clone()),
+    );
+    assert!(before.errors.is_empty(), "{:?}", before.errors);
+    assert!(before
+        .for_snapshot(&Default::default(), crate::model::Time(0))
+        .iter()
+        .all(|t| t.pool_name != "tagged"));
+
+    let groups = vec![
+        GroupTemplate {
+            group: "a10g-spot-a".into(),
+            instance_types: vec!["g5.xlarge".into(), "g5.2xlarge".into()],
+            zones: vec!["us-east-1a".into()],
+            capacity_type: Some(CapacityType::Spot),
+            labels: [(
+                "nvidia.com/gpu.product".to_string(),
+                "NVIDIA-A10G".to_string(),
+            )]
+            .into(),
+            taints: vec![(
+                "nvidia.com/gpu".into(),
+                "present".into(),
+                "NoSchedule".into(),
+            )],
+            resources: [("example.com/fpga".to_string(), "2".to_string())].into(),
+        },
+        GroupTemplate {
+            group: "l4-od-b".into(),
+            instance_types: vec!["g6.xlarge".into(), "g5.xlarge".into()],
+            zones: vec!["us-east-1b".into()],
+            capacity_type: Some(CapacityType::OnDemand),
+            labels: [("team".to_string(), "ml".to_string())].into(),
+            taints: Vec::new(),
+            resources: BTreeMap::new(),
+        },
+    ];
+    let found: BTreeMap<String, Vec<GroupTemplate>> = [
+        ("tagged".to_string(), groups.clone()),
+        ("pinned".to_string(), groups.clone()),
+    ]
+    .into();
+    let merged = p.with_cloud_templates(&found);
+    let tagged = &merged.pools[0];
+    assert_eq!(tagged.zones, ["us-east-1a", "us-east-1b"]);
+    assert_eq!(
+        tagged.capacity_types,
+        [CapacityType::Spot, CapacityType::OnDemand]
+    );
+    // The pinned pool keeps what its policy says.
+    assert_eq!(merged.pools[1].zones, ["us-east-1b"]);
+    assert_eq!(merged.pools[1].capacity_types, [CapacityType::OnDemand]);
+
+    let catalog = crate::catalog::offerings_from_list_prices(&merged, types);
+    let t = Templates::new(&merged, &catalog);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    let all = t.for_snapshot(&Default::default(), crate::model::Time(0));
+    let of = |pool: &str, it: &str| {
+        all.iter()
+            .find(|t| t.pool_name == pool && t.instance_type == it)
+            .unwrap_or_else(|| panic!("no template {pool}/{it}"))
+    };
+    let mut tagged_types: Vec<&str> = all
+        .iter()
+        .filter(|t| t.pool_name == "tagged")
+        .map(|t| t.instance_type.as_str())
+        .collect();
+    tagged_types.sort();
+    assert_eq!(tagged_types, ["g5.2xlarge", "g5.xlarge", "g6.xlarge"]);
+    // g5.xlarge: spot in 1a from the first group, on-demand in 1b from the second; each
+    // offering with the labels of its group; the taints of every group launching the type.
+    let g5 = of("tagged", "g5.xlarge");
+    let keys: Vec<String> = g5.offerings.iter().map(|o| o.key.to_string()).collect();
+    assert_eq!(
+        keys,
+        [
+            "g5.xlarge/us-east-1a/spot",
+            "g5.xlarge/us-east-1b/on-demand"
+        ]
+    );
+    assert_eq!(
+        g5.offerings[0].labels["nvidia.com/gpu.product"],
+        "NVIDIA-A10G"
+    );
+    assert!(!g5.offerings[0].labels.contains_key("team"));
+    assert_eq!(g5.offerings[1].labels["team"], "ml");
+    assert_eq!(g5.taints.len(), 1);
+    assert_eq!(g5.taints[0].key, "nvidia.com/gpu");
+    assert_eq!(g5.gpus, 1, "GPUs from the instance type");
+    assert_eq!(g5.allocatable.get("example.com/fpga"), 2);
+    let g6 = of("tagged", "g6.xlarge");
+    assert!(g6.taints.is_empty());
+    assert_eq!(g6.allocatable.get("example.com/fpga"), 0);
+    // The pinned pool: its types, zones, capacity types, labels and taints win.
+    let pinned_all: Vec<&crate::plan::templates::Template> =
+        all.iter().filter(|t| t.pool_name == "pinned").collect();
+    assert_eq!(pinned_all.len(), 1);
+    let pinned = pinned_all[0];
+    assert_eq!(pinned.instance_type, "g5.xlarge");
+    let keys: Vec<String> = pinned.offerings.iter().map(|o| o.key.to_string()).collect();
+    assert_eq!(keys, ["g5.xlarge/us-east-1b/on-demand"]);
+    assert_eq!(pinned.offerings[0].labels["team"], "from-policy");
+    assert_eq!(pinned.taints.len(), 1);
+    assert_eq!(pinned.taints[0].key, "policy");
 }
