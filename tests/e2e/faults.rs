@@ -420,3 +420,73 @@ spec:
     );
     assert!(env.events("ScaleDownFailed").is_empty());
 }
+
+#[test]
+fn overrun_a_gangs_partial_launch_is_given_back_not_kept_idle() {
+    let mut env = Env::start(
+        "gang-partial",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    // Spot only, so that the part of the gang spot cannot give has no other offering in the
+    // same launch; the shortage is remembered 30 s.
+    let policy = env
+        .policy(&["us-east-1a"], "")
+        .replace("capacityTypes: [spot, on-demand]", "capacityTypes: [spot]")
+        .replace(
+            "insufficientCapacityTtl: 3m",
+            "insufficientCapacityTtl: 30s",
+        );
+    assert!(policy.contains("capacityTypes: [spot]\n"), "{policy}");
+    env.create(&env.policy_configmap(&policy));
+    // EC2 fills one of the gang's two spot instances.
+    env.proxy.as_ref().unwrap().cap_spot(1);
+    env.start_controller("r1", &[]);
+    let proxy = env.proxy.as_ref().unwrap();
+    let gang: std::collections::BTreeMap<&str, &str> = [
+        ("pod-group.scheduling.sigs.k8s.io", "trainer"),
+        ("pod-group.scheduling.sigs.k8s.io/min-available", "2"),
+    ]
+    .into();
+    for w in ["worker-0", "worker-1"] {
+        env.create(&gpu_pod("default", w, &gang, None));
+    }
+    let event = env.wait_for("the partial launch to be given back", 2 * MIN, || {
+        env.events("NotTriggerScaleUp")
+            .into_iter()
+            .find(|e| e.contains("could not be launched whole"))
+    });
+    assert!(event.contains("1 instance(s) were given back"), "{event}");
+    // The instance launched for half the gang was terminated, not kept waiting idle.
+    env.wait_for("the given-back instance to be terminated", MIN, || {
+        env.live_instances().is_empty().then_some(())
+    });
+    let launched = env.instances();
+    assert!(!launched.is_empty());
+    assert!(proxy.calls_of("TerminateInstances") >= 1);
+    assert!(
+        env.pool_nodes().is_empty(),
+        "no node joined for half a gang"
+    );
+    for w in ["worker-0", "worker-1"] {
+        assert_eq!(env.pod_phase("default", w), "Pending");
+    }
+
+    // Capacity comes back: the gang is launched again, whole, under a new launch.
+    proxy.cap_spot(10);
+    env.wait_for("the gang to run", 3 * MIN, || {
+        ["worker-0", "worker-1"]
+            .iter()
+            .all(|w| env.pod_phase("default", w) == "Running")
+            .then_some(())
+    });
+    let live: Vec<String> = env.live_instances().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(live.len(), 2, "{live:?}");
+    assert!(
+        live.iter()
+            .all(|id| launched.iter().all(|(old, _)| old != id)),
+        "a given-back instance came back: {live:?}"
+    );
+}
