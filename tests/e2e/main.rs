@@ -633,7 +633,9 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
         },
     );
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
-    env.start_controller("r1", &[]);
+    // A Lease that outlasts a few failed renewals in a row (each is a GET and a PUT, either of
+    // which may be the failing request).
+    env.start_controller("r1", &["--lease-duration", "15s"]);
     env.create(&gpu_pod("default", "first", &no_labels(), None));
     env.wait_for("the first pod to run", 2 * MIN, || {
         (env.pod_phase("default", "first") == "Running").then_some(())
@@ -644,19 +646,36 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
             .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
     });
 
-    // Half the API requests fail and every watch is cut. Meanwhile the first pod goes and a
-    // second is bound to the node: a controller deciding from a cache that saw the deletion
-    // but not the new pod would find the node idle and drain it.
+    // A third of the API requests fail, every watch is cut now and again after 10 s of life.
+    // Meanwhile the first pod goes and a second is bound to the node: a controller deciding
+    // from a cache that saw the deletion but not the new pod would find the node idle and
+    // drain it. (With every second request failing, each Lease renewal, a GET and a PUT in a
+    // row, failed; with watches cut every 2 s, one of the 13 kinds was always re-listing and
+    // no pass may decide then: either way no pass ran, and the test passed by doing nothing.)
+    let passes = |env: &Env| {
+        env.metric("r1", "gpu_node_autoscaler_plan_duration_seconds_count")
+            .unwrap_or(0.0)
+    };
     let proxy = env.kube_proxy.as_ref().unwrap();
-    proxy.fail_every(2, 500);
-    proxy.cut_watches_after(Some(Duration::from_secs(2)));
+    proxy.fail_every(3, 500);
+    proxy.cut_watches_after(Some(Duration::from_secs(10)));
     proxy.cut_watches();
+    let passes_before = passes(&env);
     env.kubectl_ok(&["delete", "pod", "first", "--wait=false"]);
     let mut second = gpu_pod("default", "second", &no_labels(), None);
     second = second.replace("spec:\n", &format!("spec:\n  nodeName: {node}\n"));
     env.create(&second);
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while std::time::Instant::now() < until {
+    // Until passes have run under the faults (it cannot pass by deciding nothing), and for
+    // 20 s at least.
+    let started = std::time::Instant::now();
+    let window = Duration::from_secs(20);
+    while started.elapsed() < window || passes(&env) < passes_before + 2.0 {
+        assert!(
+            started.elapsed() < 4 * MIN,
+            "{} passes in 4 minutes of API faults:\n{}",
+            passes(&env) - passes_before,
+            env.log("r1")
+        );
         assert_eq!(
             env.live_instances().len(),
             1,
@@ -672,9 +691,11 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    let during = passes(&env) - passes_before;
     let proxy = env.kube_proxy.as_ref().unwrap();
     proxy.fail_every(0, 500);
     proxy.cut_watches_after(None);
+    assert!(during >= 2.0, "{during} passes during the faults");
     assert!(
         env.log("r1").contains("watch failed; re-listing"),
         "the faults reached the controller"
