@@ -231,6 +231,115 @@ fn stall_a_pass_of_slow_but_answered_cloud_calls_keeps_healthz_passing() {
     });
 }
 
+/// Passes that reached a decision, as the leader counts them.
+fn passes(env: &Env) -> f64 {
+    env.metric("r1", "gpu_node_autoscaler_plan_duration_seconds_count")
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn stall_interruption_queue_deletes_that_never_answer_hold_up_no_pass() {
+    let mut env = Env::start(
+        "stall-sqs",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    let (sqs, url) = env.sqs_queue("gna-stall");
+    let policy = format!(
+        "interruptionQueue: {url}\n{}",
+        env.policy(&["us-east-1a"], "")
+    );
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    env.wait_for("a first pass", 2 * MIN, || {
+        (passes(&env) > 0.0).then_some(())
+    });
+    // No DeleteMessage answers; each SQS call gives up only after 2 × 20 s of its own.
+    let proxy = env.proxy.as_ref().unwrap();
+    proxy.hold_every("DeleteMessage", Duration::from_secs(600));
+    // Eight messages that are no notice (an instance starting), each deleted as soon as read:
+    // one after the other, 8 × 40 s in one pass.
+    for n in 0..8 {
+        let body = format!(
+            r#"{{"version":"0","id":"{n}","detail-type":"EC2 Instance State-change Notification","source":"aws.ec2","account":"123456789012","time":"2026-11-24T12:00:00Z","region":"us-east-1","resources":[],"detail":{{"instance-id":"i-0{n}","state":"running"}}}}"#
+        );
+        env.rt.block_on(async {
+            sqs.send_message()
+                .queue_url(&url)
+                .message_body(body)
+                .send()
+                .await
+                .expect("SendMessage");
+        });
+    }
+    let before = passes(&env);
+    env.create(&gpu_pod("default", "during-stall", &no_labels(), None));
+    // Polled while every delete is held: the loop turns, passes end, the pod gets its node.
+    let mut healthy_polls = 0;
+    env.wait_for(
+        "the pod to run and three passes while the deletes hang",
+        5 * MIN,
+        || {
+            assert_eq!(
+                env.http_get("r1", "/healthz").map(|r| r.0),
+                Some(200),
+                "the loop stood still on the interruption queue:\n{}",
+                env.log("r1")
+            );
+            healthy_polls += 1;
+            (env.pod_phase("default", "during-stall") == "Running" && passes(&env) >= before + 3.0)
+                .then_some(())
+        },
+    );
+    assert!(
+        proxy.held_calls_of("DeleteMessage") >= 1,
+        "no DeleteMessage was held"
+    );
+    let cut = env
+        .metric(
+            "r1",
+            "gpu_node_autoscaler_cloud_requests_total{provider=\"aws\",operation=\"interruption_queue\",result=\"timeout\"}",
+        )
+        .unwrap_or(0.0);
+    assert!(cut >= 1.0, "no queue budget ran out:\n{}", env.log("r1"));
+    let event = env.wait_for("a CloudCallTimedOut Event", MIN, || {
+        env.events("CloudCallTimedOut")
+            .into_iter()
+            .find(|e| e.contains("interruption queue"))
+    });
+    assert!(event.contains("passes go on"), "{event}");
+    assert!(healthy_polls > 0);
+    proxy.release();
+    // Once SQS answers again, the messages are deleted.
+    env.wait_for("the queue to be emptied", 3 * MIN, || {
+        let left = env.rt.block_on(async {
+            sqs.get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(
+                    aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages,
+                )
+                .attribute_names(
+                    aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+                )
+                .send()
+                .await
+                .expect("GetQueueAttributes")
+        });
+        let n = |a| {
+            left.attributes()
+                .and_then(|m| m.get(&a))
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(1)
+        };
+        (n(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+            + n(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            == 0)
+            .then_some(())
+    });
+}
+
 #[test]
 fn interrupt_drain_of_a_node_with_no_known_instance_evicts_its_pods_and_keeps_it_cordoned() {
     let mut env = Env::start("unknown-instance", Options::default());
@@ -310,4 +419,74 @@ spec:
         "{n}"
     );
     assert!(env.events("ScaleDownFailed").is_empty());
+}
+
+#[test]
+fn overrun_a_gangs_partial_launch_is_given_back_not_kept_idle() {
+    let mut env = Env::start(
+        "gang-partial",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    // Spot only, so that the part of the gang spot cannot give has no other offering in the
+    // same launch; the shortage is remembered 30 s.
+    let policy = env
+        .policy(&["us-east-1a"], "")
+        .replace("capacityTypes: [spot, on-demand]", "capacityTypes: [spot]")
+        .replace(
+            "insufficientCapacityTtl: 3m",
+            "insufficientCapacityTtl: 30s",
+        );
+    assert!(policy.contains("capacityTypes: [spot]\n"), "{policy}");
+    env.create(&env.policy_configmap(&policy));
+    // EC2 fills one of the gang's two spot instances.
+    env.proxy.as_ref().unwrap().cap_spot(1);
+    env.start_controller("r1", &[]);
+    let proxy = env.proxy.as_ref().unwrap();
+    let gang: std::collections::BTreeMap<&str, &str> = [
+        ("pod-group.scheduling.sigs.k8s.io", "trainer"),
+        ("pod-group.scheduling.sigs.k8s.io/min-available", "2"),
+    ]
+    .into();
+    for w in ["worker-0", "worker-1"] {
+        env.create(&gpu_pod("default", w, &gang, None));
+    }
+    let event = env.wait_for("the partial launch to be given back", 2 * MIN, || {
+        env.events("NotTriggerScaleUp")
+            .into_iter()
+            .find(|e| e.contains("could not be launched whole"))
+    });
+    assert!(event.contains("1 instance(s) were given back"), "{event}");
+    // The instance launched for half the gang was terminated, not kept waiting idle.
+    env.wait_for("the given-back instance to be terminated", MIN, || {
+        env.live_instances().is_empty().then_some(())
+    });
+    let launched = env.instances();
+    assert!(!launched.is_empty());
+    assert!(proxy.calls_of("TerminateInstances") >= 1);
+    assert!(
+        env.pool_nodes().is_empty(),
+        "no node joined for half a gang"
+    );
+    for w in ["worker-0", "worker-1"] {
+        assert_eq!(env.pod_phase("default", w), "Pending");
+    }
+
+    // Capacity comes back: the gang is launched again, whole, under a new launch.
+    proxy.cap_spot(10);
+    env.wait_for("the gang to run", 3 * MIN, || {
+        ["worker-0", "worker-1"]
+            .iter()
+            .all(|w| env.pod_phase("default", w) == "Running")
+            .then_some(())
+    });
+    let live: Vec<String> = env.live_instances().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(live.len(), 2, "{live:?}");
+    assert!(
+        live.iter()
+            .all(|id| launched.iter().all(|(old, _)| old != id)),
+        "a given-back instance came back: {live:?}"
+    );
 }

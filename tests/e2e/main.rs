@@ -634,7 +634,9 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
         },
     );
     env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
-    env.start_controller("r1", &[]);
+    // A Lease that outlasts a few failed renewals in a row (each is a GET and a PUT, either of
+    // which may be the failing request).
+    env.start_controller("r1", &["--lease-duration", "15s"]);
     env.create(&gpu_pod("default", "first", &no_labels(), None));
     env.wait_for("the first pod to run", 2 * MIN, || {
         (env.pod_phase("default", "first") == "Running").then_some(())
@@ -645,19 +647,36 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
             .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
     });
 
-    // Half the API requests fail and every watch is cut. Meanwhile the first pod goes and a
-    // second is bound to the node: a controller deciding from a cache that saw the deletion
-    // but not the new pod would find the node idle and drain it.
+    // A third of the API requests fail, every watch is cut now and again after 10 s of life.
+    // Meanwhile the first pod goes and a second is bound to the node: a controller deciding
+    // from a cache that saw the deletion but not the new pod would find the node idle and
+    // drain it. (With every second request failing, each Lease renewal, a GET and a PUT in a
+    // row, failed; with watches cut every 2 s, one of the 13 kinds was always re-listing and
+    // no pass may decide then: either way no pass ran, and the test passed by doing nothing.)
+    let passes = |env: &Env| {
+        env.metric("r1", "gpu_node_autoscaler_plan_duration_seconds_count")
+            .unwrap_or(0.0)
+    };
     let proxy = env.kube_proxy.as_ref().unwrap();
-    proxy.fail_every(2, 500);
-    proxy.cut_watches_after(Some(Duration::from_secs(2)));
+    proxy.fail_every(3, 500);
+    proxy.cut_watches_after(Some(Duration::from_secs(10)));
     proxy.cut_watches();
+    let passes_before = passes(&env);
     env.kubectl_ok(&["delete", "pod", "first", "--wait=false"]);
     let mut second = gpu_pod("default", "second", &no_labels(), None);
     second = second.replace("spec:\n", &format!("spec:\n  nodeName: {node}\n"));
     env.create(&second);
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while std::time::Instant::now() < until {
+    // Until passes have run under the faults (it cannot pass by deciding nothing), and for
+    // 20 s at least.
+    let started = std::time::Instant::now();
+    let window = Duration::from_secs(20);
+    while started.elapsed() < window || passes(&env) < passes_before + 2.0 {
+        assert!(
+            started.elapsed() < 4 * MIN,
+            "{} passes in 4 minutes of API faults:\n{}",
+            passes(&env) - passes_before,
+            env.log("r1")
+        );
         assert_eq!(
             env.live_instances().len(),
             1,
@@ -673,9 +692,11 @@ fn api_errors_and_closed_watches_cause_no_stale_decision_and_it_recovers() {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    let during = passes(&env) - passes_before;
     let proxy = env.kube_proxy.as_ref().unwrap();
     proxy.fail_every(0, 500);
     proxy.cut_watches_after(None);
+    assert!(during >= 2.0, "{during} passes during the faults");
     assert!(
         env.log("r1").contains("watch failed; re-listing"),
         "the faults reached the controller"
@@ -1894,4 +1915,121 @@ fn a_spot_interruption_warning_from_the_sqs_queue_replaces_the_node_and_is_delet
         );
     }
     counted_replaced(&env, "interrupted");
+}
+
+#[test]
+fn chaos_leader_killed_mid_launch_api_cut_and_a_slow_cloud_leave_no_overrun() {
+    // Nodes boot slower than a failover: the leader is killed with its launch in flight.
+    let mut env = Env::start(
+        "chaos",
+        Options {
+            proxy: true,
+            kube_proxy: true,
+            boot_delay: Some(Duration::from_secs(10)),
+            ..Options::default()
+        },
+    );
+    let policy = env
+        .policy(&["us-east-1a"], "")
+        .replace("maxNodes: 6", "maxNodes: 3");
+    assert!(policy.contains("maxNodes: 3"), "{policy}");
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &[]);
+    env.start_controller("r2", &[]);
+    let leader = env.wait_for("a leader", MIN, || lease_holder(&env));
+    let other = if leader == "r1" { "r2" } else { "r1" }.to_string();
+    let passes = |env: &Env, who: &str| {
+        env.metric(who, "gpu_node_autoscaler_plan_duration_seconds_count")
+            .unwrap_or(0.0)
+    };
+    // Every check of the run: never more instances than the pool's maxNodes.
+    let at_most_three = |env: &Env| {
+        let live = env.live_instances().len();
+        assert!(live <= 3, "{live} instances for maxNodes 3");
+    };
+    // A slow cloud: every launch and listing held.
+    let proxy = env.proxy.as_ref().unwrap();
+    proxy.hold_every("CreateFleet", Duration::from_secs(8));
+    proxy.hold_every("DescribeInstances", Duration::from_secs(3));
+    // Four one-GPU pods for a pool of at most three nodes.
+    for i in 0..4 {
+        env.create(&gpu_pod(
+            "default",
+            &format!("chaos-{i}"),
+            &no_labels(),
+            None,
+        ));
+    }
+    // Killed while its launch is held by the cloud.
+    env.wait_for("the leader's launch to reach the cloud", 2 * MIN, || {
+        (env.proxy.as_ref().unwrap().held_calls_of("CreateFleet") >= 1).then_some(())
+    });
+    env.kill(&leader);
+    let before = passes(&env, &other);
+    env.wait_for(
+        "the other replica to decide under the slow cloud",
+        2 * MIN,
+        || {
+            at_most_three(&env);
+            (passes(&env, &other) >= before + 1.0).then_some(())
+        },
+    );
+    // The API server cut for 30 s: every request refused, every watch closed.
+    let kube = env.kube_proxy.as_ref().unwrap();
+    kube.fail_every(1, 503);
+    kube.cut_watches_after(Some(Duration::from_secs(1)));
+    kube.cut_watches();
+    let cut = std::time::Instant::now();
+    while cut.elapsed() < Duration::from_secs(30) {
+        at_most_three(&env);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let kube = env.kube_proxy.as_ref().unwrap();
+    kube.fail_every(0, 503);
+    kube.cut_watches_after(None);
+    // Passes ran in the fault window (the slow cloud still on): it cannot pass by doing nothing.
+    env.wait_for(
+        "a pass after the API came back, the cloud still slow",
+        2 * MIN,
+        || {
+            at_most_three(&env);
+            (passes(&env, &other) >= before + 2.0).then_some(())
+        },
+    );
+    env.proxy.as_ref().unwrap().release();
+    // Three pods run on the three nodes maxNodes allows; the fourth waits.
+    env.wait_for("three pods to run", 3 * MIN, || {
+        at_most_three(&env);
+        ((0..4)
+            .filter(|i| env.pod_phase("default", &format!("chaos-{i}")) == "Running")
+            .count()
+            == 3)
+            .then_some(())
+    });
+    // No instance without a Node outlives maxNodeProvisionTime (2 min) and a pass: each live
+    // instance has its Node.
+    env.wait_for("every live instance to have its Node", 3 * MIN, || {
+        at_most_three(&env);
+        let nodes = env.get_json(&["get", "nodes"]);
+        let provider_ids: Vec<String> = nodes["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["spec"]["providerID"].as_str().map(str::to_string))
+            .collect();
+        env.live_instances()
+            .iter()
+            .all(|(id, _)| provider_ids.iter().any(|p| p.ends_with(&format!("/{id}"))))
+            .then_some(())
+    });
+    assert_eq!(env.live_instances().len(), 3);
+    // No pod was evicted or lost: all four are still there.
+    for i in 0..4 {
+        let phase = env.pod_phase("default", &format!("chaos-{i}"));
+        assert!(
+            phase == "Running" || phase == "Pending",
+            "chaos-{i}: {phase}"
+        );
+    }
+    assert!(env.events("Evicted").is_empty());
 }

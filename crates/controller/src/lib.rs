@@ -443,6 +443,9 @@ async fn run_async(args: RunArgs) -> Result<()> {
         buffer_report: Vec::new(),
         queue: None,
         notices: BTreeMap::new(),
+        queue_until: None,
+        queue_stalled: false,
+        queue_spent: false,
         http: reqwest::Client::new(),
         xids_read_at: None,
         prices: gpu_node_autoscaler_core::prices::PriceSchedule::new(args.price_refresh_interval),
@@ -538,6 +541,13 @@ struct Controller {
     queue: Option<Arc<dyn InterruptionSource>>,
     /// Notices received and not acknowledged yet: message id → (receipt, notice).
     notices: BTreeMap<String, (String, gpu_node_autoscaler_provider::Notice)>,
+    /// Until when this pass may wait on the interruption queue (its reads and every delete,
+    /// together): [`QUEUE_BUDGET`] from the pass's read.
+    queue_until: Option<tokio::time::Instant>,
+    /// Whether the queue's budget ran out in this pass, and (for the Event, sent once per
+    /// stall) whether it ran out in a pass before.
+    queue_spent: bool,
+    queue_stalled: bool,
     /// For `gpuMetrics`' Prometheus.
     http: reqwest::Client,
     /// When the XID series were last read (`gpuMetrics.interval` apart).
@@ -559,6 +569,11 @@ struct Waiting {
     /// Time spent deciding in this pass so far.
     deciding: Duration,
 }
+
+/// What one pass spends on the interruption queue at most, its read and every delete together
+/// (each SQS call is also bounded by its own time-out, 2 × 20 s): past it, the queue's calls
+/// are dropped for this pass (a message not deleted is delivered again and read next pass).
+const QUEUE_BUDGET: Duration = Duration::from_secs(30);
 
 /// A launch awaited longer than this is stuck: `/healthz` stops answering so that the process
 /// is restarted (the next leader finds the instances by their tags). Longer than any cloud
@@ -1020,12 +1035,17 @@ impl Controller {
     /// is no notice (an instance starting, an unreadable body) is deleted at once.
     async fn read_queue(&mut self) {
         let Some(q) = self.queue.clone() else { return };
-        let received = match q.receive(100).await {
-            Ok(r) => r,
-            Err(e) => {
+        self.queue_until = Some(tokio::time::Instant::now() + QUEUE_BUDGET);
+        // A stall lasts as long as passes run out of their budget: one Event for it.
+        self.queue_stalled = self.queue_spent;
+        self.queue_spent = false;
+        let received = match self.within_queue_budget("receive", q.receive(100)).await {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
                 warn!("interruption queue: {e}");
                 return;
             }
+            None => return,
         };
         for r in received {
             let kind = match &r.parsed {
@@ -1049,10 +1069,62 @@ impl Controller {
                     if let Err(why) = &r.parsed {
                         warn!(message = %r.message_id, "interruption queue: deleting a message that is no notice: {why}");
                     }
-                    if let Err(e) = q.delete(&r.receipt).await {
+                    if let Some(Err(e)) = self
+                        .within_queue_budget("delete", q.delete(&r.receipt))
+                        .await
+                    {
                         warn!("interruption queue: {e}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Runs a call of the interruption queue within what is left of the pass's
+    /// [`QUEUE_BUDGET`]; `None` when it runs out (the call is dropped). The first call cut
+    /// short in a pass is counted (`cloud_requests_total{operation="interruption_queue",
+    /// result="timeout"}`); the first pass of a stall sends a `CloudCallTimedOut` Event.
+    async fn within_queue_budget<T>(
+        &mut self,
+        what: &str,
+        call: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        if self.queue_spent {
+            return None;
+        }
+        let until = *self
+            .queue_until
+            .get_or_insert_with(|| tokio::time::Instant::now() + QUEUE_BUDGET);
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout_at(until, call).await {
+            Ok(r) => Some(r),
+            Err(_) => {
+                self.queue_spent = true;
+                let provider = providers::interruptions().map_or("", |(name, _)| name);
+                self.metrics.cloud_call(
+                    provider,
+                    "interruption_queue",
+                    started.elapsed(),
+                    "timeout",
+                );
+                let message = format!(
+                    "interruption queue: the pass's {}s for the queue ran out during a {what}; \
+                     its other calls wait for the next pass (a message not deleted is read \
+                     again)",
+                    QUEUE_BUDGET.as_secs()
+                );
+                warn!("{message}");
+                if !self.queue_stalled {
+                    self.queue_stalled = true;
+                    self.events.send(KubeNote {
+                        object: self.policy_ref(),
+                        warning: true,
+                        reason: "CloudCallTimedOut",
+                        action: "Queue",
+                        message: format!("{message}; passes go on"),
+                    });
+                }
+                None
             }
         }
     }
@@ -1573,11 +1645,13 @@ impl Controller {
                         continue; // read again, and acted on, in the next pass
                     }
                     let (Some(q), Some((receipt, _))) =
-                        (&self.queue, self.notices.remove(&message_id))
+                        (self.queue.clone(), self.notices.remove(&message_id))
                     else {
                         continue;
                     };
-                    if let Err(e) = q.delete(&receipt).await {
+                    if let Some(Err(e)) =
+                        self.within_queue_budget("delete", q.delete(&receipt)).await
+                    {
                         warn!(message = %message_id, "interruption queue: {e}");
                     }
                 }

@@ -568,6 +568,7 @@ impl World {
                 launched_at_ms: i.launched,
                 reservation_id: i.reservation.clone(),
                 launch_fingerprint: None,
+                unclaimed: false,
             })
             .collect();
         let listing = Arc::new(listing);

@@ -953,6 +953,36 @@ impl AlibabaProvider {
         Ok(())
     }
 
+    /// The cluster identity ([`TAG_CLUSTER_ID`]) ECS tags on `ids` carry, where they carry one.
+    async fn ecs_identities(
+        &self,
+        ids: &[String],
+    ) -> Result<BTreeMap<String, String>, ProviderError> {
+        let mut out = BTreeMap::new();
+        for chunk in ids.chunks(100) {
+            let p = vec![
+                (
+                    "InstanceIds".to_string(),
+                    serde_json::to_string(chunk).unwrap_or_default(),
+                ),
+                ("PageSize".to_string(), "100".to_string()),
+            ];
+            let v = self.describe(Api::Ecs, "DescribeInstances", &p).await?;
+            for i in list_of(&v, "Instances", "Instance") {
+                if let Some(t) = list_of(i, "Tags", "Tag")
+                    .into_iter()
+                    .find(|t| str_of(t, "TagKey") == TAG_CLUSTER_ID)
+                {
+                    out.insert(
+                        str_of(i, "InstanceId").to_string(),
+                        str_of(t, "TagValue").to_string(),
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The instances an activity created, and its failure when it ended short of `count`.
     async fn activity_outcome(
         &self,
@@ -1101,6 +1131,7 @@ impl AlibabaProvider {
             launched_at_ms: s.created_ms.unwrap_or_else(now_ms),
             reservation_id: None,
             launch_fingerprint: None,
+            unclaimed: false,
         }
     }
 
@@ -1642,14 +1673,33 @@ impl CloudProvider for AlibabaProvider {
                     .await
                     .map_err(ApiError::into_provider_error)?
             };
+            let identity_of = |s: &ScalingInstance| {
+                acts.get(&s.activity_id)
+                    .and_then(|a| metadata_of(a, TAG_CLUSTER_ID))
+            };
+            // Without an identity in its activity: the ECS tag, if someone tagged it since.
+            let tagged = if self.config.cluster_id.is_some() {
+                let untold: Vec<String> = found
+                    .iter()
+                    .filter(|s| identity_of(s).is_none())
+                    .map(|s| s.id.clone())
+                    .collect();
+                self.ecs_identities(&untold).await?
+            } else {
+                BTreeMap::new()
+            };
             for s in &found {
                 let act = acts.get(&s.activity_id);
-                let cluster = act.and_then(|a| metadata_of(a, TAG_CLUSTER_ID));
+                let cluster = identity_of(s).or_else(|| tagged.get(&s.id).cloned());
                 if !self.may_be_ours(cluster.as_deref()) {
                     continue; // launched by another cluster into this group
                 }
                 let launch_id = act.and_then(launch_id_of).unwrap_or_default();
-                out.push(self.to_instance(pool, role, &launch_id, s));
+                let mut i = self.to_instance(pool, role, &launch_id, s);
+                // No identity (the group's own, ACK's, an older version's): never removed
+                // (`check_owned`), so never given up either.
+                i.unclaimed = self.config.cluster_id.is_some() && cluster.is_none();
+                out.push(i);
             }
         }
         Ok(out)

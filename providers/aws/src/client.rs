@@ -689,6 +689,8 @@ impl AwsProvider {
                 .unwrap_or(0),
             reservation_id,
             launch_fingerprint: Some(tag(LAUNCH_FINGERPRINT_TAG)).filter(|f| !f.is_empty()),
+            // Our name without an identity while ours is known: never terminated (`check_owned`).
+            unclaimed: self.config.cluster_id.is_some() && tag(TAG_CLUSTER_ID).is_empty(),
         })
     }
 
@@ -842,6 +844,7 @@ impl AwsProvider {
                             launched_at_ms: now_ms(),
                             reservation_id: Some(r.id.clone()),
                             launch_fingerprint: request.tags.get(LAUNCH_FINGERPRINT_TAG).cloned(),
+                            unclaimed: false,
                         });
                     }
                     remaining -= k;
@@ -1382,6 +1385,7 @@ impl CloudProvider for AwsProvider {
                     launched_at_ms: now_ms(),
                     reservation_id: None,
                     launch_fingerprint: request.tags.get(LAUNCH_FINGERPRINT_TAG).cloned(),
+                    unclaimed: false,
                 });
             }
             remaining = remaining.saturating_sub(launched_now);

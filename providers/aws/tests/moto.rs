@@ -718,6 +718,63 @@ async fn another_cluster_of_the_same_name_is_neither_listed_nor_terminated() {
     theirs.terminate(&id).await.unwrap();
 }
 
+#[tokio::test]
+async fn orphan_an_instance_with_our_name_but_no_identity_is_listed_unclaimed_and_never_terminated()
+{
+    let (moto, net, _) = setup().await;
+    // Launched by a version before the identity (or another installation of the same name
+    // that knows none): our name and pool tags, no identity tag.
+    let legacy = AwsProvider::new(config(&moto.url(), &net, CLUSTER))
+        .await
+        .unwrap();
+    let r = legacy
+        .launch(&request(
+            "launch-legacy",
+            1,
+            &[offering("g5.xlarge", "us-east-1a", OnDemand)],
+        ))
+        .await
+        .unwrap();
+    let stranger = r.launched[0].id.clone();
+    let tags = describe(&ec2(&moto.url()).await, &stranger).await.tags;
+    assert!(!tags.contains_key(TAG_CLUSTER_ID), "{tags:?}");
+    let mut c = config(&moto.url(), &net, CLUSTER);
+    c.cluster_id = Some("uid-ours".into());
+    let ours = AwsProvider::new(c).await.unwrap();
+    let r = ours
+        .launch(&request(
+            "launch-ours",
+            1,
+            &[offering("g5.xlarge", "us-east-1a", OnDemand)],
+        ))
+        .await
+        .unwrap();
+    let mine = r.launched[0].id.clone();
+    assert!(!r.launched[0].unclaimed);
+    // Listed, so that it is seen and reported, but marked unclaimed; ours is not.
+    let listed = ours.list(POOL).await.unwrap();
+    let flag = |id: &str| listed.iter().find(|i| i.id == id).map(|i| i.unclaimed);
+    assert_eq!(flag(&stranger), Some(true), "{listed:?}");
+    assert_eq!(flag(&mine), Some(false), "{listed:?}");
+    // Never terminated.
+    let refused = ours.terminate(&stranger).await;
+    assert!(
+        matches!(&refused, Err(ProviderError::InvalidRequest { message }) if message.contains("not this cluster's")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        describe(&ec2(&moto.url()).await, &stranger).await.state,
+        "running"
+    );
+    // Without an identity of its own, a process knows no stranger: nothing is unclaimed.
+    assert!(legacy
+        .list(POOL)
+        .await
+        .unwrap()
+        .iter()
+        .all(|i| !i.unclaimed));
+}
+
 // ---- pools backed by Auto Scaling groups ----
 
 mod asg {

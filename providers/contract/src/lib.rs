@@ -301,6 +301,12 @@ pub struct Instance {
     /// from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_fingerprint: Option<String>,
+    /// It carries this cluster's name but no cluster identity, while this cluster's identity is
+    /// known: another installation of the same name, its scaling group's own, or one launched
+    /// by a version before the identity. Listed so that it is seen and reported, but never
+    /// ours to adopt, give up or terminate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unclaimed: bool,
 }
 
 /// The tag a launch request carries with what the launch used (its pool's launch fingerprint);

@@ -253,6 +253,7 @@ pub fn instance_of(node: &Node) -> Option<Instance> {
             .map_or(0, |t| t.0.as_millisecond()),
         reservation_id: annotations.get(ANNOTATION_RESERVATION_ID).cloned(),
         launch_fingerprint: annotations.get(LAUNCH_FINGERPRINT_TAG).cloned(),
+        unclaimed: false,
     })
 }
 

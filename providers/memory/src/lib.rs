@@ -464,6 +464,7 @@ impl State {
             launched_at_ms: self.now_ms,
             reservation_id: reservation.clone(),
             launch_fingerprint: req.tags.get(LAUNCH_FINGERPRINT_TAG).cloned(),
+            unclaimed: false,
         };
         let mut tags = req.tags.clone();
         tags.insert(TAG_CLUSTER.into(), self.cluster.clone());

@@ -505,6 +505,7 @@ mod tests {
             launched_at_ms: at_s * 1000,
             reservation_id: None,
             launch_fingerprint: None,
+            unclaimed: false,
         }
     }
 
@@ -741,6 +742,7 @@ mod registration_tests {
             launched_at_ms: 0,
             reservation_id: None,
             launch_fingerprint: None,
+            unclaimed: false,
         }
     }
 

@@ -26,6 +26,7 @@ pub mod status;
 #[cfg(test)]
 mod tests;
 mod tracking;
+pub mod unclaimed;
 
 pub use batch::Batch;
 pub use drain::DrainKind;
@@ -458,6 +459,8 @@ struct Reported {
     kept: BTreeMap<String, String>,
     /// Nodes whose GPUs went missing, as last reported.
     gpus_lost: BTreeSet<String>,
+    /// Unclaimed instances (our name, no identity), as last reported.
+    unclaimed: BTreeSet<String>,
     last_status: Option<(String, Time)>,
     /// The node gauges of the last pass's observation (with reports only).
     node_gauges: NodeGauges,
@@ -740,7 +743,11 @@ impl Autoscaler {
         let mut out = Vec::new();
         if let (Some(policy), Some(instances)) = (&self.policy, &obs.instances) {
             // Nodes adopted by a pool's nodeSelector count as the pool's, in decisions and gauges.
-            let ours: HashSet<&str> = instances.iter().map(|i| i.provider_id.as_str()).collect();
+            let ours: HashSet<&str> = instances
+                .iter()
+                .filter(|i| !i.unclaimed)
+                .map(|i| i.provider_id.as_str())
+                .collect();
             fleet::adopt_nodes(&mut obs.snapshot.nodes, &ours, &policy.pools);
         }
         if self.config.report {
@@ -756,6 +763,9 @@ impl Autoscaler {
         let (Some(policy), Some(instances)) = (self.policy.clone(), obs.instances) else {
             return out;
         };
+        // Instances with our name but not our identity are not ours: reported, never touched.
+        let (instances, unclaimed) = unclaimed::split(instances);
+        self.report_unclaimed(&unclaimed, &mut out);
         // Instances of pools no longer in the policy are no pool's: reported, never counted.
         let (instances, orphans) = {
             let index = NodeIndex::new(&obs.snapshot.nodes);

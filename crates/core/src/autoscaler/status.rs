@@ -124,6 +124,7 @@ pub fn launched_unlisted_of(status_json: &str) -> Vec<Instance> {
                 launched_at_ms: Time::parse_rfc3339(&l.launched_at).ok()?.0,
                 reservation_id: l.reservation_id,
                 launch_fingerprint: None,
+                unclaimed: false,
             })
         })
         .collect()

@@ -104,6 +104,7 @@ impl Cloud {
                         .map(|r| r.id.clone()),
                     // As EC2 keeps the launch's tags.
                     launch_fingerprint: req.tags.get(labels::LAUNCH_FINGERPRINT).cloned(),
+                    unclaimed: false,
                 };
                 self.instances.push(i.clone());
                 res.launched.push(i);
@@ -289,6 +290,7 @@ impl Run {
             launched_at_ms: n.created.0,
             reservation_id: None,
             launch_fingerprint: None,
+            unclaimed: false,
             id,
         };
         n.provider_id = Some(i.provider_id.clone());
@@ -572,6 +574,86 @@ fn a_launch_that_never_becomes_a_node_is_given_up_and_planned_elsewhere() {
         again[0].offerings[0], first.offerings[0],
         "the offering that did not come up is avoided"
     );
+}
+
+#[test]
+fn orphan_instances_with_our_name_but_no_identity_are_reported_once_and_never_touched() {
+    let mut run = Run::new(Config::default());
+    // An idle node of the pool whose instance carries our name but no identity, unneeded for
+    // an hour, and an instance of the same kind without a Node, launched an hour ago.
+    run.nodes.push(
+        NodeBuilder::new("stranger")
+            .pool("a10g", "g5.xlarge", "us-east-1b")
+            .label(labels::GPU_MODEL, "A10G")
+            .gpus(1)
+            .annotation(labels::GPUS_ADVERTISED, "true")
+            .annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339())
+            .created(T0 - secs(7200))
+            .label(labels::CAPACITY_TYPE, "on-demand")
+            .label(labels::KARPENTER_CAPACITY_TYPE, "on-demand")
+            .build(),
+    );
+    run.with_our_instance();
+    let lone = Instance {
+        id: "i-lone".into(),
+        provider_id: "aws:///us-east-1a/i-lone".into(),
+        pool: "a10g".into(),
+        launch_id: String::new(),
+        offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
+        state: InstanceState::Running,
+        launched_at_ms: (T0 - secs(3600)).0,
+        reservation_id: None,
+        launch_fingerprint: None,
+        unclaimed: true,
+    };
+    run.cloud.instances.push(lone);
+    for i in &mut run.cloud.instances {
+        i.unclaimed = true;
+    }
+    // Two hours of passes, a minute apart.
+    for minute in 0..120 {
+        let actions = run.pass(T0 + secs(60 * minute));
+        assert!(
+            terminated(&actions).is_empty(),
+            "minute {minute}: {actions:?}"
+        );
+        assert!(drains(&actions).is_empty(), "minute {minute}: {actions:?}");
+    }
+    // Reported once each, on the pool.
+    let reported = events(&run.actions, "InstanceUnclaimed");
+    assert_eq!(reported.len(), 2, "{reported:?}");
+    assert!(reported[0]
+        .message
+        .contains("neither managed nor terminated"));
+    assert!(reported
+        .iter()
+        .all(|n| n.subject == Subject::Pool("a10g".into())));
+    assert!(!run.actions.iter().any(|a| matches!(
+        a,
+        Action::Count(Count::FailedLaunch { .. } | Count::GiveUpTerminateFailed { .. })
+    )));
+    // Its offering is not short: a pod that fits it gets it first.
+    assert!(
+        run.core.launches.ice.is_empty(),
+        "{:?}",
+        run.core.launches.ice
+    );
+    run.pods.push(
+        PodBuilder::new("ml", "p")
+            .gpus(1)
+            .selector(labels::ZONE, "us-east-1a")
+            .selector(labels::CAPACITY_TYPE, "on-demand")
+            .build(),
+    );
+    let actions = run.pass(T0 + secs(60 * 120));
+    let l = launches(&actions);
+    assert_eq!(l.len(), 1, "{actions:?}");
+    assert_eq!(
+        l[0].offerings[0],
+        key("g5.xlarge", "us-east-1a", CapacityType::OnDemand)
+    );
+    // Unclaimed instances do not count as the pool's in-flight capacity either.
+    assert_eq!(run.cloud.live().len(), 3);
 }
 
 /// Policies where two g5.xlarge (one GPU each) are the most: by the pool's `maxNodes`, its
@@ -2417,6 +2499,7 @@ fn orphaned_pool(policy: &str) -> Run {
             launched_at_ms: (T0 - secs(3600)).0,
             reservation_id: None,
             launch_fingerprint: None,
+            unclaimed: false,
         };
         if with_node {
             let mut n = NodeBuilder::new(&format!("node-{id}"))
@@ -2546,6 +2629,7 @@ fn old_instance(run: &mut Run, id: &str) {
         launched_at_ms: (T0 - secs(3600)).0,
         reservation_id: None,
         launch_fingerprint: None,
+        unclaimed: false,
     });
 }
 

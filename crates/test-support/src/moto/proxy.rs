@@ -45,8 +45,10 @@ struct Faults {
     activities: Vec<(String, String, String)>,
     /// (group, desired capacity) of every `SetDesiredCapacity`, in order.
     desired: Vec<(String, u32)>,
-    /// Every action seen, in order.
+    /// Every action seen, in order (when relayed or answered, so after any hold).
     calls: Vec<String>,
+    /// Every action held, in order, counted when its hold begins.
+    held: Vec<String>,
     /// What `DescribeCapacityReservations` answers (moto has no such call).
     capacity_reservations: Vec<FakeReservation>,
     /// Capacity reservation → error code of every `RunInstances` that targets it (moto keeps
@@ -287,6 +289,18 @@ impl FaultProxy {
             .filter(|(a, _)| a == action)
             .map(|(_, p)| p.clone())
             .collect()
+    }
+
+    /// Calls of `action` held (by [`FaultProxy::hold_next`] or [`FaultProxy::hold_every`]),
+    /// counted as their hold begins: also those still held, or given up by the caller.
+    pub fn held_calls_of(&self, action: &str) -> usize {
+        self.faults
+            .lock()
+            .unwrap()
+            .held
+            .iter()
+            .filter(|a| *a == action)
+            .count()
     }
 
     pub fn calls_of(&self, action: &str) -> usize {
@@ -706,9 +720,14 @@ async fn handle(
         .unwrap_or_default();
     let held = {
         let mut f = faults.lock().unwrap();
-        f.hold
+        let d = f
+            .hold
             .remove(&action)
-            .or_else(|| f.hold_every.get(&action).copied())
+            .or_else(|| f.hold_every.get(&action).copied());
+        if d.is_some() {
+            f.held.push(action.clone());
+        }
+        d
     };
     if let Some(d) = held {
         tokio::time::sleep(d).await;

@@ -662,6 +662,7 @@ impl AwsProvider {
             reservation_id: None,
             // A group launches from its own template, not ours: no launch of ours to compare.
             launch_fingerprint: None,
+            unclaimed: false,
         }
     }
 
