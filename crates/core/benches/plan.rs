@@ -2,7 +2,8 @@
 //! pending pods, 1,000 existing nodes, ~400 offerings), plus its peak heap use per run; and
 //! (`plan-claims`) the same clusters with 30 % of the GPU pods asking through DRA ResourceClaims,
 //! with a DRA twin of every NVIDIA pool; and (`plan-topology`) with 30 % of the pending single
-//! whole-GPU pods in services with zone spread, hostname anti-affinity or zone affinity.
+//! whole-GPU pods in services with zone spread, hostname anti-affinity or zone affinity, and 10 %
+//! claiming a volume bound in one zone.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpu_node_autoscaler_core::catalog;
@@ -28,7 +29,7 @@ fn bench(c: &mut Criterion) {
         generated_cluster_with_claims(pods, 1_000, 34, 42)
     });
     group(c, "plan-topology", &bench_policy(), |pods| {
-        generated_cluster_with_topology(pods, 1_000, 30, 42)
+        generated_cluster_with_topology(pods, 1_000, 30, 10, 42)
     });
 }
 
@@ -52,12 +53,17 @@ fn group(c: &mut Criterion, name: &str, policy: &str, cluster: impl Fn(usize) ->
             .iter()
             .filter(|p| p.is_pending() && p.constraints.topology.is_some())
             .count();
+        let zonal = snapshot
+            .pods
+            .iter()
+            .filter(|p| p.is_pending() && !p.constraints.volumes.is_empty())
+            .count();
         // One run outside the timer: report size, quality and peak heap above the input.
         let base = counting_alloc::start();
         let p = plan::plan(&snapshot, &cat, &policy, now);
         let peak = counting_alloc::peak_above(base);
         eprintln!(
-            "{name}/{pods}: {claiming} pods with claims, {ruled} with rules across nodes, {} offerings, {} scale-ups ({} nodes, ${:.2}/h), {} on existing capacity, {} unschedulable, peak heap {:.1} MiB",
+            "{name}/{pods}: {claiming} pods with claims, {ruled} with rules across nodes, {zonal} with a zonal volume, {} offerings, {} scale-ups ({} nodes, ${:.2}/h), {} on existing capacity, {} unschedulable, peak heap {:.1} MiB",
             cat.offerings.len(),
             p.scale_ups.len(),
             p.scale_ups.iter().map(|s| s.count).sum::<u32>(),

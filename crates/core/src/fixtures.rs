@@ -1,7 +1,7 @@
 //! Builders for pods, nodes and snapshots, for tests, benchmarks and generated workloads:
 //! `PodBuilder::new("ns", "p").gpus(2).gang("job-a", 4).build()`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::rng::Rng;
@@ -719,11 +719,14 @@ pub fn app_selector(namespace: &str, app: &str) -> crate::model::topology::PodSe
 /// pods, none of a gang) belong to one of 40 services whose pods carry rules across nodes, in turn: spread
 /// over zones (maxSkew 1), one per node (hostname anti-affinity), both, or required affinity to
 /// their service's zone; one running pod of each service is labelled so that the counts start
-/// from it.
+/// from it. And about `volume_percent` % of the pending single pods (of those without such rules)
+/// claim a zonal volume: a PersistentVolume bound in one of the nodes' zones, as
+/// [`crate::model::volumes::Storage::join`] gives it (the pod may run in that zone only).
 pub fn generated_cluster_with_topology(
     pods: usize,
     nodes: usize,
     percent: u64,
+    volume_percent: u64,
     seed: u64,
 ) -> crate::model::Snapshot {
     use crate::model::topology::{AffinityTerm, PodTopology, Spread, HOSTNAME};
@@ -775,6 +778,26 @@ pub fn generated_cluster_with_topology(
         .count()
         .max(1) as u64;
     let per_mille = (pods as u64 * percent * 10 / eligible).min(1000);
+    let zones: Vec<String> = out
+        .nodes
+        .iter()
+        .filter_map(|n| n.zone().map(str::to_string))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let zonal: Vec<Vec<Term>> = zones
+        .iter()
+        .map(|z| {
+            vec![Term {
+                requirements: vec![Requirement {
+                    key: labels::ZONE.into(),
+                    operator: Operator::In,
+                    values: vec![z.clone()],
+                }],
+                node_names: None,
+            }]
+        })
+        .collect();
     for p in out.pods.iter_mut() {
         if !p.is_pending() {
             if running < SERVICES && p.node_name.is_some() && p.id.namespace == "run" {
@@ -798,6 +821,28 @@ pub fn generated_cluster_with_topology(
                 Arc::new(c)
             })
             .clone();
+    }
+    // Of the pending single pods without rules, enough for `volume_percent` % of all.
+    let free = out
+        .pods
+        .iter()
+        .filter(|p| p.is_pending() && p.gang.is_none() && p.constraints.topology.is_none())
+        .count()
+        .max(1) as u64;
+    let volume_per_mille = (pods as u64 * volume_percent * 10 / free).min(1000);
+    let mut volumes = Rng::new(seed ^ 0x701e);
+    for p in out.pods.iter_mut() {
+        if p.is_pending()
+            && p.gang.is_none()
+            && p.constraints.topology.is_none()
+            && !zonal.is_empty()
+            && volumes.below(1000) < volume_per_mille
+        {
+            let z = volumes.below(zonal.len() as u64) as usize;
+            let mut c = (*p.constraints).clone();
+            c.volumes = vec![zonal[z].clone()];
+            p.constraints = Arc::new(c);
+        }
     }
     out
 }
