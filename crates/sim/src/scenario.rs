@@ -20,7 +20,7 @@ use gpu_node_autoscaler_core::policy::source_map::{
 use gpu_node_autoscaler_core::policy::{parse_policy_at, Policy};
 use gpu_node_autoscaler_core::yaml::{self, YamlError};
 
-use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE};
+use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE, SECOND};
 
 /// The scenario `gpu-node-autoscaler simulate` runs without arguments.
 pub const DEFAULT_NAME: &str = "arena-mpi-training.yaml";
@@ -228,9 +228,17 @@ struct RawHpa {
     target_utilization: f64,
     /// GPU demand one replica serves at 100 % utilisation.
     gpus_per_replica: f64,
-    /// HPA sync period (default 1m) and scale-down stabilisation window (default 5m).
+    /// HPA sync period (default 15s, kube-controller-manager's
+    /// `--horizontal-pod-autoscaler-sync-period`) and scale-down stabilisation window (default
+    /// 5m, the HPA's).
     sync: Option<String>,
     scale_down_stabilization: Option<String>,
+    /// The HPA's tolerance (default 0.1, `--horizontal-pod-autoscaler-tolerance`): no rescale
+    /// while the usage ratio is within it of 1.
+    tolerance: Option<f64>,
+    /// How old the utilisation the HPA reads is (default 30s: dcgm-exporter's collect interval,
+    /// then Prometheus's scrape; the adapter queries Prometheus live).
+    metric_delay: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -783,7 +791,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
         let sync = h
             .sync
             .as_deref()
-            .map_or(MINUTE, |x| {
+            .map_or(15 * SECOND, |x| {
                 errs.dur(&[k("services"), i(si), k("hpa"), k("sync")], x)
             })
             .max(1000);
@@ -796,6 +804,17 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                     x,
                 )
             });
+        let tolerance = h.tolerance.unwrap_or(0.1);
+        if !(tolerance.is_finite() && (0.0..1.0).contains(&tolerance)) {
+            errs.at(
+                &[k("services"), i(si), k("hpa"), k("tolerance")],
+                "must be in [0, 1)",
+            );
+            continue;
+        }
+        let metric_delay = h.metric_delay.as_deref().map_or(30 * SECOND, |x| {
+            errs.dur(&[k("services"), i(si), k("hpa"), k("metricDelay")], x)
+        });
         let end = errs.dur(&at("until"), &s.until);
         let mut load: Vec<(Ms, f64)> = Vec::new();
         for (li, l) in s.load.iter().enumerate() {
@@ -839,40 +858,57 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 continue;
             }
         };
-        // The HPA: desired = ceil(load / (gpusPerReplica × target)), clamped; scale-in only to
-        // the highest recommendation of the stabilisation window.
-        let mut desired_at: Vec<(Ms, u32)> = Vec::new();
-        let mut t = load[0].0;
-        while t < end {
-            let demand = load
-                .iter()
+        // The HPA, as kube-controller-manager's runs it on a `Pods` metric (GPU utilisation): every
+        // sync it reads each replica's utilisation as it was `metricDelay` ago (the load shared
+        // by the replicas, at most 100 % each: a GPU is never more than busy), recommends
+        // ceil(replicas × utilisation ÷ target) unless that ratio is within the tolerance of 1,
+        // clamped; scale-up goes at most to max(2 × replicas, replicas + 4) a sync (the HPA's
+        // default `behavior.scaleUp`), scale-in only to the highest recommendation of the
+        // stabilisation window. Replicas count as running once they exist (the real HPA counts a
+        // Pending replica as idle while it scales up, so it waits for new replicas' nodes).
+        let demand_at = |t: Ms| {
+            load.iter()
                 .take_while(|(a, _)| *a <= t)
                 .last()
-                .map_or(0.0, |x| x.1);
-            let want = (demand / (h.gpus_per_replica * h.target_utilization))
-                .ceil()
-                .max(0.0) as u32;
-            desired_at.push((t, want.clamp(h.min_replicas, h.max_replicas)));
-            t += sync;
-        }
+                .map_or(load[0].1, |x| x.1)
+        };
+        let mut desired_at: Vec<(Ms, u32)> = Vec::new();
         let mut replicas: Vec<(Ms, u32)> = Vec::new();
-        for (idx, &(t, want)) in desired_at.iter().enumerate() {
-            let window_max = desired_at[..=idx]
+        let mut t = load[0].0;
+        while t < end {
+            let demand = demand_at(t - metric_delay).max(0.0);
+            let cur = replicas.last().map_or(0, |x| x.1);
+            let want = if cur == 0 {
+                (demand / (h.gpus_per_replica * h.target_utilization)).ceil() as u32
+            } else {
+                let per_replica = (demand / (f64::from(cur) * h.gpus_per_replica)).min(1.0);
+                let ratio = per_replica / h.target_utilization;
+                if (ratio - 1.0).abs() <= tolerance {
+                    cur
+                } else {
+                    (f64::from(cur) * ratio).ceil() as u32
+                }
+            }
+            .clamp(h.min_replicas, h.max_replicas);
+            desired_at.push((t, want));
+            let window_max = desired_at
                 .iter()
                 .rev()
                 .take_while(|(x, _)| t - *x <= stab)
                 .map(|x| x.1)
                 .max()
                 .unwrap_or(want);
-            let cur = replicas.last().map_or(0, |x| x.1);
-            let next = if want >= cur {
+            let next = if cur == 0 {
                 want
+            } else if want >= cur {
+                want.min((cur * 2).max(cur + 4))
             } else {
                 window_max.min(cur)
             };
             if replicas.last().is_none_or(|x| x.1 != next) {
                 replicas.push((t, next));
             }
+            t += sync;
         }
         // Replica r lives while the count exceeds r.
         let max = replicas.iter().map(|x| x.1).max().unwrap_or(0);
@@ -1271,17 +1307,82 @@ mod tests {
 
     #[test]
     fn hpa_replicas_follow_the_load_with_stabilised_scale_in() {
-        let text = "name: x\npolicy:\n  zones: [a]\n  pools:\n    - {name: p, instanceTypes: [g5.xlarge], maxNodes: 9}\nservices:\n  - name: chat\n    requests: {nvidia.com/gpu: 1}\n    hpa: {minReplicas: 1, maxReplicas: 10, targetUtilization: 0.5, gpusPerReplica: 1}\n    load: [{at: 0s, gpus: 0.5}, {at: 10m, gpus: 2}, {at: 20m, gpus: 0.5}]\n    until: 40m\n";
+        let text = "name: x\npolicy:\n  zones: [a]\n  pools:\n    - {name: p, instanceTypes: [g5.xlarge], maxNodes: 9}\nservices:\n  - name: chat\n    requests: {nvidia.com/gpu: 1}\n    hpa: {minReplicas: 1, maxReplicas: 10, targetUtilization: 0.5, gpusPerReplica: 1, sync: 1m, metricDelay: 0s}\n    load: [{at: 0s, gpus: 0.5}, {at: 10m, gpus: 2}, {at: 20m, gpus: 0.5}]\n    until: 40m\n";
         let s = parse_scenario(text, "h.yaml").unwrap();
-        // 0.5 GPU → 1 replica; 2 GPUs at 50 % → 4 replicas from 10m; back to 1 only after the
-        // 5-minute stabilisation window following 20m.
+        // 0.5 GPU → 1 replica; 2 GPUs: the one replica is saturated (100 %, twice the target), so
+        // 2 replicas at 10m, 4 a sync later; back to 1 only after the 5-minute stabilisation
+        // window following the last recommendation of 4 (at 19m).
         let mut spans: Vec<(Ms, Option<Ms>)> =
             s.pods.iter().map(|p| (p.arrival, p.deleted_at)).collect();
         spans.sort();
-        assert_eq!(spans[0], (0, Some(40 * MINUTE)));
-        assert_eq!(spans.len(), 4);
-        for sp in &spans[1..] {
-            assert_eq!(*sp, (10 * MINUTE, Some(25 * MINUTE)));
-        }
+        assert_eq!(
+            spans,
+            [
+                (0, Some(40 * MINUTE)),
+                (10 * MINUTE, Some(25 * MINUTE)),
+                (11 * MINUTE, Some(25 * MINUTE)),
+                (11 * MINUTE, Some(25 * MINUTE)),
+            ]
+        );
+    }
+
+    #[test]
+    fn hpa_model_reads_a_delayed_saturated_metric_with_the_real_hpas_tolerance_and_sync() {
+        // kube-controller-manager's defaults: a sync every 15 s, a tolerance of 0.1; the
+        // metric 30 s old (dcgm-exporter's collect interval, then the scrape).
+        let text = "name: x\npolicy:\n  zones: [a]\n  pools:\n    - {name: p, instanceTypes: [g5.xlarge], maxNodes: 9}\nservices:\n  - name: chat\n    requests: {nvidia.com/gpu: 1}\n    hpa: {minReplicas: 1, maxReplicas: 10, targetUtilization: 0.5, gpusPerReplica: 1}\n    load: [{at: 0s, gpus: 0.5}, {at: 10m, gpus: 2}, {at: 20m, gpus: 0.5}, {at: 30m, gpus: 0.52}]\n    until: 40m\n";
+        let s = parse_scenario(text, "h.yaml").unwrap();
+        let mut spans: Vec<(Ms, Option<Ms>)> =
+            s.pods.iter().map(|p| (p.arrival, p.deleted_at)).collect();
+        spans.sort();
+        let sec = |m: Ms, s: Ms| m * MINUTE + s * SECOND;
+        assert_eq!(
+            spans,
+            [
+                // 0.52 GPU on one replica at 50 %: 1.04 × the target, within the tolerance, so
+                // no second replica from 30m30s.
+                (0, Some(40 * MINUTE)),
+                // The step seen 30 s late; saturated at 100 %: 1 → 2, then 2 → 4 a sync later.
+                (sec(10, 30), Some(sec(25, 30))),
+                (sec(10, 45), Some(sec(25, 30))),
+                (sec(10, 45), Some(sec(25, 30))),
+            ]
+        );
+        // Scale-up goes at most to max(2 × replicas, replicas + 4) a sync: at a 25 % target a
+        // saturated replica asks for 4 times as many.
+        let burst = text
+            .replace(
+                "maxReplicas: 10, targetUtilization: 0.5",
+                "maxReplicas: 100, targetUtilization: 0.25",
+            )
+            .replace("{at: 10m, gpus: 2}", "{at: 10m, gpus: 15}");
+        let s = parse_scenario(&burst, "h.yaml").unwrap();
+        let at = |t: Ms| {
+            s.pods
+                .iter()
+                .filter(|p| p.arrival <= t && p.deleted_at.is_none_or(|d| d > t))
+                .count()
+        };
+        // 2 → 6 (not 8), 6 → 12 (not 24), 12 → 24, 24 → 48 (not 60), 48 → 60 (15 GPUs at 25 %).
+        assert_eq!(
+            [
+                sec(10, 15),
+                sec(10, 30),
+                sec(10, 45),
+                sec(11, 0),
+                sec(11, 15),
+                sec(11, 30),
+                sec(11, 45)
+            ]
+            .map(at),
+            [2, 6, 12, 24, 48, 60, 60]
+        );
+        // Bad values name the field.
+        let bad = text.replace("gpusPerReplica: 1}", "gpusPerReplica: 1, tolerance: 1.5}");
+        let e = parse_scenario(&bad, "h.yaml").err().unwrap();
+        assert!(
+            e.contains("h.yaml:") && e.contains("services[0].hpa.tolerance: must be in [0, 1)"),
+            "{e}"
+        );
     }
 }
