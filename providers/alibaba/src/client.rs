@@ -921,15 +921,7 @@ impl AlibabaProvider {
             .map(|s| s.id.clone())
             .collect();
         let mut details: BTreeMap<String, (String, String)> = BTreeMap::new();
-        for chunk in ids.chunks(100) {
-            let p = vec![
-                (
-                    "InstanceIds".to_string(),
-                    serde_json::to_string(chunk).unwrap_or_default(),
-                ),
-                ("PageSize".to_string(), "100".to_string()),
-            ];
-            let v = self.describe(Api::Ecs, "DescribeInstances", &p).await?;
+        for v in self.ecs_instances(&ids).await? {
             for i in list_of(&v, "Instances", "Instance") {
                 details.insert(
                     str_of(i, "InstanceId").to_string(),
@@ -953,12 +945,9 @@ impl AlibabaProvider {
         Ok(())
     }
 
-    /// The cluster identity ([`TAG_CLUSTER_ID`]) ECS tags on `ids` carry, where they carry one.
-    async fn ecs_identities(
-        &self,
-        ids: &[String],
-    ) -> Result<BTreeMap<String, String>, ProviderError> {
-        let mut out = BTreeMap::new();
+    /// ECS DescribeInstances of `ids`, 100 at a time: one answer per call.
+    async fn ecs_instances(&self, ids: &[String]) -> Result<Vec<Value>, ProviderError> {
+        let mut out = Vec::new();
         for chunk in ids.chunks(100) {
             let p = vec![
                 (
@@ -967,7 +956,18 @@ impl AlibabaProvider {
                 ),
                 ("PageSize".to_string(), "100".to_string()),
             ];
-            let v = self.describe(Api::Ecs, "DescribeInstances", &p).await?;
+            out.push(self.describe(Api::Ecs, "DescribeInstances", &p).await?);
+        }
+        Ok(out)
+    }
+
+    /// The cluster identity ([`TAG_CLUSTER_ID`]) ECS tags on `ids` carry, where they carry one.
+    async fn ecs_identities(
+        &self,
+        ids: &[String],
+    ) -> Result<BTreeMap<String, String>, ProviderError> {
+        let mut out = BTreeMap::new();
+        for v in self.ecs_instances(ids).await? {
             for i in list_of(&v, "Instances", "Instance") {
                 if let Some(t) = list_of(i, "Tags", "Tag")
                     .into_iter()
