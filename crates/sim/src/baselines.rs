@@ -879,9 +879,9 @@ impl Strategy for KarpenterLike {
                 launch_id: format!("karpenter-{}", self.launches),
                 pool: t.pool_name.clone(),
                 count: 1,
+                reservations: world.reservations_for(&t.pool_name, &offerings),
                 offerings,
                 tags: BTreeMap::new(),
-                reservations: Vec::new(),
             };
             match world.launch(&req) {
                 Ok(res) => {
@@ -1023,9 +1023,9 @@ impl KarpenterLike {
                 launch_id: format!("karpenter-{}", self.launches),
                 pool: pool.clone(),
                 count: 1,
+                reservations: world.reservations_for(&pool, std::slice::from_ref(&offering)),
                 offerings: vec![offering],
                 tags: BTreeMap::new(),
-                reservations: Vec::new(),
             };
             let launched = world
                 .launch(&req)
@@ -1131,13 +1131,14 @@ impl KarpenterLike {
         }
         offers.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         self.launches += 1;
+        let offerings: Vec<OfferingKey> = offers.into_iter().map(|o| o.1).collect();
         let req = LaunchRequest {
             launch_id: format!("karpenter-{}", self.launches),
             pool: pool.to_string(),
             count: 1,
-            offerings: offers.into_iter().map(|o| o.1).collect(),
+            reservations: world.reservations_for(pool, &offerings),
+            offerings,
             tags: BTreeMap::new(),
-            reservations: Vec::new(),
         };
         let Ok(res) = world.launch(&req) else {
             return false;

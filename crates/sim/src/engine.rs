@@ -404,6 +404,32 @@ impl World {
     }
 
     /// Launches through the cloud; launched instances register after their boot delay.
+    /// The account's reservations a launch of `pool` may name for the reserved ones of
+    /// `offerings`: those the pool selects, with room now (a Capacity Block up to its end: the
+    /// drain lead before it is the decision core's rule, not the baselines'), in the order the
+    /// cloud lists them.
+    pub fn reservations_for(
+        &self,
+        pool: &str,
+        offerings: &[OfferingKey],
+    ) -> Vec<gpu_node_autoscaler_provider::Reservation> {
+        let Some(pool) = self.policy.pools.iter().find(|p| p.name == pool) else {
+            return Vec::new();
+        };
+        self.provider
+            .reservations_now()
+            .into_iter()
+            .filter(|r| {
+                r.available > 0
+                    && offerings.iter().any(|o| {
+                        o.capacity_type == gpu_node_autoscaler_provider::CapacityType::Reserved
+                            && r.offering() == *o
+                    })
+                    && pool.selects_reservation(r)
+            })
+            .collect()
+    }
+
     pub fn launch(&mut self, req: &LaunchRequest) -> Result<LaunchResult, ProviderError> {
         let res = self.provider.launch_now(req)?;
         for inst in &res.launched {

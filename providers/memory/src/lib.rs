@@ -402,7 +402,14 @@ impl State {
             if remaining == 0 {
                 break;
             }
-            let cap = self.capacity(key);
+            let cap = if key.capacity_type == CapacityType::Reserved {
+                self.targets(req, key)
+                    .iter()
+                    .map(|r| self.reservation_room(r))
+                    .sum()
+            } else {
+                self.capacity(key)
+            };
             if cap == 0 {
                 let e = ProviderError::InsufficientCapacity {
                     offering: key.clone(),
@@ -443,14 +450,26 @@ impl State {
         Ok(result)
     }
 
+    /// The account's reservations a request may launch `key` into: those it names for that
+    /// offering, in its order (none named, none: a reserved offering without them has no
+    /// capacity).
+    fn targets(&self, req: &LaunchRequest, key: &OfferingKey) -> Vec<Reservation> {
+        req.reservations
+            .iter()
+            .filter(|named| named.offering() == *key)
+            .filter_map(|named| self.reservations.iter().find(|r| r.id == named.id))
+            .cloned()
+            .collect()
+    }
+
     fn create(&mut self, req: &LaunchRequest, key: &OfferingKey) -> Instance {
-        // Into the first of the offering's reservations with room.
+        // Into the first reservation the request names for the offering that has room.
         let reservation = (key.capacity_type == CapacityType::Reserved)
             .then(|| {
-                self.reservations
-                    .iter()
-                    .find(|r| r.offering() == *key && self.reservation_room(r) > 0)
-                    .map(|r| r.id.clone())
+                self.targets(req, key)
+                    .into_iter()
+                    .find(|r| self.reservation_room(r) > 0)
+                    .map(|r| r.id)
             })
             .flatten();
         let id = self.new_id();

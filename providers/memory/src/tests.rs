@@ -717,7 +717,7 @@ fn a_capacity_block_reservation_holds_its_count_and_takes_its_instances_back_at_
     let p = provider(1);
     p.set_now(1_000_000);
     let reserved = key(SMALL, A, CapacityType::Reserved);
-    p.add_reservation(Reservation {
+    let block = Reservation {
         id: "cr-1".into(),
         kind: gpu_node_autoscaler_provider::ReservationKind::CapacityBlock,
         instance_type: SMALL.into(),
@@ -728,10 +728,15 @@ fn a_capacity_block_reservation_holds_its_count_and_takes_its_instances_back_at_
         end_ms: Some(10_000_000),
         tags: BTreeMap::new(),
         price_per_hour: Some(0.7),
-    });
+    };
+    p.add_reservation(block.clone());
+    let into_block = |id: &str, count: u32, offerings: &[OfferingKey]| LaunchRequest {
+        reservations: vec![block.clone()],
+        ..req(id, "pool", count, offerings)
+    };
     // Before its start: nothing to launch into.
     let r = p
-        .launch_now(&req("l0", "pool", 1, std::slice::from_ref(&reserved)))
+        .launch_now(&into_block("l0", 1, std::slice::from_ref(&reserved)))
         .unwrap();
     assert_eq!(r.failures, vec![ice(&reserved)]);
     assert_eq!(p.reservations_now()[0].available, 0);
@@ -739,7 +744,7 @@ fn a_capacity_block_reservation_holds_its_count_and_takes_its_instances_back_at_
     assert_eq!(p.reservations_now()[0].available, 2);
     // Three asked: two into the block, the third falls back to on-demand.
     let r = p
-        .launch_now(&req("l1", "pool", 3, &[reserved.clone(), od(SMALL, A)]))
+        .launch_now(&into_block("l1", 3, &[reserved.clone(), od(SMALL, A)]))
         .unwrap();
     let kinds: Vec<CapacityType> = r
         .launched
@@ -765,4 +770,40 @@ fn a_capacity_block_reservation_holds_its_count_and_takes_its_instances_back_at_
     let live = p.list_now("pool").unwrap();
     assert_eq!(ids(&live), vec![r.launched[2].id.clone()]);
     assert_eq!(p.reservations_now()[0].available, 0);
+}
+
+#[test]
+fn a_reserved_launch_goes_into_the_reservations_it_names_in_their_order_never_another() {
+    let p = provider(1);
+    let reserved = key(SMALL, A, CapacityType::Reserved);
+    let odcr = |id: &str, total: u32| Reservation {
+        id: id.into(),
+        kind: gpu_node_autoscaler_provider::ReservationKind::Default,
+        instance_type: SMALL.into(),
+        zone: A.into(),
+        total,
+        available: total,
+        start_ms: None,
+        end_ms: None,
+        tags: BTreeMap::new(),
+        price_per_hour: None,
+    };
+    // cr-a is listed first and has room; the request names cr-b, then cr-a.
+    p.add_reservation(odcr("cr-a", 2));
+    p.add_reservation(odcr("cr-b", 1));
+    let named = |id: &str, count: u32, names: &[&str]| LaunchRequest {
+        reservations: names.iter().map(|n| odcr(n, 0)).collect(),
+        ..req(id, "pool", count, std::slice::from_ref(&reserved))
+    };
+    let r = p.launch_now(&named("l0", 2, &["cr-b", "cr-a"])).unwrap();
+    let into: Vec<Option<String>> = r.launched.iter().map(|i| p.reservation_of(&i.id)).collect();
+    assert_eq!(into, [Some("cr-b".to_string()), Some("cr-a".to_string())]);
+    // cr-a has room left, but a request that names only cr-b (full) gets none of it.
+    let r = p.launch_now(&named("l1", 1, &["cr-b"])).unwrap();
+    assert!(r.launched.is_empty());
+    assert_eq!(r.failures, vec![ice(&reserved)]);
+    // Nor does a request that names none.
+    let r = p.launch_now(&named("l2", 1, &[])).unwrap();
+    assert!(r.launched.is_empty());
+    assert_eq!(r.failures, vec![ice(&reserved)]);
 }
