@@ -217,6 +217,27 @@ pub struct DrainOrder {
     pub kind: DrainKind,
 }
 
+/// A warning about a pool, both logged and raised as an Event on the pool.
+fn warn_pool(
+    out: &mut Vec<Action>,
+    pool: &str,
+    reason: &'static str,
+    action: &'static str,
+    message: String,
+) {
+    out.push(Action::Log {
+        level: Level::Warn,
+        message: message.clone(),
+    });
+    out.push(Action::Event(Note {
+        subject: Subject::Pool(pool.to_string()),
+        warning: true,
+        reason,
+        action,
+        message,
+    }));
+}
+
 /// An action for the executor, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {

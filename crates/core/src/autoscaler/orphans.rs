@@ -14,9 +14,7 @@ use gpu_node_autoscaler_provider::{Instance, InstanceState};
 
 use crate::autoscaler::fleet::NodeIndex;
 use crate::autoscaler::status::OrphanStatus;
-use crate::autoscaler::{
-    has_drain_taint, Action, Autoscaler, DrainKind, DrainOrder, Level, Note, Pass, Subject,
-};
+use crate::autoscaler::{has_drain_taint, Action, Autoscaler, DrainKind, DrainOrder, Pass};
 use crate::model::Time;
 use crate::policy::{Orphans, Policy};
 
@@ -112,17 +110,7 @@ impl Autoscaler {
                     nodes.join(", ")
                 },
             );
-            out.push(Action::Log {
-                level: Level::Warn,
-                message: message.clone(),
-            });
-            out.push(Action::Event(Note {
-                subject: Subject::Pool(pool.clone()),
-                warning: true,
-                reason: "PoolOrphaned",
-                action: "Report",
-                message,
-            }));
+            super::warn_pool(out, pool, "PoolOrphaned", "Report", message);
         }
         self.orphan_state.reported = now_orphaned;
         let listed: std::collections::HashSet<&str> = pass

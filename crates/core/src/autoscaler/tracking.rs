@@ -301,17 +301,7 @@ impl Autoscaler {
              the cloud no longer lists it, and termination is tried again",
             t.pool, t.failures
         );
-        out.push(Action::Log {
-            level: Level::Warn,
-            message: message.clone(),
-        });
-        out.push(Action::Event(Note {
-            subject: Subject::Pool(t.pool.clone()),
-            warning: true,
-            reason: "GiveUpTerminateFailed",
-            action: "Terminate",
-            message,
-        }));
+        super::warn_pool(out, &t.pool, "GiveUpTerminateFailed", "Terminate", message);
         out.push(Action::Count(Count::GiveUpTerminateFailed {
             pool: t.pool.clone(),
         }));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::{Instance, InstanceState};
 
-use crate::autoscaler::{Action, Autoscaler, Level, Note, Subject};
+use crate::autoscaler::{Action, Autoscaler};
 
 /// Splits the cloud's listing into the instances that may be ours (shared as it came when none
 /// is unclaimed) and the live unclaimed ones.
@@ -52,17 +52,7 @@ impl Autoscaler {
                  cluster's identity to hand it over, or remove it yourself",
                 i.id, i.offering, i.pool
             );
-            out.push(Action::Log {
-                level: Level::Warn,
-                message: message.clone(),
-            });
-            out.push(Action::Event(Note {
-                subject: Subject::Pool(i.pool.clone()),
-                warning: true,
-                reason: "InstanceUnclaimed",
-                action: "Observe",
-                message,
-            }));
+            super::warn_pool(out, &i.pool, "InstanceUnclaimed", "Observe", message);
         }
         self.reported.unclaimed = now;
     }
