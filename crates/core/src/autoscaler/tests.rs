@@ -576,23 +576,27 @@ fn a_launch_that_never_becomes_a_node_is_given_up_and_planned_elsewhere() {
     );
 }
 
+/// A registered on-demand g5.xlarge of pool a10g in `zone`, two hours old and unneeded for one.
+fn idle_on_demand_a10g(name: &str, zone: &str) -> crate::model::Node {
+    NodeBuilder::new(name)
+        .pool("a10g", "g5.xlarge", zone)
+        .label(labels::GPU_MODEL, "A10G")
+        .gpus(1)
+        .annotation(labels::GPUS_ADVERTISED, "true")
+        .annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339())
+        .created(T0 - secs(7200))
+        .label(labels::CAPACITY_TYPE, "on-demand")
+        .label(labels::KARPENTER_CAPACITY_TYPE, "on-demand")
+        .build()
+}
+
 #[test]
 fn orphan_instances_with_our_name_but_no_identity_are_reported_once_and_never_touched() {
     let mut run = Run::new(Config::default());
     // An idle node of the pool whose instance carries our name but no identity, unneeded for
     // an hour, and an instance of the same kind without a Node, launched an hour ago.
-    run.nodes.push(
-        NodeBuilder::new("stranger")
-            .pool("a10g", "g5.xlarge", "us-east-1b")
-            .label(labels::GPU_MODEL, "A10G")
-            .gpus(1)
-            .annotation(labels::GPUS_ADVERTISED, "true")
-            .annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339())
-            .created(T0 - secs(7200))
-            .label(labels::CAPACITY_TYPE, "on-demand")
-            .label(labels::KARPENTER_CAPACITY_TYPE, "on-demand")
-            .build(),
-    );
+    run.nodes
+        .push(idle_on_demand_a10g("stranger", "us-east-1b"));
     run.with_our_instance();
     let lone = Instance {
         id: "i-lone".into(),
@@ -927,18 +931,7 @@ fn a_new_leader_keeps_the_last_ones_cooldowns_and_given_up_launches() {
         let mut b = Run::new(Config::default());
         b.core.leadership_lost(&[]);
         b.core.restore(history);
-        b.nodes.push(
-            NodeBuilder::new("idle")
-                .pool("a10g", "g5.xlarge", "us-east-1a")
-                .label(labels::GPU_MODEL, "A10G")
-                .gpus(1)
-                .annotation(labels::GPUS_ADVERTISED, "true")
-                .annotation(labels::UNNEEDED_SINCE, &(T0 - secs(3600)).to_rfc3339())
-                .created(T0 - secs(7200))
-                .label(labels::CAPACITY_TYPE, "on-demand")
-                .label(labels::KARPENTER_CAPACITY_TYPE, "on-demand")
-                .build(),
-        );
+        b.nodes.push(idle_on_demand_a10g("idle", "us-east-1a"));
         b.with_our_instance();
         b.pods.push(zonal());
         b.pass(T0 + secs(660))

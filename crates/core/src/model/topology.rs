@@ -650,30 +650,8 @@ impl TopologyIndex {
         for &r in &p.own_repel {
             self.repel[r].add(site, k);
         }
-        if !p.ports.is_empty() {
-            let taken = self.ports.entry(site.node.to_string()).or_default();
-            if k > 0 {
-                taken.extend(p.ports.iter().cloned());
-            } else {
-                for port in &p.ports {
-                    if let Some(i) = taken.iter().position(|x| x == port) {
-                        taken.swap_remove(i);
-                    }
-                }
-            }
-        }
-        if !p.attach.is_empty() {
-            let here = self.attached.entry(site.node.to_string()).or_default();
-            if k > 0 {
-                here.extend(p.attach.iter().cloned());
-            } else {
-                for a in &p.attach {
-                    if let Some(i) = here.iter().position(|x| x == a) {
-                        here.swap_remove(i);
-                    }
-                }
-            }
-        }
+        record(&mut self.ports, site.node, &p.ports, k);
+        record(&mut self.attached, site.node, &p.attach, k);
     }
 
     /// Every pod of `pods` that holds a node records at its node.
@@ -700,6 +678,28 @@ impl TopologyIndex {
                         node: &n.name,
                     },
                 );
+            }
+        }
+    }
+}
+
+/// Adds `items` to `node`'s list in `by_node` (`k > 0`), or takes one of each back.
+fn record<T: Clone + PartialEq>(
+    by_node: &mut HashMap<String, Vec<T>>,
+    node: &str,
+    items: &[T],
+    k: i64,
+) {
+    if items.is_empty() {
+        return;
+    }
+    let here = by_node.entry(node.to_string()).or_default();
+    if k > 0 {
+        here.extend(items.iter().cloned());
+    } else {
+        for item in items {
+            if let Some(i) = here.iter().position(|x| x == item) {
+                here.swap_remove(i);
             }
         }
     }
