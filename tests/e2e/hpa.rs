@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 use gpu_node_autoscaler_core::policy::duration::parse_duration;
 
 use gpu_node_autoscaler_core::yaml;
-use gpu_node_autoscaler_test_support::hpa::{loopback_service, DcgmExporter, PrometheusAdapter};
+use gpu_node_autoscaler_test_support::hpa::Chain;
 use serde_json::Value;
 
 use crate::cluster::{ClusterOptions, REPO};
-use crate::prometheus::Prometheus;
 use crate::support::{Env, Options};
 use crate::MIN;
 
@@ -51,13 +50,6 @@ fn apply_list(env: &Env, docs: &[Value]) {
     env.kubectl_ok(&["apply", "-f", f.to_str().unwrap()]);
 }
 
-/// The chain, running until dropped.
-pub struct Chain {
-    pub exporter: DcgmExporter,
-    pub prometheus: Prometheus,
-    pub adapter: PrometheusAdapter,
-}
-
 /// A kwok world whose kube-controller-manager runs the HPA controller every 2 s (default 15 s).
 fn hpa_env(name: &str) -> Env {
     Env::start(
@@ -75,67 +67,16 @@ fn hpa_env(name: &str) -> Env {
     )
 }
 
-/// Starts the exporter stand-in, Prometheus scraping it, and the adapter as its ServiceAccount
-/// with `prometheus-adapter.yaml`'s rule, registered as the custom.metrics.k8s.io APIService;
-/// returns once the aggregator serves that API.
+/// The chain of `deploy/examples/gpu-hpa/prometheus-adapter.yaml` (Prometheus scraping every
+/// second, the adapter relisting every 2 s); returns once the aggregator serves its API.
 fn start_chain(env: &Env) -> Chain {
-    let exporter = DcgmExporter::start(&env.cluster);
-    let prometheus = Prometheus::start(&env.dir, "dcgm-exporter", exporter.port);
-    let docs = example("prometheus-adapter.yaml");
-    let kind = |d: &Value| d["kind"].as_str().unwrap_or("").to_string();
-    // Everything but the adapter's Deployment and Service (the adapter runs here, on loopback)
-    // and the APIServices (once it serves).
-    let rest: Vec<Value> = docs
-        .iter()
-        .filter(|d| !matches!(kind(d).as_str(), "Deployment" | "Service" | "APIService"))
-        .cloned()
-        .collect();
-    apply_list(env, &rest);
-    let config = docs
-        .iter()
-        .find(|d| kind(d) == "ConfigMap")
-        .and_then(|d| d["data"]["config.yaml"].as_str())
-        .expect("the adapter's rule ConfigMap in prometheus-adapter.yaml")
-        .to_string();
-    let token = env.kubectl_ok(&[
-        "create",
-        "token",
-        "prometheus-adapter",
-        "-n",
-        "monitoring",
-        "--duration=24h",
-    ]);
-    let kubeconfig = env
-        .cluster
-        .kubeconfig_with_token("prometheus-adapter", token.trim());
-    let adapter = PrometheusAdapter::start(&env.dir, &kubeconfig, &prometheus.url, &config);
-    // The APIServices as written, their Service reaching the adapter's loopback port.
-    let mut apiservices = Vec::new();
-    for d in docs.iter().filter(|d| kind(d) == "APIService") {
-        let mut d = d.clone();
-        let svc = &d["spec"]["service"];
-        env.apply(&loopback_service(
-            svc["namespace"].as_str().unwrap(),
-            svc["name"].as_str().unwrap(),
-        ));
-        d["spec"]["service"]["port"] = serde_json::json!(adapter.port);
-        apiservices.push(d);
-    }
-    assert_eq!(apiservices.len(), 2, "v1beta1 and v1beta2");
-    apply_list(env, &apiservices);
-    env.wait_for(
-        "the aggregator to serve custom.metrics.k8s.io/v1beta2",
-        2 * MIN,
-        || {
-            let out = env.kubectl(&["get", "--raw", "/apis/custom.metrics.k8s.io/v1beta2"]);
-            out.status.success().then_some(())
-        },
-    );
-    Chain {
-        exporter,
-        prometheus,
-        adapter,
-    }
+    Chain::start(
+        &env.cluster,
+        &env.dir,
+        Duration::from_secs(1),
+        Duration::from_secs(2),
+    )
+    .unwrap_or_else(|e| panic!("the HPA chain: {e}"))
 }
 
 /// The HPA's current average of the metric (as a number), once it has one.

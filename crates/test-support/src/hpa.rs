@@ -386,6 +386,24 @@ impl PrometheusAdapter {
         prometheus_url: &str,
         config: &str,
     ) -> PrometheusAdapter {
+        // Series discovery every 2 s (default 10 m), so a new pod's metric is served soon.
+        PrometheusAdapter::start_relisting(
+            dir,
+            kubeconfig,
+            prometheus_url,
+            config,
+            Duration::from_secs(2),
+        )
+    }
+
+    /// [`PrometheusAdapter::start`] with the series relisted every `relist`.
+    pub fn start_relisting(
+        dir: &Path,
+        kubeconfig: &Path,
+        prometheus_url: &str,
+        config: &str,
+        relist: Duration,
+    ) -> PrometheusAdapter {
         let dir = dir.join("prometheus-adapter");
         std::fs::create_dir_all(&dir).unwrap();
         let config_file = dir.join("config.yaml");
@@ -403,8 +421,7 @@ impl PrometheusAdapter {
                 &format!("--authorization-kubeconfig={kc}"),
                 &format!("--prometheus-url={prometheus_url}"),
                 &format!("--config={}", config_file.display()),
-                // Series discovery every 2 s (default 10 m), so a new pod's metric is served soon.
-                "--metrics-relist-interval=2s",
+                &format!("--metrics-relist-interval={}ms", relist.as_millis().max(1)),
                 "--v=2",
             ])
             .stdin(Stdio::null())
@@ -462,4 +479,120 @@ pub fn loopback_service(namespace: &str, name: &str) -> String {
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {namespace}\n\
          spec:\n  type: ExternalName\n  externalName: localhost\n"
     )
+}
+
+/// The repository's `deploy/examples/gpu-hpa/prometheus-adapter.yaml`: the adapter's RBAC, its
+/// rule ConfigMap, its Deployment and Service, and the two APIServices.
+pub const ADAPTER_EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/examples/gpu-hpa/prometheus-adapter.yaml"
+);
+
+/// The chain of a cluster, running until dropped: the exporter stand-in, the real Prometheus
+/// scraping it and the real prometheus-adapter serving it as `custom.metrics.k8s.io`.
+pub struct Chain {
+    pub exporter: DcgmExporter,
+    pub prometheus: crate::prometheus::Prometheus,
+    pub adapter: PrometheusAdapter,
+}
+
+impl Chain {
+    /// Starts the exporter stand-in, Prometheus scraping it every `scrape`, and the adapter as
+    /// its ServiceAccount with [`ADAPTER_EXAMPLE`]'s rule (series relisted every `relist`),
+    /// registered as the custom.metrics.k8s.io APIService as the example writes it, its Service
+    /// reaching the adapter's loopback port; returns once the aggregator serves that API. The
+    /// files go to `dir`.
+    pub fn start(
+        cluster: &Cluster,
+        dir: &Path,
+        scrape: Duration,
+        relist: Duration,
+    ) -> Result<Chain, String> {
+        let text = std::fs::read_to_string(ADAPTER_EXAMPLE)
+            .map_err(|e| format!("{ADAPTER_EXAMPLE}: {e}"))?;
+        let docs = gpu_node_autoscaler_core::yaml::parse_all(&text)
+            .map_err(|e| format!("{ADAPTER_EXAMPLE}: {e}"))?;
+        let exporter = DcgmExporter::start(cluster);
+        let prometheus =
+            crate::prometheus::Prometheus::start_every(dir, "dcgm-exporter", exporter.port, scrape);
+        let kind = |d: &Value| d["kind"].as_str().unwrap_or("").to_string();
+        let apply = |name: &str, items: &[Value]| -> Result<(), String> {
+            let f = dir.join(format!("{name}-{}.json", free_port()));
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+            std::fs::write(&f, list.to_string()).map_err(|e| format!("{}: {e}", f.display()))?;
+            cluster
+                .kubectl(&["apply", "-f", f.to_str().unwrap()])
+                .map(|_| ())
+        };
+        // Everything but the adapter's Deployment and Service (the adapter runs here, on
+        // loopback) and the APIServices (once it serves).
+        let rest: Vec<Value> = docs
+            .iter()
+            .filter(|d| !matches!(kind(d).as_str(), "Deployment" | "Service" | "APIService"))
+            .cloned()
+            .collect();
+        apply("adapter-rbac", &rest)?;
+        let config = docs
+            .iter()
+            .find(|d| kind(d) == "ConfigMap")
+            .and_then(|d| d["data"]["config.yaml"].as_str())
+            .ok_or_else(|| {
+                format!("{ADAPTER_EXAMPLE}: no ConfigMap with the adapter's config.yaml")
+            })?
+            .to_string();
+        let token = cluster.kubectl(&[
+            "create",
+            "token",
+            "prometheus-adapter",
+            "-n",
+            "monitoring",
+            "--duration=24h",
+        ])?;
+        let kubeconfig = cluster.kubeconfig_with_token("prometheus-adapter", token.trim());
+        let adapter =
+            PrometheusAdapter::start_relisting(dir, &kubeconfig, &prometheus.url, &config, relist);
+        let mut apiservices = Vec::new();
+        let mut services = Vec::new();
+        for d in docs.iter().filter(|d| kind(d) == "APIService") {
+            let mut d = d.clone();
+            let svc = &d["spec"]["service"];
+            let service = loopback_service(
+                svc["namespace"].as_str().unwrap_or_default(),
+                svc["name"].as_str().unwrap_or_default(),
+            );
+            services.push(
+                gpu_node_autoscaler_core::yaml::parse(&service)
+                    .map_err(|e| format!("the loopback Service: {e}"))?,
+            );
+            d["spec"]["service"]["port"] = serde_json::json!(adapter.port);
+            apiservices.push(d);
+        }
+        if apiservices.len() != 2 {
+            return Err(format!(
+                "{ADAPTER_EXAMPLE}: expected the v1beta1 and v1beta2 APIServices, found {}",
+                apiservices.len()
+            ));
+        }
+        services.dedup();
+        apply("adapter-services", &services)?;
+        apply("adapter-apiservices", &apiservices)?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while cluster
+            .kubectl(&["get", "--raw", "/apis/custom.metrics.k8s.io/v1beta2"])
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the aggregator does not serve custom.metrics.k8s.io/v1beta2 after 2 minutes: {}",
+                    adapter.log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok(Chain {
+            exporter,
+            prometheus,
+            adapter,
+        })
+    }
 }

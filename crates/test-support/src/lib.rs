@@ -4,8 +4,9 @@
 //! every signature), [`counting_alloc`] (a global allocator counting live heap bytes and their
 //! peak, for memory figures), [`cluster`] (the real Kubernetes control plane with kwok),
 //! [`dra_driver`] (NVIDIA's DRA driver's DeviceClasses and ResourceSlices for kwok Nodes), [`hpa`]
-//! (the GPU HPA chain: a dcgm-exporter stand-in and the real prometheus-adapter). Test
-//! code only: no product crate depends on it.
+//! (the GPU HPA chain: a dcgm-exporter stand-in, the real prometheus-adapter, and the chain
+//! started on a cluster), [`prometheus`] (a real Prometheus). Test code only: no product crate
+//! depends on it.
 
 #[cfg(feature = "cluster")]
 pub mod cluster;
@@ -18,6 +19,8 @@ pub mod ess;
 pub mod hpa;
 #[cfg(feature = "moto")]
 pub mod moto;
+#[cfg(feature = "cluster")]
+pub mod prometheus;
 
 /// Where a test tool built by one of the repository's scripts is: `$env_var` when set (as
 /// scripts/test.sh sets it), else what `bash scripts/SCRIPT print_flag` prints (the script only
