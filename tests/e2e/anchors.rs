@@ -20,6 +20,7 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_and_karpenter() {
         ours_bin: Some(env!("CARGO_BIN_EXE_gpu-node-autoscaler").into()),
         work_dir: work.clone(),
         max_time: None,
+        real_hpa: false,
     })
     .unwrap_or_else(|e| panic!("anchors: {e:#}"));
     assert!(reports[0].failed.is_empty(), "{:?}", reports[0].failed);
@@ -83,5 +84,48 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_and_karpenter() {
         table.contains("gpu-node-autoscaler") && table.contains("karpenter"),
         "{table}"
     );
+    let _ = std::fs::remove_dir_all(work);
+}
+
+/// `anchors --hpa real` on its HPA smoke at 20x, our controller only: the service's replicas come
+/// from kube-controller-manager's HPA on the pods' GPU utilisation (the dcgm-exporter stand-in
+/// driven by the scenario's load, the real Prometheus, the real prometheus-adapter), not from the
+/// simulator's model; every replica it makes while the load is high runs on a node we launched.
+#[test]
+fn anchors_hpa_real_chain_scales_the_service_and_every_replica_gets_a_node() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let work = std::env::temp_dir().join(format!("gna-e2e-anchors-hpa-{}", std::process::id()));
+    let (reports, bins) = measure(&Options {
+        scenarios: vec![root.join("simulations/anchors/smoke-hpa.yaml")],
+        time_scale: 20.0,
+        autoscalers: vec!["gpu-node-autoscaler".into()],
+        ours_bin: Some(env!("CARGO_BIN_EXE_gpu-node-autoscaler").into()),
+        work_dir: work.clone(),
+        max_time: None,
+        real_hpa: true,
+    })
+    .unwrap_or_else(|e| panic!("anchors: {e:#}"));
+    assert!(reports[0].failed.is_empty(), "{:?}", reports[0].failed);
+    let json = gpu_node_autoscaler_anchors::replay::to_json(&reports, &bins);
+    let scenario = &json["scenarios"][0];
+    assert_eq!(scenario["hpa"], "real", "{json:#}");
+    let m = &scenario["strategies"][0];
+    // One replica at 0.3 GPUs' worth (30 % against the 50 % target); at two GPUs' worth the HPA
+    // wants four, so it makes at least three more.
+    let made = m["hpa_replicas"].as_u64().unwrap();
+    assert!(made >= 4, "{json:#}");
+    assert_eq!(m["pods"], made, "{json:#}");
+    assert_eq!(m["pods_never_placed"], 0, "{json:#}");
+    // A g5.xlarge (one GPU) per replica running at once: at least four, at most the pool's 8.
+    let nodes = m["nodes_launched"].as_u64().unwrap();
+    assert!((4..=8).contains(&nodes), "{json:#}");
+    assert!(
+        m["wait_p50_s"].as_f64().unwrap() >= 0.0 && m["cost_usd"].as_f64().unwrap() > 0.0,
+        "{json:#}"
+    );
+    // Less than eight g5.xlarge on-demand ($1.006/h) for the whole run (under an hour).
+    assert!(m["cost_usd"].as_f64().unwrap() < 8.0 * 1.006, "{json:#}");
+    let table = gpu_node_autoscaler_anchors::replay::to_table(&reports, &bins);
+    assert!(table.contains("services scaled by the real HPA"), "{table}");
     let _ = std::fs::remove_dir_all(work);
 }

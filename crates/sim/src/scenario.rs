@@ -324,6 +324,31 @@ pub struct Scenario {
     pub dra_objects: Vec<Value>,
     /// The account's capacity reservations, times on the run's clock.
     pub reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
+    /// The HPA-scaled services as declared (their replicas, as the model scales them, are in
+    /// `pods`): what a replay with a real HPA runs instead of those replicas.
+    pub services: Vec<Service>,
+}
+
+/// An HPA-scaled service of a scenario, with the model's defaults filled in.
+#[derive(Clone, Debug)]
+pub struct Service {
+    pub name: String,
+    /// A replica as it is created (its name and owner are the model's first replica's).
+    pub template: gpu_node_autoscaler_core::model::Pod,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// Target GPU utilisation of a replica, in (0, 1].
+    pub target_utilization: f64,
+    /// GPU demand one replica serves at 100 % utilisation.
+    pub gpus_per_replica: f64,
+    pub sync: Ms,
+    pub scale_down_stabilization: Ms,
+    pub tolerance: f64,
+    pub metric_delay: Ms,
+    /// GPUs of demand from each time on (steps, sorted).
+    pub load: Vec<(Ms, f64)>,
+    /// The service ends (every replica is deleted) at this time.
+    pub until: Ms,
 }
 
 struct Errs<'a> {
@@ -764,6 +789,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             }
         }
     }
+    let mut services = Vec::new();
     for (si, s) in raw.services.iter().enumerate() {
         let at = |f: &str| path(&[k("services"), i(si), k(f)]);
         let h = &s.hpa;
@@ -858,6 +884,20 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 continue;
             }
         };
+        services.push(Service {
+            name: s.name.clone(),
+            template: template.clone(),
+            min_replicas: h.min_replicas,
+            max_replicas: h.max_replicas,
+            target_utilization: h.target_utilization,
+            gpus_per_replica: h.gpus_per_replica,
+            sync,
+            scale_down_stabilization: stab,
+            tolerance,
+            metric_delay,
+            load: load.clone(),
+            until: end,
+        });
         // The HPA, as kube-controller-manager's runs it on a `Pods` metric (GPU utilisation): every
         // sync it reads each replica's utilisation as it was `metricDelay` ago (the load shared
         // by the replicas, at most 100 % each: a GPU is never more than busy), recommends
@@ -1109,6 +1149,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             },
             device_classes: dra.classes,
             reservations,
+            services,
         }),
         _ => Err(errs.out.join("\n")),
     }

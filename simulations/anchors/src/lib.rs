@@ -45,6 +45,10 @@ pub struct Options {
     pub work_dir: PathBuf,
     /// Stop a run after this long of the scenario's time even if pods remain.
     pub max_time: Option<Duration>,
+    /// The scenario's services scaled by the real HPA chain (kube-controller-manager's HPA
+    /// controller, Prometheus, prometheus-adapter, the dcgm-exporter stand-in) instead of the
+    /// replicas of the simulator's model.
+    pub real_hpa: bool,
 }
 
 /// A scenario file and what replaying it takes: an error naming the file (and the pod) when it
@@ -53,6 +57,7 @@ pub fn load(
     path: &Path,
     time_scale: f64,
     max_time: Option<Duration>,
+    real_hpa: bool,
 ) -> Result<(gpu_node_autoscaler_sim::scenario::Scenario, replay::Setup)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -69,8 +74,15 @@ pub fn load(
         }
     };
     let cat = catalog::offerings_from_list_prices(&scenario.policy, types);
-    let setup = replay::Setup::new(&scenario, &raw["policy"], cat, time_scale, max_time)
-        .with_context(|| format!("{file}: cannot be replayed"))?;
+    let setup = replay::Setup::new(
+        &scenario,
+        &raw["policy"],
+        cat,
+        time_scale,
+        max_time,
+        real_hpa,
+    )
+    .with_context(|| format!("{file}: cannot be replayed"))?;
     Ok((scenario, setup))
 }
 
@@ -91,15 +103,19 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
     let bins = Binaries::find(&o.autoscalers, o.ours_bin.clone())?;
     let mut reports = Vec::new();
     for path in &o.scenarios {
-        let (scenario, setup) = load(path, o.time_scale, o.max_time)?;
+        let (scenario, setup) = load(path, o.time_scale, o.max_time, o.real_hpa)?;
         let mut results = Vec::new();
         let mut failed = Vec::new();
         for a in &o.autoscalers {
             eprintln!(
-                "anchors: {}: {a} (time scale {}; {} pods; at most {:.0} min of wall time)",
+                "anchors: {}: {a} (time scale {}; {} pods{}; at most {:.0} min of wall time)",
                 scenario.name,
                 o.time_scale,
                 setup.pods.len(),
+                setup.hpa.as_ref().map_or(String::new(), |h| format!(
+                    " and {} service(s) scaled by the real HPA",
+                    h.services.len()
+                )),
                 setup.deadline.as_secs_f64() / 60.0
             );
             let dir = o.work_dir.join(format!("{}-{a}", scenario.name));
@@ -118,6 +134,7 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
         reports.push(Report {
             scenario: scenario.name.clone(),
             time_scale: o.time_scale,
+            real_hpa: setup.hpa.is_some(),
             boot_s: setup.boot.as_secs_f64(),
             not_replayed: setup.not_replayed.clone(),
             results,
@@ -140,7 +157,7 @@ mod tests {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_stem().unwrap().to_string_lossy().to_string();
-            let got = load(&path, 10.0, None);
+            let got = load(&path, 10.0, None, false);
             match name.as_str() {
                 "mig-shared-mix" => {
                     // MIG slices and shared GPUs as the pods' extended resources.
@@ -224,5 +241,66 @@ mod tests {
             seen += 1;
         }
         assert_eq!(seen, 13);
+    }
+
+    /// With `--hpa real` a service's replicas are not replayed from the model: it becomes a
+    /// Deployment at its minimum and an `autoscaling/v2` HPA on the pods' GPU utilisation, its
+    /// windows and kube-controller-manager's sync scaled; the jobs are replayed as before.
+    #[test]
+    fn hpa_real_replaces_the_models_replicas_by_a_deployment_and_its_hpa() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let (_, model) = load(&dir.join("smoke-hpa.yaml"), 20.0, None, false).unwrap();
+        assert!(model.hpa.is_none());
+        assert!(model.pods.len() > 1, "the model's replicas are replayed");
+        let (_, real) = load(&dir.join("smoke-hpa.yaml"), 20.0, None, true).unwrap();
+        assert!(real.pods.is_empty(), "no replica of the model is replayed");
+        let h = real.hpa.as_ref().unwrap();
+        assert_eq!(
+            h.controller_manager_args,
+            [
+                "--horizontal-pod-autoscaler-sync-period=750ms",
+                "--horizontal-pod-autoscaler-tolerance=0.1"
+            ]
+        );
+        let chat = &h.services[0];
+        assert_eq!(chat.deployment["spec"]["replicas"], 1);
+        let pod = &chat.deployment["spec"]["template"];
+        assert_eq!(pod["metadata"]["labels"]["app"], "chat");
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"],
+            "1"
+        );
+        let spec = &chat.hpa["spec"];
+        assert_eq!(spec["maxReplicas"], 6);
+        assert_eq!(
+            spec["metrics"][0]["pods"]["metric"]["name"],
+            "DCGM_FI_DEV_GPU_UTIL"
+        );
+        assert_eq!(spec["metrics"][0]["pods"]["target"]["averageValue"], "50");
+        // 2 m of stabilisation at 20x; the 15 s policy periods at their 1 s least.
+        assert_eq!(
+            spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"],
+            6
+        );
+        assert_eq!(
+            spec["behavior"]["scaleUp"]["policies"][1]["periodSeconds"],
+            1
+        );
+        // The load steps at 5 m and 15 m, in wall time.
+        assert_eq!(chat.load_at(Duration::from_secs(14)), 0.3);
+        assert_eq!(chat.load_at(Duration::from_secs(15)), 2.0);
+        assert_eq!(chat.load_at(Duration::from_secs(45)), 0.3);
+        assert_eq!(chat.until, Duration::from_secs(75));
+
+        // A scenario with jobs beside its service keeps the jobs.
+        let bursty = dir.join("../scenarios/bursty-inference-hpa.yaml");
+        let (_, real) = load(&bursty, 20.0, None, true).unwrap();
+        assert!(!real.pods.is_empty());
+        assert!(real.pods.iter().all(|p| p.name.starts_with("embed-batch")));
+        // One without services is refused with the reason.
+        let e = load(&dir.join("smoke.yaml"), 20.0, None, true)
+            .err()
+            .unwrap();
+        assert!(format!("{e:#}").contains("no HPA-scaled services"), "{e:#}");
     }
 }

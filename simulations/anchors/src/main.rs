@@ -35,6 +35,11 @@ struct Args {
     /// Stop a run after this long of the scenario's time even if pods remain.
     #[arg(long, value_parser = parse_dur)]
     max_time: Option<Duration>,
+    /// `model`: replay the replicas of the simulator's HPA model; `real`: scale the scenario's
+    /// services with the real HPA chain (kube-controller-manager's HPA, Prometheus,
+    /// prometheus-adapter, a dcgm-exporter stand-in driven by the services' load).
+    #[arg(long, default_value = "model")]
+    hpa: String,
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
@@ -52,7 +57,13 @@ fn run(args: Args) -> Result<()> {
     if !matches!(args.format.as_str(), "table" | "json") {
         bail!("--format: expected table or json, got {:?}", args.format);
     }
+    let real_hpa = match args.hpa.as_str() {
+        "model" => false,
+        "real" => true,
+        other => bail!("--hpa: expected model or real, got {other:?}"),
+    };
     let options = Options {
+        real_hpa,
         scenarios: args.scenarios,
         time_scale: args.time_scale,
         autoscalers: args.autoscalers,

@@ -8,15 +8,18 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
+use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
+use gpu_node_autoscaler_core::model::labels::NVIDIA_PRODUCT;
 use gpu_node_autoscaler_core::model::resources::{ALIYUN_GPU_CORE, ALIYUN_GPU_MEM};
 use gpu_node_autoscaler_core::model::{OwnerKind, Pod};
-use gpu_node_autoscaler_provider::{CapacityType, Catalog};
+use gpu_node_autoscaler_provider::{CapacityType, Catalog, GpuVendor};
 use gpu_node_autoscaler_sim::scenario::Scenario;
 use gpu_node_autoscaler_sim::CloudEvent;
 use gpu_node_autoscaler_test_support::cluster::{
     free_port, Cluster, ClusterOptions, KWOK_STAGES, REPO,
 };
 use gpu_node_autoscaler_test_support::dra_driver;
+use gpu_node_autoscaler_test_support::hpa::Chain;
 
 use crate::config;
 
@@ -192,6 +195,122 @@ pub struct Setup {
     /// The pools whose Nodes get a ResourceSlice from the DRA driver stand-in once Ready, with
     /// the MIG layout their GPUs are partitioned into.
     pub dra_pools: BTreeMap<String, Option<Vec<(String, u32)>>>,
+    /// With `--hpa real`: the scenario's services, scaled by the real HPA chain instead of
+    /// replaying the model's replicas.
+    pub hpa: Option<RealHpa>,
+}
+
+/// The real HPA chain of a replay: kube-controller-manager's HPA controller, the real
+/// Prometheus and prometheus-adapter, the dcgm-exporter stand-in driven by each service's load.
+pub struct RealHpa {
+    pub services: Vec<RealService>,
+    /// kube-controller-manager's flags: the HPA's sync period and tolerance, scaled.
+    pub controller_manager_args: Vec<String>,
+    /// Prometheus's scrape interval and the adapter's relist interval (wall time).
+    pub scrape: Duration,
+    pub relist: Duration,
+}
+
+/// A service whose replicas come from a real HPA: its Deployment (starting at `minReplicas`)
+/// and HorizontalPodAutoscaler, its load in GPUs' worth from each (wall) time on, and when it
+/// ends (both deleted).
+pub struct RealService {
+    pub name: String,
+    pub deployment: Value,
+    pub hpa: Value,
+    pub load: Vec<(Duration, f64)>,
+    pub until: Duration,
+    /// GPU equivalents of one replica.
+    pub gpus: f64,
+}
+
+impl RealService {
+    /// The load at `t` (wall time from the start).
+    pub fn load_at(&self, t: Duration) -> f64 {
+        self.load
+            .iter()
+            .take_while(|(at, _)| *at <= t)
+            .last()
+            .or(self.load.first())
+            .map_or(0.0, |x| x.1)
+    }
+}
+
+/// The label on a real-HPA service's replicas naming the service.
+const SERVICE: &str = "anchors.gpu-node-autoscaler.io/service";
+
+/// A scenario's service as a Deployment and an `autoscaling/v2` HPA on the pods' GPU
+/// utilisation (`DCGM_FI_DEV_GPU_UTIL` through `deploy/examples/gpu-hpa`'s adapter rule), its
+/// behaviour as kube-controller-manager's defaults and the model's parameters say, every
+/// duration divided by `scale` (whole seconds where the API takes seconds, at least 1).
+fn real_service(
+    svc: &gpu_node_autoscaler_sim::scenario::Service,
+    wall: &dyn Fn(i64) -> Duration,
+    scale: f64,
+) -> Result<RealService> {
+    let name = dns_name(&svc.name);
+    let mut pod = pod_object(&svc.template, None)?;
+    pod["metadata"]["labels"]["app"] = json!(name);
+    pod["metadata"]["labels"][SERVICE] = json!(name);
+    pod["spec"]["restartPolicy"] = json!("Always");
+    let deployment = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": svc.min_replicas,
+            "selector": {"matchLabels": {SERVICE: name}},
+            "template": pod,
+        },
+    });
+    let secs = |ms: i64| ((ms as f64 / 1000.0 / scale).round() as i64).max(1);
+    // The default scale-up behaviour (100 % or 4 pods per 15 s, the larger) and scale-down
+    // (100 % per 15 s after the stabilisation window).
+    let period = secs(15_000);
+    let hpa = json!({
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": svc.min_replicas,
+            "maxReplicas": svc.max_replicas,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": "DCGM_FI_DEV_GPU_UTIL"},
+                "target": {"type": "AverageValue",
+                           "averageValue": format!("{}", (svc.target_utilization * 100.0).round() as i64)},
+            }}],
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max", "policies": [
+                    {"type": "Percent", "value": 100, "periodSeconds": period},
+                    {"type": "Pods", "value": 4, "periodSeconds": period},
+                ]},
+                "scaleDown": {
+                    "stabilizationWindowSeconds": if svc.scale_down_stabilization > 0 { secs(svc.scale_down_stabilization) } else { 0 },
+                    "policies": [{"type": "Percent", "value": 100, "periodSeconds": period}],
+                },
+            },
+        },
+    });
+    // The model serves `gpusPerReplica` GPUs of demand with a replica at 100 %; the exporter
+    // stand-in reports a pod's share of the load against its own GPUs.
+    let gpus = svc.template.gpu_equivalents();
+    if (gpus - svc.gpus_per_replica).abs() > 1e-9 {
+        bail!(
+            "service {}: gpusPerReplica {} differs from the GPUs a replica requests ({gpus}); \
+             the real chain measures utilisation against the replica's own GPUs",
+            svc.name,
+            svc.gpus_per_replica
+        );
+    }
+    Ok(RealService {
+        name,
+        deployment,
+        hpa,
+        load: svc.load.iter().map(|&(at, g)| (wall(at), g)).collect(),
+        until: wall(svc.until),
+        gpus,
+    })
 }
 
 fn dns_name(s: &str) -> String {
@@ -357,6 +476,7 @@ impl Setup {
         catalog: Catalog,
         scale: f64,
         max_time: Option<Duration>,
+        real_hpa: bool,
     ) -> Result<Setup> {
         // The kwok providers of the three products have no capacity reservations: a replay
         // without them would compare another workload than the scenario's.
@@ -369,7 +489,52 @@ impl Setup {
         let wall = |ms: i64| Duration::from_secs_f64(ms.max(0) as f64 / 1000.0 / scale);
         let mut pods = Vec::new();
         let mut end = Duration::ZERO;
-        for (i, wp) in s.pods.iter().enumerate() {
+        let hpa = if real_hpa {
+            if s.services.is_empty() {
+                bail!("--hpa real: the scenario has no HPA-scaled services");
+            }
+            let tolerance = s.services[0].tolerance;
+            if s.services.iter().any(|x| x.tolerance != tolerance) {
+                bail!("--hpa real: the services' HPA tolerances differ (kube-controller-manager has one)");
+            }
+            let sync = s.services[0].sync;
+            if s.services.iter().any(|x| x.sync != sync) {
+                bail!("--hpa real: the services' HPA sync periods differ (kube-controller-manager has one)");
+            }
+            let services = s
+                .services
+                .iter()
+                .map(|x| real_service(x, &wall, scale))
+                .collect::<Result<Vec<_>>>()?;
+            for x in &services {
+                end = end.max(x.until);
+            }
+            let every = |ms: i64| format!("{}ms", (wall(ms).as_millis()).max(1));
+            Some(RealHpa {
+                services,
+                controller_manager_args: vec![
+                    format!("--horizontal-pod-autoscaler-sync-period={}", every(sync)),
+                    format!("--horizontal-pod-autoscaler-tolerance={tolerance}"),
+                ],
+                // A 15 s scrape and a 30 s relist of the adapter's series, scaled.
+                scrape: wall(15_000).max(Duration::from_millis(250)),
+                relist: wall(30_000).max(Duration::from_millis(500)),
+            })
+        } else {
+            None
+        };
+        let from_service = |wp: &gpu_node_autoscaler_sim::WorkloadPod| {
+            hpa.is_some()
+                && wp.pod.owner.as_ref().is_some_and(|o| {
+                    o.kind == OwnerKind::ReplicaSet && s.services.iter().any(|x| x.name == o.name)
+                })
+        };
+        for (i, wp) in s
+            .pods
+            .iter()
+            .enumerate()
+            .filter(|(_, wp)| !from_service(wp))
+        {
             let name = dns_name(&format!("{}-{i}", wp.pod.id.name));
             let run = wp.duration.map(wall);
             let replica_set = wp
@@ -463,6 +628,7 @@ impl Setup {
             pods,
             dra_objects,
             dra_pools,
+            hpa,
             our_policy: config::our_policy(raw_policy, policy, scale)?,
             karpenter_types: config::karpenter_instance_types(policy, &catalog)?,
             karpenter_objects: config::karpenter_objects(policy, &catalog, scale)?,
@@ -581,6 +747,8 @@ pub struct Measured {
     pub nodes_launched: usize,
     pub pods: usize,
     pub pods_never_placed: usize,
+    /// With a real HPA: the replicas it created, and how many of them never ran.
+    pub hpa_replicas: Option<(usize, usize)>,
     pub cost_by_offering: BTreeMap<String, f64>,
     pub wall_s: f64,
     pub unpriced_nodes: Vec<String>,
@@ -826,7 +994,14 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             quiet: true,
             // The node lifecycle controller takes the not-ready taint off a Node that turned Ready
             // at its next look: every second instead of five.
-            controller_manager_args: vec!["--node-monitor-period=1s".into()],
+            controller_manager_args: std::iter::once("--node-monitor-period=1s".to_string())
+                .chain(
+                    setup
+                        .hpa
+                        .iter()
+                        .flat_map(|h| h.controller_manager_args.iter().cloned()),
+                )
+                .collect(),
             // kube-scheduler's retry back-off (1 s, doubling to 10 s) scaled like every other
             // duration, as far as its whole seconds allow (1 s at the least).
             scheduler_backoff_s: Some(config::scheduler_backoff_s(setup.scale)),
@@ -854,6 +1029,13 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             &json!({"apiVersion": "v1", "kind": "List", "items": setup.dra_objects}),
         )?;
     }
+    let chain = match &setup.hpa {
+        Some(h) => Some(
+            Chain::start(&cluster, dir, h.scrape, h.relist)
+                .map_err(|e| anyhow!("the HPA chain: {e}"))?,
+        ),
+        None => None,
+    };
     let (mut proc, port, ready) = start_autoscaler(setup, which, bins, &cluster, dir)?;
     let ready_by = Instant::now() + Duration::from_secs(120);
     while !http_ok(port, ready) {
@@ -867,6 +1049,31 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
     }
 
     let t0 = Instant::now();
+    // The real-HPA services: their load from the start, their Deployment and HPA created now.
+    let services: &[RealService] = setup.hpa.as_ref().map_or(&[], |h| &h.services);
+    let mut services_ended = vec![false; services.len()];
+    if let Some(chain) = &chain {
+        let mut items = Vec::new();
+        for x in services {
+            chain
+                .exporter
+                .set_load(NAMESPACE, &x.name, x.load_at(Duration::ZERO));
+            items.push(x.deployment.clone());
+            items.push(x.hpa.clone());
+        }
+        apply_json(
+            &cluster,
+            dir,
+            "services.json",
+            &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        )?;
+    }
+    // The real HPA's replicas by pod name: what was seen of each, and its service.
+    let mut replicas: BTreeMap<String, (PodSeen, usize)> = BTreeMap::new();
+    // The replicas of the last look (not being deleted), and those still waiting for a node
+    // when their service ended.
+    let mut replicas_present: HashSet<String> = HashSet::new();
+    let mut waiting_at_end: HashSet<String> = HashSet::new();
     let mut next_create = 0usize;
     let mut deleted: Vec<bool> = vec![false; setup.pods.len()];
     let index: HashMap<&str, usize> = setup
@@ -909,6 +1116,37 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 json!({"apiVersion": "v1", "kind": "List", "items": batch}).to_string(),
             )?;
             kubectl(&cluster, &["create", "-f", f.to_str().unwrap()])?;
+        }
+        // The services' load now; a service past its end is deleted with its HPA.
+        if let Some(chain) = &chain {
+            for (k, x) in services.iter().enumerate() {
+                if services_ended[k] {
+                    continue;
+                }
+                if now >= x.until {
+                    kubectl(
+                        &cluster,
+                        &[
+                            "delete",
+                            "-n",
+                            NAMESPACE,
+                            "--wait=false",
+                            "--ignore-not-found",
+                            &format!("hpa/{}", x.name),
+                            &format!("deployment/{}", x.name),
+                        ],
+                    )?;
+                    chain.exporter.set_load(NAMESPACE, &x.name, 0.0);
+                    services_ended[k] = true;
+                    for (name, (p, svc)) in &replicas {
+                        if *svc == k && p.running.is_none() && replicas_present.contains(name) {
+                            waiting_at_end.insert(name.clone());
+                        }
+                    }
+                } else {
+                    chain.exporter.set_load(NAMESPACE, &x.name, x.load_at(now));
+                }
+            }
         }
         // Replicas removed (an HPA scaling in, or a replica that has run its time).
         let due: Vec<usize> = (0..next_create)
@@ -958,6 +1196,9 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         };
         let mut present = HashSet::new();
         let mut running_now = vec![false; setup.pods.len()];
+        let mut running_replicas: HashSet<String> = HashSet::new();
+        let mut to_label: Vec<(String, String)> = Vec::new();
+        replicas_present.clear();
         let mut slices = Vec::new();
         let mut pod_index: HashMap<String, usize> = HashMap::new();
         for o in v["items"].as_array().into_iter().flatten() {
@@ -983,6 +1224,19 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                     .as_str()
                     .unwrap_or("")
                     .to_string();
+                // With the real HPA chain, GPU feature discovery's product label on every NVIDIA
+                // GPU Node, whoever launched it (the dcgm-exporter stand-in reports the GPUs of
+                // labelled Nodes, as the real exporter runs on the GPU Nodes GFD labelled).
+                if setup.hpa.is_some() && labels[NVIDIA_PRODUCT].is_null() {
+                    if let Some(g) = setup
+                        .catalog
+                        .instance_type(&instance_type)
+                        .and_then(|t| t.gpu.as_ref())
+                        .filter(|g| g.vendor == GpuVendor::Nvidia)
+                    {
+                        to_label.push((name.clone(), nvidia_product_label(&g.model, g.memory_mib)));
+                    }
+                }
                 // The instance type's GPUs (Karpenter's kwok Nodes advertise only what their
                 // NodeClaim asked for as capacity), else what the Node advertises.
                 let gpus: i64 = match setup.catalog.instance_type(&instance_type) {
@@ -1003,6 +1257,35 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 n.last = seen_at;
                 n.capacity_type = n.capacity_type.or(ct);
                 n.gpus = n.gpus.max(gpus);
+            } else if let (true, Some(k)) = (
+                o["kind"] == "Pod",
+                o["metadata"]["labels"][SERVICE]
+                    .as_str()
+                    .and_then(|svc| services.iter().position(|x| x.name == svc)),
+            ) {
+                // A replica of the real HPA: waited for from the first look that saw it.
+                let (p, _) = replicas.entry(name.clone()).or_insert_with(|| {
+                    (
+                        PodSeen {
+                            created: Some(seen_at),
+                            ..PodSeen::default()
+                        },
+                        k,
+                    )
+                });
+                let phase = o["status"]["phase"].as_str().unwrap_or("");
+                if phase == "Running" {
+                    p.running.get_or_insert(seen_at);
+                    if p.node.is_none() {
+                        p.node = o["spec"]["nodeName"].as_str().map(str::to_string);
+                    }
+                }
+                if o["metadata"]["deletionTimestamp"].is_null() {
+                    replicas_present.insert(name.clone());
+                    if phase == "Running" {
+                        running_replicas.insert(name.clone());
+                    }
+                }
             } else if let (true, Some(&i)) = (
                 o["kind"] == "Pod",
                 o["metadata"]["labels"][WORKLOAD]
@@ -1060,6 +1343,18 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             )?;
             kubectl(&cluster, &["create", "-f", f.to_str().unwrap()])?;
         }
+        for (node, product) in to_label {
+            // A Node deleted meanwhile is no error.
+            let _ = kubectl(
+                &cluster,
+                &[
+                    "label",
+                    "node",
+                    &node,
+                    &format!("{NVIDIA_PRODUCT}={product}"),
+                ],
+            );
+        }
         for (name, n) in nodes.iter_mut() {
             if !present.contains(name) {
                 n.gone = true;
@@ -1075,7 +1370,19 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 p.running_at = None;
             }
         }
-        let all_done = next_create == setup.pods.len() && pods.iter().all(|p| p.finished.is_some());
+        for (name, (p, _)) in replicas.iter_mut() {
+            if running_replicas.contains(name) {
+                if let Some(t) = p.running_at {
+                    p.ran += seen_at.saturating_sub(t);
+                }
+                p.running_at = Some(seen_at);
+            } else {
+                p.running_at = None;
+            }
+        }
+        let all_done = next_create == setup.pods.len()
+            && pods.iter().all(|p| p.finished.is_some())
+            && services_ended.iter().all(|&e| e);
         let fleet_gone = nodes.values().all(|n| n.gone);
         if (all_done && fleet_gone && !nodes.is_empty()) || now > setup.deadline {
             break;
@@ -1109,10 +1416,22 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             None => unpriced.push(name.clone()),
         }
     }
-    let mut waited: Vec<(f64, usize)> = pods
+    // Every pod measured: the workload's, then the real HPA's replicas, with their GPUs.
+    let all: Vec<(&str, &PodSeen, f64)> = setup
+        .pods
+        .iter()
+        .zip(&pods)
+        .map(|(w, p)| (w.name.as_str(), p, w.gpus + p.claimed_gpus))
+        .chain(
+            replicas
+                .iter()
+                .map(|(name, (p, k))| (name.as_str(), p, services[*k].gpus)),
+        )
+        .collect();
+    let mut waited: Vec<(f64, usize)> = all
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| Some((model(p.running?.saturating_sub(p.created?)), i)))
+        .filter_map(|(i, (_, p, _))| Some((model(p.running?.saturating_sub(p.created?)), i)))
         .collect();
     waited.sort_by(|a, b| a.0.total_cmp(&b.0));
     let waits: Vec<f64> = waited.iter().map(|w| w.0).collect();
@@ -1122,17 +1441,13 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         .rev()
         .take(LONGEST_WAITS)
         .map(|&(w, i)| LongWait {
-            workload: setup.pods[i].name.clone(),
+            workload: all[i].0.to_string(),
             wait_s: w,
-            node: pods[i].node.clone().unwrap_or_default(),
+            node: all[i].1.node.clone().unwrap_or_default(),
         })
         .collect();
-    let pod_gpu_s: f64 = pods
-        .iter()
-        .zip(&setup.pods)
-        .map(|(p, w)| model(p.ran) * (w.gpus + p.claimed_gpus))
-        .sum();
-    let first_pod = pods.iter().filter_map(|p| p.created).min();
+    let pod_gpu_s: f64 = all.iter().map(|(_, p, g)| model(p.ran) * g).sum();
+    let first_pod = all.iter().filter_map(|(_, p, _)| p.created).min();
     let first_node = nodes.values().map(|n| n.first).min();
     Ok(Measured {
         autoscaler: which.to_string(),
@@ -1151,8 +1466,20 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             _ => None,
         },
         nodes_launched: nodes.len(),
-        pods: setup.pods.len(),
-        pods_never_placed: pods.iter().filter(|p| p.running.is_none()).count(),
+        pods: all.len(),
+        // A replica the HPA removed before it ran was demand that went away, not a pod left
+        // without a node; one that still waited when its service ended was not placed.
+        pods_never_placed: pods.iter().filter(|p| p.running.is_none()).count()
+            + waiting_at_end.len(),
+        hpa_replicas: (!services.is_empty()).then(|| {
+            (
+                replicas.len(),
+                replicas
+                    .values()
+                    .filter(|(p, _)| p.running.is_none())
+                    .count(),
+            )
+        }),
         cost_by_offering: by_offering,
         wall_s: started.elapsed().as_secs_f64(),
         unpriced_nodes: unpriced,
@@ -1163,6 +1490,8 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
 pub struct Report {
     pub scenario: String,
     pub time_scale: f64,
+    /// The services were scaled by the real HPA chain (else their replicas are the model's).
+    pub real_hpa: bool,
     /// The scenario's time from a Node's creation to its being Ready with its GPUs.
     pub boot_s: f64,
     pub not_replayed: Vec<String>,
@@ -1185,6 +1514,7 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
         "scenarios": reports.iter().map(|r| json!({
             "name": r.scenario,
             "time_scale": r.time_scale,
+            "hpa": if r.real_hpa { "real" } else { "model" },
             "node_ready_after_s": r.boot_s,
             "not_replayed": r.not_replayed,
             "failed": r.failed.iter().map(|(a, e)| json!({"strategy": a, "error": e})).collect::<Vec<_>>(),
@@ -1202,6 +1532,8 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
                 "nodes_launched": m.nodes_launched,
                 "pods": m.pods,
                 "pods_never_placed": m.pods_never_placed,
+                "hpa_replicas": m.hpa_replicas.map(|r| r.0),
+                "hpa_replicas_never_running": m.hpa_replicas.map(|r| r.1),
                 "cost_by_offering": m.cost_by_offering.iter().map(|(k, v)| (k.clone(), round(*v, 2))).collect::<BTreeMap<_, _>>(),
                 "unpriced_nodes": m.unpriced_nodes,
                 "wall_s": round(m.wall_s, 1),
@@ -1224,8 +1556,15 @@ pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
     ));
     for r in reports {
         out.push_str(&format!(
-            "\n{} (time compressed {}x; nodes Ready {:.0} s after creation; figures in the scenario's time)\n",
-            r.scenario, r.time_scale, r.boot_s
+            "\n{} (time compressed {}x; nodes Ready {:.0} s after creation; {}; figures in the scenario's time)\n",
+            r.scenario,
+            r.time_scale,
+            r.boot_s,
+            if r.real_hpa {
+                "services scaled by the real HPA"
+            } else {
+                "the services' replicas from the simulator's HPA model"
+            }
         ));
         out.push_str(&format!(
             "{:<22} {:>10} {:>9} {:>9} {:>9} {:>8} {:>11} {:>6} {:>8}\n",
@@ -1252,6 +1591,12 @@ pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
                 m.nodes_launched,
                 m.pods_never_placed,
             ));
+            if let Some((made, never)) = m.hpa_replicas {
+                out.push_str(&format!(
+                    "{:<22} the HPA made {made} replicas, {never} never ran (removed by a scale-in or at the service's end while waiting)\n",
+                    ""
+                ));
+            }
         }
         for n in &r.not_replayed {
             out.push_str(&format!("  not replayed: {n}\n"));
