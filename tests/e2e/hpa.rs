@@ -512,17 +512,19 @@ fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_dela
     }
 }
 
-/// An H100 pool partitioned into seven 1g.10gb slices a GPU (`hpa-mig.yaml`'s Deployment asks
-/// for one slice a replica).
+/// An H100 pool whose GPUs are each partitioned into a 1g.10gb, a 2g.20gb and a 3g.40gb slice
+/// (`hpa-mig.yaml`'s Deployment asks for one 1g.10gb slice a replica): eight replicas to a
+/// p5.48xlarge, so a ninth needs a second node.
 const MIG_POLICY: &str = "clusterName: e2e\nzones: [us-east-1a]\n\
 batching: {idle: 1s, max: 3s}\nmaxNodeProvisionTime: 2m\n\
 pools:\n- name: kwok-h100\n  provider: kwok\n  instanceTypes: [p5.48xlarge]\n\
-\x20 capacityTypes: [on-demand]\n  maxNodes: 2\n  gpuMode: mig\n  migLayout: {1g.10gb: 7}\n\
+\x20 capacityTypes: [on-demand]\n  maxNodes: 2\n  gpuMode: mig\n  migLayout: {1g.10gb: 1, 2g.20gb: 1, 3g.40gb: 1}\n\
 \x20 taints:\n  - {key: nvidia.com/gpu, value: \"true\", effect: NoSchedule}\n\
 \x20 scaleDown: {cooldownAfterScaleUp: 5s, unneededTime: 10s}\n";
 
 #[test]
-fn hpa_scales_mig_slice_replicas_on_their_slices_activity_onto_the_h100_node_we_launched() {
+fn hpa_scales_mig_slice_replicas_on_their_slices_activity_onto_h100_nodes_we_launch_and_hands_the_emptied_one_back(
+) {
     const MIG_APP: &str = "triton-mig";
     let mut env = hpa_env("hpa-mig");
     env.create(&env.policy_configmap(MIG_POLICY));
@@ -546,10 +548,10 @@ fn hpa_scales_mig_slice_replicas_on_their_slices_activity_onto_the_h100_node_we_
         "{unschedulable:?}"
     );
     let nodes = launched_nodes(&env, "kwok-h100");
-    assert_eq!(nodes.len(), 1, "one p5.48xlarge: 56 slices");
+    assert_eq!(nodes.len(), 1, "one p5.48xlarge: eight 1g.10gb slices");
     let node = env.get_json(&["get", "node", &nodes[0]]);
     assert_eq!(
-        node["status"]["capacity"]["nvidia.com/mig-1g.10gb"], "56",
+        node["status"]["capacity"]["nvidia.com/mig-1g.10gb"], "8",
         "{node}"
     );
     // The slice's activity, per MIG instance, through Prometheus and the adapter.
@@ -579,6 +581,51 @@ fn hpa_scales_mig_slice_replicas_on_their_slices_activity_onto_the_h100_node_we_
     assert_eq!(launched_nodes(&env, "kwok-h100").len(), 1);
     let m = hpa_metric(&env, MIG_APP).unwrap();
     assert!((m - 0.5).abs() < 0.01, "four replicas at half a slice: {m}");
+
+    // 4.5 slices' worth: 4 → 8 → 9 replicas; the ninth finds no 1g.10gb slice free and we
+    // launch a second node for it.
+    chain.exporter.set_load(NS, MIG_APP, 4.5);
+    let two = env.wait_for("nine replicas Running on two nodes", 6 * MIN, || {
+        let nodes = launched_nodes(&env, "kwok-h100");
+        assert!(nodes.len() <= 2, "eight slices a node: {nodes:?}");
+        (replicas(&env, MIG_APP) == (9, 9, 0) && nodes.len() == 2).then_some(nodes)
+    });
+
+    // Load falls to 0.3 of a slice: after its 60 s window the HPA goes back to one replica; the
+    // node left without one goes after the pool's 10 s unneeded time, the other stays.
+    chain.exporter.set_load(NS, MIG_APP, 0.3);
+    let left = env.wait_for("one replica Running and one node left", 4 * MIN, || {
+        let nodes = launched_nodes(&env, "kwok-h100");
+        (replicas(&env, MIG_APP) == (1, 1, 0) && nodes.len() == 1).then_some(nodes)
+    });
+    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", &format!("app={MIG_APP}")]);
+    let on: Vec<&str> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["spec"]["nodeName"].as_str())
+        .collect();
+    assert_eq!(on, [left[0].as_str()], "the replica's node stays");
+    let events = env.events("ScaleDown");
+    let removed: Vec<&String> = events
+        .iter()
+        .filter(|e| {
+            two.iter()
+                .any(|n| n != &left[0] && e.starts_with(&format!("{n}:")))
+        })
+        .collect();
+    assert_eq!(removed.len(), 1, "{events:?}");
+    let idle = removed[0]
+        .split("empty (no GPU pods) for ")
+        .nth(1)
+        .and_then(|d| parse_duration(d.split_whitespace().next()?).ok())
+        .unwrap_or_else(|| panic!("{}", removed[0]));
+    assert!(
+        idle >= Duration::from_secs(10),
+        "removed only after the pool's unneeded time: {}",
+        removed[0]
+    );
 }
 
 /// Every manifest of `deploy/examples/gpu-hpa/` passes the API server's own validation, field by
@@ -650,7 +697,8 @@ pools:\n- name: kwok-shared\n  provider: kwok\n  instanceTypes: [g5.xlarge]\n\
 \x20 scaleDown: {cooldownAfterScaleUp: 5s, unneededTime: 10s}\n";
 
 #[test]
-fn hpa_scales_shared_gpu_replicas_and_we_launch_a_node_only_when_the_shares_run_out() {
+fn hpa_scales_shared_gpu_replicas_and_we_launch_a_node_only_when_the_shares_run_out_and_hand_it_back_on_scale_in(
+) {
     const SHARED_APP: &str = "triton-shared";
     let mut env = hpa_env("hpa-shared");
     env.create(&env.policy_configmap(SHARED_POLICY));
@@ -706,4 +754,42 @@ fn hpa_scales_shared_gpu_replicas_and_we_launch_a_node_only_when_the_shares_run_
         .filter(|p| p["spec"]["nodeName"] == first[0].as_str())
         .count();
     assert_eq!(on_first, 2, "two replicas share the first node's GPU");
+
+    // Load falls to 0.3 GPUs' worth: after its 60 s window the HPA goes back to one replica.
+    // Three of the four shares go, so one node is left with none: it goes after the pool's 10 s
+    // unneeded time, and the node with the remaining replica stays.
+    let two = launched_nodes(&env, "kwok-shared");
+    chain.exporter.set_load(NS, SHARED_APP, 0.3);
+    let left = env.wait_for("one replica Running and one node left", 4 * MIN, || {
+        let nodes = launched_nodes(&env, "kwok-shared");
+        (replicas(&env, SHARED_APP) == (1, 1, 0) && nodes.len() == 1).then_some(nodes)
+    });
+    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", "app=triton-shared"]);
+    let on: Vec<&str> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["spec"]["nodeName"].as_str())
+        .collect();
+    assert_eq!(on, [left[0].as_str()], "the replica's node stays");
+    let events = env.events("ScaleDown");
+    let removed: Vec<&String> = events
+        .iter()
+        .filter(|e| {
+            two.iter()
+                .any(|n| n != &left[0] && e.starts_with(&format!("{n}:")))
+        })
+        .collect();
+    assert_eq!(removed.len(), 1, "{events:?}");
+    let idle = removed[0]
+        .split("empty (no GPU pods) for ")
+        .nth(1)
+        .and_then(|d| parse_duration(d.split_whitespace().next()?).ok())
+        .unwrap_or_else(|| panic!("{}", removed[0]));
+    assert!(
+        idle >= Duration::from_secs(10),
+        "removed only after the pool's unneeded time: {}",
+        removed[0]
+    );
 }
