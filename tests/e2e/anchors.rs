@@ -115,6 +115,10 @@ fn anchors_hpa_real_chain_scales_the_service_and_every_replica_gets_a_node() {
     let made = m["hpa_replicas"].as_u64().unwrap();
     assert!(made >= 4, "{json:#}");
     assert_eq!(m["pods"], made, "{json:#}");
+    assert!(m["hpa_peak_replicas"].as_u64().unwrap() >= 4, "{json:#}");
+    assert!(m["hpa_replica_hours"].as_f64().unwrap() > 0.0, "{json:#}");
+    // The model's replicas of the same service, for comparison.
+    assert!(scenario["hpa_model"]["peak_replicas"].as_u64().unwrap() >= 4, "{json:#}");
     assert_eq!(m["pods_never_placed"], 0, "{json:#}");
     // A g5.xlarge (one GPU) per replica running at once: at least four, at most the pool's 8.
     let nodes = m["nodes_launched"].as_u64().unwrap();

@@ -134,7 +134,7 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
         reports.push(Report {
             scenario: scenario.name.clone(),
             time_scale: o.time_scale,
-            real_hpa: setup.hpa.is_some(),
+            real_hpa: setup.hpa.as_ref().map(|h| h.model),
             boot_s: setup.boot.as_secs_f64(),
             not_replayed: setup.not_replayed.clone(),
             results,
@@ -255,6 +255,13 @@ mod tests {
         let (_, real) = load(&dir.join("smoke-hpa.yaml"), 20.0, None, true).unwrap();
         assert!(real.pods.is_empty(), "no replica of the model is replayed");
         let h = real.hpa.as_ref().unwrap();
+        // The model's replicas, not replayed, are kept for comparison.
+        assert_eq!(h.model.replicas, model.pods.len());
+        assert!(
+            h.model.peak >= 4 && h.model.replica_hours > 0.0,
+            "{:?}",
+            h.model
+        );
         assert_eq!(
             h.controller_manager_args,
             [

@@ -209,6 +209,17 @@ pub struct RealHpa {
     /// Prometheus's scrape interval and the adapter's relist interval (wall time).
     pub scrape: Duration,
     pub relist: Duration,
+    /// What the simulator's HPA model made of the same services (the replicas not replayed),
+    /// for comparison: replicas, replica-hours, most at once.
+    pub model: HpaModelSeen,
+}
+
+/// The replicas of the simulator's HPA model for a scenario's services.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HpaModelSeen {
+    pub replicas: usize,
+    pub replica_hours: f64,
+    pub peak: usize,
 }
 
 /// A service whose replicas come from a real HPA: its Deployment (starting at `minReplicas`)
@@ -519,16 +530,42 @@ impl Setup {
                 // A 15 s scrape and a 30 s relist of the adapter's series, scaled.
                 scrape: wall(15_000).max(Duration::from_millis(250)),
                 relist: wall(30_000).max(Duration::from_millis(500)),
+                model: HpaModelSeen::default(),
             })
         } else {
             None
         };
+        let real = hpa.is_some();
         let from_service = |wp: &gpu_node_autoscaler_sim::WorkloadPod| {
-            hpa.is_some()
-                && wp.pod.owner.as_ref().is_some_and(|o| {
-                    o.kind == OwnerKind::ReplicaSet && s.services.iter().any(|x| x.name == o.name)
-                })
+            real && wp.pod.owner.as_ref().is_some_and(|o| {
+                o.kind == OwnerKind::ReplicaSet && s.services.iter().any(|x| x.name == o.name)
+            })
         };
+        let mut hpa = hpa;
+        if let Some(h) = hpa.as_mut() {
+            let modelled: Vec<(i64, i64)> = s
+                .pods
+                .iter()
+                .filter(|wp| from_service(wp))
+                .map(|wp| (wp.arrival, wp.deleted_at.unwrap_or(wp.arrival)))
+                .collect();
+            let mut changes: Vec<(i64, i32)> = modelled
+                .iter()
+                .flat_map(|&(a, d)| [(a, 1), (d, -1)])
+                .collect();
+            changes.sort();
+            let (mut now, mut peak) = (0i32, 0i32);
+            for (_, c) in changes {
+                now += c;
+                peak = peak.max(now);
+            }
+            h.model = HpaModelSeen {
+                replicas: modelled.len(),
+                replica_hours: modelled.iter().map(|&(a, d)| (d - a) as f64).sum::<f64>()
+                    / 3_600_000.0,
+                peak: peak.max(0) as usize,
+            };
+        }
         for (i, wp) in s
             .pods
             .iter()
@@ -747,11 +784,22 @@ pub struct Measured {
     pub nodes_launched: usize,
     pub pods: usize,
     pub pods_never_placed: usize,
-    /// With a real HPA: the replicas it created, and how many of them never ran.
-    pub hpa_replicas: Option<(usize, usize)>,
+    /// With a real HPA: what its replicas were.
+    pub hpa_replicas: Option<HpaSeen>,
     pub cost_by_offering: BTreeMap<String, f64>,
     pub wall_s: f64,
     pub unpriced_nodes: Vec<String>,
+}
+
+/// The replicas a real HPA made over a run, in the scenario's time.
+pub struct HpaSeen {
+    pub made: usize,
+    /// Never ran: scaled in before a node came, or waiting when the service ended.
+    pub never_ran: usize,
+    /// The replicas' lives summed (from the first look that saw each to the last).
+    pub replica_hours: f64,
+    /// The most replicas at one look.
+    pub peak: usize,
 }
 
 /// How many of the longest waits a run reports.
@@ -1073,6 +1121,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
     // The replicas of the last look (not being deleted), and those still waiting for a node
     // when their service ended.
     let mut replicas_present: HashSet<String> = HashSet::new();
+    let mut peak_replicas = 0usize;
     let mut waiting_at_end: HashSet<String> = HashSet::new();
     let mut next_create = 0usize;
     let mut deleted: Vec<bool> = vec![false; setup.pods.len()];
@@ -1281,6 +1330,8 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                     }
                 }
                 if o["metadata"]["deletionTimestamp"].is_null() {
+                    // `finished` is a replica's last look.
+                    p.finished = Some(seen_at);
                     replicas_present.insert(name.clone());
                     if phase == "Running" {
                         running_replicas.insert(name.clone());
@@ -1370,6 +1421,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                 p.running_at = None;
             }
         }
+        peak_replicas = peak_replicas.max(replicas_present.len());
         for (name, (p, _)) in replicas.iter_mut() {
             if running_replicas.contains(name) {
                 if let Some(t) = p.running_at {
@@ -1471,14 +1523,18 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         // without a node; one that still waited when its service ended was not placed.
         pods_never_placed: pods.iter().filter(|p| p.running.is_none()).count()
             + waiting_at_end.len(),
-        hpa_replicas: (!services.is_empty()).then(|| {
-            (
-                replicas.len(),
-                replicas
-                    .values()
-                    .filter(|(p, _)| p.running.is_none())
-                    .count(),
-            )
+        hpa_replicas: (!services.is_empty()).then(|| HpaSeen {
+            made: replicas.len(),
+            never_ran: replicas
+                .values()
+                .filter(|(p, _)| p.running.is_none())
+                .count(),
+            replica_hours: replicas
+                .values()
+                .filter_map(|(p, _)| Some(model(p.finished?.saturating_sub(p.created?))))
+                .sum::<f64>()
+                / 3600.0,
+            peak: peak_replicas,
         }),
         cost_by_offering: by_offering,
         wall_s: started.elapsed().as_secs_f64(),
@@ -1490,8 +1546,9 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
 pub struct Report {
     pub scenario: String,
     pub time_scale: f64,
-    /// The services were scaled by the real HPA chain (else their replicas are the model's).
-    pub real_hpa: bool,
+    /// The services were scaled by the real HPA chain (else their replicas are the model's):
+    /// what the model made of them, for comparison.
+    pub real_hpa: Option<HpaModelSeen>,
     /// The scenario's time from a Node's creation to its being Ready with its GPUs.
     pub boot_s: f64,
     pub not_replayed: Vec<String>,
@@ -1514,7 +1571,12 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
         "scenarios": reports.iter().map(|r| json!({
             "name": r.scenario,
             "time_scale": r.time_scale,
-            "hpa": if r.real_hpa { "real" } else { "model" },
+            "hpa": if r.real_hpa.is_some() { "real" } else { "model" },
+            "hpa_model": r.real_hpa.map(|m| json!({
+                "replicas": m.replicas,
+                "replica_hours": round(m.replica_hours, 2),
+                "peak_replicas": m.peak,
+            })),
             "node_ready_after_s": r.boot_s,
             "not_replayed": r.not_replayed,
             "failed": r.failed.iter().map(|(a, e)| json!({"strategy": a, "error": e})).collect::<Vec<_>>(),
@@ -1532,8 +1594,10 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
                 "nodes_launched": m.nodes_launched,
                 "pods": m.pods,
                 "pods_never_placed": m.pods_never_placed,
-                "hpa_replicas": m.hpa_replicas.map(|r| r.0),
-                "hpa_replicas_never_running": m.hpa_replicas.map(|r| r.1),
+                "hpa_replicas": m.hpa_replicas.as_ref().map(|r| r.made),
+                "hpa_replicas_never_running": m.hpa_replicas.as_ref().map(|r| r.never_ran),
+                "hpa_replica_hours": m.hpa_replicas.as_ref().map(|r| round(r.replica_hours, 2)),
+                "hpa_peak_replicas": m.hpa_replicas.as_ref().map(|r| r.peak),
                 "cost_by_offering": m.cost_by_offering.iter().map(|(k, v)| (k.clone(), round(*v, 2))).collect::<BTreeMap<_, _>>(),
                 "unpriced_nodes": m.unpriced_nodes,
                 "wall_s": round(m.wall_s, 1),
@@ -1560,7 +1624,7 @@ pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
             r.scenario,
             r.time_scale,
             r.boot_s,
-            if r.real_hpa {
+            if r.real_hpa.is_some() {
                 "services scaled by the real HPA"
             } else {
                 "the services' replicas from the simulator's HPA model"
@@ -1591,12 +1655,18 @@ pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
                 m.nodes_launched,
                 m.pods_never_placed,
             ));
-            if let Some((made, never)) = m.hpa_replicas {
+            if let Some(h) = &m.hpa_replicas {
                 out.push_str(&format!(
-                    "{:<22} the HPA made {made} replicas, {never} never ran (removed by a scale-in or at the service's end while waiting)\n",
-                    ""
+                    "{:<22} the HPA made {} replicas (at most {} at once, {:.2} replica-hours); {} never ran (scaled in before a node came, or waiting at the service's end)\n",
+                    "", h.made, h.peak, h.replica_hours, h.never_ran
                 ));
             }
+        }
+        if let Some(m) = &r.real_hpa {
+            out.push_str(&format!(
+                "  the simulator's HPA model made {} replicas of the same services (at most {} at once, {:.2} replica-hours)\n",
+                m.replicas, m.peak, m.replica_hours
+            ));
         }
         for n in &r.not_replayed {
             out.push_str(&format!("  not replayed: {n}\n"));
