@@ -21,6 +21,7 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_and_karpenter() {
         work_dir: work.clone(),
         max_time: None,
         real_hpa: false,
+        repeat: 1,
     })
     .unwrap_or_else(|e| panic!("anchors: {e:#}"));
     assert!(reports[0].failed.is_empty(), "{:?}", reports[0].failed);
@@ -103,6 +104,7 @@ fn anchors_hpa_real_chain_scales_the_service_and_every_replica_gets_a_node() {
         work_dir: work.clone(),
         max_time: None,
         real_hpa: true,
+        repeat: 1,
     })
     .unwrap_or_else(|e| panic!("anchors: {e:#}"));
     assert!(reports[0].failed.is_empty(), "{:?}", reports[0].failed);
@@ -118,7 +120,10 @@ fn anchors_hpa_real_chain_scales_the_service_and_every_replica_gets_a_node() {
     assert!(m["hpa_peak_replicas"].as_u64().unwrap() >= 4, "{json:#}");
     assert!(m["hpa_replica_hours"].as_f64().unwrap() > 0.0, "{json:#}");
     // The model's replicas of the same service, for comparison.
-    assert!(scenario["hpa_model"]["peak_replicas"].as_u64().unwrap() >= 4, "{json:#}");
+    assert!(
+        scenario["hpa_model"]["peak_replicas"].as_u64().unwrap() >= 4,
+        "{json:#}"
+    );
     assert_eq!(m["pods_never_placed"], 0, "{json:#}");
     // A g5.xlarge (one GPU) per replica running at once: at least four, at most the pool's 8.
     let nodes = m["nodes_launched"].as_u64().unwrap();

@@ -49,6 +49,8 @@ pub struct Options {
     /// controller, Prometheus, prometheus-adapter, the dcgm-exporter stand-in) instead of the
     /// replicas of the simulator's model.
     pub real_hpa: bool,
+    /// Runs per autoscaler and scenario (one cluster at a time, the autoscalers taking turns).
+    pub repeat: usize,
 }
 
 /// A scenario file and what replaying it takes: an error naming the file (and the pod) when it
@@ -88,6 +90,9 @@ pub fn load(
 
 /// Runs every autoscaler on every scenario, one at a time, each on a fresh cluster.
 pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
+    if o.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
     if o.time_scale.is_nan() || o.time_scale < 1.0 {
         bail!("--time-scale must be at least 1 (got {})", o.time_scale);
     }
@@ -106,10 +111,16 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
         let (scenario, setup) = load(path, o.time_scale, o.max_time, o.real_hpa)?;
         let mut results = Vec::new();
         let mut failed = Vec::new();
-        for a in &o.autoscalers {
+        for (rep, a) in (0..o.repeat.max(1)).flat_map(|r| o.autoscalers.iter().map(move |a| (r, a)))
+        {
             eprintln!(
-                "anchors: {}: {a} (time scale {}; {} pods{}; at most {:.0} min of wall time)",
+                "anchors: {}: {a}{} (time scale {}; {} pods{}; at most {:.0} min of wall time)",
                 scenario.name,
+                if o.repeat > 1 {
+                    format!(", run {} of {}", rep + 1, o.repeat)
+                } else {
+                    String::new()
+                },
                 o.time_scale,
                 setup.pods.len(),
                 setup.hpa.as_ref().map_or(String::new(), |h| format!(
@@ -118,7 +129,12 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
                 )),
                 setup.deadline.as_secs_f64() / 60.0
             );
-            let dir = o.work_dir.join(format!("{}-{a}", scenario.name));
+            let dir = if o.repeat > 1 {
+                o.work_dir
+                    .join(format!("{}-{a}-{}", scenario.name, rep + 1))
+            } else {
+                o.work_dir.join(format!("{}-{a}", scenario.name))
+            };
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir)?;
             // One failed run (a control plane that stopped answering) does not lose the others.
@@ -134,6 +150,7 @@ pub fn measure(o: &Options) -> Result<(Vec<Report>, Binaries)> {
         reports.push(Report {
             scenario: scenario.name.clone(),
             time_scale: o.time_scale,
+            repetitions: o.repeat.max(1),
             real_hpa: setup.hpa.as_ref().map(|h| h.model),
             boot_s: setup.boot.as_secs_f64(),
             not_replayed: setup.not_replayed.clone(),

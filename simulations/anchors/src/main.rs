@@ -15,7 +15,7 @@ use gpu_node_autoscaler_anchors::{measure, replay, Options, AUTOSCALERS};
 )]
 struct Args {
     /// Scenario files (the YAML that `simulate` reads).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "table_from")]
     scenarios: Vec<PathBuf>,
     /// Every duration is divided by this.
     #[arg(long, default_value_t = 20.0)]
@@ -40,6 +40,13 @@ struct Args {
     /// prometheus-adapter, a dcgm-exporter stand-in driven by the services' load).
     #[arg(long, default_value = "model")]
     hpa: String,
+    /// Runs per autoscaler and scenario, one cluster at a time, the autoscalers taking turns;
+    /// the JSON gives each figure's mean, least and most, and every run.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Print the Markdown table of an earlier `--format json` output (the file) and exit.
+    #[arg(long, conflicts_with = "scenarios")]
+    table_from: Option<PathBuf>,
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
@@ -54,6 +61,17 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
+    if let Some(f) = &args.table_from {
+        let text =
+            std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", f.display()))?;
+        print!(
+            "{}",
+            replay::markdown(&json).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?
+        );
+        return Ok(());
+    }
     if !matches!(args.format.as_str(), "table" | "json") {
         bail!("--format: expected table or json, got {:?}", args.format);
     }
@@ -64,6 +82,7 @@ fn run(args: Args) -> Result<()> {
     };
     let options = Options {
         real_hpa,
+        repeat: args.repeat,
         scenarios: args.scenarios,
         time_scale: args.time_scale,
         autoscalers: args.autoscalers,

@@ -38,6 +38,30 @@ pub struct Binaries {
     pub karpenter: Option<(PathBuf, PathBuf)>,
     pub cluster_autoscaler: Option<PathBuf>,
     pub versions: BTreeMap<&'static str, String>,
+    /// What each was built from: the source commit where known, and how (release or debug).
+    pub builds: BTreeMap<&'static str, Value>,
+}
+
+/// The repository's commit (with `-dirty` when tracked files differ from it): what our binary is
+/// taken to be built from.
+fn repo_commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(REPO)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        None => "unknown (not a git checkout)".to_string(),
+        Some(c) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(st) if !st.is_empty() => format!("{c}-dirty"),
+            _ => c,
+        },
+    }
 }
 
 fn script_value(script: &str, key: &str) -> String {
@@ -57,6 +81,7 @@ impl Binaries {
             karpenter: None,
             cluster_autoscaler: None,
             versions: BTreeMap::new(),
+            builds: BTreeMap::new(),
         };
         let anchors_bin = || -> Result<PathBuf> {
             let out = Command::new("bash")
@@ -83,6 +108,16 @@ impl Binaries {
                     }
                     b.versions
                         .insert("gpu-node-autoscaler", env!("CARGO_PKG_VERSION").to_string());
+                    let profile = if p.components().any(|c| c.as_os_str() == "release") {
+                        "release"
+                    } else {
+                        "debug (or not under a release directory)"
+                    };
+                    b.builds.insert(
+                        "gpu-node-autoscaler",
+                        json!({"version": env!("CARGO_PKG_VERSION"), "commit": repo_commit(),
+                               "profile": profile, "binary": p.display().to_string()}),
+                    );
                     b.ours = Some(p);
                 }
                 "karpenter" => {
@@ -105,6 +140,12 @@ impl Binaries {
                     )?;
                     b.versions
                         .insert("karpenter", script_value("anchors.sh", "KARPENTER_VERSION"));
+                    b.builds.insert(
+                        "karpenter",
+                        json!({"version": script_value("anchors.sh", "KARPENTER_VERSION"),
+                               "commit": format!("tag {} of github.com/kubernetes-sigs/karpenter (its kwok provider)", script_value("anchors.sh", "KARPENTER_VERSION")),
+                               "profile": "release (go build, scripts/anchors.sh)"}),
+                    );
                     b.karpenter = Some((k, crds));
                 }
                 "cluster-autoscaler" => {
@@ -133,6 +174,12 @@ impl Binaries {
                     b.versions.insert(
                         "cluster-autoscaler",
                         script_value("anchors.sh", "CA_VERSION"),
+                    );
+                    b.builds.insert(
+                        "cluster-autoscaler",
+                        json!({"version": script_value("anchors.sh", "CA_VERSION"),
+                               "commit": script_value("anchors.sh", "CA_COMMIT"),
+                               "profile": "release (go build, kwok provider only, scripts/anchors.sh)"}),
                     );
                     b.cluster_autoscaler = Some(c);
                 }
@@ -1546,6 +1593,8 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
 pub struct Report {
     pub scenario: String,
     pub time_scale: f64,
+    /// Runs per autoscaler.
+    pub repetitions: usize,
     /// The services were scaled by the real HPA chain (else their replicas are the model's):
     /// what the model made of them, for comparison.
     pub real_hpa: Option<HpaModelSeen>,
@@ -1567,10 +1616,12 @@ fn round(x: f64, places: i32) -> f64 {
 pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
     json!({
         "versions": bins.versions,
+        "builds": bins.builds,
         "control_plane": gpu_node_autoscaler_test_support::cluster::KUBERNETES_VERSION,
         "scenarios": reports.iter().map(|r| json!({
             "name": r.scenario,
             "time_scale": r.time_scale,
+            "repetitions": r.repetitions,
             "hpa": if r.real_hpa.is_some() { "real" } else { "model" },
             "hpa_model": r.real_hpa.map(|m| json!({
                 "replicas": m.replicas,
@@ -1580,7 +1631,14 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
             "node_ready_after_s": r.boot_s,
             "not_replayed": r.not_replayed,
             "failed": r.failed.iter().map(|(a, e)| json!({"strategy": a, "error": e})).collect::<Vec<_>>(),
-            "strategies": r.results.iter().map(|m| json!({
+            "strategies": strategies_json(&r.results),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// One run's figures.
+fn run_json(m: &Measured) -> Value {
+    json!({
                 "strategy": m.autoscaler,
                 "cost_usd": round(m.cost_usd, 2),
                 "wait_p50_s": round(m.wait_p50_s, 1),
@@ -1601,9 +1659,77 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
                 "cost_by_offering": m.cost_by_offering.iter().map(|(k, v)| (k.clone(), round(*v, 2))).collect::<BTreeMap<_, _>>(),
                 "unpriced_nodes": m.unpriced_nodes,
                 "wall_s": round(m.wall_s, 1),
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
     })
+}
+
+/// The runs of each autoscaler (in the order they first ran): one run as it is; several as the
+/// mean of every figure (a count stays an integer when every run had the same), the least and
+/// the most of the main figures (`cost_usd_min`, `cost_usd_max`, ...), and every run under `runs`.
+pub fn strategies_json(results: &[Measured]) -> Vec<Value> {
+    let mut order: Vec<&str> = Vec::new();
+    for m in results {
+        if !order.contains(&m.autoscaler.as_str()) {
+            order.push(&m.autoscaler);
+        }
+    }
+    order
+        .into_iter()
+        .map(|a| {
+            let runs: Vec<Value> = results
+                .iter()
+                .filter(|m| m.autoscaler == a)
+                .map(run_json)
+                .collect();
+            aggregate(&runs)
+        })
+        .collect()
+}
+
+fn aggregate(runs: &[Value]) -> Value {
+    let mut out = runs[0].clone();
+    out["repetitions"] = json!(runs.len());
+    if runs.len() == 1 {
+        return out;
+    }
+    let obj = out.as_object_mut().unwrap();
+    for (k, v) in obj.iter_mut() {
+        let nums: Vec<&Value> = runs.iter().map(|r| &r[k.as_str()]).collect();
+        if k == "cost_by_offering" {
+            let mut sum: BTreeMap<String, f64> = BTreeMap::new();
+            for r in &nums {
+                for (o, c) in r.as_object().into_iter().flatten() {
+                    *sum.entry(o.clone()).or_default() += c.as_f64().unwrap_or(0.0);
+                }
+            }
+            *v = json!(sum
+                .into_iter()
+                .map(|(o, c)| (o, round(c / runs.len() as f64, 2)))
+                .collect::<BTreeMap<_, _>>());
+        } else if nums.iter().all(|x| x.is_number()) {
+            let f: Vec<f64> = nums.iter().filter_map(|x| x.as_f64()).collect();
+            let same_int = nums.iter().all(|x| x.is_u64() && *x == nums[0]);
+            if !same_int {
+                *v = json!(round(f.iter().sum::<f64>() / f.len() as f64, 3));
+            }
+        }
+    }
+    for k in [
+        "cost_usd",
+        "wait_p50_s",
+        "wait_p95_s",
+        "wait_p99_s",
+        "gpu_allocation",
+        "nodes_launched",
+        "pods_never_placed",
+    ] {
+        let f: Vec<f64> = runs.iter().filter_map(|r| r[k].as_f64()).collect();
+        if f.len() == runs.len() {
+            out[format!("{k}_min")] = json!(f.iter().copied().fold(f64::INFINITY, f64::min));
+            out[format!("{k}_max")] = json!(f.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+        }
+    }
+    out["runs"] = json!(runs);
+    out
 }
 
 pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
@@ -1676,6 +1802,80 @@ pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
         }
     }
     out
+}
+
+/// The Markdown table of an `anchors --format json` output, as docs/benchmarks.md shows it: the
+/// builds and the control plane first, then a row per scenario and autoscaler with the mean and,
+/// over several repetitions, the least and the most.
+pub fn markdown(json: &Value) -> Result<String> {
+    let mut out = String::new();
+    let builds = json["builds"]
+        .as_object()
+        .ok_or_else(|| anyhow!("no \"builds\" (an output of an older anchors?)"))?;
+    out.push_str(&format!(
+        "Control plane {}. Builds:\n\n",
+        json["control_plane"].as_str().unwrap_or("?")
+    ));
+    for (name, b) in builds {
+        out.push_str(&format!(
+            "- {name} {}: {}; {}\n",
+            b["version"].as_str().unwrap_or("?"),
+            b["commit"].as_str().unwrap_or("?"),
+            b["profile"].as_str().unwrap_or("?")
+        ));
+    }
+    out.push_str(
+        "\n| scenario | autoscaler | runs | cost | cost min–max | wait p50 | wait p95 | wait p95 min–max | GPU allocation | nodes | never placed |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let scenarios = json["scenarios"]
+        .as_array()
+        .ok_or_else(|| anyhow!("no \"scenarios\""))?;
+    for sc in scenarios {
+        let name = sc["name"].as_str().unwrap_or("?");
+        let hpa = if sc["hpa"] == "real" {
+            " (real HPA)"
+        } else {
+            ""
+        };
+        let strategies = sc["strategies"].as_array().cloned().unwrap_or_default();
+        let cheapest = strategies
+            .iter()
+            .filter_map(|m| m["cost_usd"].as_f64())
+            .fold(f64::INFINITY, f64::min);
+        for m in &strategies {
+            let f = |k: &str| m[k].as_f64();
+            let range = |k: &str, unit: &str, dp: usize| match (
+                f(&format!("{k}_min")),
+                f(&format!("{k}_max")),
+            ) {
+                (Some(a), Some(b)) => format!("{unit}{a:.dp$}–{unit}{b:.dp$}"),
+                _ => "—".to_string(),
+            };
+            let cost = f("cost_usd").unwrap_or(f64::NAN);
+            let bold = if cost == cheapest { "**" } else { "" };
+            out.push_str(&format!(
+                "| {name}{hpa} | {bold}{}{bold} | {} | {bold}${cost:.2}{bold} | {} | {:.0} s | {:.0} s | {} | {:.1} % | {} | {} |\n",
+                m["strategy"].as_str().unwrap_or("?"),
+                m["repetitions"].as_u64().unwrap_or(1),
+                range("cost_usd", "$", 2),
+                f("wait_p50_s").unwrap_or(f64::NAN),
+                f("wait_p95_s").unwrap_or(f64::NAN),
+                range("wait_p95_s", "", 0),
+                f("gpu_allocation").unwrap_or(f64::NAN) * 100.0,
+                m["nodes_launched"],
+                m["pods_never_placed"],
+            ));
+        }
+        for fl in sc["failed"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "| {name}{hpa} | {} | failed | {} | | | | | | | |\n",
+                fl["strategy"].as_str().unwrap_or("?"),
+                fl["error"].as_str().unwrap_or("?").replace('|', "/")
+            ));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -1753,6 +1953,69 @@ mod tests {
         std::fs::write(dir.join(".stamp"), "").unwrap();
         require_scaled(&bin, ".stamp", "disruption timers", "karpenter").unwrap();
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn measured(autoscaler: &str, cost: f64, p95: f64, nodes: usize) -> Measured {
+        Measured {
+            autoscaler: autoscaler.into(),
+            cost_usd: cost,
+            wait_p50_s: p95 / 2.0,
+            wait_p95_s: p95,
+            wait_p99_s: p95,
+            longest_waits: Vec::new(),
+            gpu_allocation: 0.9,
+            first_node_s: Some(10.0),
+            nodes_launched: nodes,
+            pods: 6,
+            pods_never_placed: 0,
+            hpa_replicas: None,
+            cost_by_offering: [("g5.xlarge/spot".to_string(), cost)].into(),
+            wall_s: 100.0,
+            unpriced_nodes: Vec::new(),
+        }
+    }
+
+    /// Several runs of an autoscaler give each figure's mean (a count the runs agree on stays an
+    /// integer), the least and the most of the main ones, and every run; the Markdown table is
+    /// made from that JSON alone, the cheapest mean in bold, with the builds' commits.
+    #[test]
+    fn repeated_runs_are_summarised_and_the_table_is_made_from_the_json() {
+        let runs = [
+            measured("ours", 1.0, 100.0, 4),
+            measured("peer", 5.0, 90.0, 3),
+            measured("ours", 3.0, 120.0, 4),
+        ];
+        let s = strategies_json(&runs);
+        assert_eq!(s.len(), 2);
+        let ours = &s[0];
+        assert_eq!(ours["strategy"], "ours");
+        assert_eq!(ours["repetitions"], 2);
+        assert_eq!(ours["cost_usd"], 2.0);
+        assert_eq!(ours["cost_usd_min"], 1.0);
+        assert_eq!(ours["cost_usd_max"], 3.0);
+        assert_eq!(ours["wait_p95_s"], 110.0);
+        assert_eq!(ours["nodes_launched"], 4, "a count the runs agree on");
+        assert_eq!(ours["cost_by_offering"]["g5.xlarge/spot"], 2.0);
+        assert_eq!(ours["runs"].as_array().unwrap().len(), 2);
+        assert_eq!(s[1]["repetitions"], 1);
+        assert!(s[1]["runs"].is_null() && s[1]["cost_usd_min"].is_null());
+
+        let json = json!({
+            "control_plane": "v1.37.2",
+            "builds": {"ours": {"version": "0.1.0", "commit": "abc123", "profile": "release"}},
+            "scenarios": [{"name": "smoke", "hpa": "real", "strategies": s, "failed": []}],
+        });
+        let md = markdown(&json).unwrap();
+        assert!(md.contains("- ours 0.1.0: abc123; release"), "{md}");
+        assert!(
+            md.contains("| smoke (real HPA) | **ours** | 2 | **$2.00** | $1.00–$3.00 | 55 s | 110 s | 100–120 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| smoke (real HPA) | peer | 1 | $5.00 | — |"),
+            "{md}"
+        );
+        assert!(markdown(&json!({"scenarios": []})).is_err());
     }
 
     #[test]
