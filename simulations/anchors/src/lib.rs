@@ -237,7 +237,39 @@ mod tests {
                         .args
                         .contains(&"--enable-dynamic-resource-allocation=true".to_string()));
                 }
-                "topology-serving" | "reserved-h100" => {
+                "topology-serving" => {
+                    // The rules across nodes, written as kube-scheduler reads them.
+                    let (_, setup) = got.unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                    let spec = |prefix: &str| {
+                        setup
+                            .pods
+                            .iter()
+                            .find(|p| p.name.starts_with(prefix))
+                            .map(|p| p.object["spec"]["template"]["spec"].clone())
+                            .unwrap_or_else(|| panic!("no pod {prefix}"))
+                    };
+                    let llm = spec("llm");
+                    let selector = serde_json::json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["llm"]}]});
+                    assert_eq!(
+                        llm["topologySpreadConstraints"],
+                        serde_json::json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector}]),
+                        "{llm}"
+                    );
+                    assert_eq!(
+                        llm["affinity"]["podAntiAffinity"]
+                            ["requiredDuringSchedulingIgnoredDuringExecution"],
+                        serde_json::json!([{"topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": selector, "namespaces": ["default"]}]),
+                        "{llm}"
+                    );
+                    assert_eq!(
+                        spec("agent")["containers"][0]["ports"],
+                        serde_json::json!([{"containerPort": 9400, "hostPort": 9400, "protocol": "TCP"}])
+                    );
+                    assert!(spec("batch")["affinity"].is_null());
+                }
+                "reserved-h100" => {
                     // Refused loudly rather than replayed without its rules.
                     let e = got.err().map(|e| format!("{e:#}")).unwrap_or_default();
                     assert!(

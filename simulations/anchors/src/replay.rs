@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
+use gpu_node_autoscaler_core::model::constraints::Operator;
 use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
 use gpu_node_autoscaler_core::model::labels::NVIDIA_PRODUCT;
 use gpu_node_autoscaler_core::model::resources::{ALIYUN_GPU_CORE, ALIYUN_GPU_MEM};
+use gpu_node_autoscaler_core::model::topology::{AffinityTerm, PodSelector, PodTopology};
 use gpu_node_autoscaler_core::model::{OwnerKind, Pod};
 use gpu_node_autoscaler_provider::{CapacityType, Catalog, GpuVendor};
 use gpu_node_autoscaler_sim::scenario::Scenario;
@@ -417,19 +419,122 @@ fn workload_object(p: &Pod, name: &str, run: Option<Duration>, replica_set: bool
     })
 }
 
+/// A label selector as the API writes it; `None` when the selector selects no pod (the API's
+/// absent `labelSelector`).
+fn label_selector(pod: &Pod, sel: &PodSelector) -> Result<Option<Value>> {
+    let Some(reqs) = &sel.labels else {
+        return Ok(None);
+    };
+    let exprs = reqs
+        .iter()
+        .map(|r| {
+            let op = match r.operator {
+                Operator::In => "In",
+                Operator::NotIn => "NotIn",
+                Operator::Exists => "Exists",
+                Operator::DoesNotExist => "DoesNotExist",
+                Operator::Gt | Operator::Lt => {
+                    bail!("pod {}: a label selector has no {:?}", pod.id, r.operator)
+                }
+            };
+            let mut e = json!({"key": r.key, "operator": op});
+            if !r.values.is_empty() {
+                e["values"] = json!(r.values);
+            }
+            Ok(e)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(json!({"matchExpressions": exprs})))
+}
+
+/// A pod's rules across nodes as kube-scheduler reads them: host ports on its container,
+/// required pod (anti-)affinity terms, `DoNotSchedule` topology spread. The pods of the replay
+/// all live in [`NAMESPACE`], so a term over the pod's own namespace names that one.
+fn topology_into(spec: &mut Value, pod: &Pod, t: &PodTopology) -> Result<()> {
+    if !t.host_ports.is_empty() {
+        let ports: Vec<Value> = t
+            .host_ports
+            .iter()
+            .map(|h| {
+                let mut v =
+                    json!({"containerPort": h.port, "hostPort": h.port, "protocol": h.protocol});
+                if !h.ip.is_empty() {
+                    v["hostIP"] = json!(h.ip);
+                }
+                v
+            })
+            .collect();
+        spec["containers"][0]["ports"] = json!(ports);
+    }
+    let namespaces = |sel: &PodSelector| -> Result<Value> {
+        match &sel.namespaces {
+            None => Ok(json!({"namespaceSelector": {}})),
+            Some(ns) if ns.iter().all(|n| *n == pod.id.namespace) => {
+                Ok(json!({"namespaces": [NAMESPACE]}))
+            }
+            Some(ns) => bail!(
+                "pod {}: a term over other namespaces ({ns:?}) cannot be replayed (every pod of the replay is in {NAMESPACE})",
+                pod.id
+            ),
+        }
+    };
+    let terms = |terms: &[AffinityTerm]| -> Result<Vec<Value>> {
+        terms
+            .iter()
+            .map(|term| {
+                let mut v = namespaces(&term.selector)?;
+                v["topologyKey"] = json!(term.topology_key);
+                if let Some(sel) = label_selector(pod, &term.selector)? {
+                    v["labelSelector"] = sel;
+                }
+                Ok(v)
+            })
+            .collect()
+    };
+    if !t.affinity.is_empty() {
+        spec["affinity"]["podAffinity"] =
+            json!({"requiredDuringSchedulingIgnoredDuringExecution": terms(&t.affinity)?});
+    }
+    if !t.anti_affinity.is_empty() {
+        spec["affinity"]["podAntiAffinity"] =
+            json!({"requiredDuringSchedulingIgnoredDuringExecution": terms(&t.anti_affinity)?});
+    }
+    if !t.spread.is_empty() {
+        let spread = t
+            .spread
+            .iter()
+            .map(|sp| {
+                let mut v = json!({
+                    "maxSkew": sp.max_skew,
+                    "topologyKey": sp.topology_key,
+                    "whenUnsatisfiable": "DoNotSchedule",
+                });
+                if sp.min_domains > 1 {
+                    v["minDomains"] = json!(sp.min_domains);
+                }
+                if let Some(sel) = label_selector(pod, &sp.selector)? {
+                    v["labelSelector"] = sel;
+                }
+                Ok(v)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        spec["topologySpreadConstraints"] = json!(spread);
+    }
+    Ok(())
+}
+
 /// The pod template of a workload pod.
 fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
-    // Host ports, pod (anti-)affinity and topology spread are not written into the replayed
-    // objects yet: a replay without them would compare the three autoscalers on another
-    // workload than the scenario's.
+    // Volumes are not created by the harness yet: a replay without them would compare the
+    // three autoscalers on another workload than the scenario's.
     if p.constraints
         .topology
         .as_ref()
-        .is_some_and(|t| !t.is_empty())
+        .is_some_and(|t| !t.attachments.is_empty())
+        || !p.constraints.volumes.is_empty()
     {
         anyhow::bail!(
-            "pod {}: host ports, pod (anti-)affinity and topology spread cannot be replayed by \
-             anchors yet",
+            "pod {}: volumes (zonal or attach-limited) cannot be replayed by anchors yet",
             p.id
         );
     }
@@ -503,6 +608,9 @@ fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
     if !claim_refs.is_empty() {
         spec["resourceClaims"] = json!(claim_refs);
     }
+    if let Some(t) = c.topology.as_deref() {
+        topology_into(&mut spec, p, t)?;
+    }
     if let Some(terms) = &c.affinity {
         let terms: Vec<Value> = terms
             .iter()
@@ -515,7 +623,8 @@ fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
                 json!({"matchExpressions": exprs})
             })
             .collect();
-        spec["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}});
+        spec["affinity"]["nodeAffinity"] =
+            json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}});
     }
     let mut annotations: BTreeMap<String, String> = (*p.annotations).clone();
     if let Some(d) = run {
