@@ -292,6 +292,32 @@ mod tests {
         assert_eq!(seen, 13);
     }
 
+    /// Generated scenarios (`simulate --generate SEED --write-scenario FILE`) replay as the
+    /// shipped ones do: each of the first 20 seeds loads, with its pods, and with its cloud
+    /// events listed as not replayed.
+    #[test]
+    fn generated_scenarios_are_replayed() {
+        let dir = std::env::temp_dir().join(format!("gna-anchors-gen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut with_events = 0;
+        for seed in 1..=20 {
+            let path = dir.join(gpu_node_autoscaler_sim::generate::file_name(seed));
+            std::fs::write(&path, gpu_node_autoscaler_sim::generate::generate(seed)).unwrap();
+            let (scenario, setup) =
+                load(&path, 20.0, None, false).unwrap_or_else(|e| panic!("seed {seed}: {e:#}"));
+            assert!(!setup.pods.is_empty(), "seed {seed}");
+            if !scenario.events.is_empty() {
+                assert!(!setup.not_replayed.is_empty(), "seed {seed}");
+                with_events += 1;
+            }
+        }
+        assert!(
+            with_events > 0,
+            "some generated scenarios have shortages or interruptions"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// With `--hpa real` a service's replicas are not replayed from the model: it becomes a
     /// Deployment at its minimum and an `autoscaling/v2` HPA on the pods' GPU utilisation, its
     /// windows and kube-controller-manager's sync scaled; the jobs are replayed as before.
