@@ -223,6 +223,7 @@ fn example_policy_parses_with_defaults_applied() {
             capacity_reservations: Vec::new(),
             keep_reserved_warm: false,
             capacity_block_drain_lead: mins(30),
+            expected_run_time: None,
             templates_from_cloud: false,
             cloud_templates: Vec::new(),
             health: Health {
@@ -352,6 +353,7 @@ fn reserved_capacity_type_with_capacity_reservations_parses() {
         "    capacityReservations: [{id: cr-0abc}, {tags: {team: ml, kind: block}}]",
         "    keepReservedWarm: true",
         "    capacityBlockDrainLead: 45m",
+        "    expectedRunTime: 6h",
     ]));
     let pool = &p.pools[0];
     assert_eq!(
@@ -374,12 +376,14 @@ fn reserved_capacity_type_with_capacity_reservations_parses() {
     );
     assert!(pool.keep_reserved_warm);
     assert_eq!(pool.capacity_block_drain_lead, Duration::from_secs(45 * 60));
+    assert_eq!(pool.expected_run_time, Some(Duration::from_secs(6 * 3600)));
     // Defaults.
     let p = parse_ok(&one_pool(&[
         "    capacityTypes: [reserved]",
         "    capacityReservations: [{id: cr-0abc}]",
     ]));
     assert!(!p.pools[0].keep_reserved_warm);
+    assert_eq!(p.pools[0].expected_run_time, None);
     assert_eq!(
         p.pools[0].capacity_block_drain_lead,
         Duration::from_secs(30 * 60)
@@ -703,6 +707,32 @@ fn error_cases() -> Vec<Case> {
             ]),
             (8, 5),
             "pools[0].capacityBlockDrainLead: invalid duration",
+        ),
+        case(
+            "expected run time that is no duration",
+            one_pool(&[
+                "    capacityTypes: [reserved]",
+                "    capacityReservations: [{id: cr-1}]",
+                "    expectedRunTime: two hours",
+            ]),
+            (8, 5),
+            "pools[0].expectedRunTime: invalid duration",
+        ),
+        case(
+            "expected run time of zero",
+            one_pool(&[
+                "    capacityTypes: [reserved]",
+                "    capacityReservations: [{id: cr-1}]",
+                "    expectedRunTime: 0s",
+            ]),
+            (8, 5),
+            "pools[0].expectedRunTime: must be longer than 0s",
+        ),
+        case(
+            "expected run time without reserved capacity",
+            one_pool(&["    expectedRunTime: 2h"]),
+            (6, 5),
+            "pools[0].expectedRunTime: needs `reserved` in `capacityTypes`",
         ),
         case(
             "keep reserved warm without reserved capacity",
