@@ -1843,6 +1843,31 @@ fn aws_auto_scaling_group_errors_name_the_field_and_position() {
 }
 
 #[test]
+fn a_pool_of_auto_scaling_groups_with_reserved_capacity_is_refused() {
+    let e = parse_err(&aws_pool(&[
+        "    capacityTypes: [reserved, on-demand]",
+        "    capacityReservations: [{id: cr-0abc}]",
+        "    aws:",
+        "      autoScalingGroups: {names: [gpu-od-a]}",
+    ]));
+    assert_eq!(
+        e.to_string(),
+        "policy.yaml:7:5: pools[0].capacityTypes: a pool backed by Auto Scaling groups cannot \
+         list `reserved` (pool a): a group launches what its own launch template says, so a \
+         launch cannot be targeted at the reservations the pool selects nor held to their count; \
+         give the reserved capacity its own pool with `aws.launchTemplate` and `aws.subnets`"
+    );
+    // The same pool launching from a launch template into subnets may.
+    parse_ok(&aws_pool(&[
+        "    capacityTypes: [reserved, on-demand]",
+        "    capacityReservations: [{id: cr-0abc}]",
+        "    aws:",
+        "      launchTemplate: {name: gpu}",
+        "      subnets: {us-east-1a: subnet-1, us-east-1b: subnet-2}",
+    ]));
+}
+
+#[test]
 fn aws_section_needs_provider_aws() {
     let text = aws_pool(&[
         "    aws:",
