@@ -155,6 +155,10 @@ struct RawJob {
     /// unless they checkpoint) or `Deployment` (long-lived replicas, through a ReplicaSet,
     /// which an autoscaler may move like any such pod).
     kind: Option<String>,
+    /// The pods' `gpu-node-autoscaler.io/expected-run-time` annotation: a duration, or
+    /// `duration` for the job's own. Without it the pods carry none (as most pods of a real
+    /// cluster): only the decision core reads it.
+    expected_run_time: Option<String>,
     pods: Vec<RawPodGroup>,
 }
 
@@ -733,6 +737,21 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 "Job"
             }
         };
+        let run_time = j.expected_run_time.as_deref().map(|v| {
+            if v == "duration" {
+                gpu_node_autoscaler_core::policy::duration::format_duration(
+                    std::time::Duration::from_millis(duration.max(0) as u64),
+                )
+            } else {
+                if errs.dur(&at("expectedRunTime"), v) <= 0 {
+                    errs.at(
+                        &at("expectedRunTime"),
+                        "must be longer than 0s (or `duration`: the job's own)",
+                    );
+                }
+                v.to_string()
+            }
+        });
         let size: usize = j.pods.iter().map(|g| g.replicas as usize).sum();
         let claims: Vec<ClaimRefs> = j
             .pods
@@ -771,8 +790,17 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                         &claims[gi],
                         &dra.templates,
                     ) {
-                        Ok(pod) => pods.push(WorkloadPod {
-                            pod,
+                        Ok(mut pod) => pods.push(WorkloadPod {
+                            pod: {
+                                if let Some(v) = &run_time {
+                                    std::sync::Arc::make_mut(&mut pod.annotations).insert(
+                                        gpu_node_autoscaler_core::model::labels::EXPECTED_RUN_TIME
+                                            .into(),
+                                        v.clone(),
+                                    );
+                                }
+                                pod
+                            },
                             arrival: arrival + n as Ms * every,
                             duration: Some(duration),
                             deleted_at: None,
@@ -1274,6 +1302,34 @@ mod tests {
             e.contains("s.yaml:8:5: jobs[0].kind: a gang is a Job's"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_jobs_expected_run_time_annotates_its_pods_for_capacity_blocks() {
+        let job = |v: &str| {
+            format!("name: x\npolicy:\n  zones: [a]\n  pools:\n    - {{name: p, instanceTypes: [g5.xlarge], maxNodes: 2}}\njobs:\n  - name: j\n    arrival: 0s\n    duration: 90m\n    expectedRunTime: {v}\n    pods:\n      - name: w\n        requests: {{nvidia.com/gpu: 1}}\n")
+        };
+        let run_time = |v: &str| {
+            let sc = parse_scenario(&job(v), "s.yaml").unwrap();
+            sc.pods[0].pod.expected_run_time()
+        };
+        let h = |m: u64| Ok(Some(std::time::Duration::from_secs(m * 60)));
+        assert_eq!(run_time("2h"), h(120));
+        assert_eq!(run_time("duration"), h(90), "the job's own duration");
+        let e = parse_scenario(&job("soon"), "s.yaml").err().unwrap();
+        assert!(
+            e.contains("s.yaml:10:5: jobs[0].expectedRunTime: invalid duration"),
+            "{e}"
+        );
+        let e = parse_scenario(&job("0s"), "s.yaml").err().unwrap();
+        assert!(
+            e.contains("jobs[0].expectedRunTime: must be longer than 0s"),
+            "{e}"
+        );
+        // Without the field, no annotation.
+        let plain = job("1h").replace("    expectedRunTime: 1h\n", "");
+        let sc = parse_scenario(&plain, "s.yaml").unwrap();
+        assert_eq!(sc.pods[0].pod.expected_run_time(), Ok(None));
     }
 
     const CLAIMS: &str = "name: x\npolicy:\n  zones: [a]\n  pools:\n    - {name: p, instanceTypes: [p5.48xlarge], maxNodes: 2, dra: {}}\njobs:\n  - name: j\n    arrival: 0s\n    duration: 1h\n    pods:\n      - name: w\n        replicas: 2\n        requests: {cpu: \"1\"}\n        claims:\n          - name: gpu\n            requests:\n              - name: one\n                firstAvailable:\n                  - {name: h100, deviceClassName: gpu.nvidia.com, selectors: [\"device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'\"]}\n                  - {name: any, deviceClassName: gpu.nvidia.com, count: 2}\n              - name: all\n                deviceClassName: mig.nvidia.com\n                allocationMode: All\nservices:\n  - name: chat\n    requests: {cpu: \"1\"}\n    claims:\n      - name: gpu\n        requests:\n          - {name: one, deviceClassName: gpu.nvidia.com}\n    hpa: {minReplicas: 2, maxReplicas: 2, targetUtilization: 1, gpusPerReplica: 1}\n    load: [{at: 0s, gpus: 1}]\n    until: 1h\n";

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use gpu_node_autoscaler_provider::policy::{
     decode_section, is_resource_id, FieldError, PathKey, PoolFacts, ProviderPolicy, Value,
 };
+use gpu_node_autoscaler_provider::CapacityType;
 use serde::Deserialize;
 
 /// The provider's name in policies (`provider: aws`) and the key of its pool section.
@@ -313,6 +314,20 @@ fn check(
                 );
             }
         }
+    }
+    if let Some(pool) =
+        pool.filter(|p| groups.is_some() && p.capacity_types.contains(&CapacityType::Reserved))
+    {
+        errors.push(FieldError::at(
+            &["capacityTypes"],
+            format!(
+                "a pool backed by Auto Scaling groups cannot list `reserved` (pool {}): a group \
+                 launches what its own launch template says, so a launch cannot be targeted at \
+                 the reservations the pool selects nor held to their count; give the reserved \
+                 capacity its own pool with `aws.launchTemplate` and `aws.subnets`",
+                pool.name
+            ),
+        ));
     }
     errors.extend(group_errors);
     AwsPoolSettings {

@@ -482,6 +482,8 @@ struct Reported {
     gpus_lost: BTreeSet<String>,
     /// Unclaimed instances (our name, no identity), as last reported.
     unclaimed: BTreeSet<String>,
+    /// Pending pods whose expected run time annotation is no duration, with what was said.
+    bad_run_time: BTreeMap<String, String>,
     last_status: Option<(String, Time)>,
     /// The node gauges of the last pass's observation (with reports only).
     node_gauges: NodeGauges,

@@ -18,6 +18,7 @@ impl Autoscaler {
         out: &mut Vec<Action>,
     ) {
         self.report_unschedulable(pass, plan, out);
+        self.report_bad_run_times(pass, out);
         let mut kept: BTreeMap<String, String> = plan
             .kept
             .iter()
@@ -72,6 +73,44 @@ impl Autoscaler {
                 message: u.reason.clone(),
             }));
         }
+    }
+
+    /// `InvalidExpectedRunTime` (a warning, also logged) once per pending pod and value whose
+    /// `gpu-node-autoscaler.io/expected-run-time` is no duration: the pod is planned as if it
+    /// had none.
+    pub(in crate::autoscaler) fn report_bad_run_times(
+        &mut self,
+        pass: &Pass,
+        out: &mut Vec<Action>,
+    ) {
+        let mut bad = BTreeMap::new();
+        for p in &pass.snapshot.pods {
+            if !crate::plan::is_planned_pod(p) {
+                continue;
+            }
+            let Err(e) = p.expected_run_time() else {
+                continue;
+            };
+            let pod = p.id.to_string();
+            let message = format!(
+                "pod {pod}: {e}; it is planned as without an expected run time (e.g. \"90m\", \"6h\")"
+            );
+            if self.reported.bad_run_time.get(&pod) != Some(&message) {
+                out.push(Action::Log {
+                    level: Level::Warn,
+                    message: message.clone(),
+                });
+                out.push(Action::Event(Note {
+                    subject: pod_subject(p),
+                    warning: true,
+                    reason: "InvalidExpectedRunTime",
+                    action: "ScaleUp",
+                    message: message.clone(),
+                }));
+            }
+            bad.insert(pod, message);
+        }
+        self.reported.bad_run_time = bad;
     }
 
     /// The status, when it changed or at least every 10 s.

@@ -3223,3 +3223,43 @@ fn a_dry_run_reports_a_node_the_scheduler_refused_under_a_reason_of_its_own() {
     assert_eq!(events(&a, "DryRunFailedScaleUp").len(), 1, "{a:?}");
     assert!(events(&a, "FailedScaleUp").is_empty(), "{a:?}");
 }
+
+#[test]
+fn a_pod_outliving_a_capacity_block_launches_elsewhere_and_a_bad_run_time_is_warned_once() {
+    let end = T0 + secs(3 * 3600);
+    let mut run = Run::with_policy(Config::default(), RESERVED_POLICY);
+    run.reservations = vec![capacity_block(4, end)];
+    let mut long = gpu_pod("long", 1);
+    Arc::make_mut(&mut long.annotations).insert(labels::EXPECTED_RUN_TIME.into(), "5h".into());
+    let mut bad = gpu_pod("bad", 1);
+    Arc::make_mut(&mut bad.annotations)
+        .insert(labels::EXPECTED_RUN_TIME.into(), "five hours".into());
+    run.pods = vec![long, bad];
+    let a = run.pass(T0);
+    let l = launches(&a);
+    let on = |ct: CapacityType| -> u32 {
+        l.iter()
+            .filter(|r| r.offerings[0].capacity_type == ct)
+            .map(|r| r.count)
+            .sum()
+    };
+    // The 5-hour pod on-demand; the one whose run time is no duration on the block.
+    assert_eq!(
+        (on(CapacityType::OnDemand), on(CapacityType::Reserved)),
+        (1, 1),
+        "{l:?}"
+    );
+    let ev = events(&a, "InvalidExpectedRunTime");
+    assert_eq!(ev.len(), 1, "{a:?}");
+    assert!(ev[0].warning);
+    assert!(
+        ev[0].message.contains("ml/bad")
+            && ev[0].message.contains(labels::EXPECTED_RUN_TIME)
+            && ev[0].message.contains("five hours"),
+        "{}",
+        ev[0].message
+    );
+    // Said once, not every pass.
+    let a = run.pass(T0 + secs(10));
+    assert!(events(&a, "InvalidExpectedRunTime").is_empty(), "{a:?}");
+}

@@ -42,6 +42,7 @@ pools:
       - tags: {team: llm}
     keepReservedWarm: true
     capacityBlockDrainLead: 45m
+    expectedRunTime: 6h
     labels: {team: llm}
     taints:
       - {key: nvidia.com/gpu, value: present, effect: NoSchedule}

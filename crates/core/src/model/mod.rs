@@ -81,6 +81,9 @@ pub mod labels {
     /// On a pod of a batch Job or training operator: it checkpoints and may be moved by
     /// consolidation (`"true"`), whatever the pool's `consolidation.moveJobs`.
     pub const RESTARTABLE: &str = "gpu-node-autoscaler.io/restartable";
+    /// On a pod: how long it is expected to run once started (a duration such as `90m` or
+    /// `6h`), so that it is not planned onto a Capacity Block that ends before it would.
+    pub const EXPECTED_RUN_TIME: &str = "gpu-node-autoscaler.io/expected-run-time";
     /// On a Node of ours seen unhealthy: since when (RFC 3339), so that a new leader keeps the
     /// clock.
     pub const UNHEALTHY_SINCE: &str = "gpu-node-autoscaler.io/unhealthy-since";

@@ -144,6 +144,21 @@ pub struct Pod {
 }
 
 impl Pod {
+    /// Its expected run time, from the annotation `gpu-node-autoscaler.io/expected-run-time`
+    /// (a duration such as `90m` or `6h`, as policy durations are written): `Ok(None)` without
+    /// the annotation, an error naming the annotation when its value is no positive duration.
+    pub fn expected_run_time(&self) -> Result<Option<std::time::Duration>, String> {
+        let key = super::labels::EXPECTED_RUN_TIME;
+        let Some(v) = self.annotations.get(key) else {
+            return Ok(None);
+        };
+        match crate::policy::duration::parse_duration(v) {
+            Ok(d) if d.is_zero() => Err(format!("annotation {key}: must be longer than 0s")),
+            Ok(d) => Ok(Some(d)),
+            Err(e) => Err(format!("annotation {key}: {e}")),
+        }
+    }
+
     pub fn is_daemonset(&self) -> bool {
         matches!(&self.owner, Some(o) if o.kind == OwnerKind::DaemonSet)
     }

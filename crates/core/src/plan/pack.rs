@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::model::resources::{
     place_share, place_shares, share_copies, GpuShare, Resources, SharedGpu,
@@ -52,6 +53,9 @@ struct Class {
     profile: Option<Arc<Profile>>,
     /// Why those rules kept it off capacity it would otherwise have had.
     refused: Option<Refusal>,
+    /// How long its pods are expected to run (`gpu-node-autoscaler.io/expected-run-time`; a
+    /// value that is no duration counts as none); else its pool's `expectedRunTime`.
+    run_time: Option<Duration>,
 }
 
 impl Class {
@@ -582,6 +586,7 @@ impl<'a> Packer<'a> {
             u64,
             *const DeviceDemand,
             (Vec<usize>, Vec<usize>),
+            Option<Duration>,
         );
         let mut class_of: HashMap<ClassKey, usize> = HashMap::new();
         for &pi in &pending {
@@ -619,6 +624,7 @@ impl<'a> Packer<'a> {
                 })
             });
             let (spot_only, spot_until) = spot_wait(pod);
+            let run_time = pod.expected_run_time().ok().flatten();
             let demand = match self.devices.demands.get(&pi) {
                 Some(Ok(d)) => Some(d.clone()),
                 _ => None,
@@ -639,6 +645,7 @@ impl<'a> Packer<'a> {
                 spot_only,
                 demand.as_ref().map_or(std::ptr::null(), Arc::as_ptr),
                 selected,
+                run_time,
             );
             let ci = *class_of.entry(key).or_insert_with(|| {
                 self.classes.push(Class {
@@ -662,6 +669,7 @@ impl<'a> Packer<'a> {
                         .filter(|p| !p.is_free())
                         .map(Arc::new),
                     refused: None,
+                    run_time,
                 });
                 if let Some(g) = gang {
                     self.gangs[g].classes.push(self.classes.len() - 1);
@@ -698,6 +706,44 @@ impl<'a> Packer<'a> {
                         .fold(0u64, |m, (i, _)| m | (1 << i))
                 })
                 .collect();
+            // Capacity Blocks that end before the class's pods would are no offering for it,
+            // unless it has no other.
+            let outlives: Vec<u64> = self
+                .templates
+                .iter()
+                .map(|t| {
+                    let pool = &self.policy.pools[t.pool];
+                    let Some(run) = c.run_time.or(pool.expected_run_time) else {
+                        return 0;
+                    };
+                    let done = (now + run).0;
+                    t.offerings
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, o)| o.key.capacity_type == CapacityType::Reserved)
+                        .filter(|(_, o)| {
+                            super::templates::reserved_until(
+                                pool,
+                                &self.snapshot.reservations,
+                                &o.key,
+                                now,
+                            )
+                            .is_some_and(|end| end < done)
+                        })
+                        .fold(0u64, |m, (i, _)| m | (1 << i))
+                })
+                .collect();
+            let other = c
+                .tmask
+                .iter()
+                .zip(&outlives)
+                .zip(&self.available)
+                .any(|((m, o), a)| m & !o & a != 0);
+            if other {
+                for (m, o) in c.tmask.iter_mut().zip(&outlives) {
+                    *m &= !o;
+                }
+            }
             // Valued at what it costs bought (reserved capacity is free, but runs out): at
             // reserved offerings only where the class can have nothing else.
             let mut best = f64::INFINITY;

@@ -480,6 +480,31 @@ pub fn launchable(pool: &Pool, r: &gpu_node_autoscaler_provider::Reservation, no
     r.start_ms.is_none_or(|s| s <= now.0) && end.is_none_or(|e| now.0 < e)
 }
 
+/// Until when the nodes `pool` would launch now into reserved offering `key` may run: the
+/// latest of the reservations it may launch into that have room, where a Capacity Block's nodes
+/// run until its `capacityBlockDrainLead` before its end and any other reservation's run on
+/// (`None`: without end, or no such reservation). Launches name the reservations of an offering
+/// latest end first ([`crate::autoscaler::fleet::launch_reservations`]).
+pub fn reserved_until(
+    pool: &Pool,
+    reservations: &[gpu_node_autoscaler_provider::Reservation],
+    key: &OfferingKey,
+    now: Time,
+) -> Option<i64> {
+    let lead = i64::try_from(pool.capacity_block_drain_lead.as_millis()).unwrap_or(i64::MAX);
+    reservations
+        .iter()
+        .filter(|r| r.available > 0 && r.offering() == *key && launchable(pool, r, now))
+        .map(|r| match (r.kind, r.end_ms) {
+            (gpu_node_autoscaler_provider::ReservationKind::CapacityBlock, Some(e)) => {
+                e.saturating_sub(lead)
+            }
+            _ => i64::MAX,
+        })
+        .max()
+        .filter(|&e| e < i64::MAX)
+}
+
 /// How many instances of each reserved offering the policy's pools may still launch at `now`
 /// (the reservations they select, counted once each).
 pub fn reserved_counts(

@@ -237,6 +237,10 @@ pub struct Pool {
     /// How long before a Capacity Block ends its nodes are replaced and drained
     /// (`capacityBlockDrainLead`).
     pub capacity_block_drain_lead: Duration,
+    /// How long a pod planned onto the pool is expected to run (`expectedRunTime`), where the
+    /// pod does not say (`gpu-node-autoscaler.io/expected-run-time`): such a pod is not planned
+    /// onto a Capacity Block that ends before it would when another offering can take it.
+    pub expected_run_time: Option<Duration>,
     /// The pool's provider section says its Nodes' shape comes from the cloud (its Auto Scaling
     /// groups' templates): `instanceTypes` and `requirements` may be left out, and fields the
     /// policy leaves out are filled in from [`Pool::cloud_templates`]
@@ -791,6 +795,7 @@ struct RawPool {
     capacity_reservations: Vec<RawReservationSelector>,
     keep_reserved_warm: Option<bool>,
     capacity_block_drain_lead: Option<Dur>,
+    expected_run_time: Option<Dur>,
 }
 
 #[derive(Deserialize)]
@@ -1753,6 +1758,25 @@ fn validate_pool(
         r.capacity_block_drain_lead,
         defaults::CAPACITY_BLOCK_DRAIN_LEAD,
     );
+    if r.expected_run_time.is_some() && !reserved {
+        c.at(
+            &at(&["expectedRunTime"]),
+            "needs `reserved` in `capacityTypes` (it keeps pods off Capacity Blocks that end \
+             before them)",
+        );
+    }
+    let expected_run_time = match r.expected_run_time {
+        None => None,
+        Some(Dur(Ok(d))) if d.is_zero() => {
+            c.at(&at(&["expectedRunTime"]), "must be longer than 0s");
+            None
+        }
+        Some(Dur(Ok(d))) => Some(d),
+        Some(Dur(Err(e))) => {
+            c.at(&at(&["expectedRunTime"]), e);
+            None
+        }
+    };
     if r.min_nodes > r.max_nodes {
         c.at(
             &at(&["minNodes"]),
@@ -2148,6 +2172,7 @@ fn validate_pool(
         capacity_reservations,
         keep_reserved_warm: r.keep_reserved_warm.unwrap_or(false),
         capacity_block_drain_lead,
+        expected_run_time,
         templates_from_cloud,
         cloud_templates: Vec::new(),
     })

@@ -223,6 +223,7 @@ fn example_policy_parses_with_defaults_applied() {
             capacity_reservations: Vec::new(),
             keep_reserved_warm: false,
             capacity_block_drain_lead: mins(30),
+            expected_run_time: None,
             templates_from_cloud: false,
             cloud_templates: Vec::new(),
             health: Health {
@@ -352,6 +353,7 @@ fn reserved_capacity_type_with_capacity_reservations_parses() {
         "    capacityReservations: [{id: cr-0abc}, {tags: {team: ml, kind: block}}]",
         "    keepReservedWarm: true",
         "    capacityBlockDrainLead: 45m",
+        "    expectedRunTime: 6h",
     ]));
     let pool = &p.pools[0];
     assert_eq!(
@@ -374,12 +376,14 @@ fn reserved_capacity_type_with_capacity_reservations_parses() {
     );
     assert!(pool.keep_reserved_warm);
     assert_eq!(pool.capacity_block_drain_lead, Duration::from_secs(45 * 60));
+    assert_eq!(pool.expected_run_time, Some(Duration::from_secs(6 * 3600)));
     // Defaults.
     let p = parse_ok(&one_pool(&[
         "    capacityTypes: [reserved]",
         "    capacityReservations: [{id: cr-0abc}]",
     ]));
     assert!(!p.pools[0].keep_reserved_warm);
+    assert_eq!(p.pools[0].expected_run_time, None);
     assert_eq!(
         p.pools[0].capacity_block_drain_lead,
         Duration::from_secs(30 * 60)
@@ -703,6 +707,32 @@ fn error_cases() -> Vec<Case> {
             ]),
             (8, 5),
             "pools[0].capacityBlockDrainLead: invalid duration",
+        ),
+        case(
+            "expected run time that is no duration",
+            one_pool(&[
+                "    capacityTypes: [reserved]",
+                "    capacityReservations: [{id: cr-1}]",
+                "    expectedRunTime: two hours",
+            ]),
+            (8, 5),
+            "pools[0].expectedRunTime: invalid duration",
+        ),
+        case(
+            "expected run time of zero",
+            one_pool(&[
+                "    capacityTypes: [reserved]",
+                "    capacityReservations: [{id: cr-1}]",
+                "    expectedRunTime: 0s",
+            ]),
+            (8, 5),
+            "pools[0].expectedRunTime: must be longer than 0s",
+        ),
+        case(
+            "expected run time without reserved capacity",
+            one_pool(&["    expectedRunTime: 2h"]),
+            (6, 5),
+            "pools[0].expectedRunTime: needs `reserved` in `capacityTypes`",
         ),
         case(
             "keep reserved warm without reserved capacity",
@@ -1810,6 +1840,31 @@ fn aws_auto_scaling_group_errors_name_the_field_and_position() {
         ),
     ];
     assert_one_error_each(cases, aws_pool);
+}
+
+#[test]
+fn a_pool_of_auto_scaling_groups_with_reserved_capacity_is_refused() {
+    let e = parse_err(&aws_pool(&[
+        "    capacityTypes: [reserved, on-demand]",
+        "    capacityReservations: [{id: cr-0abc}]",
+        "    aws:",
+        "      autoScalingGroups: {names: [gpu-od-a]}",
+    ]));
+    assert_eq!(
+        e.to_string(),
+        "policy.yaml:7:5: pools[0].capacityTypes: a pool backed by Auto Scaling groups cannot \
+         list `reserved` (pool a): a group launches what its own launch template says, so a \
+         launch cannot be targeted at the reservations the pool selects nor held to their count; \
+         give the reserved capacity its own pool with `aws.launchTemplate` and `aws.subnets`"
+    );
+    // The same pool launching from a launch template into subnets may.
+    parse_ok(&aws_pool(&[
+        "    capacityTypes: [reserved, on-demand]",
+        "    capacityReservations: [{id: cr-0abc}]",
+        "    aws:",
+        "      launchTemplate: {name: gpu}",
+        "      subnets: {us-east-1a: subnet-1, us-east-1b: subnet-2}",
+    ]));
 }
 
 #[test]

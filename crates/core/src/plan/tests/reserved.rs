@@ -215,3 +215,122 @@ fn an_empty_reserved_node_is_removed_unless_its_pool_keeps_reserved_warm() {
         plan.kept
     );
 }
+
+/// A Capacity Block of 2 in `zone`, started an hour ago, ending in `hours` hours.
+fn capacity_block_ending_in(hours: i64, zone: &str) -> Reservation {
+    let mut r = reservation("cr-0aaa", ReservationKind::CapacityBlock, zone, 2);
+    r.start_ms = Some(NOW.0 - 3_600_000);
+    r.end_ms = Some(NOW.0 + hours * 3_600_000);
+    r
+}
+
+/// One H100 training pod, annotated with its expected run time when given.
+fn pod_running_for(run_time: Option<&str>) -> Pod {
+    let p = gpu_pod("train-0", 8);
+    match run_time {
+        Some(v) => p.annotation(labels::EXPECTED_RUN_TIME, v),
+        None => p,
+    }
+    .build()
+}
+
+fn plan_one(pod: Pod, rs: Vec<Reservation>, policy: &str) -> Vec<(String, f64, u32)> {
+    let s = Snapshot {
+        reservations: rs,
+        ..snap(vec![pod], Vec::new())
+    };
+    launches(&run(&s, policy))
+}
+
+#[test]
+fn a_pod_expected_to_outlive_a_capacity_block_is_planned_on_another_offering() {
+    // The block ends in 3 h: its nodes are drained from 2 h 30 m (capacityBlockDrainLead 30m).
+    let block = || vec![capacity_block_ending_in(3, "us-east-1a")];
+    let od = vec![("on-demand".to_string(), 55.04, 1)];
+    let rsv = vec![("reserved".to_string(), 0.0, 1)];
+    // Done before the drain: the block.
+    assert_eq!(
+        plan_one(pod_running_for(Some("2h")), block(), RESERVED),
+        rsv
+    );
+    // Still running at the drain: on-demand from the start, not moved later.
+    assert_eq!(
+        plan_one(pod_running_for(Some("2h45m")), block(), RESERVED),
+        od
+    );
+    // No run time known: the block is preferred and the move planned at its end.
+    assert_eq!(plan_one(pod_running_for(None), block(), RESERVED), rsv);
+    // The pool's default, where the pod does not say; the pod's own run time comes first.
+    let pool_default = RESERVED.replace(
+        "    maxNodes: 10\n",
+        "    maxNodes: 10\n    expectedRunTime: 4h\n",
+    );
+    assert_eq!(plan_one(pod_running_for(None), block(), &pool_default), od);
+    assert_eq!(
+        plan_one(pod_running_for(Some("1h")), block(), &pool_default),
+        rsv
+    );
+    // Nothing else can take it: the block still does (and its end moves the pod).
+    let reserved_only = RESERVED.replace("[reserved, on-demand]", "[reserved]");
+    assert_eq!(
+        plan_one(pod_running_for(Some("12h")), block(), &reserved_only),
+        rsv
+    );
+}
+
+#[test]
+fn a_pod_outliving_a_capacity_block_goes_to_a_reservation_without_end() {
+    // The block in us-east-1a ends too soon; the ODCR in us-east-1b runs on.
+    let rs = vec![
+        capacity_block_ending_in(3, "us-east-1a"),
+        reservation("cr-0odcr", ReservationKind::Default, "us-east-1b", 1),
+    ];
+    let policy = RESERVED.replace("{id: cr-0aaa}", "{id: cr-0aaa}, {id: cr-0odcr}");
+    let s = Snapshot {
+        reservations: rs,
+        ..snap(vec![pod_running_for(Some("6h"))], Vec::new())
+    };
+    let plan = run(&s, &policy);
+    assert_eq!(plan.scale_ups.len(), 1, "{plan:?}");
+    let o = &plan.scale_ups[0].offerings[0];
+    assert_eq!(
+        (o.capacity_type, o.zone.as_str()),
+        (CapacityType::Reserved, "us-east-1b"),
+        "{plan:?}"
+    );
+    // Both reservations in one offering: the one without end is launched into first.
+    let mut odcr = reservation("cr-0odcr", ReservationKind::Default, "us-east-1a", 1);
+    odcr.tags.insert("team".into(), "ml".into());
+    assert_eq!(
+        plan_one(
+            pod_running_for(Some("6h")),
+            vec![capacity_block_ending_in(3, "us-east-1a"), odcr],
+            RESERVED
+        ),
+        vec![("reserved".to_string(), 0.0, 1)]
+    );
+}
+
+#[test]
+fn a_capacity_block_run_time_annotation_that_is_no_duration_is_planned_as_without_it() {
+    let bad = pod_running_for(Some("two hours"));
+    let err = bad.expected_run_time().unwrap_err();
+    assert!(
+        err.contains("gpu-node-autoscaler.io/expected-run-time") && err.contains("two hours"),
+        "{err}"
+    );
+    assert!(pod_running_for(Some("0s")).expected_run_time().is_err());
+    assert_eq!(
+        pod_running_for(Some("90m")).expected_run_time(),
+        Ok(Some(std::time::Duration::from_secs(5400)))
+    );
+    // Planned as without it: onto the block (not left out, not on-demand).
+    assert_eq!(
+        plan_one(
+            bad,
+            vec![capacity_block_ending_in(3, "us-east-1a")],
+            RESERVED
+        ),
+        vec![("reserved".to_string(), 0.0, 1)]
+    );
+}
