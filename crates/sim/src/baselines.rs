@@ -342,7 +342,15 @@ pub struct CaLike {
     failures: BTreeMap<(usize, usize), (u32, Ms)>,
     backoff: BTreeMap<(usize, usize), Ms>,
     launches: u64,
+    /// Per queued Kueue job (by index): its ProvisioningRequest's tries that found no
+    /// capacity, and when it is tried again.
+    request_backoff: BTreeMap<usize, (u32, Ms)>,
 }
+
+/// The back-off of a ProvisioningRequest that found no capacity
+/// (`--provisioning-request-initial-backoff-time`, `--provisioning-request-max-backoff-time`).
+const CA_REQUEST_BACKOFF: Ms = MINUTE;
+const CA_REQUEST_MAX_BACKOFF: Ms = 10 * MINUTE;
 
 /// The Cluster Autoscaler's node group back-off after a failed scale-up.
 const CA_INITIAL_BACKOFF: Ms = 5 * MINUTE;
@@ -392,7 +400,144 @@ impl CaLike {
             failures: BTreeMap::new(),
             backoff: BTreeMap::new(),
             launches: 0,
+            request_backoff: BTreeMap::new(),
         }
+    }
+
+    /// The Cluster Autoscaler's `best-effort-atomic-scale-up` ProvisioningRequests (the ones
+    /// Kueue makes for its queued jobs), one a scan, the oldest not backed off: `Provisioned`
+    /// at once (Kueue admits the job, its pods are created) when its pods fit the capacity
+    /// there and on its way, else when one node group can take all of them and is scaled up by
+    /// that many nodes in one call (the Auto Scaling group may fill fewer: atomic only as far as
+    /// the cloud is); else `CapacityIsNotFound` and tried again after a back-off. Whether it
+    /// launched.
+    fn provisioning_request(&mut self, world: &mut World, templates: &[Template]) -> bool {
+        let now = world.now;
+        let Some((index, pods)) = world
+            .waiting_jobs()
+            .into_iter()
+            .filter(|j| {
+                self.request_backoff
+                    .get(&j.index)
+                    .is_none_or(|(_, t)| *t <= now)
+            })
+            .min_by_key(|j| (j.submitted, j.index))
+            .map(|j| {
+                (
+                    j.index,
+                    j.pods.iter().map(|p| (*p).clone()).collect::<Vec<Pod>>(),
+                )
+            })
+        else {
+            return false;
+        };
+        let snapshot = world.snapshot();
+        let view = self.device_view(&snapshot, templates);
+        let mut rooms = rooms(&snapshot, templates, &view);
+        count_unadvertised_at_template(&mut rooms, &snapshot, templates, &view, |n| {
+            n.labels
+                .contains_key(gpu_node_autoscaler_core::model::labels::AWS_ACCELERATOR)
+                && now - n.created.0 < CA_MAX_NODE_STARTUP
+        });
+        // The pods already pending take their room first.
+        for p in pending_gpu_pods(&snapshot) {
+            rooms.iter_mut().any(|r| r.take(p));
+        }
+        let request = format!("{index}-provisioning");
+        if pods.iter().all(|p| rooms.iter_mut().any(|r| r.take(p))) {
+            world.admit(index, Some(&request));
+            return false;
+        }
+        let gpus_now = cluster_gpus(&snapshot, templates);
+        // One group for all the pods: the expanders as for pending pods.
+        let mut best: Option<(usize, f64, usize, u32)> = None;
+        for (ti, t) in templates.iter().enumerate() {
+            for ct in 0..self.policy.pools[t.pool].capacity_types.len() {
+                if self.backoff.get(&(ti, ct)).is_some_and(|u| *u > now) {
+                    continue;
+                }
+                let offers = self.group_offerings(t, ct);
+                let Some(oi) = t
+                    .offerings
+                    .iter()
+                    .position(|o| Some(&o.key) == offers.first())
+                else {
+                    continue;
+                };
+                let pool = &self.policy.pools[t.pool];
+                let room_left = pool.max_nodes as i64 - pool_nodes(&snapshot, &pool.name);
+                let mut nodes: Vec<Room> = Vec::new();
+                let all = pods.iter().all(|p| {
+                    nodes.iter_mut().any(|r| r.take(p)) || {
+                        let mut r = template_room(t, oi, view.room(ti));
+                        let fits = r.take(p);
+                        if fits {
+                            nodes.push(r);
+                        }
+                        fits
+                    }
+                });
+                let n = nodes.len() as u32;
+                if !all || n as i64 > room_left {
+                    continue;
+                }
+                if let Some(mg) = self.policy.limits.max_gpus {
+                    if gpus_now + i64::from(t.gpus) * i64::from(n) > mg as i64 {
+                        continue;
+                    }
+                }
+                let cap = |f: fn(&Resources) -> i64| (f(&t.allocatable) * n as i64).max(1) as f64;
+                let free_cpu: i64 = nodes.iter().map(|r| r.free.cpu_milli).sum();
+                let free_mem: i64 = nodes.iter().map(|r| r.free.memory).sum();
+                let waste =
+                    free_cpu as f64 / cap(|r| r.cpu_milli) + free_mem as f64 / cap(|r| r.memory);
+                if best
+                    .as_ref()
+                    .is_none_or(|(pr, w, _, _)| ct < *pr || (ct == *pr && waste < *w - 1e-12))
+                {
+                    best = Some((ct, waste, ti, n));
+                }
+            }
+        }
+        let Some((ct, _, ti, n)) = best else {
+            let e = self.request_backoff.entry(index).or_insert((0, now));
+            e.0 += 1;
+            let wait = (CA_REQUEST_BACKOFF << (e.0 - 1).min(8)).min(CA_REQUEST_MAX_BACKOFF);
+            e.1 = now + wait;
+            return false;
+        };
+        let t = &templates[ti];
+        self.launches += 1;
+        let req = LaunchRequest {
+            launch_id: format!("ca-{}-{}", t.pool_name, self.launches),
+            pool: t.pool_name.clone(),
+            count: n,
+            offerings: self.group_offerings(t, ct),
+            tags: BTreeMap::new(),
+            reservations: Vec::new(),
+        };
+        let got = world
+            .launch(&req)
+            .map(|r| r.launched.len() as u32)
+            .unwrap_or(0);
+        if got < n {
+            self.group_failed(ti, ct, now);
+        }
+        world.admit(index, Some(&request));
+        true
+    }
+
+    /// A scale-up of group (`ti`, `ct`) the cloud did not fill: seen at the next scan from the
+    /// group's failed scaling activity, and the group backed off.
+    fn group_failed(&mut self, ti: usize, ct: usize, now: Ms) {
+        let e = self.failures.entry((ti, ct)).or_insert((0, now));
+        if now - e.1 >= CA_BACKOFF_RESET {
+            e.0 = 0;
+        }
+        e.0 += 1;
+        e.1 = now;
+        let wait = (CA_INITIAL_BACKOFF << (e.0 - 1).min(8)).min(CA_MAX_BACKOFF);
+        self.backoff.insert((ti, ct), now + 10 * SECOND + wait);
     }
 
     /// The devices the Cluster Autoscaler expects of a new node: its AWS provider's templates
@@ -458,6 +603,7 @@ impl Strategy for CaLike {
         // are noticed when the node goes.
         drop(world.take_notices());
         let templates = world.templates().to_vec();
+        let requested = self.provisioning_request(world, &templates);
         let snapshot = world.snapshot();
         let view = self.device_view(&snapshot, &templates);
         let mut rooms = rooms(&snapshot, &templates, &view);
@@ -568,15 +714,7 @@ impl Strategy for CaLike {
                     .map(|r| r.launched.len() as u32)
                     .unwrap_or(0);
                 if got < n {
-                    // Seen at the next scan from the group's failed scaling activity.
-                    let e = self.failures.entry((ti, ct)).or_insert((0, now));
-                    if now - e.1 >= CA_BACKOFF_RESET {
-                        e.0 = 0;
-                    }
-                    e.0 += 1;
-                    e.1 = now;
-                    let wait = (CA_INITIAL_BACKOFF << (e.0 - 1).min(8)).min(CA_MAX_BACKOFF);
-                    self.backoff.insert((ti, ct), now + 10 * SECOND + wait);
+                    self.group_failed(ti, ct, now);
                 }
                 scaled = true;
             }
@@ -584,11 +722,18 @@ impl Strategy for CaLike {
         let snapshot = world.snapshot();
         let first_unneeded = scale_down(world, &self.policy, &self.templates, &snapshot);
         // Scan again in 10 s while anything is pending, waiting or being watched.
-        let busy = scaled || waiting || !world.unregistered().is_empty();
+        let busy = scaled || requested || waiting || !world.unregistered().is_empty();
+        // A queued job's request is tried again at its back-off's end.
+        let queued = world
+            .waiting_jobs()
+            .iter()
+            .map(|j| self.request_backoff.get(&j.index).map_or(now, |(_, t)| *t))
+            .min()
+            .map(|t| t.max(now + 10 * SECOND));
         self.next = if busy {
             Some(now + 10 * SECOND)
         } else {
-            first_unneeded.map(|_| now + MINUTE)
+            earliest(first_unneeded.map(|_| now + MINUTE), queued)
         };
     }
 }
