@@ -133,66 +133,77 @@ impl Ours {
     /// Kueue's queued jobs as ProvisioningRequests, assessed as the controller does: the
     /// conditions written back, a provisioned job admitted (its pods created, consuming the
     /// request), a failed one retried or given up on. `snapshot` with the requests' pods.
-    fn kueue(&mut self, world: &mut World, mut snapshot: Snapshot) -> Snapshot {
+    fn kueue(&mut self, world: &mut World, snapshot: Snapshot) -> Snapshot {
         let now = world.now;
-        loop {
-            let mut requests = Vec::new();
-            let mut jobs = Vec::new();
-            for job in world.waiting_jobs() {
-                let r = self.requests.entry(job.index).or_insert(Request {
-                    attempt: 1,
-                    created: job.submitted,
-                    conditions: Vec::new(),
-                    retry_at: None,
-                });
-                match r.retry_at {
-                    Some(t) if t > now => continue,
-                    Some(t) => {
-                        r.attempt += 1;
-                        r.created = t;
-                        r.conditions.clear();
-                        r.retry_at = None;
-                    }
-                    None => {}
+        let mut requests = Vec::new();
+        let mut jobs = Vec::new();
+        for job in world.waiting_jobs() {
+            let r = self.requests.entry(job.index).or_insert(Request {
+                attempt: 1,
+                created: job.submitted,
+                conditions: Vec::new(),
+                retry_at: None,
+            });
+            match r.retry_at {
+                Some(t) if t > now => continue,
+                Some(t) => {
+                    r.attempt += 1;
+                    r.created = t;
+                    r.conditions.clear();
+                    r.retry_at = None;
                 }
-                requests.push(provisioning_request(&job, r));
-                jobs.push(job.index);
+                None => {}
             }
-            if requests.is_empty() {
-                return snapshot;
-            }
-            let a = self
-                .core
-                .assess_provisioning(&snapshot, &requests, Time(now));
-            let mut admitted = false;
-            for u in &a.updates {
-                let Some(k) = requests.iter().position(|r| r.name == u.name) else {
-                    continue;
-                };
-                let index = jobs[k];
-                let Some(r) = self.requests.get_mut(&index) else {
-                    continue;
-                };
-                r.conditions = u.conditions.clone();
-                let is_true = |kind: &str| u.condition(kind).is_some_and(|c| c.status == "True");
-                if is_true(provisioning::PROVISIONED) {
-                    world.admit(index, Some(&u.name));
-                    admitted = true;
-                } else if is_true(provisioning::FAILED) {
-                    if r.attempt > KUEUE_RETRIES {
-                        world.deactivate(index);
-                    } else {
-                        let wait = (KUEUE_BACKOFF_BASE << (r.attempt - 1)).min(KUEUE_BACKOFF_MAX);
-                        r.retry_at = Some(now + wait);
-                    }
-                }
-            }
-            if !admitted {
-                return a.snapshot(&snapshot);
-            }
-            // The admitted jobs' pods are there now: the others are assessed with them.
-            snapshot = world.snapshot();
+            requests.push(provisioning_request(&job, r));
+            jobs.push(job.index);
         }
+        if requests.is_empty() {
+            return snapshot;
+        }
+        let a = self
+            .core
+            .assess_provisioning(&snapshot, &requests, Time(now));
+        let mut admitted = Vec::new();
+        for u in &a.updates {
+            let Some(k) = requests.iter().position(|r| r.name == u.name) else {
+                continue;
+            };
+            let index = jobs[k];
+            let Some(r) = self.requests.get_mut(&index) else {
+                continue;
+            };
+            r.conditions = u.conditions.clone();
+            let is_true = |kind: &str| u.condition(kind).is_some_and(|c| c.status == "True");
+            if is_true(provisioning::PROVISIONED) {
+                world.admit(index, Some(&u.name));
+                admitted.push(u.name.as_str());
+            } else if is_true(provisioning::FAILED) {
+                if r.attempt > KUEUE_RETRIES {
+                    world.deactivate(index);
+                } else {
+                    let wait = (KUEUE_BACKOFF_BASE << (r.attempt - 1)).min(KUEUE_BACKOFF_MAX);
+                    r.retry_at = Some(now + wait);
+                }
+            }
+        }
+        if admitted.is_empty() {
+            return a.snapshot(&snapshot);
+        }
+        // The admitted jobs' pods exist now (the scheduler binds them after this pass): they
+        // stand for their requests' booked pods; the other requests are assessed again next
+        // pass, with them in place.
+        let mut s = world.snapshot();
+        s.pods.extend(
+            a.inject
+                .iter()
+                .filter(|p| {
+                    p.annotations
+                        .get(provisioning::REQUEST_ANNOTATION)
+                        .is_none_or(|r| !admitted.contains(&r.as_str()))
+                })
+                .cloned(),
+        );
+        s
     }
 
     /// The CapacityBuffers, assessed as the controller does: `snapshot` with their virtual
