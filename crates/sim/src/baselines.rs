@@ -100,6 +100,9 @@ struct Room {
     node: Option<usize>,
     /// Devices claims can be allocated on (none: pods with claims do not fit).
     devices: Option<DeviceRoom>,
+    /// $/hour of the node and its GPUs (a CapacityBuffer's chunk is priced at its share).
+    price: f64,
+    gpus: i64,
 }
 
 impl Room {
@@ -141,6 +144,8 @@ fn template_room(t: &Template, offering: usize, devices: Option<DeviceRoom>) -> 
         name: None,
         node: None,
         devices,
+        price: t.offerings[offering].price,
+        gpus: i64::from(t.gpus),
     }
 }
 
@@ -187,6 +192,7 @@ fn rooms(s: &Snapshot, templates: &[Template], view: &DeviceView) -> Vec<Room> {
                 matcher: view.matcher.clone(),
             }
         });
+        let t = template_of_node(n, templates).map(|i| &templates[i]);
         out.push(Room {
             free,
             shared,
@@ -195,6 +201,8 @@ fn rooms(s: &Snapshot, templates: &[Template], view: &DeviceView) -> Vec<Room> {
             name: Some(n.name.clone()),
             node: Some(ni),
             devices,
+            price: plan::scale_down::price_of(n, t),
+            gpus: t.map_or(n.allocatable.whole_gpus(), |t| i64::from(t.gpus)),
         });
     }
     for f in &s.in_flight {
@@ -345,6 +353,8 @@ pub struct CaLike {
     /// Per queued Kueue job (by index): its ProvisioningRequest's tries that found no
     /// capacity, and when it is tried again.
     request_backoff: BTreeMap<usize, (u32, Ms)>,
+    /// The CapacityBuffers' chunks, as the fake pods the Cluster Autoscaler injects for them.
+    buffer_pods: Vec<Pod>,
 }
 
 /// The back-off of a ProvisioningRequest that found no capacity
@@ -401,6 +411,23 @@ impl CaLike {
             backoff: BTreeMap::new(),
             launches: 0,
             request_backoff: BTreeMap::new(),
+            buffer_pods: input
+                .buffers
+                .iter()
+                .flat_map(|b| {
+                    (0..b.replicas).map(move |i| {
+                        let mut p = b.chunk.clone();
+                        p.id = gpu_node_autoscaler_core::model::PodRef::new(
+                            p.id.namespace.clone(),
+                            gpu_node_autoscaler_core::buffer::pod_name(&b.name, i),
+                        );
+                        p.uid = p.id.to_string();
+                        p.priority = gpu_node_autoscaler_core::buffer::BUFFER_PRIORITY;
+                        p.unschedulable = true;
+                        p
+                    })
+                })
+                .collect(),
         }
     }
 
@@ -624,6 +651,26 @@ impl Strategy for CaLike {
                 left.push(p);
             }
         }
+        // CapacityBuffers (its `capacitybuffer` pod list processor): the chunks' fake pods after
+        // every real pod, on free room, else scaled up for; the room they hold is priced.
+        if !self.buffer_pods.is_empty() {
+            let mut rate = 0.0;
+            for p in &self.buffer_pods {
+                match rooms.iter_mut().find_map(|r| r.take(p).then_some(&*r)) {
+                    Some(r) => {
+                        let g = p.requests.whole_gpus();
+                        rate += r.price
+                            * if r.gpus > 0 && g > 0 {
+                                (g as f64 / r.gpus as f64).min(1.0)
+                            } else {
+                                1.0
+                            };
+                    }
+                    None => left.push(p),
+                }
+            }
+            world.set_buffer_rate(rate);
+        }
         let mut scaled = false;
         if !left.is_empty() {
             // Estimate per group (first-fit decreasing on template nodes) and pick least waste.
@@ -719,7 +766,9 @@ impl Strategy for CaLike {
                 scaled = true;
             }
         }
-        let snapshot = world.snapshot();
+        let mut snapshot = world.snapshot();
+        // The buffers' fake pods take their room in the scale-down simulation too.
+        snapshot.pods.extend(self.buffer_pods.iter().cloned());
         let first_unneeded = scale_down(world, &self.policy, &self.templates, &snapshot);
         // Scan again in 10 s while anything is pending, waiting or being watched.
         let busy = scaled || requested || waiting || !world.unregistered().is_empty();
@@ -1061,6 +1110,8 @@ impl Strategy for KarpenterLike {
                 taints: n.taints.clone(),
                 name: Some(n.name.clone()),
                 node: None,
+                price: 0.0,
+                gpus: 0,
             };
             pending.iter().any(|p| r.clone().take(p))
         };

@@ -256,6 +256,13 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
         }
         s.push('\n');
     }
+    if runs.iter().any(|m| m.buffer_cost_usd > 0.0) {
+        let _ = write!(s, "{:<24}", "of which buffers (USD)");
+        for m in runs {
+            let _ = write!(s, " {:>20}", format!("{:.2}", m.buffer_cost_usd));
+        }
+        s.push('\n');
+    }
     let _ = writeln!(s, "\ncost by pool, instance type and capacity type:");
     for m in runs {
         let mut lines: Vec<&OfferingCost> = m.cost_by_offering.iter().collect();

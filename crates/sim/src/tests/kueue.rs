@@ -183,3 +183,17 @@ fn buffer_and_kueue_admission_errors_name_file_line_and_field() {
         "{e}"
     );
 }
+
+/// The Cluster Autoscaler serves CapacityBuffers too (fake pods of lowest priority): ca-like
+/// keeps the warm node as ours does; Karpenter has no CapacityBuffer, so karpenter-like keeps
+/// none and the burst's pod waits for a node.
+#[test]
+fn buffer_of_ca_like_keeps_a_warm_node_and_karpenter_like_has_none() {
+    let burst = |m: &Metrics| m.waits_s.last().copied().unwrap_or(f64::NAN);
+    let ca = run(&buffer_input(1), StrategyKind::CaLike);
+    assert!(burst(&ca) < 1.0, "{:?}", ca.waits_s);
+    assert!(ca.buffer_cost_usd > 1.5, "{}", ca.buffer_cost_usd);
+    let k = run(&buffer_input(1), StrategyKind::KarpenterLike);
+    assert!(burst(&k) >= 60.0, "{:?}", k.waits_s);
+    assert_eq!(k.buffer_cost_usd, 0.0);
+}
