@@ -14,7 +14,8 @@
 //! virtual pods never exist in the cluster, so the scheduler gives their room to the first real
 //! pod that fits; the next pass finds the buffer short of room and plans it again (replenished).
 //! A node whose room the plan gives to a virtual pod is needed, so scale-down does not remove it;
-//! consolidation waits while a buffer's pod waits for a node.
+//! consolidation holds a chunk that has room on a node there
+//! ([`crate::plan::consolidate::place_buffer_pods`]) and waits only while one has no room.
 //!
 //! The buffer's status is written back as the Cluster Autoscaler does: `replicas`,
 //! `podTemplateRef`, `provisioningStrategy`, and the conditions [`READY_FOR_PROVISIONING`] and
