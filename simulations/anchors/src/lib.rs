@@ -203,7 +203,7 @@ mod tests {
                         .args
                         .contains(&"--enable-dynamic-resource-allocation=true".to_string()));
                 }
-                "topology-serving" | "reserved-h100" => {
+                "topology-serving" | "reserved-h100" | "kueue-gangs" => {
                     // Refused loudly rather than replayed without its rules.
                     let e = got.err().map(|e| format!("{e:#}")).unwrap_or_default();
                     assert!(
@@ -223,6 +223,6 @@ mod tests {
             }
             seen += 1;
         }
-        assert_eq!(seen, 13);
+        assert_eq!(seen, 14);
     }
 }
