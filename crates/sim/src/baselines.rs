@@ -542,6 +542,7 @@ impl CaLike {
             offerings: self.group_offerings(t, ct),
             tags: BTreeMap::new(),
             reservations: Vec::new(),
+            atomic: false,
         };
         let got = world
             .launch(&req)
@@ -755,6 +756,7 @@ impl Strategy for CaLike {
                     offerings: self.group_offerings(t, ct),
                     tags: BTreeMap::new(),
                     reservations: Vec::new(),
+                    atomic: false,
                 };
                 let got = world
                     .launch(&req)
@@ -1076,6 +1078,7 @@ impl Strategy for KarpenterLike {
                 reservations: world.reservations_for(&t.pool_name, &offerings),
                 offerings,
                 tags: BTreeMap::new(),
+                atomic: false,
             };
             match world.launch(&req) {
                 Ok(res) => {
@@ -1222,6 +1225,7 @@ impl KarpenterLike {
                 reservations: world.reservations_for(&pool, std::slice::from_ref(&offering)),
                 offerings: vec![offering],
                 tags: BTreeMap::new(),
+                atomic: false,
             };
             let launched = world
                 .launch(&req)
@@ -1335,6 +1339,7 @@ impl KarpenterLike {
             reservations: world.reservations_for(pool, &offerings),
             offerings,
             tags: BTreeMap::new(),
+            atomic: false,
         };
         let Ok(res) = world.launch(&req) else {
             return false;
