@@ -237,6 +237,7 @@ impl Ours {
                 limits: None,
                 chunk: Ok(b.chunk.clone()),
                 scalable_replicas: None,
+                template_generation: None,
                 status: self.buffer_status.get(&b.name).cloned().unwrap_or_default(),
             })
             .collect();

@@ -3105,6 +3105,7 @@ fn one_gpu_buffer(replicas: i32) -> crate::buffer::CapacityBuffer {
         limits: None,
         chunk: Ok(chunk),
         scalable_replicas: None,
+        template_generation: None,
         status: Status::default(),
     }
 }
