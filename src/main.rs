@@ -337,6 +337,10 @@ struct SimArgs {
     /// Seed for boot delays and interruptions (default: the scenario's, else 1).
     #[arg(long)]
     seed: Option<u64>,
+    /// Keep a CapacityBuffer of N chunks, each one replica of the scenario's service SERVICE
+    /// (replacing the scenario's buffer of that service): warm capacity before its bursts.
+    #[arg(long, value_name = "SERVICE=N", conflicts_with = "trace")]
+    buffer: Vec<String>,
 }
 
 #[cfg(feature = "simulator")]
@@ -416,6 +420,8 @@ fn simulate(a: SimArgs) -> Result<()> {
             skipped: t.skipped,
             device_classes: Default::default(),
             reservations: Vec::new(),
+            kueue_jobs: Vec::new(),
+            buffers: Vec::new(),
         }
     } else {
         let (text, file, dir) = match (&a.scenario, a.generate) {
@@ -446,7 +452,17 @@ fn simulate(a: SimArgs) -> Result<()> {
                 PathBuf::from("."),
             ),
         };
-        let sc = scenario::parse_scenario(&text, &file).map_err(anyhow::Error::msg)?;
+        let mut sc = scenario::parse_scenario(&text, &file).map_err(anyhow::Error::msg)?;
+        for b in &a.buffer {
+            let (service, n) = b
+                .split_once('=')
+                .and_then(|(s, n)| Some((s, n.parse::<u32>().ok()?)))
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--buffer {b:?}: expected SERVICE=N (N a whole number)")
+                })?;
+            sc.add_buffer(service, n)
+                .map_err(|e| anyhow::anyhow!("--buffer {b:?}: {e}"))?;
+        }
         let catalog_path = a
             .catalog
             .clone()

@@ -348,6 +348,7 @@ fn asg_a_pool_of_named_groups_alone_is_planned_from_their_tag_templates_and_scal
             offerings: su.offerings.iter().map(|o| o.key()).collect(),
             tags: Default::default(),
             reservations: Vec::new(),
+            atomic: false,
         };
         let r = provider.launch(&request).await.unwrap();
         assert!(r.failures.is_empty(), "{:?}", r.failures);

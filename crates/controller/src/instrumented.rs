@@ -263,6 +263,7 @@ mod tests {
             offerings: Vec::new(),
             tags: Default::default(),
             reservations: Vec::new(),
+            atomic: false,
         };
         assert!(p.launch(&request).await.is_err());
         // The account's reservations come through, not the trait's default of none.

@@ -256,6 +256,7 @@ pub async fn write_buffer_status(
     let patch = serde_json::json!({"status": {
         "replicas": st.replicas,
         "podTemplateRef": st.pod_template.as_ref().map(|n| serde_json::json!({"name": n})),
+        "podTemplateGeneration": st.pod_template_generation,
         "provisioningStrategy": st.strategy,
         "conditions": conditions_json(&st.conditions),
     }});

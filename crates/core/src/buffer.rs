@@ -14,7 +14,8 @@
 //! virtual pods never exist in the cluster, so the scheduler gives their room to the first real
 //! pod that fits; the next pass finds the buffer short of room and plans it again (replenished).
 //! A node whose room the plan gives to a virtual pod is needed, so scale-down does not remove it;
-//! consolidation waits while a buffer's pod waits for a node.
+//! consolidation holds a chunk that has room on a node there
+//! ([`crate::plan::consolidate::place_buffer_pods`]) and waits only while one has no room.
 //!
 //! The buffer's status is written back as the Cluster Autoscaler does: `replicas`,
 //! `podTemplateRef`, `provisioningStrategy`, and the conditions [`READY_FOR_PROVISIONING`] and
@@ -44,6 +45,12 @@ pub const BUFFER_PRIORITY: i32 = i32::MIN;
 
 pub const READY_FOR_PROVISIONING: &str = "ReadyForProvisioning";
 pub const PROVISIONING: &str = "Provisioning";
+/// Some chunks have no room because the pools' limits (`maxNodes`, `maxGpus`, the cluster's
+/// `limits`) are reached: the buffer is smaller than asked (the API's condition for a buffer
+/// capped by quotas; ours are the policy's limits).
+pub const LIMITED_BY_QUOTAS: &str = "LimitedByQuotas";
+pub const REASON_POOL_LIMITS: &str = "PoolLimitsReached";
+pub const REASON_WITHIN_LIMITS: &str = "WithinPoolLimits";
 
 /// The reasons the Cluster Autoscaler gives (its buffer controller and pod list processor).
 pub const REASON_ATTRIBUTES_SET: &str = "AttributesSetSuccessfully";
@@ -86,6 +93,8 @@ pub struct CapacityBuffer {
     pub chunk: Result<Pod, String>,
     /// The scalable object's current replicas (`scalableRef` only, when it exists).
     pub scalable_replicas: Option<i32>,
+    /// `metadata.generation` of the PodTemplate named (`podTemplateRef` only).
+    pub template_generation: Option<i64>,
     pub status: Status,
 }
 
@@ -94,6 +103,8 @@ pub struct CapacityBuffer {
 pub struct Status {
     pub replicas: Option<i32>,
     pub pod_template: Option<String>,
+    /// `podTemplateGeneration`: the generation of the PodTemplate the chunk was made from.
+    pub pod_template_generation: Option<i64>,
     pub strategy: Option<String>,
     pub conditions: Vec<Condition>,
 }
@@ -288,6 +299,7 @@ pub fn assess(
         let mut st = Status {
             replicas: None,
             pod_template: b.template_name(),
+            pod_template_generation: b.template_name().and(b.template_generation),
             strategy: Some(b.strategy.clone()),
             conditions: b.status.conditions.clone(),
         };
@@ -371,6 +383,7 @@ pub fn assess(
             ..Default::default()
         };
         let mut why = None;
+        let mut limited: Option<(u32, &str)> = None;
         for p in &pods {
             let key = p.id.to_string();
             match placed.of(&key, p) {
@@ -385,6 +398,10 @@ pub fn assess(
                 Where::Nowhere(reason) => {
                     r.unplaced += 1;
                     why.get_or_insert(reason);
+                    if reason.starts_with(crate::plan::LIMITS_REACHED) {
+                        let l = limited.get_or_insert((0, reason));
+                        l.0 += 1;
+                    }
                 }
             }
         }
@@ -414,6 +431,39 @@ pub fn assess(
                     now,
                 );
             }
+        }
+        match limited {
+            Some((n, reason)) => {
+                let msg = format!(
+                    "{n} of the buffer's {} chunks have no room under the pools' limits: {reason}",
+                    pods.len()
+                );
+                set(
+                    &mut st.conditions,
+                    LIMITED_BY_QUOTAS,
+                    true,
+                    REASON_POOL_LIMITS,
+                    &msg,
+                    b.generation,
+                    now,
+                );
+            }
+            None if st
+                .conditions
+                .iter()
+                .any(|c| c.kind == LIMITED_BY_QUOTAS && c.status == "True") =>
+            {
+                set(
+                    &mut st.conditions,
+                    LIMITED_BY_QUOTAS,
+                    false,
+                    REASON_WITHIN_LIMITS,
+                    "every chunk is within the pools' limits",
+                    b.generation,
+                    now,
+                );
+            }
+            None => {}
         }
         if st != b.status {
             out.updates.push(Update {

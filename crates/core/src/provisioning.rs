@@ -191,11 +191,24 @@ fn outcome<'a>(plan: &'a Plan, snapshot: &Snapshot, pods: &[Pod]) -> Outcome<'a>
     if placed.len() < keys.len() {
         return Outcome::Launching;
     }
+    // Ready, and advertising GPUs when the pods placed there ask for some: a node whose device
+    // plugin has not started yet cannot take them, so Kueue would create them to wait Pending.
+    let wants_gpus: BTreeSet<&str> = plan
+        .existing_capacity
+        .iter()
+        .filter(|p| keys.contains(&p.pod))
+        .filter(|p| {
+            pods.iter()
+                .any(|q| q.id.to_string() == p.pod && q.gpu_equivalents() > 0.0)
+        })
+        .map(|p| p.target.as_str())
+        .collect();
     let ready = placed.values().all(|target| {
-        snapshot
-            .nodes
-            .iter()
-            .any(|n| n.name == *target && n.is_schedulable())
+        snapshot.nodes.iter().any(|n| {
+            n.name == *target
+                && n.is_schedulable()
+                && (n.advertised_gpus() > 0 || !wants_gpus.contains(target))
+        })
     });
     if ready {
         Outcome::OnReadyNodes

@@ -249,6 +249,8 @@ fn main() {
                 skipped: t.skipped.clone(),
                 device_classes: Default::default(),
                 reservations: Vec::new(),
+                kueue_jobs: Vec::new(),
+                buffers: Vec::new(),
             };
             all.push((input.name.clone(), report(&input, &a)));
         }

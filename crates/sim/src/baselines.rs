@@ -100,6 +100,9 @@ struct Room {
     node: Option<usize>,
     /// Devices claims can be allocated on (none: pods with claims do not fit).
     devices: Option<DeviceRoom>,
+    /// $/hour of the node and its GPUs (a CapacityBuffer's chunk is priced at its share).
+    price: f64,
+    gpus: i64,
 }
 
 impl Room {
@@ -141,6 +144,8 @@ fn template_room(t: &Template, offering: usize, devices: Option<DeviceRoom>) -> 
         name: None,
         node: None,
         devices,
+        price: t.offerings[offering].price,
+        gpus: i64::from(t.gpus),
     }
 }
 
@@ -187,6 +192,7 @@ fn rooms(s: &Snapshot, templates: &[Template], view: &DeviceView) -> Vec<Room> {
                 matcher: view.matcher.clone(),
             }
         });
+        let t = template_of_node(n, templates).map(|i| &templates[i]);
         out.push(Room {
             free,
             shared,
@@ -195,6 +201,8 @@ fn rooms(s: &Snapshot, templates: &[Template], view: &DeviceView) -> Vec<Room> {
             name: Some(n.name.clone()),
             node: Some(ni),
             devices,
+            price: plan::scale_down::price_of(n, t),
+            gpus: t.map_or(n.allocatable.whole_gpus(), |t| i64::from(t.gpus)),
         });
     }
     for f in &s.in_flight {
@@ -342,7 +350,17 @@ pub struct CaLike {
     failures: BTreeMap<(usize, usize), (u32, Ms)>,
     backoff: BTreeMap<(usize, usize), Ms>,
     launches: u64,
+    /// Per queued Kueue job (by index): its ProvisioningRequest's tries that found no
+    /// capacity, and when it is tried again.
+    request_backoff: BTreeMap<usize, (u32, Ms)>,
+    /// The CapacityBuffers' chunks, as the fake pods the Cluster Autoscaler injects for them.
+    buffer_pods: Vec<Pod>,
 }
+
+/// The back-off of a ProvisioningRequest that found no capacity
+/// (`--provisioning-request-initial-backoff-time`, `--provisioning-request-max-backoff-time`).
+const CA_REQUEST_BACKOFF: Ms = MINUTE;
+const CA_REQUEST_MAX_BACKOFF: Ms = 10 * MINUTE;
 
 /// The Cluster Autoscaler's node group back-off after a failed scale-up.
 const CA_INITIAL_BACKOFF: Ms = 5 * MINUTE;
@@ -392,7 +410,162 @@ impl CaLike {
             failures: BTreeMap::new(),
             backoff: BTreeMap::new(),
             launches: 0,
+            request_backoff: BTreeMap::new(),
+            buffer_pods: input
+                .buffers
+                .iter()
+                .flat_map(|b| {
+                    (0..b.replicas).map(move |i| {
+                        let mut p = b.chunk.clone();
+                        p.id = gpu_node_autoscaler_core::model::PodRef::new(
+                            p.id.namespace.clone(),
+                            gpu_node_autoscaler_core::buffer::pod_name(&b.name, i),
+                        );
+                        p.uid = p.id.to_string();
+                        p.priority = gpu_node_autoscaler_core::buffer::BUFFER_PRIORITY;
+                        p.unschedulable = true;
+                        p
+                    })
+                })
+                .collect(),
         }
+    }
+
+    /// The Cluster Autoscaler's `best-effort-atomic-scale-up` ProvisioningRequests (the ones
+    /// Kueue makes for its queued jobs), one a scan, the oldest not backed off: `Provisioned`
+    /// at once (Kueue admits the job, its pods are created) when its pods fit the capacity
+    /// there and on its way, else when one node group can take all of them and is scaled up by
+    /// that many nodes in one call (the Auto Scaling group may fill fewer: atomic only as far as
+    /// the cloud is); else `CapacityIsNotFound` and tried again after a back-off. Whether it
+    /// launched.
+    fn provisioning_request(&mut self, world: &mut World, templates: &[Template]) -> bool {
+        let now = world.now;
+        let Some((index, pods)) = world
+            .waiting_jobs()
+            .into_iter()
+            .filter(|j| {
+                self.request_backoff
+                    .get(&j.index)
+                    .is_none_or(|(_, t)| *t <= now)
+            })
+            .min_by_key(|j| (j.submitted, j.index))
+            .map(|j| {
+                (
+                    j.index,
+                    j.pods.iter().map(|p| (*p).clone()).collect::<Vec<Pod>>(),
+                )
+            })
+        else {
+            return false;
+        };
+        let snapshot = world.snapshot();
+        let view = self.device_view(&snapshot, templates);
+        let mut rooms = rooms(&snapshot, templates, &view);
+        count_unadvertised_at_template(&mut rooms, &snapshot, templates, &view, |n| {
+            n.labels
+                .contains_key(gpu_node_autoscaler_core::model::labels::AWS_ACCELERATOR)
+                && now - n.created.0 < CA_MAX_NODE_STARTUP
+        });
+        // The pods already pending take their room first.
+        for p in pending_gpu_pods(&snapshot) {
+            rooms.iter_mut().any(|r| r.take(p));
+        }
+        let request = format!("{index}-provisioning");
+        if pods.iter().all(|p| rooms.iter_mut().any(|r| r.take(p))) {
+            world.admit(index, Some(&request));
+            return false;
+        }
+        let gpus_now = cluster_gpus(&snapshot, templates);
+        // One group for all the pods: the expanders as for pending pods.
+        let mut best: Option<(usize, f64, usize, u32)> = None;
+        for (ti, t) in templates.iter().enumerate() {
+            for ct in 0..self.policy.pools[t.pool].capacity_types.len() {
+                if self.backoff.get(&(ti, ct)).is_some_and(|u| *u > now) {
+                    continue;
+                }
+                let offers = self.group_offerings(t, ct);
+                let Some(oi) = t
+                    .offerings
+                    .iter()
+                    .position(|o| Some(&o.key) == offers.first())
+                else {
+                    continue;
+                };
+                let pool = &self.policy.pools[t.pool];
+                let room_left = pool.max_nodes as i64 - pool_nodes(&snapshot, &pool.name);
+                let mut nodes: Vec<Room> = Vec::new();
+                let all = pods.iter().all(|p| {
+                    nodes.iter_mut().any(|r| r.take(p)) || {
+                        let mut r = template_room(t, oi, view.room(ti));
+                        let fits = r.take(p);
+                        if fits {
+                            nodes.push(r);
+                        }
+                        fits
+                    }
+                });
+                let n = nodes.len() as u32;
+                if !all || n as i64 > room_left {
+                    continue;
+                }
+                if let Some(mg) = self.policy.limits.max_gpus {
+                    if gpus_now + i64::from(t.gpus) * i64::from(n) > mg as i64 {
+                        continue;
+                    }
+                }
+                let cap = |f: fn(&Resources) -> i64| (f(&t.allocatable) * n as i64).max(1) as f64;
+                let free_cpu: i64 = nodes.iter().map(|r| r.free.cpu_milli).sum();
+                let free_mem: i64 = nodes.iter().map(|r| r.free.memory).sum();
+                let waste =
+                    free_cpu as f64 / cap(|r| r.cpu_milli) + free_mem as f64 / cap(|r| r.memory);
+                if best
+                    .as_ref()
+                    .is_none_or(|(pr, w, _, _)| ct < *pr || (ct == *pr && waste < *w - 1e-12))
+                {
+                    best = Some((ct, waste, ti, n));
+                }
+            }
+        }
+        let Some((ct, _, ti, n)) = best else {
+            let e = self.request_backoff.entry(index).or_insert((0, now));
+            e.0 += 1;
+            let wait = (CA_REQUEST_BACKOFF << (e.0 - 1).min(8)).min(CA_REQUEST_MAX_BACKOFF);
+            e.1 = now + wait;
+            return false;
+        };
+        let t = &templates[ti];
+        self.launches += 1;
+        let req = LaunchRequest {
+            launch_id: format!("ca-{}-{}", t.pool_name, self.launches),
+            pool: t.pool_name.clone(),
+            count: n,
+            offerings: self.group_offerings(t, ct),
+            tags: BTreeMap::new(),
+            reservations: Vec::new(),
+            atomic: false,
+        };
+        let got = world
+            .launch(&req)
+            .map(|r| r.launched.len() as u32)
+            .unwrap_or(0);
+        if got < n {
+            self.group_failed(ti, ct, now);
+        }
+        world.admit(index, Some(&request));
+        true
+    }
+
+    /// A scale-up of group (`ti`, `ct`) the cloud did not fill: seen at the next scan from the
+    /// group's failed scaling activity, and the group backed off.
+    fn group_failed(&mut self, ti: usize, ct: usize, now: Ms) {
+        let e = self.failures.entry((ti, ct)).or_insert((0, now));
+        if now - e.1 >= CA_BACKOFF_RESET {
+            e.0 = 0;
+        }
+        e.0 += 1;
+        e.1 = now;
+        let wait = (CA_INITIAL_BACKOFF << (e.0 - 1).min(8)).min(CA_MAX_BACKOFF);
+        self.backoff.insert((ti, ct), now + 10 * SECOND + wait);
     }
 
     /// The devices the Cluster Autoscaler expects of a new node: its AWS provider's templates
@@ -458,6 +631,7 @@ impl Strategy for CaLike {
         // are noticed when the node goes.
         drop(world.take_notices());
         let templates = world.templates().to_vec();
+        let requested = self.provisioning_request(world, &templates);
         let snapshot = world.snapshot();
         let view = self.device_view(&snapshot, &templates);
         let mut rooms = rooms(&snapshot, &templates, &view);
@@ -477,6 +651,26 @@ impl Strategy for CaLike {
             if !rooms.iter_mut().any(|r| r.take(p)) {
                 left.push(p);
             }
+        }
+        // CapacityBuffers (its `capacitybuffer` pod list processor): the chunks' fake pods after
+        // every real pod, on free room, else scaled up for; the room they hold is priced.
+        if !self.buffer_pods.is_empty() {
+            let mut rate = 0.0;
+            for p in &self.buffer_pods {
+                match rooms.iter_mut().find_map(|r| r.take(p).then_some(&*r)) {
+                    Some(r) => {
+                        let g = p.requests.whole_gpus();
+                        rate += r.price
+                            * if r.gpus > 0 && g > 0 {
+                                (g as f64 / r.gpus as f64).min(1.0)
+                            } else {
+                                1.0
+                            };
+                    }
+                    None => left.push(p),
+                }
+            }
+            world.set_buffer_rate(rate);
         }
         let mut scaled = false;
         if !left.is_empty() {
@@ -562,33 +756,35 @@ impl Strategy for CaLike {
                     offerings: self.group_offerings(t, ct),
                     tags: BTreeMap::new(),
                     reservations: Vec::new(),
+                    atomic: false,
                 };
                 let got = world
                     .launch(&req)
                     .map(|r| r.launched.len() as u32)
                     .unwrap_or(0);
                 if got < n {
-                    // Seen at the next scan from the group's failed scaling activity.
-                    let e = self.failures.entry((ti, ct)).or_insert((0, now));
-                    if now - e.1 >= CA_BACKOFF_RESET {
-                        e.0 = 0;
-                    }
-                    e.0 += 1;
-                    e.1 = now;
-                    let wait = (CA_INITIAL_BACKOFF << (e.0 - 1).min(8)).min(CA_MAX_BACKOFF);
-                    self.backoff.insert((ti, ct), now + 10 * SECOND + wait);
+                    self.group_failed(ti, ct, now);
                 }
                 scaled = true;
             }
         }
-        let snapshot = world.snapshot();
+        let mut snapshot = world.snapshot();
+        // The buffers' fake pods take their room in the scale-down simulation too.
+        snapshot.pods.extend(self.buffer_pods.iter().cloned());
         let first_unneeded = scale_down(world, &self.policy, &self.templates, &snapshot);
         // Scan again in 10 s while anything is pending, waiting or being watched.
-        let busy = scaled || waiting || !world.unregistered().is_empty();
+        let busy = scaled || requested || waiting || !world.unregistered().is_empty();
+        // A queued job's request is tried again at its back-off's end.
+        let queued = world
+            .waiting_jobs()
+            .iter()
+            .map(|j| self.request_backoff.get(&j.index).map_or(now, |(_, t)| *t))
+            .min()
+            .map(|t| t.max(now + 10 * SECOND));
         self.next = if busy {
             Some(now + 10 * SECOND)
         } else {
-            first_unneeded.map(|_| now + MINUTE)
+            earliest(first_unneeded.map(|_| now + MINUTE), queued)
         };
     }
 }
@@ -882,6 +1078,7 @@ impl Strategy for KarpenterLike {
                 reservations: world.reservations_for(&t.pool_name, &offerings),
                 offerings,
                 tags: BTreeMap::new(),
+                atomic: false,
             };
             match world.launch(&req) {
                 Ok(res) => {
@@ -916,6 +1113,8 @@ impl Strategy for KarpenterLike {
                 taints: n.taints.clone(),
                 name: Some(n.name.clone()),
                 node: None,
+                price: 0.0,
+                gpus: 0,
             };
             pending.iter().any(|p| r.clone().take(p))
         };
@@ -1026,6 +1225,7 @@ impl KarpenterLike {
                 reservations: world.reservations_for(&pool, std::slice::from_ref(&offering)),
                 offerings: vec![offering],
                 tags: BTreeMap::new(),
+                atomic: false,
             };
             let launched = world
                 .launch(&req)
@@ -1139,6 +1339,7 @@ impl KarpenterLike {
             reservations: world.reservations_for(pool, &offerings),
             offerings,
             tags: BTreeMap::new(),
+            atomic: false,
         };
         let Ok(res) = world.launch(&req) else {
             return false;

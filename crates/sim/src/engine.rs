@@ -39,6 +39,32 @@ pub trait Strategy {
     fn next_run(&self) -> Option<Ms>;
     /// Decide and act through `world`.
     fn run(&mut self, world: &mut World);
+    /// Whether it answers ProvisioningRequests: if not, Kueue (with no such admission check)
+    /// admits a queued job on quota as soon as it is submitted.
+    fn serves_provisioning_requests(&self) -> bool {
+        false
+    }
+}
+
+/// A job queued by Kueue (see [`super::KueueJob`]).
+struct Workload {
+    name: String,
+    pods: Vec<usize>,
+    /// When its pods arrived (it was submitted).
+    submitted: Option<Ms>,
+    admitted: bool,
+    /// Given up on (Kueue deactivated it): its pods are never created.
+    deactivated: bool,
+}
+
+/// A job Kueue holds for admission, as a strategy sees it.
+pub struct Waiting<'a> {
+    /// Its index (for [`World::admit`]).
+    pub index: usize,
+    pub name: &'a str,
+    pub submitted: Ms,
+    /// Its pods as they will be created.
+    pub pods: Vec<&'a Pod>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -184,6 +210,15 @@ pub struct World {
     lifecycle: bool,
     /// The account has capacity reservations: the snapshot carries them.
     reservations: bool,
+    /// Jobs Kueue queues, and for each pod the workload it belongs to.
+    workloads: Vec<Workload>,
+    workload_of: HashMap<usize, usize>,
+    /// Kueue admits on submission (the strategy answers no ProvisioningRequest).
+    admit_on_arrival: bool,
+    /// A job was submitted since the strategy last looked.
+    submitted: bool,
+    /// $/hour of the capacity the strategy holds for CapacityBuffers (set by the strategy).
+    buffer_rate: f64,
 }
 
 impl World {
@@ -285,6 +320,26 @@ impl World {
                     .iter()
                     .any(|p| p.disruption.expire_after.is_some()),
             reservations: !input.reservations.is_empty(),
+            workloads: input
+                .kueue_jobs
+                .iter()
+                .map(|j| Workload {
+                    name: j.name.clone(),
+                    pods: j.pods.clone(),
+                    submitted: None,
+                    admitted: false,
+                    deactivated: false,
+                })
+                .collect(),
+            workload_of: input
+                .kueue_jobs
+                .iter()
+                .enumerate()
+                .flat_map(|(wi, j)| j.pods.iter().map(move |&p| (p, wi)))
+                .collect(),
+            admit_on_arrival: true,
+            submitted: false,
+            buffer_rate: 0.0,
         };
         for r in &input.reservations {
             w.provider.add_reservation(r.clone());
@@ -342,6 +397,7 @@ impl World {
         self.metrics.cost_usd += self.live_price * h;
         self.metrics.gpu_hours_provisioned += self.live_gpus * h;
         self.metrics.gpu_hours_requested += self.running_gpus * h;
+        self.metrics.buffer_cost_usd += self.buffer_rate * h;
         self.now = t;
         self.provider.set_now(t);
     }
@@ -397,6 +453,71 @@ impl World {
                 }),
         );
         s
+    }
+
+    /// The jobs Kueue holds: submitted, not admitted, not given up on.
+    pub fn waiting_jobs(&self) -> Vec<Waiting<'_>> {
+        self.workloads
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !w.admitted && !w.deactivated)
+            .filter_map(|(index, w)| {
+                Some(Waiting {
+                    index,
+                    name: &w.name,
+                    submitted: w.submitted?,
+                    pods: w.pods.iter().map(|&p| &self.pods[p].pod).collect(),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether a Kueue job has pods not done yet (admitted and running or pending).
+    pub fn job_running(&self, index: usize) -> bool {
+        let w = &self.workloads[index];
+        w.admitted && w.pods.iter().any(|&p| !self.pods[p].done)
+    }
+
+    /// Kueue admits job `index`: its pods are created now, marked as consuming `request` (the
+    /// ProvisioningRequest whose capacity they take, as Kueue annotates them).
+    pub fn admit(&mut self, index: usize, request: Option<&str>) {
+        let w = &mut self.workloads[index];
+        if w.admitted || w.submitted.is_none() {
+            return;
+        }
+        w.admitted = true;
+        for p in w.pods.clone() {
+            let st = &mut self.pods[p];
+            st.pod.created = Time(self.now);
+            if let Some(r) = request {
+                let mut a = (*st.pod.annotations).clone();
+                a.insert(
+                    gpu_node_autoscaler_core::provisioning::CONSUME_ANNOTATION.to_string(),
+                    r.to_string(),
+                );
+                st.pod.annotations = Arc::new(a);
+            }
+            self.active.insert(p);
+            self.pending.insert(p);
+            self.fresh.insert(p);
+        }
+        self.dirty = true;
+        self.changed = true;
+    }
+
+    /// Kueue gives up on job `index` (its admission check was retried to its limit): its pods
+    /// are never created.
+    pub fn deactivate(&mut self, index: usize) {
+        self.workloads[index].deactivated = true;
+        for p in self.workloads[index].pods.clone() {
+            self.mark_done(p);
+        }
+    }
+
+    /// The $/hour the capacity held for CapacityBuffers costs from now on (added up as
+    /// `buffer_cost_usd`).
+    pub fn set_buffer_rate(&mut self, per_hour: f64) {
+        self.buffer_rate = per_hour;
     }
 
     pub fn templates(&self) -> &[Template] {
@@ -1382,6 +1503,20 @@ impl World {
             self.changed = true;
         }
         match e {
+            Event::Arrive(i) if self.workload_of.contains_key(&i) => {
+                // Submitted to Kueue: created once the job is admitted.
+                let wi = self.workload_of[&i];
+                self.pods[i].arrived = true;
+                let w = &mut self.workloads[wi];
+                if w.submitted.is_none() {
+                    w.submitted = Some(self.now);
+                    if self.admit_on_arrival {
+                        self.admit(wi, None);
+                    } else {
+                        self.submitted = true;
+                    }
+                }
+            }
             Event::Arrive(i) => {
                 // Created when it arrives (a trace's creation time, a scenario's arrival).
                 self.pods[i].pod.created = Time(self.now);
@@ -1699,6 +1834,7 @@ pub fn run_with_progress(
     let mut reported = -1i64;
     let mut quiet_since: Option<Ms> = None;
     let mut w = World::new(input);
+    w.admit_on_arrival = !strategy.serves_provisioning_requests();
     w.metrics.strategy = strategy.name().to_string();
     w.metrics.scenario = input.name.clone();
     w.metrics.skipped = input.skipped.clone();
@@ -1716,7 +1852,9 @@ pub fn run_with_progress(
                 // (an insufficient-capacity entry or a back-off to expire) a bounded horizon.
                 if w.quiescent() {
                     let since = *quiet_since.get_or_insert(w.now);
-                    if w.pending.is_empty() || b - since > QUIET_HORIZON {
+                    if (w.pending.is_empty() && w.waiting_jobs().is_empty())
+                        || b - since > QUIET_HORIZON
+                    {
                         break;
                     }
                 } else {
@@ -1737,7 +1875,7 @@ pub fn run_with_progress(
             };
             w.handle(e);
         }
-        if w.schedule() {
+        if w.schedule() | std::mem::take(&mut w.submitted) {
             strategy.pods_unschedulable(w.now);
         }
         if std::mem::take(&mut w.changed) {

@@ -132,6 +132,31 @@ pub struct SimInput {
     pub device_classes: std::collections::BTreeMap<String, model::dra::DeviceClass>,
     /// The account's capacity reservations (ODCRs, Capacity Blocks), times on the run's clock.
     pub reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
+    /// Jobs queued by Kueue behind a ProvisioningRequest admission check: their pods are created
+    /// only once the job is admitted.
+    pub kueue_jobs: Vec<KueueJob>,
+    /// CapacityBuffers (warm capacity kept as spare chunks).
+    pub buffers: Vec<SimBuffer>,
+}
+
+/// A job Kueue queues with a ProvisioningRequest admission check
+/// (`best-effort-atomic-scale-up.autoscaling.x-k8s.io`): submitted when its pods arrive, admitted
+/// (its pods created) when the strategy provisions its request; a strategy without
+/// ProvisioningRequests has Kueue admit it on quota at once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KueueJob {
+    pub name: String,
+    /// Its pods (indices into [`SimInput::pods`]), all arriving together.
+    pub pods: Vec<usize>,
+}
+
+/// A CapacityBuffer of the active strategy: `replicas` chunks shaped as `chunk` (a pending pod,
+/// such as one replica of a service).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimBuffer {
+    pub name: String,
+    pub chunk: Pod,
+    pub replicas: u32,
 }
 
 /// The strategies the simulator knows.

@@ -9,10 +9,14 @@ use std::time::Duration;
 use gpu_node_autoscaler_core::autoscaler::{
     Action, Autoscaler, Config, DrainOutcome, Feedback, Observation, CAPACITY_ROUNDS,
 };
-use gpu_node_autoscaler_core::model::Time;
+use std::collections::BTreeMap;
 
-use super::engine::{Strategy, World};
-use super::{earliest, Ms, SimInput, MINUTE, SECOND};
+use gpu_node_autoscaler_core::buffer::{self, CapacityBuffer, Source};
+use gpu_node_autoscaler_core::model::{GangRef, PodRef, Snapshot, Time};
+use gpu_node_autoscaler_core::provisioning::{self, Condition, ProvisioningRequest};
+
+use super::engine::{Strategy, Waiting, World};
+use super::{earliest, Ms, SimBuffer, SimInput, MINUTE, SECOND};
 
 /// How often the controller looks again while something is under way (its `--scan-interval`).
 const RESYNC: Ms = 10 * SECOND;
@@ -20,12 +24,81 @@ const RESYNC: Ms = 10 * SECOND;
 /// so the ones in between are skipped).
 const IDLE_LOOK: Ms = 10 * MINUTE;
 
+/// Kueue's retries of a failed ProvisioningRequest (a `ProvisioningRequestConfig`'s default
+/// `retryStrategy`): a new request after 60 s doubling, at most 1800 s, three times; then the
+/// job is deactivated.
+const KUEUE_RETRIES: u32 = 3;
+const KUEUE_BACKOFF_BASE: Ms = 60 * SECOND;
+const KUEUE_BACKOFF_MAX: Ms = 1800 * SECOND;
+/// The namespace of the simulated workload.
+const NAMESPACE: &str = "sim";
+
+/// The ProvisioningRequest Kueue keeps for a queued job.
+struct Request {
+    /// 1 for the first request, one more for each retry.
+    attempt: u32,
+    created: Ms,
+    conditions: Vec<Condition>,
+    /// Failed: Kueue makes the next request then.
+    retry_at: Option<Ms>,
+}
+
+impl Request {
+    fn name(&self, job: &str) -> String {
+        format!("{job}-provisioning-{}", self.attempt)
+    }
+}
+
+/// A queued job's ProvisioningRequest of the best-effort-atomic class, as Kueue makes it (one
+/// pod per pod of the job), with its pods as the controller's converter makes them: one gang.
+fn provisioning_request(job: &Waiting<'_>, r: &Request) -> ProvisioningRequest {
+    let name = r.name(job.name);
+    let gang = GangRef {
+        key: format!("{NAMESPACE}/{}", provisioning::gang_name(&name)),
+        min_member: Some(job.pods.len() as u32),
+    };
+    let pods = job
+        .pods
+        .iter()
+        .enumerate()
+        .map(|(j, p)| {
+            let mut p = (*p).clone();
+            p.id = PodRef::new(NAMESPACE, provisioning::pod_name(&name, 0, j));
+            p.uid = format!("{name}/0/{j}");
+            let mut a = (*p.annotations).clone();
+            a.insert(provisioning::REQUEST_ANNOTATION.to_string(), name.clone());
+            p.annotations = Arc::new(a);
+            p.gang = Some(gang.clone());
+            p.owner = None;
+            p.created = Time(r.created);
+            p.unschedulable = true;
+            p
+        })
+        .collect();
+    ProvisioningRequest {
+        namespace: NAMESPACE.into(),
+        name: name.clone(),
+        uid: name,
+        generation: 1,
+        class_name: provisioning::CLASS_ATOMIC.into(),
+        created: Time(r.created),
+        valid_until: None,
+        pods: Ok(pods),
+        conditions: r.conditions.clone(),
+    }
+}
+
 pub struct Ours {
     core: Autoscaler,
     next: Option<Ms>,
     catalog: gpu_node_autoscaler_provider::Catalog,
     /// The world's policy version last applied.
     policy_version: u64,
+    /// Per queued Kueue job (by its index), its current ProvisioningRequest.
+    requests: BTreeMap<usize, Request>,
+    buffers: Vec<SimBuffer>,
+    /// Each buffer's status as last written.
+    buffer_status: BTreeMap<String, buffer::Status>,
 }
 
 impl Ours {
@@ -51,6 +124,132 @@ impl Ours {
             next: None,
             catalog,
             policy_version: 0,
+            requests: BTreeMap::new(),
+            buffers: input.buffers.clone(),
+            buffer_status: BTreeMap::new(),
+        }
+    }
+
+    /// Kueue's queued jobs as ProvisioningRequests, assessed as the controller does: the
+    /// conditions written back, a provisioned job admitted (its pods created, consuming the
+    /// request), a failed one retried or given up on. `snapshot` with the requests' pods.
+    fn kueue(&mut self, world: &mut World, snapshot: Snapshot) -> Snapshot {
+        let now = world.now;
+        let mut requests = Vec::new();
+        let mut jobs = Vec::new();
+        for job in world.waiting_jobs() {
+            let r = self.requests.entry(job.index).or_insert(Request {
+                attempt: 1,
+                created: job.submitted,
+                conditions: Vec::new(),
+                retry_at: None,
+            });
+            match r.retry_at {
+                Some(t) if t > now => continue,
+                Some(t) => {
+                    r.attempt += 1;
+                    r.created = t;
+                    r.conditions.clear();
+                    r.retry_at = None;
+                }
+                None => {}
+            }
+            requests.push(provisioning_request(&job, r));
+            jobs.push(job.index);
+        }
+        if requests.is_empty() {
+            return snapshot;
+        }
+        let a = self
+            .core
+            .assess_provisioning(&snapshot, &requests, Time(now));
+        let mut admitted = Vec::new();
+        for u in &a.updates {
+            let Some(k) = requests.iter().position(|r| r.name == u.name) else {
+                continue;
+            };
+            let index = jobs[k];
+            let Some(r) = self.requests.get_mut(&index) else {
+                continue;
+            };
+            r.conditions = u.conditions.clone();
+            let is_true = |kind: &str| u.condition(kind).is_some_and(|c| c.status == "True");
+            if is_true(provisioning::PROVISIONED) {
+                world.admit(index, Some(&u.name));
+                admitted.push(u.name.as_str());
+            } else if is_true(provisioning::FAILED) {
+                if r.attempt > KUEUE_RETRIES {
+                    world.deactivate(index);
+                } else {
+                    let wait = (KUEUE_BACKOFF_BASE << (r.attempt - 1)).min(KUEUE_BACKOFF_MAX);
+                    r.retry_at = Some(now + wait);
+                }
+            }
+        }
+        if admitted.is_empty() {
+            return a.snapshot(&snapshot);
+        }
+        // The admitted jobs' pods exist now (the scheduler binds them after this pass): they
+        // stand for their requests' booked pods; the other requests are assessed again next
+        // pass, with them in place.
+        let mut s = world.snapshot();
+        s.pods.extend(
+            a.inject
+                .iter()
+                .filter(|p| {
+                    p.annotations
+                        .get(provisioning::REQUEST_ANNOTATION)
+                        .is_none_or(|r| !admitted.contains(&r.as_str()))
+                })
+                .cloned(),
+        );
+        s
+    }
+
+    /// The CapacityBuffers, assessed as the controller does: `snapshot` with their virtual
+    /// pods; what their room costs is the world's buffer rate until the next pass.
+    fn buffers(&mut self, world: &mut World, snapshot: Snapshot) -> Snapshot {
+        if self.buffers.is_empty() {
+            return snapshot;
+        }
+        let now = Time(world.now);
+        let buffers: Vec<CapacityBuffer> = self
+            .buffers
+            .iter()
+            .map(|b| CapacityBuffer {
+                namespace: NAMESPACE.into(),
+                name: b.name.clone(),
+                uid: b.name.clone(),
+                generation: 1,
+                created: Time(0),
+                strategy: buffer::STRATEGY_ACTIVE.into(),
+                source: Source::Scalable {
+                    api_group: "apps".into(),
+                    kind: "Deployment".into(),
+                    name: b
+                        .chunk
+                        .owner
+                        .as_ref()
+                        .map_or_else(String::new, |o| o.name.clone()),
+                },
+                replicas: Some(b.replicas as i32),
+                percentage: None,
+                limits: None,
+                chunk: Ok(b.chunk.clone()),
+                scalable_replicas: None,
+                template_generation: None,
+                status: self.buffer_status.get(&b.name).cloned().unwrap_or_default(),
+            })
+            .collect();
+        let a = self.core.assess_buffers(&snapshot, &buffers, now);
+        for u in &a.updates {
+            self.buffer_status.insert(u.name.clone(), u.status.clone());
+        }
+        world.set_buffer_rate(a.report.iter().map(|r| r.cost_per_hour).sum());
+        if a.inject.is_empty() {
+            snapshot
+        } else {
+            a.snapshot(&snapshot)
         }
     }
 
@@ -126,6 +325,10 @@ impl Strategy for Ours {
         "gpu-node-autoscaler"
     }
 
+    fn serves_provisioning_requests(&self) -> bool {
+        true
+    }
+
     fn pods_unschedulable(&mut self, now: Ms) {
         self.core.unschedulable_seen(Time(now));
     }
@@ -148,9 +351,11 @@ impl Strategy for Ours {
             self.core
                 .set_policy(Arc::new(world.policy.clone()), self.catalog.clone());
         }
+        let snapshot = self.kueue(world, world.snapshot());
+        let snapshot = self.buffers(world, snapshot);
         let obs = Observation {
             now: Time(now),
-            snapshot: world.snapshot(),
+            snapshot,
             instances: Some(world.instances()),
             other_provider_ids: Vec::new(),
             policy_valid: true,
@@ -183,7 +388,20 @@ impl Strategy for Ours {
             !p.scale_ups.is_empty() || p.unschedulable.iter().any(|u| !u.permanent)
         });
         let mut next = self.core.next_change(Time(now)).map(|t| t.0);
-        if pending || short || self.core.scale_down_held() || !world.unregistered().is_empty() {
+        // A queued job waits for its request: looked at every resync, or when Kueue retries.
+        let mut queued = false;
+        for job in world.waiting_jobs() {
+            match self.requests.get(&job.index).and_then(|r| r.retry_at) {
+                Some(t) => next = Some(next.map_or(t, |n| n.min(t))),
+                None => queued = true,
+            }
+        }
+        if pending
+            || short
+            || queued
+            || self.core.scale_down_held()
+            || !world.unregistered().is_empty()
+        {
             next = Some(next.map_or(now + RESYNC, |t| t.min(now + RESYNC)));
         }
         self.next = Some(next.unwrap_or(now + IDLE_LOOK));

@@ -49,6 +49,10 @@ pub struct Metrics {
     /// `cost_usd` (reserved nodes cost nothing more there); reported for the whole picture.
     #[serde(skip_serializing_if = "is_zero_f")]
     pub reserved_cost_usd: f64,
+    /// What the capacity held for CapacityBuffers cost (included in `cost_usd`): each chunk's
+    /// share of its node's price while it holds it.
+    #[serde(skip_serializing_if = "is_zero_f")]
+    pub buffer_cost_usd: f64,
     /// Pods still running on a node when its capacity reservation ended (their work is lost).
     #[serde(skip_serializing_if = "is_zero")]
     pub pods_on_ended_reservations: usize,
@@ -249,6 +253,13 @@ pub fn to_table(scenario: &str, runs: &[Metrics]) -> String {
         let _ = write!(s, "{:<24}", "pods at reservation end");
         for m in runs {
             let _ = write!(s, " {:>20}", m.pods_on_ended_reservations);
+        }
+        s.push('\n');
+    }
+    if runs.iter().any(|m| m.buffer_cost_usd > 0.0) {
+        let _ = write!(s, "{:<24}", "of which buffers (USD)");
+        for m in runs {
+            let _ = write!(s, " {:>20}", format!("{:.2}", m.buffer_cost_usd));
         }
         s.push('\n');
     }

@@ -54,7 +54,21 @@ struct RawScenario {
     /// The account's capacity reservations (ODCRs and Capacity Blocks).
     #[serde(default)]
     reservations: Vec<RawReservation>,
+    /// CapacityBuffers: spare chunks shaped as one replica of a service.
+    #[serde(default)]
+    buffers: Vec<RawBuffer>,
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawBuffer {
+    /// The service whose replica is one chunk (the buffer's `scalableRef`).
+    service: String,
+    replicas: u32,
+}
+
+/// A job's `admission`: Kueue with a ProvisioningRequest admission check.
+const ADMISSION_PROVISIONING_REQUEST: &str = "provisioningRequest";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -159,6 +173,9 @@ struct RawJob {
     /// `duration` for the job's own. Without it the pods carry none (as most pods of a real
     /// cluster): only the decision core reads it.
     expected_run_time: Option<String>,
+    /// `provisioningRequest`: queued by Kueue behind a ProvisioningRequest admission check (each
+    /// instance's pods are created once it is admitted).
+    admission: Option<String>,
     pods: Vec<RawPodGroup>,
 }
 
@@ -331,6 +348,11 @@ pub struct Scenario {
     /// The HPA-scaled services as declared (their replicas, as the model scales them, are in
     /// `pods`): what a replay with a real HPA runs instead of those replicas.
     pub services: Vec<Service>,
+    /// The Kueue-admitted jobs (their pods' indices in `pods`).
+    pub kueue_jobs: Vec<super::KueueJob>,
+    /// The services' replica pods, by service name (what a buffer's chunk is shaped as).
+    pub service_templates: BTreeMap<String, gpu_node_autoscaler_core::model::Pod>,
+    pub buffers: Vec<super::SimBuffer>,
 }
 
 /// An HPA-scaled service of a scenario, with the model's defaults filled in.
@@ -698,6 +720,8 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
     let mut conv = Converter::new();
     let mut dra = ClaimContext::new(&mut conv, &raw.device_classes, &mut errs);
     let mut pods = Vec::new();
+    let mut kueue_jobs: Vec<super::KueueJob> = Vec::new();
+    let mut service_templates = BTreeMap::new();
     for (ji, j) in raw.jobs.iter().enumerate() {
         let at = |f: &str| path(&[k("jobs"), i(ji), k(f)]);
         let arrival = errs.dur(&at("arrival"), &j.arrival);
@@ -752,6 +776,19 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 v.to_string()
             }
         });
+        let kueue = match j.admission.as_deref() {
+            None => false,
+            Some(ADMISSION_PROVISIONING_REQUEST) => true,
+            Some(other) => {
+                errs.at(
+                    &at("admission"),
+                    format!(
+                        "unknown admission {other:?} (expected {ADMISSION_PROVISIONING_REQUEST})"
+                    ),
+                );
+                false
+            }
+        };
         let size: usize = j.pods.iter().map(|g| g.replicas as usize).sum();
         let claims: Vec<ClaimRefs> = j
             .pods
@@ -769,6 +806,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             } else {
                 j.name.clone()
             };
+            let first = pods.len();
             for (gi, g) in j.pods.iter().enumerate() {
                 for r in 0..g.replicas {
                     let name = format!("{instance}-{}-{r}", g.name);
@@ -814,6 +852,12 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                         }
                     }
                 }
+            }
+            if kueue && pods.len() > first {
+                kueue_jobs.push(super::KueueJob {
+                    name: instance.clone(),
+                    pods: (first..pods.len()).collect(),
+                });
             }
         }
     }
@@ -926,6 +970,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             load: load.clone(),
             until: end,
         });
+        service_templates.insert(s.name.clone(), template.clone());
         // The HPA, as kube-controller-manager's runs it on a `Pods` metric (GPU utilisation): every
         // sync it reads each replica's utilisation as it was `metricDelay` ago (the load shared
         // by the replicas, at most 100 % each: a GPU is never more than busy), recommends
@@ -1156,6 +1201,20 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
     if pods.is_empty() && errs.out.is_empty() {
         errs.at(&[], "the scenario has no jobs or services");
     }
+    let mut buffers: Vec<super::SimBuffer> = Vec::new();
+    for (bi, b) in raw.buffers.iter().enumerate() {
+        match service_templates.get(&b.service) {
+            Some(t) => buffers.push(super::SimBuffer {
+                name: format!("{}-buffer", b.service),
+                chunk: t.clone(),
+                replicas: b.replicas,
+            }),
+            None => errs.at(
+                &[k("buffers"), i(bi), k("service")],
+                format!("no service named {:?} in this scenario", b.service),
+            ),
+        }
+    }
     match (policy, errs.out.is_empty()) {
         (Some(policy), true) => Ok(Scenario {
             name: raw.name,
@@ -1178,6 +1237,9 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             device_classes: dra.classes,
             reservations,
             services,
+            kueue_jobs,
+            service_templates,
+            buffers,
         }),
         _ => Err(errs.out.join("\n")),
     }
@@ -1202,7 +1264,33 @@ impl Scenario {
             skipped: Vec::new(),
             device_classes: self.device_classes,
             reservations: self.reservations,
+            kueue_jobs: self.kueue_jobs,
+            buffers: self.buffers,
         }
+    }
+
+    /// Adds a CapacityBuffer of `replicas` chunks, each one replica of `service` (as a buffer
+    /// whose `scalableRef` names the service's Deployment); replaces one of the same name.
+    pub fn add_buffer(&mut self, service: &str, replicas: u32) -> Result<(), String> {
+        let Some(t) = self.service_templates.get(service) else {
+            return Err(format!(
+                "no service {service:?} in scenario {} (services: {})",
+                self.name,
+                self.service_templates
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        };
+        let name = format!("{service}-buffer");
+        self.buffers.retain(|b| b.name != name);
+        self.buffers.push(super::SimBuffer {
+            name,
+            chunk: t.clone(),
+            replicas,
+        });
+        Ok(())
     }
 }
 

@@ -100,6 +100,7 @@ fn request(launch_id: &str, count: u32) -> LaunchRequest {
         ],
         tags: BTreeMap::new(),
         reservations: Vec::new(),
+        atomic: false,
     }
 }
 

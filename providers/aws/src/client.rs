@@ -921,6 +921,10 @@ impl AwsProvider {
             .collect();
         let ltc = ltc.build();
         let target = target.build();
+        // An atomic request (a gang's nodes): all `count` or none, in one zone, of one type. EC2
+        // takes `MinTargetCapacity` only on an instant fleet, and only with
+        // `SingleAvailabilityZone` or `SingleInstanceType`: both are set.
+        let atomic = request.atomic.then_some(count_i32);
         let token = crate::plan::client_token(&request.launch_id, capacity_type, count, offerings);
         let resp = self
             .call("CreateFleet", &self.limits.create_fleet, || {
@@ -944,19 +948,24 @@ impl AwsProvider {
                                 }
                                 SpotAllocation::LowestPrice => SpotAllocationStrategy::LowestPrice,
                             })
+                            .set_min_target_capacity(atomic)
+                            .set_single_availability_zone(atomic.map(|_| true))
+                            .set_single_instance_type(atomic.map(|_| true))
                             .build(),
                     ),
                     CapacityType::OnDemand | CapacityType::Reserved => {
-                        let od = OnDemandOptionsRequest::builder().allocation_strategy(match pool
-                            .on_demand_allocation
-                        {
-                            OnDemandAllocation::Prioritized => {
-                                FleetOnDemandAllocationStrategy::Prioritized
-                            }
-                            OnDemandAllocation::LowestPrice => {
-                                FleetOnDemandAllocationStrategy::LowestPrice
-                            }
-                        });
+                        let od = OnDemandOptionsRequest::builder()
+                            .allocation_strategy(match pool.on_demand_allocation {
+                                OnDemandAllocation::Prioritized => {
+                                    FleetOnDemandAllocationStrategy::Prioritized
+                                }
+                                OnDemandAllocation::LowestPrice => {
+                                    FleetOnDemandAllocationStrategy::LowestPrice
+                                }
+                            })
+                            .set_min_target_capacity(atomic)
+                            .set_single_availability_zone(atomic.map(|_| true))
+                            .set_single_instance_type(atomic.map(|_| true));
                         b.on_demand_options(od.build())
                     }
                 };

@@ -35,6 +35,7 @@ fn request(launch_id: &str, count: u32, offerings: &[OfferingKey]) -> LaunchRequ
         offerings: offerings.to_vec(),
         tags: BTreeMap::from([("team".to_string(), "ml".to_string())]),
         reservations: Vec::new(),
+        atomic: false,
     }
 }
 
@@ -1369,4 +1370,61 @@ async fn a_listed_instance_carries_the_launch_fingerprint_it_was_tagged_with() {
         .find(|i| i.id == r.launched[0].id)
         .unwrap();
     assert_eq!(bare.launch_fingerprint, None);
+}
+
+/// The nodes of a best-effort-atomic ProvisioningRequest (a gang, all or nothing in one zone)
+/// are one instant fleet whose `MinTargetCapacity` is the count, with `SingleAvailabilityZone`
+/// and `SingleInstanceType` as EC2 requires for it: the cloud itself launches all or none. A
+/// launch that is not atomic sets none of them.
+#[tokio::test]
+async fn provisioning_request_gang_is_one_instant_fleet_with_min_target_capacity() {
+    let (_moto, _net, proxy, provider) = setup_with_proxy().await;
+    let offerings = [
+        offering("g5.xlarge", "us-east-1a", OnDemand),
+        offering("g5.xlarge", "us-east-1b", OnDemand),
+    ];
+    let mut req = request("launch-gang", 2, &offerings);
+    req.atomic = true;
+    let r = provider.launch(&req).await.unwrap();
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.launched.len(), 2);
+    let zones: std::collections::BTreeSet<_> =
+        r.launched.iter().map(|i| i.offering.zone.clone()).collect();
+    assert_eq!(zones.len(), 1, "{zones:?}");
+    let calls = proxy.requests_of("CreateFleet");
+    assert_eq!(calls.len(), 1);
+    let p = &calls[0];
+    assert_eq!(p["Type"], "instant");
+    assert_eq!(p["OnDemandOptions.MinTargetCapacity"], "2", "{p:?}");
+    assert_eq!(p["OnDemandOptions.SingleAvailabilityZone"], "true");
+    assert_eq!(p["OnDemandOptions.SingleInstanceType"], "true");
+    assert_eq!(p["TargetCapacitySpecification.TotalTargetCapacity"], "2");
+
+    // Spot: the same on the spot options.
+    let mut req = request(
+        "launch-gang-spot",
+        3,
+        &[offering("g5.xlarge", "us-east-1a", Spot)],
+    );
+    req.atomic = true;
+    provider.launch(&req).await.unwrap();
+    let calls = proxy.requests_of("CreateFleet");
+    let p = calls.last().unwrap();
+    assert_eq!(p["SpotOptions.MinTargetCapacity"], "3", "{p:?}");
+    assert_eq!(p["SpotOptions.SingleAvailabilityZone"], "true");
+    assert_eq!(p["SpotOptions.SingleInstanceType"], "true");
+
+    // Not atomic: none of them.
+    provider
+        .launch(&request("launch-plain", 2, &offerings))
+        .await
+        .unwrap();
+    let calls = proxy.requests_of("CreateFleet");
+    let p = calls.last().unwrap();
+    assert!(
+        p.keys().all(|k| !k.contains("MinTargetCapacity")
+            && !k.contains("SingleAvailabilityZone")
+            && !k.contains("SingleInstanceType")),
+        "{p:?}"
+    );
 }

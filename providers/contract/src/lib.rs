@@ -235,6 +235,12 @@ pub struct LaunchRequest {
     /// capacity.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<Reservation>,
+    /// All `count` instances or none, in one zone, of one instance type (a gang's nodes, a
+    /// best-effort-atomic ProvisioningRequest's): a provider that can make the cloud itself
+    /// atomic does (on AWS a fleet's `MinTargetCapacity`); the decision core gives back a
+    /// partial launch of a gang either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub atomic: bool,
 }
 
 /// What a cloud says the Nodes of one of a pool's scaling groups look like, for a pool whose

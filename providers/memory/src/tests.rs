@@ -85,6 +85,7 @@ fn req(launch_id: &str, pool: &str, count: u32, offerings: &[OfferingKey]) -> La
         offerings: offerings.to_vec(),
         tags: BTreeMap::new(),
         reservations: Vec::new(),
+        atomic: false,
     }
 }
 

@@ -269,7 +269,7 @@ mod tests {
                     );
                     assert!(spec("batch")["affinity"].is_null());
                 }
-                "reserved-h100" => {
+                "reserved-h100" | "kueue-gangs" => {
                     // Refused loudly rather than replayed without its rules.
                     let e = got.err().map(|e| format!("{e:#}")).unwrap_or_default();
                     assert!(
@@ -289,7 +289,7 @@ mod tests {
             }
             seen += 1;
         }
-        assert_eq!(seen, 13);
+        assert_eq!(seen, 14);
     }
 
     /// Generated scenarios (`simulate --generate SEED --write-scenario FILE`) replay as the

@@ -653,6 +653,15 @@ impl Setup {
                 s.reservations.len()
             );
         }
+        // Kueue and CapacityBuffers are not installed in the replay's clusters: their jobs'
+        // pods would be created at once, another workload than the scenario's.
+        if !s.kueue_jobs.is_empty() || !s.buffers.is_empty() {
+            anyhow::bail!(
+                "Kueue-admitted jobs ({}) and CapacityBuffers ({}) cannot be replayed by anchors yet",
+                s.kueue_jobs.len(),
+                s.buffers.len()
+            );
+        }
         let wall = |ms: i64| Duration::from_secs_f64(ms.max(0) as f64 / 1000.0 / scale);
         let mut pods = Vec::new();
         let mut end = Duration::ZERO;

@@ -476,6 +476,7 @@ pub fn launch_request(su: &ScaleUp, pool: Option<(&Pool, &str)>, attempt: u32) -
         offerings: su.offerings.iter().map(|o| o.key()).collect(),
         tags,
         reservations: Vec::new(),
+        atomic: su.gang.is_some(),
     }
 }
 

@@ -3105,6 +3105,7 @@ fn one_gpu_buffer(replicas: i32) -> crate::buffer::CapacityBuffer {
         limits: None,
         chunk: Ok(chunk),
         scalable_replicas: None,
+        template_generation: None,
         status: Status::default(),
     }
 }
@@ -3262,4 +3263,65 @@ fn a_pod_outliving_a_capacity_block_launches_elsewhere_and_a_bad_run_time_is_war
     // Said once, not every pass.
     let a = run.pass(T0 + secs(10));
     assert!(events(&a, "InvalidExpectedRunTime").is_empty(), "{a:?}");
+}
+
+/// [`four_small_nodes`] and an empty one-GPU node of ours ("warm") a buffer's chunk has its room
+/// on.
+fn four_small_nodes_and_a_warm_one() -> Run {
+    let mut run = four_small_nodes();
+    run.nodes.push(
+        NodeBuilder::new("warm")
+            .pool("a10g", "g5.4xlarge", "us-east-1a")
+            .label(labels::CAPACITY_TYPE, "on-demand")
+            .annotation(labels::GPUS_ADVERTISED, "true")
+            .cpu_milli(15_800)
+            .memory_gib(62)
+            .gpus(1)
+            .created(T0 - secs(4 * 3600))
+            .build(),
+    );
+    run.with_our_instance();
+    run
+}
+
+#[test]
+fn buffer_chunk_with_its_room_on_a_node_does_not_stop_consolidation_of_the_others() {
+    let mut run = four_small_nodes_and_a_warm_one();
+    let buffer = [one_gpu_buffer(1)];
+    run.pass_with_buffers(T0 - secs(10), &buffer); // registers the nodes in their pool
+    let a = run.pass_with_buffers(T0, &buffer);
+    // The chunk's room is on "warm": kept there, and the four small nodes are consolidated.
+    assert_eq!(
+        tainted_replacing(&a),
+        ["small-0", "small-1", "small-2", "small-3"],
+        "{a:?}"
+    );
+    let l = launches(&a);
+    assert_eq!(l.len(), 1, "{a:?}");
+    assert_eq!(l[0].offerings[0].instance_type, "g5.12xlarge");
+    // A moved pod may take the chunk's room (real pods come first); the buffer's room then
+    // comes with the new node.
+    let for_chunk = a.iter().any(|x| match x {
+        Action::Launch { pods, .. } => pods.iter().any(|p| p == "serve/capacity-buffer.warm.0"),
+        _ => false,
+    });
+    assert!(for_chunk, "{a:?}");
+}
+
+#[test]
+fn buffer_chunk_with_no_room_anywhere_stops_consolidation_while_it_waits() {
+    let mut run = four_small_nodes_and_a_warm_one();
+    // Two chunks: one has its room on "warm", the other none (the small nodes' GPUs are taken).
+    let buffer = [one_gpu_buffer(2)];
+    run.pass_with_buffers(T0 - secs(10), &buffer);
+    let a = run.pass_with_buffers(T0, &buffer);
+    assert!(tainted_replacing(&a).is_empty(), "{a:?}");
+    let said = a.iter().any(|x| match x {
+        Action::Log { message, .. } => {
+            message.contains("nothing to consolidate")
+                && message.contains("capacity buffer serve/warm has a chunk")
+        }
+        _ => false,
+    });
+    assert!(said, "{a:?}");
 }

@@ -426,3 +426,91 @@ fn buffer_that_no_pool_can_hold_is_not_provisioning() {
     );
     assert_eq!(a.report[0].unplaced, 1);
 }
+
+/// `status.podTemplateGeneration` is the generation of the PodTemplate the chunk was made from,
+/// as the Cluster Autoscaler reports it, and follows the template's changes.
+#[test]
+fn buffer_reports_the_pod_template_generation() {
+    let w = world();
+    let mut t = templates(1);
+    t.get_mut("serve/warm").unwrap()["metadata"]["generation"] = json!(3);
+    let spec = json!({"podTemplateRef": {"name": "warm"}, "replicas": 1});
+    let b = Converter::new()
+        .capacity_buffer(&buffer_json(spec.clone()), &t, &BTreeMap::new())
+        .unwrap();
+    let s = snapshot(vec![], vec![]);
+    let a = assess(&s, &w.templates, &w.policy, std::slice::from_ref(&b), NOW);
+    assert_eq!(a.updates[0].status.pod_template_generation, Some(3));
+    // Written back and read again: nothing to write until the template changes.
+    let mut written = buffer_json(spec.clone());
+    written["status"] = json!({"replicas": 1, "podTemplateRef": {"name": "warm"},
+        "podTemplateGeneration": 3, "provisioningStrategy": STRATEGY_ACTIVE});
+    let mut again = Converter::new()
+        .capacity_buffer(&written, &t, &BTreeMap::new())
+        .unwrap();
+    again.status.conditions = a.updates[0].status.conditions.clone();
+    assert!(assess(
+        &s,
+        &w.templates,
+        &w.policy,
+        std::slice::from_ref(&again),
+        NOW
+    )
+    .updates
+    .is_empty());
+    t.get_mut("serve/warm").unwrap()["metadata"]["generation"] = json!(4);
+    let mut changed = Converter::new()
+        .capacity_buffer(&written, &t, &BTreeMap::new())
+        .unwrap();
+    changed.status.conditions = a.updates[0].status.conditions.clone();
+    let a = assess(&s, &w.templates, &w.policy, &[changed], NOW);
+    assert_eq!(a.updates[0].status.pod_template_generation, Some(4));
+}
+
+/// A buffer the pool's `maxNodes` caps: the chunks without room are reported `LimitedByQuotas`
+/// with the planner's reason; once the limit leaves room for all of them, the condition goes
+/// `False`.
+#[test]
+fn buffer_capped_by_the_pools_limits_is_limited_by_quotas() {
+    let w = world();
+    // Ten g5.12xlarge nodes at most, four GPUs each: 40 one-GPU chunks fit, 44 do not.
+    let b = buffer(json!({"podTemplateRef": {"name": "warm"}, "replicas": 44}));
+    let s = snapshot(vec![], vec![]);
+    let a = assess(&s, &w.templates, &w.policy, std::slice::from_ref(&b), NOW);
+    assert_eq!(a.report[0].unplaced, 4, "{:?}", a.report);
+    let c = a.updates[0]
+        .condition(LIMITED_BY_QUOTAS)
+        .expect("the condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", REASON_POOL_LIMITS)
+    );
+    assert!(
+        c.message.starts_with("4 of the buffer's 44 chunks have no room under the pools' limits: limits reached: pool a10g (max 10 nodes)"),
+        "{}",
+        c.message
+    );
+    // Still provisioning what fits.
+    assert_eq!(condition(&a, PROVISIONING), Some(("True", REASON_INJECTED)));
+
+    // Within the limits again: False.
+    let mut b = buffer(json!({"podTemplateRef": {"name": "warm"}, "replicas": 40}));
+    b.status = a.updates[0].status.clone();
+    let a = assess(&s, &w.templates, &w.policy, &[b], NOW + MIN);
+    assert_eq!(a.report[0].unplaced, 0);
+    assert_eq!(
+        condition(&a, LIMITED_BY_QUOTAS),
+        Some(("False", REASON_WITHIN_LIMITS))
+    );
+    // A buffer never limited gets no such condition.
+    let a = assess(
+        &s,
+        &w.templates,
+        &w.policy,
+        &[buffer(
+            json!({"podTemplateRef": {"name": "warm"}, "replicas": 2}),
+        )],
+        NOW,
+    );
+    assert_eq!(condition(&a, LIMITED_BY_QUOTAS), None);
+}

@@ -43,6 +43,7 @@ struct ScalableRef {
 struct RawStatus {
     replicas: Option<i32>,
     pod_template_ref: Option<Ref>,
+    pod_template_generation: Option<i64>,
     provisioning_strategy: Option<String>,
     conditions: Vec<RawCondition>,
 }
@@ -88,9 +89,14 @@ impl Converter {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| buffer::STRATEGY_ACTIVE.to_string());
         let mut scalable_replicas = None;
+        let mut template_generation = None;
         let (source, chunk) = match (&raw.spec.pod_template_ref, &raw.spec.scalable_ref) {
             (Some(t), None) => {
-                let chunk = match templates.get(&format!("{namespace}/{}", t.name)) {
+                let pt = templates.get(&format!("{namespace}/{}", t.name));
+                template_generation = pt
+                    .and_then(|pt| pt.pointer("/metadata/generation"))
+                    .and_then(Value::as_i64);
+                let chunk = match pt {
                     None => Err(format!(
                         "spec.podTemplateRef: PodTemplate {namespace}/{} not found",
                         t.name
@@ -192,9 +198,11 @@ impl Converter {
             limits,
             chunk,
             scalable_replicas,
+            template_generation,
             status: Status {
                 replicas: raw.status.replicas,
                 pod_template: raw.status.pod_template_ref.as_ref().map(|r| r.name.clone()),
+                pod_template_generation: raw.status.pod_template_generation,
                 strategy: raw.status.provisioning_strategy.clone(),
                 conditions,
             },

@@ -145,18 +145,145 @@ struct Candidate<'a> {
     pods: Vec<&'a Pod>,
 }
 
-/// A pod waits for a node: no pool is consolidated (why, as [`consolidate`] says it).
+/// A real pod waits for a node: no pool is consolidated (why, as [`consolidate`] says it).
+/// CapacityBuffer pods are not looked at: see [`place_buffer_pods`].
+pub fn pod_waiting(snapshot: &Snapshot) -> Option<String> {
+    let p = snapshot
+        .pods
+        .iter()
+        .find(|p| is_planned_pod(p) && crate::buffer::buffer_of(p).is_none())?;
+    Some(format!("pod {} waits for a node", p.id))
+}
+
+/// A pod waits for a node, a real one or a CapacityBuffer's chunk that has no room on a node or
+/// a launch in flight (once [`place_buffer_pods`] placed the others): no pool is consolidated.
 pub fn waiting(snapshot: &Snapshot) -> Option<String> {
+    if let Some(why) = pod_waiting(snapshot) {
+        return Some(why);
+    }
     let p = snapshot.pods.iter().find(|p| is_planned_pod(p))?;
-    // A CapacityBuffer's pods are always pending: while a buffer is in force, its room is not
-    // moved around.
-    Some(match crate::buffer::buffer_of(p) {
-        Some(b) => format!(
-            "capacity buffer {}/{b} holds room: consolidation waits while a buffer is in force",
-            p.id.namespace
-        ),
-        None => format!("pod {} waits for a node", p.id),
-    })
+    let b = crate::buffer::buffer_of(p).unwrap_or_default();
+    Some(format!(
+        "capacity buffer {}/{b} has a chunk ({}) with no room on a node or a launch in flight: \
+         consolidation waits for its node",
+        p.id.namespace, p.id.name
+    ))
+}
+
+/// The snapshot consolidation plans, with the CapacityBuffers' chunks that already have their
+/// room placed there: each buffer pod goes first-fit onto the free room of a Ready node (its GPUs
+/// counted from its template while its device plugin starts) and is bound to it there, so its
+/// room is not given to moved pods and its node is not a candidate; else onto a launch in flight
+/// of its template's capacity, and left out (that room is coming). A chunk with no room anywhere
+/// stays pending: consolidation waits for it ([`waiting`]). Chunks that need devices are left
+/// pending.
+pub fn place_buffer_pods(snapshot: &mut Snapshot, templates: &[Template]) {
+    let buffered = |p: &Pod| is_planned_pod(p) && crate::buffer::buffer_of(p).is_some();
+    if !snapshot.pods.iter().any(buffered) {
+        return;
+    }
+    let index: BTreeMap<&str, usize> = snapshot
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    let mut free: Vec<Option<(crate::model::Resources, Vec<crate::model::SharedGpu>)>> = snapshot
+        .nodes
+        .iter()
+        .map(|n| {
+            if !n.is_schedulable() || n.deleting {
+                return None;
+            }
+            let t = template_of_node(n, templates).map(|t| &templates[t]);
+            Some(match t {
+                Some(t) if t.gpus > 0 && n.advertised_gpus() == 0 => {
+                    (t.allocatable.clone(), t.shared.clone())
+                }
+                _ => (n.allocatable.clone(), n.shared_gpus.clone()),
+            })
+        })
+        .collect();
+    for p in &snapshot.pods {
+        if let (true, Some(n)) = (p.is_bound_active(), p.node_name.as_deref()) {
+            if let Some(Some((f, shared))) = index.get(n).map(|&i| &mut free[i]) {
+                f.sub(&p.requests);
+                if let Some(sh) = &p.share {
+                    crate::model::resources::place_share(shared, sh);
+                }
+            }
+        }
+    }
+    let mut coming: Vec<(
+        crate::model::Resources,
+        Vec<crate::model::SharedGpu>,
+        usize,
+        usize,
+    )> = Vec::new();
+    for f in &snapshot.in_flight {
+        let Some((ti, oi)) = templates.iter().enumerate().find_map(|(ti, t)| {
+            (t.pool_name == f.pool && t.instance_type == f.offering.instance_type)
+                .then(|| {
+                    t.offerings
+                        .iter()
+                        .position(|o| o.key == f.offering)
+                        .map(|oi| (ti, oi))
+                })
+                .flatten()
+        }) else {
+            continue;
+        };
+        for _ in 0..f.count {
+            coming.push((
+                templates[ti].allocatable.clone(),
+                templates[ti].shared.clone(),
+                ti,
+                oi,
+            ));
+        }
+    }
+    let mut gone = BTreeSet::new();
+    for (pi, p) in snapshot.pods.iter_mut().enumerate() {
+        if !buffered(p) || p.needs_devices() {
+            continue;
+        }
+        let on_node = snapshot.nodes.iter().enumerate().find_map(|(i, n)| {
+            let (f, shared) = free[i].as_mut()?;
+            if !p.fits(f, shared, &n.labels, &n.taints, Some(&n.name)) {
+                return None;
+            }
+            f.sub(&p.requests);
+            if let Some(sh) = &p.share {
+                crate::model::resources::place_share(shared, sh);
+            }
+            Some(n.name.clone())
+        });
+        if let Some(node) = on_node {
+            p.node_name = Some(node);
+            p.phase = PodPhase::Running;
+            p.unschedulable = false;
+            p.nominated_node = None;
+            continue;
+        }
+        for (f, shared, ti, oi) in &mut coming {
+            let t = &templates[*ti];
+            if p.fits(f, shared, &t.offerings[*oi].labels, &t.taints, None) {
+                f.sub(&p.requests);
+                if let Some(sh) = &p.share {
+                    crate::model::resources::place_share(shared, sh);
+                }
+                gone.insert(pi);
+                break;
+            }
+        }
+    }
+    if !gone.is_empty() {
+        let mut i = 0;
+        snapshot.pods.retain(|_| {
+            i += 1;
+            !gone.contains(&(i - 1))
+        });
+    }
 }
 
 /// Why nothing in `pool` is worth consolidating now, or what is.
@@ -213,6 +340,10 @@ pub fn consolidate(
             continue;
         }
         for p in &pods {
+            // A CapacityBuffer's room ([`place_buffer_pods`]) is kept where it is.
+            if crate::buffer::buffer_of(p).is_some() {
+                continue 'nodes;
+            }
             let restartable = p
                 .annotations
                 .get(labels::RESTARTABLE)

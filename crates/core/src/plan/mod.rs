@@ -135,6 +135,10 @@ pub struct Kept {
     pub reason: String,
 }
 
+/// How an [`Unschedulable`] reason begins when the pools' or the cluster's limits (`maxNodes`,
+/// `maxGpus`, `limits`) leave no room for the pod.
+pub const LIMITS_REACHED: &str = "limits reached";
+
 /// A pending pod the plan cannot help, and why.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Unschedulable {

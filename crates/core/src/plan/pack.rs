@@ -1894,7 +1894,11 @@ impl<'a> Packer<'a> {
                     g.map_or("unlimited".into(), |g| g.to_string())
                 ),
             };
-            return format!("limits reached: pool {}{cluster}", pools.join(", "));
+            return format!(
+                "{}: pool {}{cluster}",
+                super::LIMITS_REACHED,
+                pools.join(", ")
+            );
         }
         "no capacity could be planned for it".into()
     }

@@ -13,6 +13,7 @@ const SCENARIOS: &[&str] = &[
     include_str!("../../../../simulations/scenarios/dra-claims.yaml"),
     include_str!("../../../../simulations/scenarios/drift-rolling-ami.yaml"),
     include_str!("../../../../simulations/scenarios/gpu-failures.yaml"),
+    include_str!("../../../../simulations/scenarios/kueue-gangs.yaml"),
     include_str!("../../../../simulations/scenarios/mig-shared-mix.yaml"),
     include_str!("../../../../simulations/scenarios/one-type-short.yaml"),
     include_str!("../../../../simulations/scenarios/reserved-h100.yaml"),

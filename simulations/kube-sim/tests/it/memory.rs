@@ -60,6 +60,7 @@ fn launch(provider: &MemoryProvider, id: &str, capacity_type: CapacityType) -> S
             offerings: vec![key(capacity_type)],
             tags,
             reservations: Vec::new(),
+            atomic: false,
         })
         .expect("launch");
     out.launched[0].id.clone()

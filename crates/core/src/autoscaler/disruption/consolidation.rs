@@ -104,7 +104,7 @@ impl Autoscaler {
                 }
             }
             // A pod waiting for a node stops every pool's: no need for the copy.
-            let found = match plan::consolidate::waiting(&pass.snapshot) {
+            let found = match plan::consolidate::pod_waiting(&pass.snapshot) {
                 Some(why) => Err(why),
                 None => {
                     let (snapshot, for_snapshot) = &*prepared.get_or_insert_with(|| {
@@ -125,6 +125,8 @@ impl Autoscaler {
                             }
                         }
                         let for_snapshot = templates.for_snapshot(&snapshot, now);
+                        // The buffers' chunks that have their room keep it there.
+                        plan::consolidate::place_buffer_pods(&mut snapshot, &for_snapshot);
                         (snapshot, for_snapshot)
                     });
                     plan::consolidate::consolidate(

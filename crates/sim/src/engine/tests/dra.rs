@@ -86,6 +86,7 @@ pub(super) fn launch_where(
         offerings: vec![key],
         tags: BTreeMap::new(),
         reservations: Vec::new(),
+        atomic: false,
     };
     assert_eq!(w.launch(&req).unwrap().launched.len(), 1);
 }
