@@ -416,6 +416,7 @@ fn simulate(a: SimArgs) -> Result<()> {
             skipped: t.skipped,
             device_classes: Default::default(),
             reservations: Vec::new(),
+            groups: Default::default(),
         }
     } else {
         let (text, file, dir) = match (&a.scenario, a.generate) {

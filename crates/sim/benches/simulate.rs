@@ -249,6 +249,7 @@ fn main() {
                 skipped: t.skipped.clone(),
                 device_classes: Default::default(),
                 reservations: Vec::new(),
+                groups: Default::default(),
             };
             all.push((input.name.clone(), report(&input, &a)));
         }
