@@ -422,6 +422,7 @@ fn simulate(a: SimArgs) -> Result<()> {
             reservations: Vec::new(),
             kueue_jobs: Vec::new(),
             buffers: Vec::new(),
+            groups: Default::default(),
         }
     } else {
         let (text, file, dir) = match (&a.scenario, a.generate) {

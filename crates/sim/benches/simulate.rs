@@ -251,6 +251,7 @@ fn main() {
                 reservations: Vec::new(),
                 kueue_jobs: Vec::new(),
                 buffers: Vec::new(),
+                groups: Default::default(),
             };
             all.push((input.name.clone(), report(&input, &a)));
         }

@@ -313,7 +313,7 @@ fn scale_down(
     let now = world.now;
     let p = plan::plan_with(snapshot, templates, policy, Time(now));
     for d in &p.scale_downs {
-        world.drain_and_remove(&d.node);
+        let _ = world.drain_and_remove(&d.node);
     }
     for (node, since) in plan::scale_down::unneeded_changes(&snapshot.nodes, &p.unneeded, |_| false)
     {
@@ -858,7 +858,7 @@ impl KarpenterLike {
             let at = if now - since < REPAIR_TOLERATION {
                 since + REPAIR_TOLERATION
             } else if unhealthy[pool.as_str()] <= threshold {
-                world.drain_and_remove(node);
+                let _ = world.drain_and_remove(node);
                 continue;
             } else {
                 now + REPAIR_BLOCKED_REQUEUE
@@ -958,7 +958,7 @@ impl Strategy for KarpenterLike {
         for n in world.take_notices() {
             for id in &n.instance_ids {
                 if let Some(node) = world.node_of_instance(id).map(str::to_string) {
-                    world.drain_and_remove(&node);
+                    let _ = world.drain_and_remove(&node);
                 }
             }
         }
@@ -1138,7 +1138,7 @@ impl Strategy for KarpenterLike {
             });
             let after = consolidate_after(pool);
             if now - since >= after && count > min {
-                world.drain_and_remove(&n.name);
+                let _ = world.drain_and_remove(&n.name);
                 emptied.insert(n.name.clone());
                 self.empty_since.remove(&n.name);
                 if let Some(p) = n.pool() {
@@ -1207,7 +1207,7 @@ impl KarpenterLike {
                 .any(|p| p.node_name.as_deref() == Some(node.as_str()) && !p.is_daemonset());
             world.set_taint(&node, &disrupted_taint(), true);
             if !busy_pods {
-                world.drain_and_remove(&node);
+                let _ = world.drain_and_remove(&node);
                 continue;
             }
             let Some(offering) = world
@@ -1271,7 +1271,7 @@ impl KarpenterLike {
                     .any(|n| n.node.name == name && n.node.advertised_gpus() > 0)
             });
             if ready {
-                world.drain_and_remove(&r.old);
+                let _ = world.drain_and_remove(&r.old);
                 self.stable_since.remove(&r.old);
                 r.drained = Some(now);
                 new_nodes.extend(node);
@@ -1281,7 +1281,7 @@ impl KarpenterLike {
                 // advertised its GPUs, or none) goes.
                 world.set_taint(&r.old, &disrupted_taint(), false);
                 if listed.contains(&r.instance) {
-                    world.terminate_instance(&r.instance);
+                    let _ = world.terminate_instance(&r.instance);
                 }
             } else {
                 new_nodes.extend(node);
@@ -1481,7 +1481,7 @@ impl KarpenterLike {
             rooms = trial;
             gone.insert(n.name.clone());
             *disrupted.entry(pool).or_default() += 1;
-            world.drain_and_remove(&n.name);
+            let _ = world.drain_and_remove(&n.name);
             self.stable_since.remove(&n.name);
         }
     }

@@ -219,10 +219,12 @@ pub struct World {
     submitted: bool,
     /// $/hour of the capacity the strategy holds for CapacityBuffers (set by the strategy).
     buffer_rate: f64,
+    /// The account's Auto Scaling groups: a launch for a pool they back grows them.
+    pub groups: crate::groups::Groups,
 }
 
 impl World {
-    fn new(input: &SimInput) -> World {
+    pub(crate) fn new(input: &SimInput) -> World {
         let provider = MemoryProvider::new(
             input.catalog.clone(),
             &input.policy.cluster_name,
@@ -340,7 +342,9 @@ impl World {
             admit_on_arrival: true,
             submitted: false,
             buffer_rate: 0.0,
+            groups: input.groups.clone(),
         };
+        w.start_groups();
         for r in &input.reservations {
             w.provider.add_reservation(r.clone());
             if let Some(start) = r.start_ms {
@@ -552,7 +556,65 @@ impl World {
     }
 
     pub fn launch(&mut self, req: &LaunchRequest) -> Result<LaunchResult, ProviderError> {
-        let res = self.provider.launch_now(req)?;
+        let res = if self.groups.backs(&req.pool) {
+            self.groups.launch(&self.provider, req)?
+        } else {
+            self.provider.launch_now(req)?
+        };
+        self.launched(&res, true);
+        Ok(res)
+    }
+
+    /// The instances the groups backing pools run at the start (their desired capacity), as
+    /// their own launches (no launch of a strategy's): each of its first instance type, in its
+    /// first zone.
+    fn start_groups(&mut self) {
+        let pools: Vec<(String, Vec<usize>)> = self
+            .groups
+            .pools
+            .iter()
+            .map(|(p, g)| (p.clone(), g.clone()))
+            .collect();
+        for (pool, idx) in pools {
+            for gi in idx {
+                let g = &self.groups.groups[gi];
+                let (Some(t), Some(z)) = (g.instance_types.first(), g.zones.first()) else {
+                    continue;
+                };
+                if g.desired == 0 {
+                    continue;
+                }
+                let req = LaunchRequest {
+                    launch_id: format!("group/{}", g.name),
+                    pool: pool.clone(),
+                    count: g.desired,
+                    offerings: vec![OfferingKey {
+                        instance_type: t.clone(),
+                        zone: z.clone(),
+                        capacity_type: g.capacity_type,
+                    }],
+                    tags: BTreeMap::new(),
+                    reservations: Vec::new(),
+                    atomic: false,
+                };
+                let Ok(mut res) = self.provider.launch_now(&req) else {
+                    continue;
+                };
+                for inst in &mut res.launched {
+                    // Not launched by us: no launch id of ours.
+                    inst.launch_id = String::new();
+                    self.groups.join(gi, inst);
+                }
+                // What did not launch is not there: the group's size is what runs.
+                self.groups.groups[gi].desired = res.launched.len() as u32;
+                self.launched(&res, false);
+            }
+        }
+    }
+
+    /// Launched instances register after their boot delay; `scale_up`: a strategy's launch (a
+    /// scale-up counted), not a group's own.
+    fn launched(&mut self, res: &LaunchResult, scale_up: bool) {
         for inst in &res.launched {
             if self.instances.contains_key(&inst.id) {
                 continue;
@@ -597,10 +659,9 @@ impl World {
             self.listing = None;
             self.push(self.now + boot, Event::Register(inst.id.clone()));
         }
-        if !res.launched.is_empty() {
+        if scale_up && !res.launched.is_empty() {
             self.metrics.scale_ups += 1;
         }
-        Ok(res)
     }
 
     /// Nominates a pending pod to a node (`status.nominatedNodeName`): the scheduler tries that
@@ -631,12 +692,17 @@ impl World {
 
     /// Drains a node (taint, cordon, evict every pod but DaemonSet pods) and terminates it.
     /// Evicted pods go back to Pending and keep their remaining run time.
-    pub fn drain_and_remove(&mut self, node: &str) {
+    /// `Err` with why when the node's instance may not leave its Auto Scaling group (its group
+    /// at its minimum size): then nothing is done.
+    pub fn drain_and_remove(&mut self, node: &str) -> Result<(), String> {
         let Some(&ni) = self.node_by_name.get(node) else {
-            return;
+            return Ok(());
         };
         if self.nodes[ni].removed {
-            return;
+            return Ok(());
+        }
+        if let Some(why) = self.groups.refuse(&self.nodes[ni].instance_id) {
+            return Err(why);
         }
         self.nodes[ni].node.taints.push(Taint {
             key: labels::TO_BE_DELETED_TAINT.into(),
@@ -662,6 +728,7 @@ impl World {
         let _ = self.provider.terminate_now(&id);
         self.remove_node(ni);
         self.metrics.nodes_removed += 1;
+        Ok(())
     }
 
     /// The interruption notices delivered since the last call (a strategy that reads an
@@ -680,13 +747,19 @@ impl World {
     }
 
     /// Terminates an instance that never became a usable node.
-    pub fn terminate_instance(&mut self, id: &str) {
+    /// `Err` with why when it may not leave its Auto Scaling group (its group at its minimum
+    /// size).
+    pub fn terminate_instance(&mut self, id: &str) -> Result<(), String> {
+        if let Some(why) = self.groups.refuse(id) {
+            return Err(why);
+        }
         let _ = self.provider.terminate_now(id);
         if let Some(node) = self.instances.get(id).and_then(|i| i.node) {
             self.remove_node(node);
         } else {
             self.instance_gone(id);
         }
+        Ok(())
     }
 
     /// The cloud's listing: every live instance (booting, or with a node). Kept between passes
@@ -840,6 +913,7 @@ impl World {
     }
 
     fn instance_gone(&mut self, id: &str) {
+        self.groups.left(id);
         self.booting.remove(id);
         self.listing = None;
         let mut billed = false;

@@ -13,6 +13,7 @@ pub mod bound;
 pub mod claims;
 pub mod engine;
 pub mod generate;
+pub mod groups;
 pub mod ours;
 pub mod plot;
 pub mod report;
@@ -132,6 +133,9 @@ pub struct SimInput {
     pub device_classes: std::collections::BTreeMap<String, model::dra::DeviceClass>,
     /// The account's capacity reservations (ODCRs, Capacity Blocks), times on the run's clock.
     pub reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
+    /// The account's Auto Scaling groups and the pools they back (none: every pool launches
+    /// with `CreateFleet`).
+    pub groups: groups::Groups,
     /// Jobs queued by Kueue behind a ProvisioningRequest admission check: their pods are created
     /// only once the job is admitted.
     pub kueue_jobs: Vec<KueueJob>,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use gpu_node_autoscaler_core::autoscaler::{
     Action, Autoscaler, Config, DrainOutcome, Feedback, Observation, CAPACITY_ROUNDS,
 };
+use gpu_node_autoscaler_provider::ProviderError;
 use std::collections::BTreeMap;
 
 use gpu_node_autoscaler_core::buffer::{self, CapacityBuffer, Source};
@@ -279,19 +280,25 @@ impl Ours {
                     });
                 }
                 Action::Terminate { instance_id, .. } => {
-                    world.terminate_instance(&instance_id);
+                    // Refused for an instance whose Auto Scaling group is at its minimum size.
+                    let result = world
+                        .terminate_instance(&instance_id)
+                        .map_err(|message| ProviderError::InvalidRequest { message });
                     feedback.push(Feedback::Terminated {
                         instance_id,
-                        result: Ok(()),
+                        result,
                     });
                 }
                 Action::DeleteNode { node } => world.delete_node(&node),
                 Action::Drain(order) => {
-                    // The simulated drain is immediate: evicted pods go back to pending.
-                    world.drain_and_remove(&order.node);
-                    let _ = self
-                        .core
-                        .drain_finished(&order.node, DrainOutcome::Removed, now);
+                    // The simulated drain is immediate: evicted pods go back to pending. A node
+                    // whose Auto Scaling group is at its minimum size stays, as the provider
+                    // refuses its termination before the drain.
+                    let outcome = match world.drain_and_remove(&order.node) {
+                        Ok(()) => DrainOutcome::Removed,
+                        Err(why) => DrainOutcome::RolledBack(why),
+                    };
+                    let _ = self.core.drain_finished(&order.node, outcome, now);
                 }
                 Action::RollBack { node, why, .. } => {
                     world.give_back(&node);

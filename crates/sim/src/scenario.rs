@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use gpu_node_autoscaler_aws::groups::Group;
 use gpu_node_autoscaler_provider::CapacityType;
 
 use gpu_node_autoscaler_core::convert::Converter;
@@ -17,7 +18,7 @@ use gpu_node_autoscaler_core::policy::duration::parse_duration;
 use gpu_node_autoscaler_core::policy::source_map::{
     display_path, path_from_serde, PathSeg, SourceMap,
 };
-use gpu_node_autoscaler_core::policy::{parse_policy_at, Policy};
+use gpu_node_autoscaler_core::policy::{parse_policy_at_with, Policy};
 use gpu_node_autoscaler_core::yaml::{self, YamlError};
 
 use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE, SECOND};
@@ -57,6 +58,26 @@ struct RawScenario {
     /// CapacityBuffers: spare chunks shaped as one replica of a service.
     #[serde(default)]
     buffers: Vec<RawBuffer>,
+    /// The account's Auto Scaling groups, for pools backed by them (`aws.autoScalingGroups`).
+    #[serde(default)]
+    auto_scaling_groups: Vec<RawGroup>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawGroup {
+    name: String,
+    instance_types: Vec<String>,
+    zones: Vec<String>,
+    /// `on-demand` (the default) or `spot`.
+    capacity_type: Option<String>,
+    #[serde(default)]
+    min_size: u32,
+    max_size: u32,
+    #[serde(default)]
+    desired_capacity: u32,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -345,6 +366,9 @@ pub struct Scenario {
     pub dra_objects: Vec<Value>,
     /// The account's capacity reservations, times on the run's clock.
     pub reservations: Vec<gpu_node_autoscaler_provider::Reservation>,
+    /// The account's Auto Scaling groups and the pools they back (the policy's pools of groups
+    /// already planned from their templates).
+    pub groups: crate::groups::Groups,
     /// The HPA-scaled services as declared (their replicas, as the model scales them, are in
     /// `pods`): what a replay with a real HPA runs instead of those replicas.
     pub services: Vec<Service>,
@@ -376,6 +400,16 @@ pub struct Service {
     /// The service ends (every replica is deleted) at this time.
     pub until: Ms,
 }
+
+/// The providers a scenario's pools may name: the AWS provider's section checked as the
+/// controller checks it (a pool of Auto Scaling groups takes its templates from the scenario's
+/// groups), the others by name.
+static PROVIDERS: [&dyn gpu_node_autoscaler_provider::policy::ProviderPolicy; 4] = [
+    &gpu_node_autoscaler_aws::settings::POLICY,
+    &gpu_node_autoscaler_provider::policy::NameOnly::with_section("alibaba", "alibaba"),
+    &gpu_node_autoscaler_provider::policy::NameOnly::with_section("kwok", "kwok"),
+    &gpu_node_autoscaler_provider::policy::NameOnly::new("memory"),
+];
 
 struct Errs<'a> {
     file: &'a str,
@@ -680,7 +714,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             return Err(errs.out.join("\n"));
         }
     };
-    let policy = match parse_policy_at(text, file, &[k("policy")]) {
+    let policy = match parse_policy_at_with(text, file, &[k("policy")], &PROVIDERS) {
         Ok(p) => Some(p),
         Err(e) => {
             errs.out.push(e.to_string());
@@ -1198,6 +1232,71 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             price_per_hour: r.price_per_hour,
         });
     }
+    let mut groups = Vec::new();
+    for (gi, g) in raw.auto_scaling_groups.iter().enumerate() {
+        let at = |f: &str| path(&[k("autoScalingGroups"), i(gi), k(f)]);
+        if g.name.is_empty() || groups.iter().any(|x: &Group| x.name == g.name) {
+            errs.at(
+                &at("name"),
+                format!("{:?}: a group's name is given and unique", g.name),
+            );
+        }
+        if g.instance_types.is_empty() {
+            errs.at(&at("instanceTypes"), "must list at least one instance type");
+        }
+        if g.zones.is_empty() {
+            errs.at(&at("zones"), "must list at least one zone");
+        }
+        let capacity_type = match g.capacity_type.as_deref() {
+            None => CapacityType::OnDemand,
+            Some(c) => match CapacityType::parse(c) {
+                Some(ct) if ct != CapacityType::Reserved => ct,
+                _ => {
+                    errs.at(
+                        &at("capacityType"),
+                        format!("unknown capacity type {c:?} (expected spot or on-demand)"),
+                    );
+                    CapacityType::OnDemand
+                }
+            },
+        };
+        if g.min_size > g.max_size {
+            errs.at(&at("minSize"), "must not exceed maxSize");
+        }
+        if g.desired_capacity < g.min_size || g.desired_capacity > g.max_size {
+            errs.at(&at("desiredCapacity"), "must be within minSize..maxSize");
+        }
+        groups.push(Group {
+            name: g.name.clone(),
+            min: g.min_size,
+            max: g.max_size,
+            desired: g.desired_capacity,
+            instance_types: g.instance_types.clone(),
+            zones: g.zones.clone(),
+            capacity_type,
+            tags: g.tags.clone(),
+            instances: Vec::new(),
+            source: "the scenario".to_string(),
+        });
+    }
+    // The pools of groups, planned from the groups' templates as the controller plans them.
+    let (groups, policy) = match policy {
+        Some(p) => {
+            let (groups, problems) = crate::groups::Groups::new(groups, &p);
+            for (at, msg) in problems {
+                let segs: Vec<PathSeg> = std::iter::once(k("policy"))
+                    .chain(at.iter().map(|s| match s.parse::<usize>() {
+                        Ok(n) => i(n),
+                        Err(_) => k(s),
+                    }))
+                    .collect();
+                errs.at(&segs, msg);
+            }
+            let filled = p.with_cloud_templates(&groups.templates(&p));
+            (groups, Some(filled))
+        }
+        None => (crate::groups::Groups::default(), None),
+    };
     if pods.is_empty() && errs.out.is_empty() {
         errs.at(&[], "the scenario has no jobs or services");
     }
@@ -1240,6 +1339,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             kueue_jobs,
             service_templates,
             buffers,
+            groups,
         }),
         _ => Err(errs.out.join("\n")),
     }
@@ -1266,6 +1366,7 @@ impl Scenario {
             reservations: self.reservations,
             kueue_jobs: self.kueue_jobs,
             buffers: self.buffers,
+            groups: self.groups,
         }
     }
 

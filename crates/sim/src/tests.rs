@@ -1,6 +1,7 @@
 //! Tests of the simulator as a whole: the strategies side by side in one simulated cluster.
 
 mod fuzz;
+mod groups;
 mod kueue;
 mod lifecycle;
 mod reserved;

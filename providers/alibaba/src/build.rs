@@ -155,6 +155,7 @@ mod tests {
             catalog,
             type_labels: BTreeMap::new(),
             pools,
+            max_node_provision_time: std::time::Duration::from_secs(900),
             kube_client: None,
         }
     }

@@ -84,6 +84,7 @@ pub fn config_from_spec(spec: &ProviderSpec<'_>, region: &str) -> Result<AwsConf
     let mut config = AwsConfig::new(region, spec.cluster_name.clone());
     config.endpoint_url = spec.endpoint_url.clone();
     config.cluster_id = spec.cluster_id.clone();
+    config.group_provision_time = spec.max_node_provision_time;
     let mut errors = Vec::new();
     for pool in &spec.pools {
         let (aws, types, prices) = match pool.resolve(

@@ -162,6 +162,9 @@ pub struct AwsConfig {
     pub group_poll: Duration,
     /// How long a group whose scaling activity failed is not grown again.
     pub group_failure_hold: Duration,
+    /// How long after a group was grown the instances that have not come are given back (the
+    /// policy's `maxNodeProvisionTime`), for a launch slower than `group_launch_wait`.
+    pub group_provision_time: Duration,
     pub rate_limits: RateLimits,
     pub retry: RetryPolicy,
 }
@@ -178,6 +181,7 @@ impl AwsConfig {
             group_launch_wait: Duration::from_secs(60),
             group_poll: Duration::from_secs(2),
             group_failure_hold: Duration::from_secs(300),
+            group_provision_time: Duration::from_secs(15 * 60),
             rate_limits: RateLimits::default(),
             retry: RetryPolicy::default(),
         }

@@ -255,6 +255,17 @@ pub fn give_back(g: &Group) -> Option<u32> {
     (g.desired > to).then_some(to)
 }
 
+/// The desired capacity to lower a group to when `never` instances of a raise never came (a
+/// launch slower than the group wait, after the pool's maximum provisioning time), as the
+/// Cluster Autoscaler's `DecreaseTargetSize` does for a failed scale-up: its desired capacity
+/// less those only, never below the instances it has (so that it removes none of its own
+/// choosing) nor its minimum size; `None` when that lowers nothing.
+pub fn give_back_unfulfilled(g: &Group, never: u32) -> Option<u32> {
+    let have = g.instances.iter().filter(|i| !i.leaving()).count() as u32;
+    let to = g.desired.saturating_sub(never).max(have).max(g.min);
+    (to < g.desired).then_some(to)
+}
+
 /// A group described for people: its types, zones, capacity type, sizes and template.
 pub fn describe(g: &Group) -> String {
     let t = node_template(&g.tags);

@@ -1046,6 +1046,93 @@ mod asg {
     }
 
     #[tokio::test]
+    async fn asg_launch_slower_than_the_group_wait_is_given_back_after_the_provision_time() {
+        use std::time::Duration;
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        create_group(&asg, &net, &spec("gpu-od-a", &[A], false, 10)).await;
+        let proxy = FaultProxy::start(moto.addr).await;
+        // The group takes its desired capacity and launches nothing (yet), failing nothing.
+        proxy.slow_scaling("gpu-od-a");
+        let mut c = group_config(&proxy.url(), CLUSTER, named(&["gpu-od-a"]), &["g5.xlarge"]);
+        c.group_launch_wait = Duration::from_millis(300);
+        c.group_provision_time = Duration::from_secs(2);
+        let provider = AwsProvider::new(c).await.unwrap();
+        let od = offering("g5.xlarge", A, OnDemand);
+        let r = provider
+            .launch(&request("asg-slow", 2, std::slice::from_ref(&od)))
+            .await
+            .unwrap();
+        // The wait ran out with nothing launched and nothing failed: the group stays raised.
+        assert!(r.launched.is_empty() && r.failures.is_empty(), "{r:?}");
+        assert_eq!(proxy.desired_asked("gpu-od-a"), [2]);
+        // After the provisioning time, a look at the pool gives back the two that never came
+        // (down to the instances the group has: none), and the offering is short.
+        let mut looks = 0;
+        while proxy.desired_asked("gpu-od-a").len() < 2 && looks < 600 {
+            provider.list(POOL).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            looks += 1;
+        }
+        assert_eq!(proxy.desired_asked("gpu-od-a"), [2, 0]);
+        let cat = provider.catalog().await.unwrap();
+        let o = cat.offerings.iter().find(|o| o.key == od).unwrap();
+        assert!(!o.available, "{o:?}");
+        // Given back once: later looks lower nothing more.
+        provider.list(POOL).await.unwrap();
+        assert_eq!(proxy.desired_asked("gpu-od-a"), [2, 0]);
+    }
+
+    #[test]
+    fn asg_give_back_of_an_unfulfilled_raise_lowers_only_what_never_came() {
+        let inst = |id: &str, lifecycle: &str| groups::GroupInstance {
+            id: id.into(),
+            zone: A.into(),
+            instance_type: "g5.xlarge".into(),
+            lifecycle: lifecycle.into(),
+            protected_from_scale_in: false,
+        };
+        let g = |min, desired, instances: Vec<groups::GroupInstance>| groups::Group {
+            name: "g".into(),
+            min,
+            max: 10,
+            desired,
+            instance_types: vec!["g5.xlarge".into()],
+            zones: vec![A.into()],
+            capacity_type: OnDemand,
+            tags: BTreeMap::new(),
+            instances,
+            source: String::new(),
+        };
+        // Raised 3 → 6, one came: the two that never came are given back.
+        let four = (0..4)
+            .map(|i| inst(&format!("i-{i}"), "InService"))
+            .collect();
+        assert_eq!(groups::give_back_unfulfilled(&g(0, 6, four), 2), Some(4));
+        // Never below the instances it has (a pending one counts; a leaving one does not).
+        let have = vec![
+            inst("i-0", "InService"),
+            inst("i-1", "Pending"),
+            inst("i-2", "Terminating"),
+        ];
+        assert_eq!(groups::give_back_unfulfilled(&g(0, 3, have), 3), Some(2));
+        // Nor below its minimum size; nothing to lower: none.
+        assert_eq!(
+            groups::give_back_unfulfilled(&g(2, 3, Vec::new()), 3),
+            Some(2)
+        );
+        assert_eq!(groups::give_back_unfulfilled(&g(0, 2, Vec::new()), 0), None);
+        assert_eq!(
+            groups::give_back_unfulfilled(
+                &g(0, 2, vec![inst("i-0", "InService"), inst("i-1", "Pending")]),
+                2
+            ),
+            None
+        );
+    }
+
+    #[tokio::test]
     async fn asg_gang_spans_two_groups_in_one_zone() {
         let moto = Moto::start();
         let net = network(&ec2(&moto.url()).await).await;

@@ -97,6 +97,9 @@ pub struct ProviderSpec<'a> {
     pub type_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// The pools that name the provider, in policy order.
     pub pools: Vec<PoolSpec>,
+    /// The policy's `maxNodeProvisionTime`: how long a launch may take before what has not come
+    /// counts as never coming (a provider that launches asynchronously gives it back then).
+    pub max_node_provision_time: std::time::Duration,
     /// The controller's Kubernetes client (a `kube::Client`), for a provider whose machines are
     /// the cluster's own objects (kwok); `None` outside the controller.
     pub kube_client: Option<&'a (dyn Any + Send + Sync)>,

@@ -906,6 +906,7 @@ pub fn provider_spec<'a>(
         catalog,
         type_labels,
         pools,
+        max_node_provision_time: policy.max_node_provision_time,
         kube_client: None,
     }
 }

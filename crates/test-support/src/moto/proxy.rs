@@ -10,7 +10,9 @@
 //! `DescribeScalingActivities` always answers none), it fails the launches of chosen groups:
 //! their `SetDesiredCapacity` is answered without reaching moto (no instance is launched, the
 //! desired capacity stays) and a `Failed` activity is recorded, which
-//! `DescribeScalingActivities` for the group answers. moto keeps no capacity reservations, so it
+//! `DescribeScalingActivities` for the group answers; and it makes chosen groups slow (their
+//! `SetDesiredCapacity` answered without reaching moto, their desired capacity in
+//! `DescribeAutoScalingGroups` answers as asked, no instance coming: a launch still under way). moto keeps no capacity reservations, so it
 //! never refuses a `RunInstances` into one: the relay fails those that target a chosen
 //! reservation ([`FaultProxy::fail_reservation`]). It records every request's parameters
 //! ([`FaultProxy::requests_of`]), so that tests see what the SDK sent that moto ignores (a
@@ -43,6 +45,9 @@ struct Faults {
     fail_groups: BTreeMap<String, String>,
     /// (group, start time, status message) of each failed activity recorded.
     activities: Vec<(String, String, String)>,
+    /// Auto Scaling group → the desired capacity its last `SetDesiredCapacity` asked (none yet:
+    /// `None`), for groups whose launches never complete ([`FaultProxy::slow_scaling`]).
+    slow_groups: BTreeMap<String, Option<u32>>,
     /// (group, desired capacity) of every `SetDesiredCapacity`, in order.
     desired: Vec<(String, u32)>,
     /// Every action seen, in order (when relayed or answered, so after any hold).
@@ -254,6 +259,18 @@ impl FaultProxy {
             .insert(group.to_string(), message.to_string());
     }
 
+    /// Every later `SetDesiredCapacity` of Auto Scaling group `group` is answered by the relay
+    /// without reaching moto, as a launch still under way: no instance is launched and no
+    /// activity fails, and `DescribeAutoScalingGroups` answers the desired capacity it asked
+    /// (moto launches a group's instances at once, so it cannot be slow).
+    pub fn slow_scaling(&self, group: &str) {
+        self.faults
+            .lock()
+            .unwrap()
+            .slow_groups
+            .insert(group.to_string(), None);
+    }
+
     /// The `SetDesiredCapacity` calls that reached the relay for `group`, in order: the desired
     /// capacity each asked for (whether it failed or was relayed).
     pub fn desired_asked(&self, group: &str) -> Vec<u32> {
@@ -447,6 +464,66 @@ const INTERNAL_ERROR: &str =
 const SET_DESIRED_OK: &str = "<SetDesiredCapacityResponse \
 xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><ResponseMetadata><RequestId>fault-proxy\
 </RequestId></ResponseMetadata></SetDesiredCapacityResponse>";
+
+/// The groups of a `DescribeAutoScalingGroups` answer: each one's `<member>` element, as byte
+/// ranges (its instances and tags are members nested in it).
+fn group_members(xml: &str) -> Vec<(usize, usize)> {
+    let Some(mut i) = xml.find("<AutoScalingGroups>") else {
+        return Vec::new();
+    };
+    let end = xml.rfind("</AutoScalingGroups>").unwrap_or(xml.len());
+    let mut out = Vec::new();
+    let mut depth = 0usize;
+    let mut open = 0;
+    while i < end {
+        let o = xml[i..end].find("<member>").map(|p| p + i);
+        let c = xml[i..end].find("</member>").map(|p| p + i);
+        match (o, c) {
+            (Some(o), Some(c)) if o < c => {
+                if depth == 0 {
+                    open = o;
+                }
+                depth += 1;
+                i = o + "<member>".len();
+            }
+            (_, Some(c)) if depth > 0 => {
+                depth -= 1;
+                i = c + "</member>".len();
+                if depth == 0 {
+                    out.push((open, i));
+                }
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// A `DescribeAutoScalingGroups` answer with the desired capacity of each slow group as its
+/// last `SetDesiredCapacity` asked.
+fn rewrite_desired(xml: &str, slow: &BTreeMap<String, Option<u32>>) -> String {
+    let mut out = xml.to_string();
+    for (group, n) in slow {
+        let Some(n) = n else { continue };
+        let name = format!("<AutoScalingGroupName>{group}</AutoScalingGroupName>");
+        let Some((s, e)) = group_members(&out)
+            .into_iter()
+            .find(|(s, e)| out[*s..*e].contains(&name))
+        else {
+            continue;
+        };
+        let member = &out[s..e];
+        let (Some(a), Some(b)) = (
+            member.find("<DesiredCapacity>"),
+            member.find("</DesiredCapacity>"),
+        ) else {
+            continue;
+        };
+        let replaced = format!("{}<DesiredCapacity>{n}{}", &member[..a], &member[b..]);
+        out.replace_range(s..e, &replaced);
+    }
+    out
+}
 
 /// `DescribeScalingActivities` for `group`: its failed activities, newest first.
 fn scaling_activities(group: &str, activities: &[(String, String, String)]) -> String {
@@ -766,6 +843,10 @@ async fn handle(
             let group = param("AutoScalingGroupName");
             let n = param("DesiredCapacity").parse().unwrap_or(0);
             f.desired.push((group.clone(), n));
+            if let Some(last) = f.slow_groups.get_mut(&group) {
+                *last = Some(n);
+                return Ok(response(200, "OK", "text/xml", SET_DESIRED_OK.as_bytes()));
+            }
             if let Some(message) = f.fail_groups.get(&group).cloned() {
                 f.activities.push((group, iso_now(), message));
                 return Ok(response(200, "OK", "text/xml", SET_DESIRED_OK.as_bytes()));
@@ -799,6 +880,14 @@ async fn handle(
         let all = faults.lock().unwrap().capacity_reservations.clone();
         let xml = describe_capacity_reservations(&params, &all);
         return Ok(response(200, "OK", "text/xml", xml.as_bytes()));
+    }
+    if action == "DescribeAutoScalingGroups" {
+        let slow = faults.lock().unwrap().slow_groups.clone();
+        if slow.values().any(Option::is_some) {
+            let (code, reason, ct, rbody) = forward(head, &body, upstream).await?;
+            let text = rewrite_desired(&String::from_utf8_lossy(&rbody), &slow);
+            return Ok(response(code, &reason, &ct, text.as_bytes()));
+        }
     }
     if action == "DescribeSpotPriceHistory" {
         let (code, reason, ct, rbody) = forward(head, &body, upstream).await?;

@@ -28,6 +28,22 @@ pub(super) struct GroupState {
     launch_of: BTreeMap<String, String>,
     /// Launch id → how many instances it asked the groups for.
     asked: BTreeMap<String, u32>,
+    /// Raises whose instances had not all come when the group wait ran out.
+    slow: Vec<SlowRaise>,
+}
+
+/// A group raised for a launch whose instances had not all come when the group wait ran out:
+/// what has still not come at `deadline_ms` is given back.
+#[derive(Clone, Debug)]
+struct SlowRaise {
+    group: String,
+    launch_id: String,
+    /// How many of its instances had not come.
+    missing: u32,
+    /// The group's instances when the wait ran out: those that come later are the raise's.
+    seen: BTreeSet<String>,
+    /// When it was raised plus the policy's `maxNodeProvisionTime` (ms).
+    deadline_ms: i64,
 }
 
 impl AwsProvider {
@@ -321,6 +337,7 @@ impl AwsProvider {
     pub(super) async fn group_offerings(
         &self,
     ) -> Result<Vec<(OfferingKey, f64, bool)>, ProviderError> {
+        self.settle_slow_raises().await;
         let failed = self.failed_groups();
         let mut out: BTreeMap<OfferingKey, (f64, bool)> = BTreeMap::new();
         for p in &self.config.group_pools {
@@ -517,6 +534,10 @@ impl AwsProvider {
                 return Ok(Grown::Failed(message));
             }
             let now = self.describe_group(&g.name).await?;
+            let all: BTreeSet<String> = now
+                .iter()
+                .flat_map(|n| n.instances.iter().map(|i| i.id.clone()))
+                .collect();
             let new: Vec<GroupInstance> = now
                 .map(|n| {
                     n.instances
@@ -531,10 +552,86 @@ impl AwsProvider {
                 for i in &new {
                     state.launch_of.insert(i.id.clone(), launch_id.to_string());
                 }
+                let missing = count.saturating_sub(new.len() as u32);
+                if missing > 0 {
+                    // Still under way: given back after the provisioning time if it never comes.
+                    state.slow.push(SlowRaise {
+                        group: g.name.clone(),
+                        launch_id: launch_id.to_string(),
+                        missing,
+                        seen: before.union(&all).cloned().collect(),
+                        deadline_ms: since
+                            + 1_000
+                            + self.config.group_provision_time.as_millis() as i64,
+                    });
+                }
                 return Ok(Grown::Launched(new));
             }
             tokio::time::sleep(self.config.group_poll).await;
         }
+    }
+
+    /// Settles the slow raises whose provisioning time has passed (see [`SlowRaise`]): the
+    /// instances that came since are the launch's; for those that never came the group's
+    /// desired capacity is lowered by them ([`groups::give_back_unfulfilled`]: never below the
+    /// instances it has, no instance picked) and the group counts as short, as after a failed
+    /// activity. A raise whose group cannot be read now is settled at the next look.
+    pub(super) async fn settle_slow_raises(&self) {
+        let due: Vec<SlowRaise> = {
+            let mut state = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+            if state.slow.is_empty() {
+                return;
+            }
+            let now = now_ms();
+            let (due, later) = std::mem::take(&mut state.slow)
+                .into_iter()
+                .partition(|r| r.deadline_ms <= now);
+            state.slow = later;
+            due
+        };
+        for r in due {
+            if self.settle_slow_raise(&r).await.is_err() {
+                let mut state = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+                state.slow.push(r);
+            }
+        }
+    }
+
+    async fn settle_slow_raise(&self, r: &SlowRaise) -> Result<(), ProviderError> {
+        let Some(g) = self.describe_group(&r.group).await? else {
+            return Ok(());
+        };
+        let came: Vec<String> = g
+            .instances
+            .iter()
+            .filter(|i| !r.seen.contains(&i.id) && !i.leaving())
+            .map(|i| i.id.clone())
+            .take(r.missing as usize)
+            .collect();
+        let never = r.missing - came.len() as u32;
+        if let Some(to) = groups::give_back_unfulfilled(&g, never) {
+            self.call("SetDesiredCapacity", &self.limits.scale, || {
+                self.autoscaling
+                    .set_desired_capacity()
+                    .auto_scaling_group_name(&r.group)
+                    .desired_capacity(i32::try_from(to).unwrap_or(i32::MAX))
+                    .honor_cooldown(false)
+                    .send()
+            })
+            .await
+            .map_err(ApiError::into_provider_error)?;
+        }
+        let mut state = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        for id in came {
+            state.launch_of.insert(id, r.launch_id.clone());
+        }
+        if never > 0 {
+            state.failed_until.insert(
+                r.group.clone(),
+                now_ms() + self.config.group_failure_hold.as_millis() as i64,
+            );
+        }
+        Ok(())
     }
 
     /// The message of a failed scaling activity of `group` started since `since_ms`.
@@ -668,6 +765,7 @@ impl AwsProvider {
 
     /// The instances of the pool's groups (their launch time from EC2).
     pub(super) async fn list_groups(&self, pool: &AsgPool) -> Result<Vec<Instance>, ProviderError> {
+        self.settle_slow_raises().await;
         let gs = self.pool_groups(pool).await?;
         let ids: Vec<String> = gs
             .iter()
