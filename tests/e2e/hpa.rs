@@ -512,6 +512,43 @@ fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_dela
     }
 }
 
+/// After a load fall that takes `app` back to one replica: its Deployment runs one replica on
+/// the one node of `pool` left; every other node of `before` was removed by us once, after the
+/// pool's 10 s unneeded time.
+fn scaled_in_to_one_node(env: &Env, app: &str, pool: &str, before: &[String]) {
+    let left = env.wait_for("one replica Running and one node left", 4 * MIN, || {
+        let nodes = launched_nodes(env, pool);
+        (replicas(env, app) == (1, 1, 0) && nodes.len() == 1).then_some(nodes)
+    });
+    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", &format!("app={app}")]);
+    let on: Vec<&str> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["spec"]["nodeName"].as_str())
+        .collect();
+    assert_eq!(on, [left[0].as_str()], "the replica's node stays");
+    let events = env.events("ScaleDown");
+    for gone in before.iter().filter(|n| **n != left[0]) {
+        let removed: Vec<&String> = events
+            .iter()
+            .filter(|e| e.starts_with(&format!("{gone}:")))
+            .collect();
+        assert_eq!(removed.len(), 1, "{gone}: {events:?}");
+        let idle = removed[0]
+            .split("empty (no GPU pods) for ")
+            .nth(1)
+            .and_then(|d| parse_duration(d.split_whitespace().next()?).ok())
+            .unwrap_or_else(|| panic!("{}", removed[0]));
+        assert!(
+            idle >= Duration::from_secs(10),
+            "removed only after the pool's unneeded time: {}",
+            removed[0]
+        );
+    }
+}
+
 /// An H100 pool whose GPUs are each partitioned into a 1g.10gb, a 2g.20gb and a 3g.40gb slice
 /// (`hpa-mig.yaml`'s Deployment asks for one 1g.10gb slice a replica): eight replicas to a
 /// p5.48xlarge, so a ninth needs a second node.
@@ -594,38 +631,7 @@ fn hpa_scales_mig_slice_replicas_on_their_slices_activity_onto_h100_nodes_we_lau
     // Load falls to 0.3 of a slice: after its 60 s window the HPA goes back to one replica; the
     // node left without one goes after the pool's 10 s unneeded time, the other stays.
     chain.exporter.set_load(NS, MIG_APP, 0.3);
-    let left = env.wait_for("one replica Running and one node left", 4 * MIN, || {
-        let nodes = launched_nodes(&env, "kwok-h100");
-        (replicas(&env, MIG_APP) == (1, 1, 0) && nodes.len() == 1).then_some(nodes)
-    });
-    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", &format!("app={MIG_APP}")]);
-    let on: Vec<&str> = pods["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .filter_map(|p| p["spec"]["nodeName"].as_str())
-        .collect();
-    assert_eq!(on, [left[0].as_str()], "the replica's node stays");
-    let events = env.events("ScaleDown");
-    let removed: Vec<&String> = events
-        .iter()
-        .filter(|e| {
-            two.iter()
-                .any(|n| n != &left[0] && e.starts_with(&format!("{n}:")))
-        })
-        .collect();
-    assert_eq!(removed.len(), 1, "{events:?}");
-    let idle = removed[0]
-        .split("empty (no GPU pods) for ")
-        .nth(1)
-        .and_then(|d| parse_duration(d.split_whitespace().next()?).ok())
-        .unwrap_or_else(|| panic!("{}", removed[0]));
-    assert!(
-        idle >= Duration::from_secs(10),
-        "removed only after the pool's unneeded time: {}",
-        removed[0]
-    );
+    scaled_in_to_one_node(&env, MIG_APP, "kwok-h100", &two);
 }
 
 /// Every manifest of `deploy/examples/gpu-hpa/` passes the API server's own validation, field by
@@ -760,36 +766,5 @@ fn hpa_scales_shared_gpu_replicas_and_we_launch_a_node_only_when_the_shares_run_
     // unneeded time, and the node with the remaining replica stays.
     let two = launched_nodes(&env, "kwok-shared");
     chain.exporter.set_load(NS, SHARED_APP, 0.3);
-    let left = env.wait_for("one replica Running and one node left", 4 * MIN, || {
-        let nodes = launched_nodes(&env, "kwok-shared");
-        (replicas(&env, SHARED_APP) == (1, 1, 0) && nodes.len() == 1).then_some(nodes)
-    });
-    let pods = env.get_json(&["get", "pods", "-n", NS, "-l", "app=triton-shared"]);
-    let on: Vec<&str> = pods["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .filter_map(|p| p["spec"]["nodeName"].as_str())
-        .collect();
-    assert_eq!(on, [left[0].as_str()], "the replica's node stays");
-    let events = env.events("ScaleDown");
-    let removed: Vec<&String> = events
-        .iter()
-        .filter(|e| {
-            two.iter()
-                .any(|n| n != &left[0] && e.starts_with(&format!("{n}:")))
-        })
-        .collect();
-    assert_eq!(removed.len(), 1, "{events:?}");
-    let idle = removed[0]
-        .split("empty (no GPU pods) for ")
-        .nth(1)
-        .and_then(|d| parse_duration(d.split_whitespace().next()?).ok())
-        .unwrap_or_else(|| panic!("{}", removed[0]));
-    assert!(
-        idle >= Duration::from_secs(10),
-        "removed only after the pool's unneeded time: {}",
-        removed[0]
-    );
+    scaled_in_to_one_node(&env, SHARED_APP, "kwok-shared", &two);
 }
