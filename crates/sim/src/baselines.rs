@@ -533,7 +533,24 @@ impl CaLike {
             e.1 = now + wait;
             return false;
         };
-        let t = &templates[ti];
+        self.scale_up_group(world, &templates[ti], ti, ct, n, now);
+        world.admit(index, Some(&request));
+        true
+    }
+
+    /// A scale-up of group (`ti`, `ct`) the cloud did not fill: seen at the next scan from the
+    /// group's failed scaling activity, and the group backed off.
+    /// Raises node group (`ti`, capacity type `ct`) by `n`; a group that launched fewer is backed
+    /// off.
+    fn scale_up_group(
+        &mut self,
+        world: &mut World,
+        t: &Template,
+        ti: usize,
+        ct: usize,
+        n: u32,
+        now: Ms,
+    ) {
         self.launches += 1;
         let req = LaunchRequest {
             launch_id: format!("ca-{}-{}", t.pool_name, self.launches),
@@ -551,12 +568,8 @@ impl CaLike {
         if got < n {
             self.group_failed(ti, ct, now);
         }
-        world.admit(index, Some(&request));
-        true
     }
 
-    /// A scale-up of group (`ti`, `ct`) the cloud did not fill: seen at the next scan from the
-    /// group's failed scaling activity, and the group backed off.
     fn group_failed(&mut self, ti: usize, ct: usize, now: Ms) {
         let e = self.failures.entry((ti, ct)).or_insert((0, now));
         if now - e.1 >= CA_BACKOFF_RESET {
@@ -747,24 +760,7 @@ impl Strategy for CaLike {
                 }
             }
             if let Some((ct, _, ti, n)) = best {
-                let t = &templates[ti];
-                self.launches += 1;
-                let req = LaunchRequest {
-                    launch_id: format!("ca-{}-{}", t.pool_name, self.launches),
-                    pool: t.pool_name.clone(),
-                    count: n,
-                    offerings: self.group_offerings(t, ct),
-                    tags: BTreeMap::new(),
-                    reservations: Vec::new(),
-                    atomic: false,
-                };
-                let got = world
-                    .launch(&req)
-                    .map(|r| r.launched.len() as u32)
-                    .unwrap_or(0);
-                if got < n {
-                    self.group_failed(ti, ct, now);
-                }
+                self.scale_up_group(world, &templates[ti], ti, ct, n, now);
                 scaled = true;
             }
         }
