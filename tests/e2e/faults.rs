@@ -490,3 +490,53 @@ fn overrun_a_gangs_partial_launch_is_given_back_not_kept_idle() {
         "a given-back instance came back: {live:?}"
     );
 }
+
+#[test]
+fn failover_no_launch_is_sent_before_the_status_recording_it_is_written() {
+    let mut env = Env::start("launch-record", Options::default());
+    env.create(&env.policy_configmap(&env.policy(&["us-east-1a"], "")));
+    env.start_controller("r1", &[]);
+    env.wait_for("the first status", MIN, || {
+        (!env.status_json().is_null()).then_some(())
+    });
+    // The status ConfigMap goes; the Role from deploy/ may not create it again, so a launch
+    // could not be recorded before it is sent.
+    env.kubectl_ok(&[
+        "delete",
+        "configmap",
+        "-n",
+        "kube-system",
+        "gpu-node-autoscaler-status",
+    ]);
+    env.create(&gpu_pod("default", "train", &no_labels(), None));
+    let refusals = |env: &Env| {
+        env.log("r1")
+            .matches("not launching: the status recording the launch was not written")
+            .count()
+    };
+    env.wait_for("two passes that would launch", 2 * MIN, || {
+        (refusals(&env) >= 2).then_some(())
+    });
+    assert!(
+        env.instances().is_empty(),
+        "launched without a record: {:?}",
+        env.instances().iter().map(|i| &i.0).collect::<Vec<_>>()
+    );
+    env.wait_for("a LaunchNotRecorded Event", MIN, || {
+        env.events("LaunchNotRecorded").pop()
+    });
+    // Back as deploy/ ships it: the launch is recorded, sent, and recorded as answered.
+    env.create(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: gpu-node-autoscaler-status\n  \
+         namespace: kube-system\n",
+    );
+    env.wait_for("train to run", 3 * MIN, || {
+        (env.pod_phase("default", "train") == "Running").then_some(())
+    });
+    let ids: Vec<String> = env.instances().into_iter().map(|i| i.0).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    env.wait_for("no launch left awaited in the status", MIN, || {
+        let s = env.status_json();
+        (!s.is_null() && s.get("launching").is_none()).then_some(())
+    });
+}

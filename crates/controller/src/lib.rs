@@ -1540,6 +1540,8 @@ impl Controller {
         let mut launches = Vec::new();
         // A notice is acknowledged only once the taints that record it are on the nodes.
         let mut taint_failed = false;
+        let mut status_written = true;
+        let mut launch_unrecorded = false;
         // Nominations are independent patches, made together once the rest is done: a burst of
         // pending pods placed on registered nodes is as many API calls in one pass.
         let mut nominations = Vec::new();
@@ -1560,6 +1562,31 @@ impl Controller {
                         node: r.node,
                         changed: ok,
                     });
+                }
+                // The status that records a step's launches comes before them: without it a
+                // leader that dies before their answer could leave them to be launched again.
+                // Not sent, they did not happen (the next pass plans their pods again).
+                Action::Launch { request, .. } if !status_written => {
+                    warn!(
+                        launch = %request.launch_id,
+                        pool = %request.pool,
+                        "not launching: the status recording the launch was not written"
+                    );
+                    if !launch_unrecorded {
+                        launch_unrecorded = true;
+                        self.events.send(KubeNote {
+                            object: self.policy_ref(),
+                            warning: true,
+                            reason: "LaunchNotRecorded",
+                            action: "ScaleUp",
+                            message: format!(
+                                "pool {}: not launching while the status ConfigMap {}/{} \
+                                 cannot be written (it records launches before they are \
+                                 sent, for the next leader); tried again every pass",
+                                request.pool, self.status_name.0, self.status_name.1
+                            ),
+                        });
+                    }
                 }
                 Action::Launch { request, .. } => match self.providers.get(&request.pool) {
                     Some(p) => {
@@ -1698,7 +1725,7 @@ impl Controller {
                     Level::Warn => warn!("{message}"),
                 },
                 Action::Count(c) => self.count(c),
-                Action::Status(st) => self.write_status(&st).await,
+                Action::Status(st) => status_written = self.write_status(&st).await,
             }
         }
         let client = &self.client;
@@ -1970,7 +1997,8 @@ impl Controller {
         ])
     }
 
-    async fn write_status(&self, st: &status::Status) {
+    /// Writes the status ConfigMap; false when it could not be written.
+    async fn write_status(&self, st: &status::Status) -> bool {
         let mut data = self.buffer_data();
         data.insert("status".to_string(), status::to_text(st));
         data.insert(
@@ -1978,8 +2006,12 @@ impl Controller {
             serde_json::to_string_pretty(st).unwrap_or_default(),
         );
         let (ns, name) = &self.status_name;
-        if let Err(e) = kube_io::write_status(&self.client, ns, name, data).await {
-            warn!("writing the status ConfigMap: {e}");
+        match kube_io::write_status(&self.client, ns, name, data).await {
+            Ok(()) => true,
+            Err(e) => {
+                warn!("writing the status ConfigMap: {e}");
+                false
+            }
         }
     }
 }

@@ -441,6 +441,10 @@ struct FleetTracking {
     /// Instances of launches given up, while the cloud lists them: their termination, retried
     /// with back-off while it fails.
     terminating: HashMap<String, tracking::Terminating>,
+    /// Launches a previous leader asked for without recording their answer
+    /// ([`status::Status::launching`]): their pool launches nothing until the cloud lists
+    /// them (as many instances as asked), their id is given up, or [`RECENT_FOR`] passed.
+    awaited: BTreeMap<String, status::Launching>,
 }
 
 /// Disruption state: drains running, nodes removed, replacements, consolidation timers, unneeded
@@ -596,6 +600,12 @@ impl Autoscaler {
         for (id, at) in status::given_up_of(json) {
             self.fleet.given_up.entry(id).or_insert(at);
         }
+        // Asked of the cloud by the last leader, answer unknown: what the cloud made of it is
+        // seen in its listing, which may lag; the pool waits for it rather than launching for
+        // the same pods again under another id.
+        for l in status::launching_of(json) {
+            self.fleet.awaited.entry(l.launch_id.clone()).or_insert(l);
+        }
         // Launched by the last leader, not listed yet: in flight from their launch, for as long
         // as this process would remember its own.
         for i in status::launched_unlisted_of(json) {
@@ -725,6 +735,9 @@ impl Autoscaler {
             }
             for (until, _) in self.launches.launch_backoff.values() {
                 consider(*until);
+            }
+            for l in self.fleet.awaited.values() {
+                consider(l.asked_at + RECENT_FOR);
             }
         }
         for t in self.disruption.replace.timers() {

@@ -120,6 +120,35 @@ impl Autoscaler {
         plan: &Plan,
         out: &mut Vec<Action>,
     ) {
+        let st = self.status_of(pass, plan);
+        let mut timeless = st.clone();
+        timeless.time.clear();
+        let key = serde_json::to_string(&timeless).unwrap_or_default();
+        if let Some((last, at)) = &self.reported.last_status {
+            if *last == key && pass.now.since(*at) < STATUS_EVERY {
+                return;
+            }
+        }
+        self.reported.last_status = Some((key, pass.now));
+        out.push(Action::Status(Box::new(st)));
+    }
+
+    /// The status written before a step's launches are sent, with those launches in
+    /// `launching`: a leader that dies before their answer is recorded leaves them to the next
+    /// one. The status after the launches is written whatever it holds (it drops them).
+    pub(in crate::autoscaler) fn launching_status(
+        &mut self,
+        pass: &Pass,
+        plan: &Plan,
+        launching: BTreeMap<String, status::LaunchingStatus>,
+    ) -> Action {
+        let mut st = self.status_of(pass, plan);
+        st.launching.extend(launching);
+        self.reported.last_status = None;
+        Action::Status(Box::new(st))
+    }
+
+    fn status_of(&self, pass: &Pass, plan: &Plan) -> status::Status {
         let nodes: Vec<&Node> = pass.snapshot.nodes.iter().collect();
         let catalog = &self.catalog;
         let mut st = status::build(&StatusInput {
@@ -156,15 +185,20 @@ impl Autoscaler {
             .iter()
             .map(|(id, (i, _))| (id.clone(), status::LaunchedStatus::of(i)))
             .collect();
-        let mut timeless = st.clone();
-        timeless.time.clear();
-        let key = serde_json::to_string(&timeless).unwrap_or_default();
-        if let Some((last, at)) = &self.reported.last_status {
-            if *last == key && pass.now.since(*at) < STATUS_EVERY {
-                return;
-            }
-        }
-        self.reported.last_status = Some((key, pass.now));
-        out.push(Action::Status(Box::new(st)));
+        // A previous leader's launches still awaited go on to the next leader.
+        st.launching = self
+            .fleet
+            .awaited
+            .iter()
+            .map(|(id, l)| {
+                let l = status::LaunchingStatus {
+                    pool: l.pool.clone(),
+                    count: l.count,
+                    asked_at: l.asked_at.to_rfc3339(),
+                };
+                (id.clone(), l)
+            })
+            .collect();
+        st
     }
 }

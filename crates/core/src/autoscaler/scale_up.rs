@@ -9,6 +9,7 @@ use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
 use gpu_node_autoscaler_provider::{Instance, LaunchResult, ProviderError};
 
 use crate::autoscaler::fleet::{launch_request, launch_reservations, NodeIndex};
+use crate::autoscaler::status;
 use crate::autoscaler::{
     pod_subject, Action, Autoscaler, Count, Feedback, Issued, Level, Note, Pass, Stage,
     CAPACITY_ROUNDS,
@@ -97,6 +98,8 @@ impl Autoscaler {
             );
         }
         let mut issued = Vec::with_capacity(plan.scale_ups.len());
+        let mut first_launch = None;
+        let mut launching = BTreeMap::new();
         for su in &plan.scale_ups {
             let pool = pass.policy.pool(&su.pool);
             let version = pass
@@ -140,7 +143,10 @@ impl Autoscaler {
                 .launch_backoff
                 .get(&su.pool)
                 .is_some_and(|(until, _)| *until > now);
-            if backing_off {
+            // A previous leader's launch in this pool, its answer unknown: what it made may
+            // already hold these pods' capacity (the cloud's listing lags behind its launches).
+            let awaiting = self.fleet.awaited.values().any(|l| l.pool == su.pool);
+            if backing_off || awaiting {
                 issued.push(Issued {
                     launch_id: req.launch_id,
                     launched: false,
@@ -179,10 +185,25 @@ impl Autoscaler {
                 launch_id: req.launch_id.clone(),
                 launched: true,
             });
+            first_launch.get_or_insert(out.len());
+            launching.insert(
+                req.launch_id.clone(),
+                status::LaunchingStatus {
+                    pool: su.pool.clone(),
+                    count: su.count,
+                    asked_at: now.to_rfc3339(),
+                },
+            );
             out.push(Action::Launch {
                 request: req,
                 pods: pod_keys(su),
             });
+        }
+        // The launches are recorded before they are sent (the executor sends none of them if
+        // that fails).
+        if let (Some(at), true) = (first_launch, self.config.report) {
+            let st = self.launching_status(&pass, &plan, launching);
+            out.insert(at, st);
         }
         let waiting = issued.iter().any(|i| i.launched);
         pass.stage = Stage::Launching {

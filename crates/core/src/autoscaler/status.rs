@@ -66,6 +66,12 @@ pub struct Status {
     /// the same pods again under another launch id.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub launched_unlisted: BTreeMap<String, LaunchedStatus>,
+    /// Launches asked of the cloud and not answered yet → what they are for: written before
+    /// the launches are sent, so that a new leader that takes over before their answer is
+    /// recorded does not launch for the same pods again (it holds the pool's launches until the
+    /// cloud lists them, or for 5 minutes).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub launching: BTreeMap<String, LaunchingStatus>,
     /// Nodes of ours drifted or expired → what changed, and what keeps them if something does.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub drifted_nodes: BTreeMap<String, String>,
@@ -99,6 +105,44 @@ impl LaunchedStatus {
             reservation_id: i.reservation_id.clone(),
         }
     }
+}
+
+/// A launch asked of the cloud, not answered yet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LaunchingStatus {
+    pub pool: String,
+    /// Instances asked for.
+    pub count: u32,
+    pub asked_at: String,
+}
+
+/// A launch a previous leader asked for and may not have seen answered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launching {
+    pub launch_id: String,
+    pub pool: String,
+    pub count: u32,
+    pub asked_at: Time,
+}
+
+/// The launches a previous leader asked for without recording their answer, from `status.json`
+/// (entries that do not read back are skipped).
+pub fn launching_of(status_json: &str) -> Vec<Launching> {
+    let Ok(s) = serde_json::from_str::<Status>(status_json) else {
+        return Vec::new();
+    };
+    s.launching
+        .into_iter()
+        .filter_map(|(launch_id, l)| {
+            Some(Launching {
+                launch_id,
+                pool: l.pool,
+                count: l.count,
+                asked_at: Time::parse_rfc3339(&l.asked_at).ok()?,
+            })
+        })
+        .collect()
 }
 
 /// The instances a previous leader launched and the cloud did not list yet, from `status.json`
@@ -329,6 +373,7 @@ pub fn build(i: &StatusInput) -> Status {
             .collect(),
         orphans: BTreeMap::new(),
         launched_unlisted: BTreeMap::new(),
+        launching: BTreeMap::new(),
         drifted_nodes: i.lifecycle.clone(),
     }
 }

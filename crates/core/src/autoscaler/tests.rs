@@ -2727,6 +2727,84 @@ fn failover_while_the_listing_lags_launches_once_not_again_under_another_id() {
     assert_eq!(b.cloud.live().len(), 2);
 }
 
+/// The status in force when a leader died right after its launches were answered, before the
+/// status of their outcome was written: the one written before them.
+fn status_before_launches(actions: &[Action]) -> String {
+    let at = actions
+        .iter()
+        .position(|a| matches!(a, Action::Launch { .. }))
+        .expect("a launch");
+    let st = status(&actions[..at]).expect("a status written before the launches");
+    serde_json::to_string(st).unwrap()
+}
+
+#[test]
+fn failover_a_leader_killed_between_the_launch_answer_and_the_status_launches_once() {
+    let mut a = Run::new(Config {
+        identity: "a".into(),
+        ..Config::default()
+    });
+    a.cloud.listing_lag = Some(secs(120));
+    a.pods.push(gpu_pod("p", 1));
+    let first = a.pass(T0);
+    assert_eq!(launches(&first).len(), 1);
+    let json = status_before_launches(&first);
+    assert!(json.contains("\"launching\""), "{json}");
+
+    // `a` dies once the cloud answered and before the status of the launch is written; `b`
+    // reads the one written before it. A second pod makes `b`'s plan differ from `a`'s.
+    let mut b = Run::new(Config {
+        identity: "b".into(),
+        ..Config::default()
+    });
+    b.core.leadership_lost(&[]);
+    b.core.restore(Some(&json));
+    b.cloud = std::mem::take(&mut a.cloud);
+    b.pods = a.pods.clone();
+    b.pods.push(gpu_pod("p2", 1));
+    for t in [20, 60, 100] {
+        let out = b.pass(T0 + secs(t));
+        assert!(launches(&out).is_empty(), "at {t}s: {:?}", launches(&out));
+        // What is still awaited goes on to a leader after `b`.
+        let st = status(&out).expect("a status");
+        assert_eq!(st.launching.len(), 1, "{st:?}");
+    }
+    assert_eq!(b.cloud.live().len(), 1);
+    // Listed at last: p's instance is in flight, and only p2 gets a launch.
+    let listed = b.pass(T0 + secs(130));
+    let l = launches(&listed);
+    assert_eq!(l.iter().map(|r| r.count).sum::<u32>(), 1, "{l:?}");
+    assert!(status(&listed).expect("a status").launching.is_empty());
+    b.pass(T0 + secs(200));
+    assert_eq!(b.cloud.live().len(), 2, "p's node was launched twice");
+}
+
+#[test]
+fn failover_a_launch_the_last_leader_asked_for_and_the_cloud_never_made_holds_its_pool_five_minutes(
+) {
+    let mut a = Run::new(Config {
+        identity: "a".into(),
+        ..Config::default()
+    });
+    a.pods.push(gpu_pod("p", 1));
+    let first = a.pass(T0);
+    let json = status_before_launches(&first);
+
+    // The launch never reached the cloud (the leader died before sending it).
+    let mut b = Run::new(Config {
+        identity: "b".into(),
+        ..Config::default()
+    });
+    b.core.leadership_lost(&[]);
+    b.core.restore(Some(&json));
+    b.pods = a.pods.clone();
+    assert!(launches(&b.pass(T0 + secs(20))).is_empty());
+    assert!(launches(&b.pass(T0 + secs(290))).is_empty());
+    let after = b.pass(T0 + secs(301));
+    assert_eq!(launches(&after).len(), 1, "{after:?}");
+    assert_eq!(b.cloud.live().len(), 1);
+}
+
 #[test]
 fn overrun_a_node_whose_instance_cannot_be_terminated_is_not_deleted_until_it_is() {
     let mut run = Run::new(Config::default());

@@ -79,6 +79,24 @@ impl Autoscaler {
         self.fleet.recent.retain(|id, (_, added)| {
             !listed_ids.contains(id.as_str()) && now.since(*added) < RECENT_FOR
         });
+        // A previous leader's launch is answered once the cloud lists what it asked for (or its
+        // id is given up); unanswered after as long as a launch of ours is remembered, it made
+        // nothing.
+        if !self.fleet.awaited.is_empty() {
+            let mut per_launch: HashMap<&str, u32> = HashMap::new();
+            for i in listed
+                .iter()
+                .chain(self.fleet.recent.values().map(|(i, _)| i))
+            {
+                *per_launch.entry(i.launch_id.as_str()).or_default() += 1;
+            }
+            let given_up = &self.fleet.given_up;
+            self.fleet.awaited.retain(|id, l| {
+                now.since(l.asked_at) < RECENT_FOR
+                    && !given_up.contains_key(id)
+                    && per_launch.get(id.as_str()).copied().unwrap_or(0) < l.count
+            });
+        }
         let current: HashMap<&str, &str> = listed
             .iter()
             .filter(|i| live(i))
