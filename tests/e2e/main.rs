@@ -1918,6 +1918,109 @@ fn a_spot_interruption_warning_from_the_sqs_queue_replaces_the_node_and_is_delet
 }
 
 #[test]
+fn chaos_leader_killed_mid_drain_under_a_cloud_of_90s_calls_cuts_no_grace_and_overruns_nothing() {
+    let mut env = Env::start(
+        "chaos-drain",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    let policy = env
+        .policy(&["us-east-1a"], "")
+        .replace("maxNodes: 6", "maxNodes: 2");
+    assert!(policy.contains("maxNodes: 2"), "{policy}");
+    env.create(&env.policy_configmap(&policy));
+    let flags = ["--max-graceful-termination", "10m"];
+    env.start_controller("r1", &flags);
+    env.start_controller("r2", &flags);
+    let leader = env.wait_for("a leader", MIN, || lease_holder(&env));
+    let other = if leader == "r1" { "r2" } else { "r1" }.to_string();
+    // The leader drains an idle node, its service's eviction refused by a budget.
+    let node = short_job_node(&env);
+    web_with_a_budget(&env, &node);
+    env.wait_for("the drain to start", 2 * MIN, || {
+        env.events("ScaleDown")
+            .into_iter()
+            .find(|e| e.contains("draining"))
+    });
+    let instance = instance_of(&env, &node);
+    // Every call to the cloud now takes 90 s; the leader is killed mid-drain.
+    let proxy = env.proxy.as_ref().unwrap();
+    for call in [
+        "DescribeInstances",
+        "CreateFleet",
+        "TerminateInstances",
+        "DescribeSpotPriceHistory",
+    ] {
+        proxy.hold_every(call, Duration::from_secs(90));
+    }
+    env.kill(&leader);
+    let passes = |env: &Env| {
+        env.metric(&other, "gpu_node_autoscaler_plan_duration_seconds_count")
+            .unwrap_or(0.0)
+    };
+    let at_most_two = |env: &Env| {
+        let live = env.live_instances().len();
+        assert!(live <= 2, "{live} instances for maxNodes 2");
+        let (code, body) = env
+            .http_get(&other, "/healthz")
+            .unwrap_or((0, String::new()));
+        assert_eq!(
+            code, 200,
+            "/healthz of {other} under the slow cloud: {body}"
+        );
+    };
+    // A GPU pod arrives meanwhile: one node may still come for it (maxNodes 2).
+    env.create(&gpu_pod("default", "chaos-late", &no_labels(), None));
+    let before = passes(&env);
+    let slow = std::time::Instant::now();
+    // Passes run under the slow cloud: the loop turns, stuck calls are reported, not restarts.
+    while slow.elapsed() < Duration::from_secs(100) {
+        at_most_two(&env);
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(
+        passes(&env) >= before + 2.0,
+        "{other} decided {} times in 100 s of 90 s calls",
+        passes(&env) - before
+    );
+    env.wait_for("a CloudCallTimedOut Event", MIN, || {
+        env.events("CloudCallTimedOut").pop()
+    });
+    assert_eq!(
+        env.instances()
+            .into_iter()
+            .find(|(id, _)| *id == instance)
+            .map(|(_, v)| v.state)
+            .as_deref(),
+        Some("running"),
+        "the drained node's instance went while its service still ran there"
+    );
+    // The budget goes and the cloud answers again: the new leader finishes the drain.
+    env.kubectl_ok(&["delete", "pdb", "web-tier"]);
+    env.proxy.as_ref().unwrap().release();
+    env.wait_for(
+        "the drained node's instance to be terminated",
+        3 * MIN,
+        || {
+            at_most_two(&env);
+            (!env.live_instances().iter().any(|(id, _)| *id == instance)).then_some(())
+        },
+    );
+    env.wait_for("chaos-late to run", 3 * MIN, || {
+        at_most_two(&env);
+        (env.pod_phase("default", "chaos-late") == "Running").then_some(())
+    });
+    // A voluntary drain gives every pod its own grace period, also across a failover.
+    assert!(env.events("GracePeriodCut").is_empty());
+    assert!(env.events("DrainCutShort").is_empty());
+    assert!(env.log(&other).contains("resuming an interrupted drain"));
+    let system = env.get_json(&["get", "pods", "-n", "default", "-l", "instance=web-system"]);
+    assert_eq!(system["items"][0]["status"]["phase"], "Running", "{system}");
+}
+
+#[test]
 fn chaos_leader_killed_mid_launch_api_cut_and_a_slow_cloud_leave_no_overrun() {
     // Nodes boot slower than a failover: the leader is killed with its launch in flight.
     let mut env = Env::start(
