@@ -17,9 +17,10 @@ pub mod kube_io;
 pub mod leader;
 pub mod metrics;
 pub mod providers;
+pub mod reads;
 pub mod store;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +30,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use gpu_node_autoscaler_provider::interruptions::{InterruptionSource, Parsed};
-use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, LaunchResult, ProviderError};
+use gpu_node_autoscaler_provider::{Catalog, CloudProvider, LaunchResult, ProviderError};
 use k8s_openapi::api::core::v1::{ConfigMap, Node as K8sNode, Pod as K8sPod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
@@ -436,6 +437,7 @@ async fn run_async(args: RunArgs) -> Result<()> {
         }),
         drains: HashMap::new(),
         waiting: None,
+        reading: None,
         decided_at: None,
         reacted: HashSet::new(),
         request_pods: HashMap::new(),
@@ -524,6 +526,8 @@ struct Controller {
     drains: HashMap<String, tokio::task::JoinHandle<DrainOutcome>>,
     /// The step of a pass whose launches are still with the cloud.
     waiting: Option<Waiting>,
+    /// A pass whose reads of the cloud are under way.
+    reading: Option<Reading>,
     /// When the last pass decided: the core's timers (`Autoscaler::next_change`) count from it.
     decided_at: Option<Time>,
     /// Pods whose reaction time was recorded.
@@ -557,6 +561,38 @@ struct Controller {
 }
 
 type LaunchTask = tokio::task::JoinHandle<std::result::Result<LaunchResult, ProviderError>>;
+type TerminateTask = tokio::task::JoinHandle<std::result::Result<(), ProviderError>>;
+
+/// A step's calls to the cloud, started as tasks and answered to the core together.
+#[derive(Default)]
+struct Calls {
+    /// Launch id → its launch.
+    launches: Vec<(String, LaunchTask)>,
+    /// Instance id → its termination.
+    terminations: Vec<(String, TerminateTask)>,
+}
+
+impl Calls {
+    fn is_empty(&self) -> bool {
+        self.launches.is_empty() && self.terminations.is_empty()
+    }
+
+    fn all_finished(&self) -> bool {
+        self.launches.iter().all(|(_, t)| t.is_finished())
+            && self.terminations.iter().all(|(_, t)| t.is_finished())
+    }
+}
+
+/// A pass waiting for its reads of the cloud ([`reads`]).
+struct Reading {
+    task: tokio::task::JoinHandle<reads::Reads>,
+    since: tokio::time::Instant,
+}
+
+/// Reads still under way after this long are given up (each call has a shorter time-out of
+/// its own; this bounds what a provider would leave unbounded): counted, an Event, and the pass
+/// decides nothing.
+const READS_STUCK_AFTER: Duration = Duration::from_secs(300);
 
 /// A step of a pass waiting for its launches (an Alibaba ESS scaling activity can take minutes).
 /// The loop keeps turning meanwhile (probes, drains, leadership); no new pass starts before the
@@ -564,7 +600,7 @@ type LaunchTask = tokio::task::JoinHandle<std::result::Result<LaunchResult, Prov
 struct Waiting {
     /// What the step's other actions answered.
     feedback: Vec<Feedback>,
-    launches: Vec<(String, LaunchTask)>,
+    calls: Calls,
     since: tokio::time::Instant,
     /// Time spent deciding in this pass so far.
     deciding: Duration,
@@ -640,7 +676,11 @@ impl Controller {
                 .is_some_and(|t| t <= now);
             let now_i = tokio::time::Instant::now();
             self.resume_launched().await;
-            if self.waiting.is_none() && synced && (batch_due || timer_due || now_i >= next_resync)
+            self.take_reads().await;
+            if self.waiting.is_none()
+                && self.reading.is_none()
+                && synced
+                && (batch_due || timer_due || now_i >= next_resync)
             {
                 next_resync = now_i + self.args.resync;
                 self.pass().await;
@@ -962,25 +1002,18 @@ impl Controller {
 
     /// Reads the cloud's prices again when they are due (`--price-refresh-interval`), with the
     /// policy in force unchanged. A provider whose read fails keeps its last good prices.
-    async fn refresh_prices(&mut self) {
-        let now = wall_now();
-        if self.args.dry_run || self.providers.is_empty() || !self.prices.due(now) {
+    /// Merges the prices read (when they were due) into the catalog in force.
+    fn apply_prices(&mut self, read: Vec<(String, std::result::Result<Catalog, ProviderError>)>) {
+        if read.is_empty() {
             return;
         }
         let Some(policy) = self.core.policy().cloned() else {
             return;
         };
-        self.prices.read_at(now);
-        // Pools of one cloud share its provider: each is read once.
-        let clouds: BTreeMap<String, Arc<dyn CloudProvider>> = self
-            .providers
-            .values()
-            .map(|p| (p.name().to_string(), p.clone()))
-            .collect();
         let mut catalog = self.core.catalog().clone();
         let mut changed = 0;
-        for (cloud, provider) in clouds {
-            let result = match provider.catalog().await {
+        for (cloud, read) in read {
+            let result = match read {
                 Ok(fresh) => {
                     let (merged, changes) =
                         gpu_node_autoscaler_core::prices::merge(&catalog, &fresh);
@@ -1031,21 +1064,24 @@ impl Controller {
         }
     }
 
-    /// Reads the interruption queue: notices are kept until the core acknowledges them; what
-    /// is no notice (an instance starting, an unreadable body) is deleted at once.
-    async fn read_queue(&mut self) {
-        let Some(q) = self.queue.clone() else { return };
-        self.queue_until = Some(tokio::time::Instant::now() + QUEUE_BUDGET);
-        // A stall lasts as long as passes run out of their budget: one Event for it.
-        self.queue_stalled = self.queue_spent;
-        self.queue_spent = false;
-        let received = match self.within_queue_budget("receive", q.receive(100)).await {
+    /// Takes what the interruption queue answered: notices are kept until the core
+    /// acknowledges them; what is no notice (an instance starting, an unreadable body) is
+    /// deleted at once, within what is left of the pass's [`QUEUE_BUDGET`].
+    async fn take_queue(&mut self, read: Option<reads::QueueRead>) {
+        let (Some(q), Some((read, took))) = (self.queue.clone(), read) else {
+            return;
+        };
+        self.queue_until = Some(tokio::time::Instant::now() + QUEUE_BUDGET.saturating_sub(took));
+        let received = match read {
             Some(Ok(r)) => r,
             Some(Err(e)) => {
                 warn!("interruption queue: {e}");
                 return;
             }
-            None => return,
+            None => {
+                self.queue_budget_spent("receive", took);
+                return;
+            }
         };
         for r in received {
             let kind = match &r.parsed {
@@ -1099,53 +1135,55 @@ impl Controller {
         match tokio::time::timeout_at(until, call).await {
             Ok(r) => Some(r),
             Err(_) => {
-                self.queue_spent = true;
-                let provider = providers::interruptions().map_or("", |(name, _)| name);
-                self.metrics.cloud_call(
-                    provider,
-                    "interruption_queue",
-                    started.elapsed(),
-                    "timeout",
-                );
-                let message = format!(
-                    "interruption queue: the pass's {}s for the queue ran out during a {what}; \
-                     its other calls wait for the next pass (a message not deleted is read \
-                     again)",
-                    QUEUE_BUDGET.as_secs()
-                );
-                warn!("{message}");
-                if !self.queue_stalled {
-                    self.queue_stalled = true;
-                    self.events.send(KubeNote {
-                        object: self.policy_ref(),
-                        warning: true,
-                        reason: "CloudCallTimedOut",
-                        action: "Queue",
-                        message: format!("{message}; passes go on"),
-                    });
-                }
+                self.queue_budget_spent(what, started.elapsed());
                 None
             }
         }
     }
 
-    /// The XID errors dcgm-exporter reported, when `gpuMetrics` is set and they are due to be
-    /// read again; `None` keeps the core's last reading (also when Prometheus cannot be read:
-    /// a broken GPU does not heal because its metrics are out of reach).
-    async fn read_gpu_metrics(&mut self) -> Option<BTreeMap<String, Vec<GpuXid>>> {
-        let Some(cfg) = self.core.policy().and_then(|p| p.gpu_metrics.clone()) else {
+    /// The pass's [`QUEUE_BUDGET`] ran out during a call of the queue: counted
+    /// (`cloud_requests_total{operation="interruption_queue", result="timeout"}`), and the first
+    /// pass of a stall sends a `CloudCallTimedOut` Event.
+    fn queue_budget_spent(&mut self, what: &str, took: Duration) {
+        self.queue_spent = true;
+        let provider = providers::interruptions().map_or("", |(name, _)| name);
+        self.metrics
+            .cloud_call(provider, "interruption_queue", took, "timeout");
+        let message = format!(
+            "interruption queue: the pass's {}s for the queue ran out during a {what}; its other \
+             calls wait for the next pass (a message not deleted is read again)",
+            QUEUE_BUDGET.as_secs()
+        );
+        warn!("{message}");
+        if !self.queue_stalled {
+            self.queue_stalled = true;
+            self.events.send(KubeNote {
+                object: self.policy_ref(),
+                warning: true,
+                reason: "CloudCallTimedOut",
+                action: "Queue",
+                message: format!("{message}; passes go on"),
+            });
+        }
+    }
+
+    /// The XID errors dcgm-exporter reported, when `gpuMetrics` is set and they were read in
+    /// this pass; `None` keeps the core's last reading (also when Prometheus cannot be read: a
+    /// broken GPU does not heal because its metrics are out of reach).
+    fn take_gpu_metrics(
+        &mut self,
+        read: Option<std::result::Result<BTreeMap<String, Vec<GpuXid>>, String>>,
+    ) -> Option<BTreeMap<String, Vec<GpuXid>>> {
+        if self
+            .core
+            .policy()
+            .and_then(|p| p.gpu_metrics.as_ref())
+            .is_none()
+        {
             // Without gpuMetrics (any more), no XID stands.
             return self.xids_read_at.take().map(|_| BTreeMap::new());
-        };
-        let now = tokio::time::Instant::now();
-        if self
-            .xids_read_at
-            .is_some_and(|at| now.duration_since(at) < cfg.interval)
-        {
-            return None;
         }
-        self.xids_read_at = Some(now);
-        let result = gpu_metrics::read(&self.http, &cfg).await;
+        let result = read?;
         self.metrics
             .gpu_metrics_reads
             .get_or_create(&metrics::ReadResult {
@@ -1161,76 +1199,6 @@ impl Controller {
         }
     }
 
-    /// The cloud's instances of every pool, and of the pools not in the policy that may hold
-    /// orphans ([`Controller::orphan_pools`]).
-    async fn list_instances(&mut self) -> std::result::Result<Vec<Instance>, String> {
-        let mut out: Vec<Instance> = Vec::new();
-        // Pool by pool together: a slow cloud costs one call's time-out, not one per pool.
-        let listings =
-            futures::future::join_all(self.providers.iter().map(|(pool, provider)| async move {
-                provider
-                    .list(pool)
-                    .await
-                    .map_err(|e| format!("listing the instances of pool {pool}: {e}"))
-            }))
-            .await;
-        for listed in listings {
-            out.extend(listed?);
-        }
-        // Pools Nodes are labelled with that the policy does not have.
-        let labelled: BTreeSet<String> = {
-            let s = self.state.lock().unwrap();
-            s.nodes
-                .items
-                .values()
-                .filter_map(|n| n.pool())
-                .filter(|p| !self.providers.contains_key(*p))
-                .map(str::to_string)
-                .collect()
-        };
-        for pool in labelled {
-            self.orphan_pools.entry(pool).or_insert(None);
-        }
-        // One provider per cloud, for orphan pools whose provider is not known.
-        let clouds: BTreeMap<String, Arc<dyn CloudProvider>> = self
-            .providers
-            .values()
-            .map(|p| (p.name().to_string(), p.clone()))
-            .collect();
-        let mut found: BTreeMap<String, Option<Arc<dyn CloudProvider>>> = BTreeMap::new();
-        for (pool, known) in &self.orphan_pools {
-            let candidates: Vec<Arc<dyn CloudProvider>> = match known {
-                Some(p) => vec![p.clone()],
-                None => clouds.values().cloned().collect(),
-            };
-            let mut listed_by = known.clone();
-            let mut any = false;
-            for provider in candidates {
-                let listed = provider.list(pool).await.map_err(|e| {
-                    format!("listing the instances of pool {pool} (not in the policy): {e}")
-                })?;
-                if !listed.is_empty() {
-                    any = true;
-                    listed_by = Some(provider.clone());
-                }
-                out.extend(listed);
-            }
-            // A pool with nothing of ours left and no Node is forgotten.
-            let labelled = {
-                let s = self.state.lock().unwrap();
-                s.nodes
-                    .items
-                    .values()
-                    .any(|n| n.pool() == Some(pool.as_str()))
-            };
-            if any || labelled {
-                found.insert(pool.clone(), listed_by);
-            }
-        }
-        self.orphan_pools = found;
-        Ok(out)
-    }
-
     /// The provider that launches, lists and terminates the instances of `pool` (also of a pool
     /// no longer in the policy, by the provider that listed it).
     fn provider_for(&self, pool: &str) -> Option<Arc<dyn CloudProvider>> {
@@ -1238,30 +1206,6 @@ impl Controller {
             .get(pool)
             .or_else(|| self.orphan_pools.get(pool).and_then(Option::as_ref))
             .cloned()
-    }
-
-    /// The capacity reservations of the providers of pools that list `reserved` (each provider
-    /// asked once). A provider that cannot be asked contributes none this pass: its reserved
-    /// offerings are not planned, everything else is.
-    async fn list_reservations(&self) -> Vec<gpu_node_autoscaler_provider::Reservation> {
-        let Some(policy) = self.core.policy() else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for (pool, provider) in self.providers_once(policy.pools.iter().filter(|p| {
-            p.capacity_types
-                .contains(&gpu_node_autoscaler_provider::CapacityType::Reserved)
-        })) {
-            match provider.reservations().await {
-                Ok(r) => out.extend(r),
-                Err(e) => warn!(
-                    "listing the capacity reservations of {} (pool {pool}): {e}; its reservations \
-                     are not planned in this pass",
-                    provider.name(),
-                ),
-            }
-        }
-        out
     }
 
     /// The provider of each of `pools`, each provider once (with the first pool that named it):
@@ -1281,27 +1225,9 @@ impl Controller {
         out
     }
 
-    /// What the pools' moving launch template versions resolve to now, asked of each provider
-    /// once. A provider that fails is warned about: its pools' nodes are not compared on it in
-    /// this pass (and what launches then records no version).
-    async fn list_launch_versions(&self) -> BTreeMap<String, String> {
-        let Some(policy) = self.core.policy() else {
-            return BTreeMap::new();
-        };
-        let mut out = BTreeMap::new();
-        for (pool, provider) in self.providers_once(policy.pools.iter()) {
-            match provider.launch_versions().await {
-                Ok(v) => out.extend(v),
-                Err(e) => warn!(
-                    "resolving the launch template versions of {} (pool {pool}): {e}; drift by a \
-                     new version is not looked for in this pass",
-                    provider.name(),
-                ),
-            }
-        }
-        out
-    }
-
+    /// Starts a pass: the policy, leadership and the last leader's history first (API calls
+    /// with time-outs of their own), then the pass's reads of the cloud as a task the loop does
+    /// not wait on ([`reads`]); [`Controller::take_reads`] decides once they are in.
     async fn pass(&mut self) {
         self.reload_policy().await;
         self.beat();
@@ -1315,43 +1241,154 @@ impl Controller {
             return;
         }
         self.beat();
-        self.refresh_prices().await;
-        self.beat();
-        let instances = if self.core.policy().is_some() {
-            match self.list_instances().await {
-                Ok(i) => {
-                    self.listing_stalled = false;
-                    Some(Arc::new(i))
-                }
-                Err(e) => {
-                    // Without the cloud's view, in-flight capacity is unknown: deciding now
-                    // could launch twice. Try again on the next pass.
-                    warn!("{e}; only expired drains are given back in this pass");
-                    let stalled = e.contains(instrumented::TIMED_OUT);
-                    if stalled && !self.listing_stalled {
-                        self.events.send(KubeNote {
-                            object: self.policy_ref(),
-                            warning: true,
-                            reason: "CloudCallTimedOut",
-                            action: "List",
-                            message: format!(
-                                "{e}; passes go on, launching and removing nothing until the \
-                                 cloud answers again"
-                            ),
-                        });
-                    }
-                    self.listing_stalled = stalled;
-                    None
-                }
-            }
+        let input = self.reads_input();
+        self.reading = Some(Reading {
+            task: tokio::spawn(reads::run(input)),
+            since: tokio::time::Instant::now(),
+        });
+    }
+
+    /// What this pass reads, with what the task needs of the controller.
+    fn reads_input(&mut self) -> reads::Input {
+        let now = wall_now();
+        // Pools of one cloud share its provider: each is asked once.
+        let clouds: BTreeMap<String, Arc<dyn CloudProvider>> = self
+            .providers
+            .values()
+            .map(|p| (p.name().to_string(), p.clone()))
+            .collect();
+        let policy = self.core.policy().cloned();
+        let prices = if !self.args.dry_run
+            && !self.providers.is_empty()
+            && policy.is_some()
+            && self.prices.due(now)
+        {
+            self.prices.read_at(now);
+            clouds.iter().map(|(c, p)| (c.clone(), p.clone())).collect()
         } else {
-            None
+            Vec::new()
         };
-        self.beat();
-        let reservations = self.list_reservations().await;
-        self.beat();
-        let launch_versions = self.list_launch_versions().await;
-        self.beat();
+        let owned = |v: Vec<(&str, Arc<dyn CloudProvider>)>| -> reads::Asked {
+            v.into_iter().map(|(p, c)| (p.to_string(), c)).collect()
+        };
+        let (listing, reservations, launch_versions) = match &policy {
+            Some(policy) => (
+                Some(reads::Listing {
+                    pools: self
+                        .providers
+                        .iter()
+                        .map(|(n, p)| (n.clone(), p.clone()))
+                        .collect(),
+                    clouds: clouds.values().cloned().collect(),
+                    orphan_pools: self.orphan_pools.clone(),
+                    state: self.state.clone(),
+                }),
+                owned(self.providers_once(policy.pools.iter().filter(|p| {
+                    p.capacity_types
+                        .contains(&gpu_node_autoscaler_provider::CapacityType::Reserved)
+                }))),
+                owned(self.providers_once(policy.pools.iter())),
+            ),
+            None => (None, Vec::new(), Vec::new()),
+        };
+        let queue = self.queue.clone().map(|q| {
+            // A stall lasts as long as passes run out of their budget: one Event for it.
+            self.queue_stalled = self.queue_spent;
+            self.queue_spent = false;
+            (q, tokio::time::Instant::now() + QUEUE_BUDGET)
+        });
+        let now_i = tokio::time::Instant::now();
+        let gpu_metrics = match policy.and_then(|p| p.gpu_metrics.clone()) {
+            Some(cfg)
+                if self
+                    .xids_read_at
+                    .is_none_or(|at| now_i.duration_since(at) >= cfg.interval) =>
+            {
+                self.xids_read_at = Some(now_i);
+                Some((self.http.clone(), cfg))
+            }
+            _ => None,
+        };
+        reads::Input {
+            prices,
+            listing,
+            reservations,
+            launch_versions,
+            queue,
+            gpu_metrics,
+        }
+    }
+
+    /// Ends the pass whose reads are all in (or gives them up once they are stuck).
+    async fn take_reads(&mut self) {
+        let Some(r) = &self.reading else { return };
+        if !r.task.is_finished() {
+            if r.since.elapsed() >= READS_STUCK_AFTER {
+                r.task.abort();
+                self.reading = None;
+                let message = format!(
+                    "the pass's reads of the cloud did not end within {}s: given up, the pass \
+                     decided nothing; passes go on",
+                    READS_STUCK_AFTER.as_secs()
+                );
+                warn!("{message}");
+                let provider = self.providers.values().next().map_or("", |p| p.name());
+                self.metrics
+                    .cloud_call(provider, "reads", READS_STUCK_AFTER, "timeout");
+                self.events.send(KubeNote {
+                    object: self.policy_ref(),
+                    warning: true,
+                    reason: "CloudCallTimedOut",
+                    action: "Read",
+                    message,
+                });
+            }
+            return;
+        }
+        let Some(r) = self.reading.take() else { return };
+        match r.task.await {
+            Ok(reads) => self.decide(reads).await,
+            Err(e) => warn!("the pass's reads of the cloud ended abnormally: {e}"),
+        }
+    }
+
+    /// The rest of a pass, with what it read: observes, decides and carries the decision out.
+    async fn decide(&mut self, reads: reads::Reads) {
+        if !self.elector.is_leader() {
+            self.core.leadership_lost(&[]);
+            return;
+        }
+        self.apply_prices(reads.prices);
+        let instances = match reads.listing {
+            Some(Ok((i, orphan_pools))) => {
+                self.orphan_pools = orphan_pools;
+                self.listing_stalled = false;
+                Some(Arc::new(i))
+            }
+            Some(Err(e)) => {
+                // Without the cloud's view, in-flight capacity is unknown: deciding now
+                // could launch twice. Try again on the next pass.
+                warn!("{e}; only expired drains are given back in this pass");
+                let stalled = e.contains(instrumented::TIMED_OUT);
+                if stalled && !self.listing_stalled {
+                    self.events.send(KubeNote {
+                        object: self.policy_ref(),
+                        warning: true,
+                        reason: "CloudCallTimedOut",
+                        action: "List",
+                        message: format!(
+                            "{e}; passes go on, launching and removing nothing until the \
+                             cloud answers again"
+                        ),
+                    });
+                }
+                self.listing_stalled = stalled;
+                None
+            }
+            None => None,
+        };
+        let reservations = reads.reservations;
+        let launch_versions = reads.launch_versions;
         let now = wall_now();
         let (mut snapshot, other_provider_ids, (requests, bad_requests), (buffers, bad_buffers)) = {
             let mut s = self.state.lock().unwrap();
@@ -1452,10 +1489,9 @@ impl Controller {
                 }
             }
         }
-        self.read_queue().await;
+        self.take_queue(reads.queue).await;
         self.beat();
-        let gpu_xids = self.read_gpu_metrics().await;
-        self.beat();
+        let gpu_xids = self.take_gpu_metrics(reads.gpu_metrics);
         let obs = Observation {
             now,
             snapshot,
@@ -1476,14 +1512,16 @@ impl Controller {
     /// loop resumes it once they are answered).
     async fn carry_out(&mut self, mut actions: Vec<Action>, mut deciding: Duration) {
         while !actions.is_empty() {
-            let Some((feedback, launches)) = self.execute(actions).await else {
+            let Some((feedback, calls)) = self.execute(actions).await else {
                 break;
             };
-            if !launches.is_empty() {
-                self.metrics.launches_in_progress.set(launches.len() as i64);
+            if !calls.is_empty() {
+                self.metrics
+                    .launches_in_progress
+                    .set(calls.launches.len() as i64);
                 self.waiting = Some(Waiting {
                     feedback,
-                    launches,
+                    calls,
                     since: tokio::time::Instant::now(),
                     deciding,
                 });
@@ -1501,12 +1539,12 @@ impl Controller {
             .set(wall_now().0 / 1000);
     }
 
-    /// Resumes the waiting step once every one of its launches is answered.
+    /// Resumes the waiting step once every one of its launches and terminations is answered.
     async fn resume_launched(&mut self) {
         let all_back = self
             .waiting
             .as_ref()
-            .is_some_and(|w| w.launches.iter().all(|(_, t)| t.is_finished()));
+            .is_some_and(|w| w.calls.all_finished());
         if !all_back {
             return;
         }
@@ -1515,7 +1553,21 @@ impl Controller {
         };
         self.metrics.launches_in_progress.set(0);
         let mut feedback = w.feedback;
-        for (launch_id, task) in w.launches {
+        for (instance_id, task) in w.calls.terminations {
+            let result = task.await.unwrap_or_else(|e| {
+                Err(ProviderError::Other {
+                    message: format!("the termination task ended abnormally: {e}"),
+                })
+            });
+            if let Err(e) = &result {
+                warn!(instance = %instance_id, "terminating: {e}");
+            }
+            feedback.push(Feedback::Terminated {
+                instance_id,
+                result,
+            });
+        }
+        for (launch_id, task) in w.calls.launches {
             let result = task.await.unwrap_or_else(|e| {
                 // What the cloud did is unknown: the instances are found by their tags.
                 Err(ProviderError::Other {
@@ -1529,15 +1581,12 @@ impl Controller {
         self.carry_out(actions, w.deciding + t.elapsed()).await;
     }
 
-    /// Carries out one step's actions in order; launches are started, not awaited (their tasks
-    /// are returned). `None` when leadership was lost on the way (the rest is not done: the next
-    /// leader decides again).
-    async fn execute(
-        &mut self,
-        actions: Vec<Action>,
-    ) -> Option<(Vec<Feedback>, Vec<(String, LaunchTask)>)> {
+    /// Carries out one step's actions in order; launches and terminations are started, not
+    /// awaited (their tasks are returned). `None` when leadership was lost on the way (the rest
+    /// is not done: the next leader decides again).
+    async fn execute(&mut self, actions: Vec<Action>) -> Option<(Vec<Feedback>, Calls)> {
         let mut feedback = Vec::new();
-        let mut launches = Vec::new();
+        let mut calls = Calls::default();
         // A notice is acknowledged only once the taints that record it are on the nodes.
         let mut taint_failed = false;
         let mut status_written = true;
@@ -1593,7 +1642,7 @@ impl Controller {
                         let p = p.clone();
                         let launch_id = request.launch_id.clone();
                         let task = tokio::spawn(async move { p.launch(&request).await });
-                        launches.push((launch_id, task));
+                        calls.launches.push((launch_id, task));
                     }
                     None => feedback.push(Feedback::Launched {
                         result: Err(ProviderError::InvalidRequest {
@@ -1608,19 +1657,21 @@ impl Controller {
                     why,
                 } => {
                     info!(instance = %instance_id, pool = %pool, "terminating: {why}");
-                    let result = match self.provider_for(&pool) {
-                        Some(p) => p.terminate(&instance_id).await,
-                        None => Err(ProviderError::InvalidRequest {
-                            message: format!("no provider for pool {pool}"),
-                        }),
-                    };
-                    if let Err(e) = &result {
-                        warn!(instance = %instance_id, "terminating: {e}");
+                    match self.provider_for(&pool) {
+                        Some(p) => {
+                            let id = instance_id.clone();
+                            let task = tokio::spawn(async move { p.terminate(&id).await });
+                            calls.terminations.push((instance_id, task));
+                        }
+                        None => {
+                            let message = format!("no provider for pool {pool}");
+                            warn!(instance = %instance_id, "terminating: {message}");
+                            feedback.push(Feedback::Terminated {
+                                instance_id,
+                                result: Err(ProviderError::InvalidRequest { message }),
+                            });
+                        }
                     }
-                    feedback.push(Feedback::Terminated {
-                        instance_id,
-                        result,
-                    });
                 }
                 Action::DeleteNode { node } => {
                     let api: Api<K8sNode> = Api::all(self.client.clone());
@@ -1739,7 +1790,7 @@ impl Controller {
                 }
             })
             .await;
-        Some((feedback, launches))
+        Some((feedback, calls))
     }
 
     fn count(&mut self, c: Count) {
