@@ -262,9 +262,11 @@ fn only_the_leader_acts_and_a_killed_leader_is_replaced_without_duplicate_launch
             None,
         ));
     }
-    // Kill the leader as soon as its launch exists in EC2, before any node has registered.
-    env.wait_for("the leader's launch", 2 * MIN, || {
-        (!env.live_instances().is_empty()).then_some(())
+    // Kill the leader as soon as its launches for the three pods exist in EC2, before any node
+    // has registered (on a loaded machine the pods may be planned in two passes, one launch
+    // each: the new leader must find both).
+    env.wait_for("the leader's launches", 2 * MIN, || {
+        (env.live_instances().len() >= 3).then_some(())
     });
     env.kill(&leader);
     assert!(
