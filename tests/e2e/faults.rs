@@ -525,6 +525,14 @@ fn failover_no_launch_is_sent_before_the_status_recording_it_is_written() {
     env.wait_for("a LaunchNotRecorded Event", MIN, || {
         env.events("LaunchNotRecorded").pop()
     });
+    assert!(
+        env.metric(
+            "r1",
+            "gpu_node_autoscaler_failed_launches_total{pool=\"a10g\",reason=\"not_recorded\"}"
+        )
+        .unwrap_or(0.0)
+            >= 2.0
+    );
     // Back as deploy/ ships it: the launch is recorded, sent, and recorded as answered.
     env.create(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: gpu-node-autoscaler-status\n  \

@@ -1621,6 +1621,13 @@ impl Controller {
                         pool = %request.pool,
                         "not launching: the status recording the launch was not written"
                     );
+                    self.metrics
+                        .failed_launches
+                        .get_or_create(&FailedLaunch {
+                            pool: request.pool.clone(),
+                            reason: "not_recorded".to_string(),
+                        })
+                        .inc();
                     if !launch_unrecorded {
                         launch_unrecorded = true;
                         self.events.send(KubeNote {

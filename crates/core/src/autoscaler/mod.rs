@@ -48,7 +48,7 @@ use fleet::{registrations, FleetView, NodeGauges, NodeIndex, Registration};
 use status::{PoolHistory, Status};
 
 /// The `reason` label values of `failed_launches_total`.
-pub const LAUNCH_FAILURE_REASONS: [&str; 7] = [
+pub const LAUNCH_FAILURE_REASONS: [&str; 8] = [
     "insufficient_capacity",
     "quota_exceeded",
     "throttled",
@@ -56,6 +56,7 @@ pub const LAUNCH_FAILURE_REASONS: [&str; 7] = [
     "not_found",
     "other",
     "provision_timeout",
+    "not_recorded",
 ];
 
 /// Rounds of planning in one pass: an offering newly found short of capacity is avoided and the
