@@ -471,3 +471,48 @@ fn kueue_admits_a_two_gpu_node_job_once_its_nodes_are_up_in_one_zone_and_not_one
     );
     assert!(kueue.exited().is_none(), "kueue still runs");
 }
+
+/// The ProvisioningRequest CRD installed after the controller started (Kueue installed later):
+/// the controller finds it in discovery, watches the requests and provisions them, without a
+/// restart.
+#[test]
+fn provisioning_request_crd_installed_after_start_is_watched_and_served() {
+    let mut env = kwok_env("provisioning-request-late-crd");
+    env.create(&env.policy_configmap(POLICY));
+    env.create("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team\n");
+    env.start_controller("r1", &["--resync", "5s"]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    // A pass or two without the API.
+    std::thread::sleep(Duration::from_secs(8));
+
+    let crd = kueue_dir().join("crds/provisioningrequests.autoscaling.x-k8s.io.yaml");
+    env.kubectl_ok(&["create", "-f", &crd.to_string_lossy()]);
+    env.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/provisioningrequests.autoscaling.x-k8s.io",
+    ]);
+    env.create(&pod_template("worker"));
+    env.create(&request("late", "worker", 2));
+    let provisioned = env.wait_for("the request to be Provisioned", 4 * MIN, || {
+        let r = env.get_json(&["get", "provisioningrequest", "-n", "team", "late"]);
+        condition(&r, "Provisioned").filter(|c| c["status"] == "True")
+    });
+    assert_eq!(
+        provisioned["reason"], "CapacityIsProvisioned",
+        "{provisioned}"
+    );
+    let nodes = env.wait_for("the two nodes to be registered into the pool", MIN, || {
+        Some(env.pool_nodes()).filter(|n| n.len() >= 2)
+    });
+    assert_eq!(nodes.len(), 2, "two nodes for two pods: {nodes:?}");
+    // The controller says so in its log.
+    let log = env.log("r1");
+    assert!(
+        log.contains("serves ProvisioningRequests (autoscaling.x-k8s.io/v1) now"),
+        "{log}"
+    );
+}

@@ -115,8 +115,24 @@ pub fn dra_apis(client: &Client) -> Vec<(Kind, Api<kube::api::DynamicObject>)> {
 
 const PROVISIONING_API_VERSION: &str = "autoscaling.x-k8s.io/v1";
 
+/// Which of the APIs that come with CRDs the API server serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    pub provisioning: bool,
+    pub buffers: bool,
+}
+
+/// Asks discovery for ProvisioningRequests and CapacityBuffers (at start, and again while
+/// either is missing: their CRDs may be installed later).
+pub async fn serves_optional(client: &Client) -> Result<Served, kube::Error> {
+    Ok(Served {
+        provisioning: serves_provisioning(client).await?,
+        buffers: serves_buffers(client).await?,
+    })
+}
+
 /// Whether the API server serves ProvisioningRequests (`autoscaling.x-k8s.io/v1`, a CRD the
-/// cluster installs): asked once at start.
+/// cluster installs).
 pub async fn serves_provisioning(client: &Client) -> Result<bool, kube::Error> {
     serves(client, PROVISIONING_API_VERSION, "provisioningrequests").await
 }
@@ -223,7 +239,7 @@ pub fn provisioning_request_ref(namespace: &str, name: &str, uid: &str) -> Objec
 const BUFFER_API_VERSION: &str = "autoscaling.x-k8s.io/v1beta1";
 
 /// Whether the API server serves CapacityBuffers (`autoscaling.x-k8s.io/v1beta1`, a CRD the
-/// cluster installs): asked once at start.
+/// cluster installs).
 pub async fn serves_buffers(client: &Client) -> Result<bool, kube::Error> {
     serves(client, BUFFER_API_VERSION, "capacitybuffers").await
 }
