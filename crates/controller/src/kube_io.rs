@@ -279,6 +279,46 @@ pub async fn write_buffer_status(
     patch_status_if_there(&api, &update.name, &patch).await
 }
 
+/// Writes the PodTemplate of a `scalableRef` buffer (created, or replaced when the scalable
+/// object's pod template changed), owned by the buffer so that the garbage collector removes it
+/// with the buffer. A template created meanwhile (409) is replaced.
+pub async fn write_buffer_template(
+    client: &Client,
+    w: &gpu_node_autoscaler_core::buffer::TemplateWrite,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::core::v1::PodTemplate;
+    let api: Api<PodTemplate> = Api::namespaced(client.clone(), &w.namespace);
+    let object: PodTemplate = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {
+            "name": w.name,
+            "namespace": w.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "gpu-node-autoscaler"},
+            "annotations": {gpu_node_autoscaler_core::buffer::SOURCE_HASH_ANNOTATION: w.hash},
+            "ownerReferences": [{
+                "apiVersion": BUFFER_API_VERSION,
+                "kind": "CapacityBuffer",
+                "name": w.buffer,
+                "uid": w.buffer_uid,
+                "controller": true,
+            }],
+        },
+        "template": w.template,
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    if w.create {
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    api.replace(&w.name, &PostParams::default(), &object)
+        .await
+        .map(|_| ())
+}
+
 pub fn buffer_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
     object_ref(BUFFER_API_VERSION, "CapacityBuffer", namespace, name, uid)
 }

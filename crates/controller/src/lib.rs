@@ -1499,6 +1499,9 @@ impl Controller {
                     .collect();
                 info!(buffer = %format!("{}/{}", u.namespace, u.name), "dry-run: CapacityBuffer status not written: {}", c.join(", "));
             }
+            for t in &buffered.templates {
+                info!(buffer = %format!("{}/{}", t.namespace, t.buffer), "dry-run: the buffer's PodTemplate {} not written", t.name);
+            }
         } else if self.elector.is_leader() {
             for u in &assessment.updates {
                 if let Err(e) = kube_io::write_provisioning_conditions(&self.client, u).await {
@@ -1508,6 +1511,16 @@ impl Controller {
             for u in &buffered.updates {
                 if let Err(e) = kube_io::write_buffer_status(&self.client, u).await {
                     warn!(buffer = %format!("{}/{}", u.namespace, u.name), "writing the CapacityBuffer's status: {e}");
+                }
+            }
+            for t in &buffered.templates {
+                match kube_io::write_buffer_template(&self.client, t).await {
+                    Ok(()) => {
+                        info!(buffer = %format!("{}/{}", t.namespace, t.buffer), "PodTemplate {} written from the buffer's scalable object", t.name)
+                    }
+                    Err(e) => {
+                        warn!(buffer = %format!("{}/{}", t.namespace, t.buffer), "writing the buffer's PodTemplate {}: {e}", t.name)
+                    }
                 }
             }
         }

@@ -239,6 +239,8 @@ impl Ours {
                 chunk: Ok(b.chunk.clone()),
                 scalable_replicas: None,
                 template_generation: None,
+                scalable_template: None,
+                own_template: None,
                 status: self.buffer_status.get(&b.name).cloned().unwrap_or_default(),
             })
             .collect();

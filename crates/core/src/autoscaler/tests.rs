@@ -3106,6 +3106,8 @@ fn one_gpu_buffer(replicas: i32) -> crate::buffer::CapacityBuffer {
         chunk: Ok(chunk),
         scalable_replicas: None,
         template_generation: None,
+        scalable_template: None,
+        own_template: None,
         status: Status::default(),
     }
 }
