@@ -135,6 +135,9 @@ pub struct CapacityBuffer {
     pub percentage: Option<i32>,
     /// Total requests all chunks may take, per resource (units of [`Resources::get`]).
     pub limits: Option<Resources>,
+    /// The resources `spec.limits` names (those at zero included: no chunk asking for one
+    /// fits).
+    pub limit_names: Vec<String>,
     /// One chunk's pod (pending), or why it cannot be made (template missing or not understood,
     /// a `limits` quantity not understood).
     pub chunk: Result<Pod, String>,
@@ -194,10 +197,10 @@ impl CapacityBuffer {
                 if req <= 0 {
                     continue;
                 }
-                let limit = limits.get(name);
-                if limit == 0 && !limits.dimensions().iter().any(|(n, _)| *n == name) {
+                if !self.limit_names.iter().any(|n| n == name) {
                     continue;
                 }
+                let limit = limits.get(name);
                 let n = limit.max(0) / req;
                 fit = Some(fit.map_or(n, |f| f.min(n)));
             }

@@ -236,6 +236,7 @@ impl Ours {
                 replicas: Some(b.replicas as i32),
                 percentage: None,
                 limits: None,
+                limit_names: Vec::new(),
                 chunk: Ok(b.chunk.clone()),
                 scalable_replicas: None,
                 template_generation: None,

@@ -3103,6 +3103,7 @@ fn one_gpu_buffer(replicas: i32) -> crate::buffer::CapacityBuffer {
         replicas: Some(replicas),
         percentage: None,
         limits: None,
+        limit_names: Vec::new(),
         chunk: Ok(chunk),
         scalable_replicas: None,
         template_generation: None,

@@ -379,6 +379,29 @@ fn buffer_limits_cap_the_chunks() {
 }
 
 #[test]
+fn buffer_limit_at_zero_keeps_no_chunk() {
+    // A limit of zero GPUs, alone: as many chunks as fit, which is none (not "no limit").
+    let b = buffer(json!({"podTemplateRef": {"name": "warm"},
+                          "limits": {"nvidia.com/gpu": "0"}}));
+    assert_eq!(b.desired_replicas(b.chunk.as_ref().unwrap()), Ok(0));
+    // With replicas and another limit: the zero caps them all the same.
+    let b = buffer(json!({"podTemplateRef": {"name": "warm"}, "replicas": 3,
+                          "limits": {"nvidia.com/gpu": "0", "cpu": "10"}}));
+    assert_eq!(b.desired_replicas(b.chunk.as_ref().unwrap()), Ok(0));
+    let w = world();
+    let a = assess(
+        &snapshot(vec![], vec![]),
+        &w.templates,
+        &w.policy,
+        &[b],
+        NOW,
+    );
+    assert!(a.inject.is_empty());
+    assert_eq!(a.updates[0].status.replicas, Some(0));
+    assert_eq!(condition(&a, PROVISIONING), Some(("False", REASON_EMPTY)));
+}
+
+#[test]
 fn buffer_of_another_strategy_or_without_gpus_is_left_alone() {
     let w = world();
     let other = buffer(json!({"podTemplateRef": {"name": "warm"}, "replicas": 2,

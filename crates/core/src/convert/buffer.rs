@@ -192,8 +192,10 @@ impl Converter {
             ),
         };
         let mut limits = None;
+        let mut limit_names = Vec::new();
         let mut chunk = chunk;
         if let Some(l) = &raw.spec.limits {
+            limit_names = l.keys().cloned().collect();
             let mut res = Resources::default();
             let mut share = GpuShare::default();
             match add_resource_list(l, "spec.limits", &mut res, &mut share) {
@@ -218,6 +220,7 @@ impl Converter {
             replicas: raw.spec.replicas,
             percentage: raw.spec.percentage,
             limits,
+            limit_names,
             chunk,
             scalable_replicas,
             template_generation,
