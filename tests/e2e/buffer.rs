@@ -270,3 +270,89 @@ fn buffer_examples_validate_against_the_api_server() {
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+const DEPLOYMENT: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: llm\n  namespace: serve\n\
+spec:\n  replicas: 0\n  selector: {matchLabels: {app: llm}}\n  template:\n    metadata:\n      labels: {app: llm}\n\
+\x20   spec:\n      tolerations:\n      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n\
+\x20     containers:\n      - name: main\n        image: cuda:12\n        resources:\n\
+\x20         requests: {cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}\n\
+\x20         limits: {nvidia.com/gpu: \"1\"}\n";
+
+const SCALABLE_BUFFER: &str = "apiVersion: autoscaling.x-k8s.io/v1beta1\nkind: CapacityBuffer\nmetadata:\n  name: llm-warm\n  namespace: serve\n\
+spec:\n  scalableRef: {apiGroup: apps, kind: Deployment, name: llm}\n  replicas: 1\n";
+
+/// A `scalableRef` buffer: the controller writes the Deployment's pod template to a PodTemplate
+/// of the buffer's own (owned by it, as the ServiceAccount `deploy/` grants), names it in
+/// `status.podTemplateRef`, rewrites it when the Deployment's template changes, and the garbage
+/// collector removes it with the buffer.
+#[test]
+fn buffer_scalable_ref_gets_its_own_pod_template_named_in_its_status() {
+    let mut env = kwok_env("capacity-buffer-scalable");
+    install_crd(&env);
+    env.create(&env.policy_configmap(POLICY));
+    env.create("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: serve\n");
+    env.create(DEPLOYMENT);
+    env.start_controller("r1", &["--resync", "5s"]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    env.create(SCALABLE_BUFFER);
+    const OWN: &str = "capacitybuffer-llm-warm-pod-template";
+    let b = env.wait_for(
+        "status.podTemplateRef to name the buffer's own",
+        2 * MIN,
+        || {
+            let b = env.get_json(&["get", "capacitybuffer", "-n", "serve", "llm-warm"]);
+            (b["status"]["podTemplateRef"]["name"] == OWN).then_some(b)
+        },
+    );
+    let t = env.get_json(&["get", "podtemplate", "-n", "serve", OWN]);
+    let owner = &t["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "CapacityBuffer", "{t}");
+    assert_eq!(owner["name"], "llm-warm", "{t}");
+    assert_eq!(owner["uid"], b["metadata"]["uid"], "{t}");
+    assert_eq!(
+        t["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"], "1",
+        "{t}"
+    );
+    assert_eq!(
+        b["status"]["podTemplateGeneration"], t["metadata"]["generation"],
+        "{b}"
+    );
+    // Its chunk is warm on a node of its own.
+    env.wait_for("a Ready node for the buffer", 3 * MIN, || {
+        Some(env.pool_nodes()).filter(|n| n.len() == 1 && n.iter().all(ready))
+    });
+
+    // The Deployment's pod template changes: the buffer's PodTemplate follows.
+    env.kubectl_ok(&[
+        "patch",
+        "deployment",
+        "-n",
+        "serve",
+        "llm",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"template":{"metadata":{"labels":{"app":"llm","version":"v2"}}}}}"#,
+    ]);
+    env.wait_for(
+        "the buffer's PodTemplate to follow the Deployment",
+        2 * MIN,
+        || {
+            let t = env.get_json(&["get", "podtemplate", "-n", "serve", OWN]);
+            (t["template"]["metadata"]["labels"]["version"] == "v2").then_some(())
+        },
+    );
+
+    // Deleting the buffer takes its PodTemplate with it.
+    env.kubectl_ok(&["delete", "capacitybuffer", "-n", "serve", "llm-warm"]);
+    env.wait_for("the buffer's PodTemplate to go with it", 2 * MIN, || {
+        let list = env.get_json(&["get", "podtemplates", "-n", "serve"]);
+        list["items"]
+            .as_array()
+            .is_some_and(|i| i.iter().all(|t| t["metadata"]["name"] != OWN))
+            .then_some(())
+    });
+    let log = env.log("r1");
+    assert!(!log.contains("writing the buffer's PodTemplate"), "{log}");
+}

@@ -146,8 +146,23 @@ fn provisioning_request_gets_its_nodes_in_one_zone_at_once_and_one_too_big_fails
         );
     }
 
-    // Three more 4-GPU pods need three nodes; the pool has room for two: Failed, none launched.
-    env.create(&request("too-big", "worker", 3));
+    // Three more 4-GPU pods need three nodes; the pool has room for two while the job's nodes
+    // are there: not provisioned now (tried again while capacity may free up), none launched.
+    env.create(&request("short", "worker", 3));
+    let waiting = env.wait_for("the request to be not Provisioned", 2 * MIN, || {
+        let r = env.get_json(&["get", "provisioningrequest", "-n", "team", "short"]);
+        condition(&r, "Provisioned").filter(|c| c["status"] == "False")
+    });
+    assert_eq!(waiting["reason"], "CapacityIsNotFound", "{waiting}");
+    assert!(
+        waiting["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("cannot be given nodes all at once now"),
+        "{waiting}"
+    );
+    // Five need more nodes than the pool may ever have (4): Failed, none launched.
+    env.create(&request("too-big", "worker", 5));
     let failed = env.wait_for("the request to be Failed", 2 * MIN, || {
         let r = env.get_json(&["get", "provisioningrequest", "-n", "team", "too-big"]);
         condition(&r, "Failed").filter(|c| c["status"] == "True")
@@ -157,16 +172,18 @@ fn provisioning_request_gets_its_nodes_in_one_zone_at_once_and_one_too_big_fails
         failed["message"]
             .as_str()
             .unwrap_or_default()
-            .contains("cannot be given nodes all at once"),
+            .contains("even in an empty cluster"),
         "{failed}"
     );
-    // Two passes later still nothing launched for it.
+    // Two passes later still nothing launched for either, and the short one is not failed.
     std::thread::sleep(Duration::from_secs(12));
     assert_eq!(
         env.pool_nodes().len(),
         2,
-        "nothing launched for the failed request"
+        "nothing launched for the requests without room"
     );
+    let r = env.get_json(&["get", "provisioningrequest", "-n", "team", "short"]);
+    assert!(condition(&r, "Failed").is_none(), "{r}");
 }
 
 /// The real Kueue manager (`scripts/kueue.sh`'s build) as a process of this machine, against the
@@ -438,11 +455,12 @@ fn kueue_admits_a_two_gpu_node_job_once_its_nodes_are_up_in_one_zone_and_not_one
     assert_eq!(distinct.len(), 2, "one pod per node: {ran:?}");
     assert_eq!(env.pool_nodes().len(), 2, "nothing more launched");
 
-    // A job of three more 4-GPU pods: the pool (4 nodes at most) has room for two. Kueue's
-    // request for it gets Failed, nothing is launched, and the job is not admitted.
+    // A job of three more 4-GPU pods: the pool (4 nodes at most) has room for two while the
+    // first job's nodes are there. Kueue's request for it is not Provisioned (tried again while
+    // capacity may free up), nothing is launched, and the job is not admitted.
     env.create(&job("too-big", 3));
-    let failed = env.wait_for(
-        "Kueue's request for the big job to be Failed",
+    let waiting = env.wait_for(
+        "Kueue's request for the big job to be not Provisioned",
         4 * MIN,
         || {
             let list = env.get_json(&["get", "provisioningrequest", "-n", "team"]);
@@ -450,13 +468,19 @@ fn kueue_admits_a_two_gpu_node_job_once_its_nodes_are_up_in_one_zone_and_not_one
                 r["metadata"]["name"]
                     .as_str()?
                     .contains("too-big")
-                    .then(|| condition(r, "Failed"))
+                    .then(|| condition(r, "Provisioned"))
                     .flatten()
-                    .filter(|c| c["status"] == "True")
+                    .filter(|c| c["status"] == "False" && c["reason"] == "CapacityIsNotFound")
             })
         },
     );
-    assert_eq!(failed["reason"], "CapacityIsNotFound", "{failed}");
+    assert!(
+        waiting["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("tried again"),
+        "{waiting}"
+    );
     // Two passes later still nothing launched, and the job still suspended.
     std::thread::sleep(Duration::from_secs(12));
     assert_eq!(
@@ -470,4 +494,49 @@ fn kueue_admits_a_two_gpu_node_job_once_its_nodes_are_up_in_one_zone_and_not_one
         "the big job is not admitted: {j}"
     );
     assert!(kueue.exited().is_none(), "kueue still runs");
+}
+
+/// The ProvisioningRequest CRD installed after the controller started (Kueue installed later):
+/// the controller finds it in discovery, watches the requests and provisions them, without a
+/// restart.
+#[test]
+fn provisioning_request_crd_installed_after_start_is_watched_and_served() {
+    let mut env = kwok_env("provisioning-request-late-crd");
+    env.create(&env.policy_configmap(POLICY));
+    env.create("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team\n");
+    env.start_controller("r1", &["--resync", "5s"]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    // A pass or two without the API.
+    std::thread::sleep(Duration::from_secs(8));
+
+    let crd = kueue_dir().join("crds/provisioningrequests.autoscaling.x-k8s.io.yaml");
+    env.kubectl_ok(&["create", "-f", &crd.to_string_lossy()]);
+    env.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/provisioningrequests.autoscaling.x-k8s.io",
+    ]);
+    env.create(&pod_template("worker"));
+    env.create(&request("late", "worker", 2));
+    let provisioned = env.wait_for("the request to be Provisioned", 4 * MIN, || {
+        let r = env.get_json(&["get", "provisioningrequest", "-n", "team", "late"]);
+        condition(&r, "Provisioned").filter(|c| c["status"] == "True")
+    });
+    assert_eq!(
+        provisioned["reason"], "CapacityIsProvisioned",
+        "{provisioned}"
+    );
+    let nodes = env.wait_for("the two nodes to be registered into the pool", MIN, || {
+        Some(env.pool_nodes()).filter(|n| n.len() >= 2)
+    });
+    assert_eq!(nodes.len(), 2, "two nodes for two pods: {nodes:?}");
+    // The controller says so in its log.
+    let log = env.log("r1");
+    assert!(
+        log.contains("serves ProvisioningRequests (autoscaling.x-k8s.io/v1) now"),
+        "{log}"
+    );
 }

@@ -666,6 +666,7 @@ fn rbac_is_least_privilege() {
         ),
         ("apps", "deployments", "list watch", ""),
         ("apps", "statefulsets", "list watch", ""),
+        ("core", "podtemplates", "create update", ""),
         ("events.k8s.io", "events", "create patch", ""),
         ("core", "namespaces", "get", "kube-system"),
     ]);

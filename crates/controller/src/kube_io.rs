@@ -115,8 +115,24 @@ pub fn dra_apis(client: &Client) -> Vec<(Kind, Api<kube::api::DynamicObject>)> {
 
 const PROVISIONING_API_VERSION: &str = "autoscaling.x-k8s.io/v1";
 
+/// Which of the APIs that come with CRDs the API server serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    pub provisioning: bool,
+    pub buffers: bool,
+}
+
+/// Asks discovery for ProvisioningRequests and CapacityBuffers (at start, and again while
+/// either is missing: their CRDs may be installed later).
+pub async fn serves_optional(client: &Client) -> Result<Served, kube::Error> {
+    Ok(Served {
+        provisioning: serves_provisioning(client).await?,
+        buffers: serves_buffers(client).await?,
+    })
+}
+
 /// Whether the API server serves ProvisioningRequests (`autoscaling.x-k8s.io/v1`, a CRD the
-/// cluster installs): asked once at start.
+/// cluster installs).
 pub async fn serves_provisioning(client: &Client) -> Result<bool, kube::Error> {
     serves(client, PROVISIONING_API_VERSION, "provisioningrequests").await
 }
@@ -223,7 +239,7 @@ pub fn provisioning_request_ref(namespace: &str, name: &str, uid: &str) -> Objec
 const BUFFER_API_VERSION: &str = "autoscaling.x-k8s.io/v1beta1";
 
 /// Whether the API server serves CapacityBuffers (`autoscaling.x-k8s.io/v1beta1`, a CRD the
-/// cluster installs): asked once at start.
+/// cluster installs).
 pub async fn serves_buffers(client: &Client) -> Result<bool, kube::Error> {
     serves(client, BUFFER_API_VERSION, "capacitybuffers").await
 }
@@ -261,6 +277,46 @@ pub async fn write_buffer_status(
         "conditions": conditions_json(&st.conditions),
     }});
     patch_status_if_there(&api, &update.name, &patch).await
+}
+
+/// Writes the PodTemplate of a `scalableRef` buffer (created, or replaced when the scalable
+/// object's pod template changed), owned by the buffer so that the garbage collector removes it
+/// with the buffer. A template created meanwhile (409) is replaced.
+pub async fn write_buffer_template(
+    client: &Client,
+    w: &gpu_node_autoscaler_core::buffer::TemplateWrite,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::core::v1::PodTemplate;
+    let api: Api<PodTemplate> = Api::namespaced(client.clone(), &w.namespace);
+    let object: PodTemplate = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {
+            "name": w.name,
+            "namespace": w.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "gpu-node-autoscaler"},
+            "annotations": {gpu_node_autoscaler_core::buffer::SOURCE_HASH_ANNOTATION: w.hash},
+            "ownerReferences": [{
+                "apiVersion": BUFFER_API_VERSION,
+                "kind": "CapacityBuffer",
+                "name": w.buffer,
+                "uid": w.buffer_uid,
+                "controller": true,
+            }],
+        },
+        "template": w.template,
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    if w.create {
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    api.replace(&w.name, &PostParams::default(), &object)
+        .await
+        .map(|_| ())
 }
 
 pub fn buffer_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {

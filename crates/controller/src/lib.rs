@@ -321,68 +321,14 @@ async fn run_async(args: RunArgs) -> Result<()> {
 
     // ProvisioningRequests (Kueue's provisioning admission check, the Cluster Autoscaler's
     // API) and CapacityBuffers (warm capacity), with the PodTemplates they name, when the
-    // cluster has their CRDs.
-    let provisioning = kube_io::serves_provisioning(&client)
+    // cluster has their CRDs; asked again every `DISCOVERY_INTERVAL` while one is missing, so
+    // that a CRD installed after start (Kueue, the Cluster Autoscaler's) is watched without a
+    // restart.
+    let served = kube_io::serves_optional(&client)
         .await
-        .context("asking the API server whether it serves autoscaling.x-k8s.io/v1")?;
-    let buffers = kube_io::serves_buffers(&client)
-        .await
-        .context("asking the API server whether it serves autoscaling.x-k8s.io/v1beta1")?;
-    if !provisioning && !buffers {
-        info!("the API server serves neither ProvisioningRequests (autoscaling.x-k8s.io/v1) nor CapacityBuffers (autoscaling.x-k8s.io/v1beta1): neither is watched");
-        state.lock().unwrap().without_provisioning(wall_now());
-    } else {
-        tokio::spawn(kube_io::watch_into(
-            Api::<k8s_openapi::api::core::v1::PodTemplate>::all(watch_client.clone()),
-            watcher::Config::default(),
-            Kind::PodTemplate,
-            state.clone(),
-        ));
-    }
-    if provisioning {
-        tokio::spawn(kube_io::watch_into(
-            kube_io::provisioning_api(&watch_client),
-            watcher::Config::default(),
-            Kind::ProvisioningRequest,
-            state.clone(),
-        ));
-    } else if buffers {
-        info!("the API server does not serve autoscaling.x-k8s.io/v1: ProvisioningRequests are not watched");
-        let mut s = state.lock().unwrap();
-        s.apply(
-            Kind::ProvisioningRequest,
-            store::WatchEvent::Init,
-            wall_now(),
-        );
-        s.apply(
-            Kind::ProvisioningRequest,
-            store::WatchEvent::InitDone,
-            wall_now(),
-        );
-    }
-    if buffers {
-        tokio::spawn(kube_io::watch_into(
-            kube_io::buffer_api(&watch_client),
-            watcher::Config::default(),
-            Kind::CapacityBuffer,
-            state.clone(),
-        ));
-        tokio::spawn(kube_io::watch_into(
-            Api::<k8s_openapi::api::apps::v1::Deployment>::all(watch_client.clone()),
-            watcher::Config::default(),
-            Kind::Deployment,
-            state.clone(),
-        ));
-        tokio::spawn(kube_io::watch_into(
-            Api::<k8s_openapi::api::apps::v1::StatefulSet>::all(watch_client.clone()),
-            watcher::Config::default(),
-            Kind::StatefulSet,
-            state.clone(),
-        ));
-    } else {
-        info!("the API server does not serve autoscaling.x-k8s.io/v1beta1: CapacityBuffers are not watched");
-        state.lock().unwrap().without_buffers(wall_now());
-    }
+        .context("asking the API server whether it serves autoscaling.x-k8s.io")?;
+    let mut watched = Watched::default();
+    watched.start(&watch_client, &state, served, true);
 
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
@@ -443,6 +389,8 @@ async fn run_async(args: RunArgs) -> Result<()> {
         request_pods: HashMap::new(),
         buffer_pods: HashMap::new(),
         buffer_report: Vec::new(),
+        watch_client,
+        watched,
         queue: None,
         notices: BTreeMap::new(),
         queue_until: None,
@@ -493,6 +441,99 @@ fn hostname() -> String {
         .unwrap_or_else(|| format!("gpu-node-autoscaler-{}", std::process::id()))
 }
 
+/// How often the API server's discovery is asked again for ProvisioningRequests and
+/// CapacityBuffers while either is not served (their CRDs may be installed at any time).
+const DISCOVERY_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Which of the APIs that come with CRDs are watched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Watched {
+    pod_templates: bool,
+    provisioning: bool,
+    buffers: bool,
+}
+
+impl Watched {
+    /// Whether every API that comes with a CRD is watched (nothing left to discover).
+    fn complete(&self) -> bool {
+        self.provisioning && self.buffers
+    }
+
+    /// Starts the watches of the APIs `served` that are not watched yet. At start-up
+    /// (`first`), the stores of those not served are marked complete and empty (nothing can
+    /// ask for capacity that way there); a watch started later replaces its empty store when
+    /// its first list is done.
+    fn start(
+        &mut self,
+        client: &Client,
+        state: &Arc<Mutex<ClusterState>>,
+        served: kube_io::Served,
+        first: bool,
+    ) {
+        let now = wall_now();
+        if (served.provisioning || served.buffers) && !self.pod_templates {
+            self.pod_templates = true;
+            tokio::spawn(kube_io::watch_into(
+                Api::<k8s_openapi::api::core::v1::PodTemplate>::all(client.clone()),
+                watcher::Config::default(),
+                Kind::PodTemplate,
+                state.clone(),
+            ));
+        }
+        if served.provisioning && !self.provisioning {
+            self.provisioning = true;
+            if !first {
+                info!("the API server serves ProvisioningRequests (autoscaling.x-k8s.io/v1) now: watching them");
+            }
+            tokio::spawn(kube_io::watch_into(
+                kube_io::provisioning_api(client),
+                watcher::Config::default(),
+                Kind::ProvisioningRequest,
+                state.clone(),
+            ));
+        }
+        if served.buffers && !self.buffers {
+            self.buffers = true;
+            if !first {
+                info!("the API server serves CapacityBuffers (autoscaling.x-k8s.io/v1beta1) now: watching them");
+            }
+            tokio::spawn(kube_io::watch_into(
+                kube_io::buffer_api(client),
+                watcher::Config::default(),
+                Kind::CapacityBuffer,
+                state.clone(),
+            ));
+            tokio::spawn(kube_io::watch_into(
+                Api::<k8s_openapi::api::apps::v1::Deployment>::all(client.clone()),
+                watcher::Config::default(),
+                Kind::Deployment,
+                state.clone(),
+            ));
+            tokio::spawn(kube_io::watch_into(
+                Api::<k8s_openapi::api::apps::v1::StatefulSet>::all(client.clone()),
+                watcher::Config::default(),
+                Kind::StatefulSet,
+                state.clone(),
+            ));
+        }
+        if !first {
+            return;
+        }
+        let mut s = state.lock().unwrap();
+        if !self.pod_templates {
+            s.empty(Kind::PodTemplate, now);
+        }
+        if !self.provisioning {
+            info!("the API server does not serve autoscaling.x-k8s.io/v1: ProvisioningRequests are not watched until it does (asked every {}s)", DISCOVERY_INTERVAL.as_secs());
+            s.empty(Kind::ProvisioningRequest, now);
+        }
+        if !self.buffers {
+            info!("the API server does not serve autoscaling.x-k8s.io/v1beta1: CapacityBuffers are not watched until it does (asked every {}s)", DISCOVERY_INTERVAL.as_secs());
+            s.without_buffers(now);
+        }
+    }
+}
+
 struct Controller {
     args: RunArgs,
     /// The kube-system Namespace UID: tagged on every launch, required for every termination.
@@ -541,6 +582,10 @@ struct Controller {
     buffer_pods: HashMap<String, (String, String, String)>,
     /// Where the last pass found each buffer's room, and its cost (status ConfigMap, metrics).
     buffer_report: Vec<gpu_node_autoscaler_core::buffer::Report>,
+    /// The client of the watches, for those started after start-up.
+    watch_client: Client,
+    /// Which of the APIs a cluster may lack (CRDs) are watched.
+    watched: Watched,
     /// The policy's interruption queue (`interruptionQueue`), when set.
     queue: Option<Arc<dyn InterruptionSource>>,
     /// Notices received and not acknowledged yet: message id → (receipt, notice).
@@ -648,12 +693,26 @@ impl Controller {
     async fn run_loop(&mut self, stop: &mut tokio::sync::watch::Receiver<bool>) {
         let mut seen_unschedulable = 0u64;
         let mut next_resync = tokio::time::Instant::now();
+        let mut next_discovery = tokio::time::Instant::now() + DISCOVERY_INTERVAL;
         let tick = Duration::from_millis(200);
         loop {
             if *stop.borrow() {
                 break;
             }
             self.beat();
+            if !self.watched.complete() && tokio::time::Instant::now() >= next_discovery {
+                next_discovery = tokio::time::Instant::now() + DISCOVERY_INTERVAL;
+                match kube_io::serves_optional(&self.client).await {
+                    Ok(served) => {
+                        self.watched
+                            .start(&self.watch_client, &self.state, served, false)
+                    }
+                    Err(e) => {
+                        warn!("asking the API server whether it serves autoscaling.x-k8s.io: {e}")
+                    }
+                }
+                self.beat();
+            }
             // New unschedulable pods, and pods whose nomination the scheduler cleared, open the
             // batching window: a pass soon.
             let (synced, new_unschedulable) = {
@@ -1477,6 +1536,9 @@ impl Controller {
                     .collect();
                 info!(buffer = %format!("{}/{}", u.namespace, u.name), "dry-run: CapacityBuffer status not written: {}", c.join(", "));
             }
+            for t in &buffered.templates {
+                info!(buffer = %format!("{}/{}", t.namespace, t.buffer), "dry-run: the buffer's PodTemplate {} not written", t.name);
+            }
         } else if self.elector.is_leader() {
             for u in &assessment.updates {
                 if let Err(e) = kube_io::write_provisioning_conditions(&self.client, u).await {
@@ -1486,6 +1548,16 @@ impl Controller {
             for u in &buffered.updates {
                 if let Err(e) = kube_io::write_buffer_status(&self.client, u).await {
                     warn!(buffer = %format!("{}/{}", u.namespace, u.name), "writing the CapacityBuffer's status: {e}");
+                }
+            }
+            for t in &buffered.templates {
+                match kube_io::write_buffer_template(&self.client, t).await {
+                    Ok(()) => {
+                        info!(buffer = %format!("{}/{}", t.namespace, t.buffer), "PodTemplate {} written from the buffer's scalable object", t.name)
+                    }
+                    Err(e) => {
+                        warn!(buffer = %format!("{}/{}", t.namespace, t.buffer), "writing the buffer's PodTemplate {}: {e}", t.name)
+                    }
                 }
             }
         }

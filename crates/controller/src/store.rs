@@ -332,6 +332,12 @@ impl ClusterState {
         }
     }
 
+    /// One store complete and empty (an API the server does not serve).
+    pub fn empty(&mut self, kind: Kind, now: Time) {
+        self.apply(kind, WatchEvent::Init, now);
+        self.apply(kind, WatchEvent::InitDone, now);
+    }
+
     /// For an API server that does not serve ProvisioningRequests: those stores are complete and
     /// empty (nothing can ask for capacity that way there).
     pub fn without_provisioning(&mut self, now: Time) {

@@ -19,7 +19,11 @@
 //!
 //! The buffer's status is written back as the Cluster Autoscaler does: `replicas`,
 //! `podTemplateRef`, `provisioningStrategy`, and the conditions [`READY_FOR_PROVISIONING`] and
-//! [`PROVISIONING`].
+//! [`PROVISIONING`]. For a `scalableRef` buffer, as the Cluster Autoscaler's buffer controller
+//! does, the chunk's shape is written to a PodTemplate of the buffer's own
+//! ([`own_template_name`], owned by the buffer so that it goes with it, rewritten when the
+//! scalable object's pod template changes: [`Assessment::templates`]) and `podTemplateRef`
+//! names it.
 //!
 //! Pure: the executors plan the pass with [`Assessment::snapshot`], skip actions on the pods of
 //! [`Assessment::pod_keys`], write [`Assessment::updates`] and publish [`Assessment::report`].
@@ -28,6 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::Serialize;
+use serde_json::Value;
 
 use crate::model::{Pod, PodRef, Resources, Snapshot, Time};
 use crate::plan::scale_down::price_of;
@@ -60,6 +65,48 @@ pub const REASON_EMPTY: &str = "BufferIsEmpty";
 pub const REASON_NOT_READY: &str = "NotReadyForProvisioning";
 /// Ours: no pod of the buffer can be given a node under the policy.
 pub const REASON_CANNOT_PROVISION: &str = "CannotBeProvisioned";
+/// Ours, on the PodTemplate written for a `scalableRef` buffer: a hash of the scalable object's
+/// pod template it was written from (rewritten when that changes).
+pub const SOURCE_HASH_ANNOTATION: &str = "gpu-node-autoscaler.io/pod-template-hash";
+
+/// The PodTemplate written for a `scalableRef` buffer, in the buffer's namespace.
+pub fn own_template_name(buffer: &str) -> String {
+    format!("capacitybuffer-{buffer}-pod-template")
+}
+
+/// A stable hash (FNV-1a) of a pod template, as JSON with sorted keys.
+pub fn template_hash(template: &Value) -> String {
+    use std::hash::Hasher;
+    let mut h = fnv::FnvHasher::default();
+    h.write(template.to_string().as_bytes());
+    format!("{:016x}", h.finish())
+}
+
+/// The PodTemplate named [`own_template_name`], as found in the buffer's namespace.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OwnTemplate {
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Whether the buffer owns it (an ownerReference with its UID): one that is not is never
+    /// written.
+    pub owned: bool,
+    /// Its [`SOURCE_HASH_ANNOTATION`].
+    pub source_hash: Option<String>,
+}
+
+/// A PodTemplate to write for a `scalableRef` buffer (created when `create`, else replaced).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TemplateWrite {
+    pub namespace: String,
+    pub name: String,
+    pub buffer: String,
+    pub buffer_uid: String,
+    /// The scalable object's pod template (`metadata`, `spec`).
+    pub template: Value,
+    /// [`template_hash`] of `template`.
+    pub hash: String,
+    pub create: bool,
+}
 
 /// What a chunk's shape comes from.
 #[derive(Clone, Debug, PartialEq)]
@@ -88,6 +135,9 @@ pub struct CapacityBuffer {
     pub percentage: Option<i32>,
     /// Total requests all chunks may take, per resource (units of [`Resources::get`]).
     pub limits: Option<Resources>,
+    /// The resources `spec.limits` names (those at zero included: no chunk asking for one
+    /// fits).
+    pub limit_names: Vec<String>,
     /// One chunk's pod (pending), or why it cannot be made (template missing or not understood,
     /// a `limits` quantity not understood).
     pub chunk: Result<Pod, String>,
@@ -95,6 +145,10 @@ pub struct CapacityBuffer {
     pub scalable_replicas: Option<i32>,
     /// `metadata.generation` of the PodTemplate named (`podTemplateRef` only).
     pub template_generation: Option<i64>,
+    /// The scalable object's pod template (`scalableRef` only, when it exists).
+    pub scalable_template: Option<Value>,
+    /// The PodTemplate of the buffer's own (`scalableRef` only, when it exists).
+    pub own_template: Option<OwnTemplate>,
     pub status: Status,
 }
 
@@ -143,10 +197,10 @@ impl CapacityBuffer {
                 if req <= 0 {
                     continue;
                 }
-                let limit = limits.get(name);
-                if limit == 0 && !limits.dimensions().iter().any(|(n, _)| *n == name) {
+                if !self.limit_names.iter().any(|n| n == name) {
                     continue;
                 }
+                let limit = limits.get(name);
                 let n = limit.max(0) / req;
                 fit = Some(fit.map_or(n, |f| f.min(n)));
             }
@@ -170,12 +224,54 @@ impl CapacityBuffer {
         }
     }
 
-    /// The name status.podTemplateRef reports.
+    /// The name status.podTemplateRef reports: the PodTemplate named, or for a `scalableRef`
+    /// the buffer's own once it exists.
     fn template_name(&self) -> Option<String> {
         match &self.source {
             Source::PodTemplate(n) => Some(n.clone()),
-            Source::Scalable { .. } => None,
+            Source::Scalable { .. } => self
+                .own_template
+                .as_ref()
+                .filter(|t| t.owned)
+                .map(|_| own_template_name(&self.name)),
         }
+    }
+
+    /// The generation status.podTemplateGeneration reports, of the template named.
+    fn reported_generation(&self) -> Option<i64> {
+        match &self.source {
+            Source::PodTemplate(_) => self.template_generation,
+            Source::Scalable { .. } => self
+                .own_template
+                .as_ref()
+                .filter(|t| t.owned)
+                .and_then(|t| t.generation),
+        }
+    }
+
+    /// The PodTemplate to write for a `scalableRef` buffer, if it is missing or was written
+    /// from another pod template than the scalable object's now. One of that name the buffer
+    /// does not own is left alone.
+    fn template_write(&self) -> Option<TemplateWrite> {
+        let Source::Scalable { .. } = &self.source else {
+            return None;
+        };
+        let template = self.scalable_template.as_ref()?;
+        let hash = template_hash(template);
+        let create = match &self.own_template {
+            None => true,
+            Some(t) if t.owned && t.source_hash.as_deref() != Some(hash.as_str()) => false,
+            Some(_) => return None,
+        };
+        Some(TemplateWrite {
+            namespace: self.namespace.clone(),
+            name: own_template_name(&self.name),
+            buffer: self.name.clone(),
+            buffer_uid: self.uid.clone(),
+            template: template.clone(),
+            hash,
+            create,
+        })
     }
 }
 
@@ -233,6 +329,8 @@ pub struct Assessment {
     pub updates: Vec<Update>,
     /// One per served buffer, by key.
     pub report: Vec<Report>,
+    /// PodTemplates to write for `scalableRef` buffers.
+    pub templates: Vec<TemplateWrite>,
 }
 
 impl Assessment {
@@ -296,10 +394,11 @@ pub fn assess(
             continue;
         }
         let g = b.generation;
+        out.templates.extend(b.template_write());
         let mut st = Status {
             replicas: None,
             pod_template: b.template_name(),
-            pod_template_generation: b.template_name().and(b.template_generation),
+            pod_template_generation: b.template_name().and(b.reported_generation()),
             strategy: Some(b.strategy.clone()),
             conditions: b.status.conditions.clone(),
         };

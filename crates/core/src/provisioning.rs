@@ -5,8 +5,13 @@
 //!
 //! - `best-effort-atomic-scale-up.autoscaling.x-k8s.io`: the request's pods are planned as one
 //!   gang, all in one zone or nothing; while capacity is on its way the request is `Accepted`,
-//!   once every pod has a place on a Ready node it is `Provisioned`; a request the plan cannot
-//!   place whole is `Failed` (nothing launched), as is one not provisioned within its
+//!   once every pod has a place on a Ready node it is `Provisioned`. A request the plan cannot
+//!   place whole now (the pools' limits taken by other nodes, offerings out of capacity) is
+//!   `Provisioned` `False` (`CapacityIsNotFound`), nothing is launched for it, and it is tried
+//!   again every pass while capacity may appear, as the Cluster Autoscaler does; it is `Failed`
+//!   only when it could not be placed whole even in an empty cluster with every offering
+//!   available (the API's "impossible to obtain resources": more nodes than the pools' limits
+//!   allow, pods no instance type fits), or when not provisioned within its
 //!   `ValidUntilSeconds`.
 //! - `check-capacity.autoscaling.x-k8s.io`: answered from the capacity that exists or is on its way,
 //!   without launching: `Provisioned` `True` (`CapacityIsFound`) or `False` (`CapacityIsNotFound`,
@@ -239,6 +244,27 @@ fn booked_pods(
         .collect()
 }
 
+/// Why a request's pods could not be placed whole even alone in an empty cluster (no node, no
+/// other pod, every offering available): the first pod without a place and the planner's
+/// reason, or `None` when they could be (what stops them now is temporary).
+fn never_placed(
+    templates: &Templates,
+    policy: &Policy,
+    pods: &[Pod],
+    now: Time,
+) -> Option<(String, String)> {
+    let alone = Snapshot {
+        pods: pods.to_vec(),
+        ..Default::default()
+    };
+    let plan = plan_with(&alone, templates, policy, now);
+    let keys: BTreeSet<String> = pods.iter().map(|p| p.id.to_string()).collect();
+    plan.unschedulable
+        .iter()
+        .find(|u| keys.contains(&u.pod))
+        .map(|u| (u.pod.clone(), u.reason.clone()))
+}
+
 /// Sets a condition in `conditions` (its transition time kept when its status does not change).
 pub(crate) fn set(
     conditions: &mut Vec<Condition>,
@@ -428,13 +454,24 @@ pub fn assess(
                 // Booked from now on: the pods the plan placed on these nodes stay there.
                 out.inject.extend(booked_pods(r, pods, &consumed));
             }
-            Outcome::Unschedulable(pod, why) => {
-                let msg = format!(
-                    "the request's {} pods cannot be given nodes all at once: {pod}: {why}",
-                    pods.len()
-                );
-                set(c, FAILED, true, "CapacityIsNotFound", &msg, g, now);
-            }
+            Outcome::Unschedulable(pod, why) => match never_placed(templates, policy, pods, now) {
+                Some((pod, why)) => {
+                    let msg = format!(
+                        "the request's {} pods cannot be given nodes all at once, even in an \
+                         empty cluster: {pod}: {why}",
+                        pods.len()
+                    );
+                    set(c, FAILED, true, "CapacityIsNotFound", &msg, g, now);
+                }
+                None => {
+                    let msg = format!(
+                        "the request's {} pods cannot be given nodes all at once now: {pod}: \
+                         {why}; tried again while capacity may appear",
+                        pods.len()
+                    );
+                    set(c, PROVISIONED, false, "CapacityIsNotFound", &msg, g, now);
+                }
+            },
             Outcome::OnExistingCapacity | Outcome::Launching => {
                 out.inject.extend(pods.iter().cloned());
                 let msg = format!(

@@ -236,9 +236,12 @@ impl Ours {
                 replicas: Some(b.replicas as i32),
                 percentage: None,
                 limits: None,
+                limit_names: Vec::new(),
                 chunk: Ok(b.chunk.clone()),
                 scalable_replicas: None,
                 template_generation: None,
+                scalable_template: None,
+                own_template: None,
                 status: self.buffer_status.get(&b.name).cloned().unwrap_or_default(),
             })
             .collect();

@@ -398,6 +398,47 @@ impl State {
         }
         let mut remaining = req.count.saturating_sub(existing);
         let mut result = LaunchResult::default();
+        // An atomic request (a gang's nodes), as EC2's fleet with `MinTargetCapacity`,
+        // `SingleAvailabilityZone` and `SingleInstanceType`: every remaining instance on one
+        // offering, the first in order with room for all of them, or none at all. Reserved
+        // offerings are not atomic (as on AWS): they are walked as below.
+        if req.atomic
+            && remaining > 0
+            && req
+                .offerings
+                .iter()
+                .all(|k| k.capacity_type != CapacityType::Reserved)
+        {
+            for key in &req.offerings {
+                let cap = self.capacity(key);
+                if cap < remaining {
+                    result.failures.push((
+                        key.clone(),
+                        ProviderError::InsufficientCapacity {
+                            offering: key.clone(),
+                        },
+                    ));
+                    continue;
+                }
+                let gpus = self.gpus_of(&key.instance_type);
+                if self.quota_room(gpus) < remaining {
+                    result.failures.push((key.clone(), self.quota_error(key)));
+                    break;
+                }
+                for _ in 0..remaining {
+                    let inst = self.create(req, key);
+                    result.launched.push(inst);
+                }
+                let now = self.now_ms;
+                for w in &mut self.windows {
+                    if w.spec.active_at(now) && w.spec.matches(key) {
+                        w.launched = w.launched.saturating_add(remaining);
+                    }
+                }
+                break;
+            }
+            return Ok(result);
+        }
         for key in &req.offerings {
             if remaining == 0 {
                 break;

@@ -195,6 +195,35 @@ fn launch_falls_back_past_an_offering_in_an_ice_window() {
 }
 
 #[test]
+fn atomic_launch_is_all_on_one_offering_or_nothing() {
+    let p = provider(1);
+    // Room for two in zone A's spot, three asked: none there, all three in zone B.
+    p.add_capacity_window(CapacityWindow {
+        zone: Some(A.into()),
+        capacity_type: Some(CapacityType::Spot),
+        ..window(0, i64::MAX, Some(2))
+    });
+    let atomic = |id: &str, count: u32, offerings: &[OfferingKey]| LaunchRequest {
+        atomic: true,
+        ..req(id, "a10g", count, offerings)
+    };
+    let r = p
+        .launch_now(&atomic("g-1", 3, &[spot(SMALL, A), spot(SMALL, B)]))
+        .unwrap();
+    assert_eq!(r.failures, vec![ice(&spot(SMALL, A))]);
+    assert_eq!(r.launched.len(), 3);
+    assert!(r.launched.iter().all(|i| i.offering == spot(SMALL, B)));
+    // No offering with room for all: nothing launched (a non-atomic request takes the two).
+    let r = p.launch_now(&atomic("g-2", 3, &[spot(SMALL, A)])).unwrap();
+    assert!(r.launched.is_empty(), "{:?}", r.launched);
+    assert_eq!(r.failures, vec![ice(&spot(SMALL, A))]);
+    let r = p
+        .launch_now(&req("g-3", "a10g", 3, &[spot(SMALL, A)]))
+        .unwrap();
+    assert_eq!(r.launched.len(), 2);
+}
+
+#[test]
 fn launch_stops_walking_offerings_once_fulfilled() {
     let p = provider(1);
     let r = p

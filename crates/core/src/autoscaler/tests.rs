@@ -3181,9 +3181,12 @@ fn one_gpu_buffer(replicas: i32) -> crate::buffer::CapacityBuffer {
         replicas: Some(replicas),
         percentage: None,
         limits: None,
+        limit_names: Vec::new(),
         chunk: Ok(chunk),
         scalable_replicas: None,
         template_generation: None,
+        scalable_template: None,
+        own_template: None,
         status: Status::default(),
     }
 }

@@ -379,6 +379,29 @@ fn buffer_limits_cap_the_chunks() {
 }
 
 #[test]
+fn buffer_limit_at_zero_keeps_no_chunk() {
+    // A limit of zero GPUs, alone: as many chunks as fit, which is none (not "no limit").
+    let b = buffer(json!({"podTemplateRef": {"name": "warm"},
+                          "limits": {"nvidia.com/gpu": "0"}}));
+    assert_eq!(b.desired_replicas(b.chunk.as_ref().unwrap()), Ok(0));
+    // With replicas and another limit: the zero caps them all the same.
+    let b = buffer(json!({"podTemplateRef": {"name": "warm"}, "replicas": 3,
+                          "limits": {"nvidia.com/gpu": "0", "cpu": "10"}}));
+    assert_eq!(b.desired_replicas(b.chunk.as_ref().unwrap()), Ok(0));
+    let w = world();
+    let a = assess(
+        &snapshot(vec![], vec![]),
+        &w.templates,
+        &w.policy,
+        &[b],
+        NOW,
+    );
+    assert!(a.inject.is_empty());
+    assert_eq!(a.updates[0].status.replicas, Some(0));
+    assert_eq!(condition(&a, PROVISIONING), Some(("False", REASON_EMPTY)));
+}
+
+#[test]
 fn buffer_of_another_strategy_or_without_gpus_is_left_alone() {
     let w = world();
     let other = buffer(json!({"podTemplateRef": {"name": "warm"}, "replicas": 2,
@@ -513,4 +536,86 @@ fn buffer_capped_by_the_pools_limits_is_limited_by_quotas() {
         NOW,
     );
     assert_eq!(condition(&a, LIMITED_BY_QUOTAS), None);
+}
+
+#[test]
+fn buffer_scalable_ref_gets_a_pod_template_of_its_own_and_its_status_names_it() {
+    let deployment = |gpus: u32| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "llm", "namespace": "serve"},
+               "spec": {"replicas": 4, "template": pod_template_spec(gpus)},
+               "status": {"replicas": 4}})
+    };
+    let own = |owner: &str, hash: &str| {
+        json!({"apiVersion": "v1", "kind": "PodTemplate",
+               "metadata": {"name": "capacitybuffer-warm-pod-template", "namespace": "serve",
+                            "generation": 2,
+                            "annotations": {SOURCE_HASH_ANNOTATION: hash},
+                            "ownerReferences": [{"apiVersion": "autoscaling.x-k8s.io/v1beta1",
+                                "kind": "CapacityBuffer", "name": "warm", "uid": owner}]},
+               "template": pod_template_spec(1)})
+    };
+    let w = world();
+    let spec = json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "llm"},
+                      "replicas": 1});
+    let run = |gpus: u32, own: Option<Value>| {
+        let scalables: BTreeMap<String, Value> = [(
+            scalable_key("apps", "Deployment", "serve", "llm"),
+            deployment(gpus),
+        )]
+        .into_iter()
+        .collect();
+        let templates: BTreeMap<String, Value> = own
+            .map(|t| ("serve/capacitybuffer-warm-pod-template".to_string(), t))
+            .into_iter()
+            .collect();
+        let b = Converter::new()
+            .capacity_buffer(&buffer_json(spec.clone()), &templates, &scalables)
+            .unwrap();
+        assess(
+            &snapshot(vec![], vec![]),
+            &w.templates,
+            &w.policy,
+            &[b],
+            NOW,
+        )
+    };
+
+    // No template of its own yet: one is created from the Deployment's pod template; the status
+    // names none yet.
+    let a = run(1, None);
+    assert_eq!(a.templates.len(), 1, "{:?}", a.templates);
+    let t = &a.templates[0];
+    assert_eq!(
+        (t.namespace.as_str(), t.name.as_str(), t.buffer.as_str()),
+        ("serve", "capacitybuffer-warm-pod-template", "warm")
+    );
+    assert_eq!(t.buffer_uid, "uid-warm");
+    assert!(t.create);
+    assert_eq!(t.template, pod_template_spec(1));
+    assert_eq!(t.hash, template_hash(&pod_template_spec(1)));
+    assert_eq!(a.updates[0].status.pod_template, None);
+    assert_eq!(a.inject.len(), 1, "the chunk is planned all the same");
+
+    // Written and seen: nothing to write, the status names it and its generation.
+    let hash = template_hash(&pod_template_spec(1));
+    let a = run(1, Some(own("uid-warm", &hash)));
+    assert!(a.templates.is_empty(), "{:?}", a.templates);
+    let st = &a.updates[0].status;
+    assert_eq!(
+        st.pod_template.as_deref(),
+        Some("capacitybuffer-warm-pod-template")
+    );
+    assert_eq!(st.pod_template_generation, Some(2));
+
+    // The Deployment's pod template changes: ours is rewritten from it.
+    let a = run(2, Some(own("uid-warm", &hash)));
+    assert_eq!(a.templates.len(), 1);
+    assert!(!a.templates[0].create);
+    assert_eq!(a.templates[0].template, pod_template_spec(2));
+
+    // A PodTemplate of that name the buffer does not own is never written nor named.
+    let a = run(2, Some(own("someone-else", "x")));
+    assert!(a.templates.is_empty());
+    assert_eq!(a.updates[0].status.pod_template, None);
 }

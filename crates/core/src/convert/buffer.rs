@@ -90,6 +90,8 @@ impl Converter {
             .unwrap_or_else(|| buffer::STRATEGY_ACTIVE.to_string());
         let mut scalable_replicas = None;
         let mut template_generation = None;
+        let mut scalable_template = None;
+        let mut own_template = None;
         let (source, chunk) = match (&raw.spec.pod_template_ref, &raw.spec.scalable_ref) {
             (Some(t), None) => {
                 let pt = templates.get(&format!("{namespace}/{}", t.name));
@@ -140,6 +142,7 @@ impl Converter {
                             .and_then(Value::as_i64)
                             .map(|n| n.clamp(0, i64::from(i32::MAX)) as i32)
                             .or(Some(1));
+                        scalable_template = obj.pointer("/spec/template").cloned();
                         match obj.pointer("/spec/template") {
                             Some(spec) => self
                                 .chunk(&raw, &namespace, created, spec)
@@ -148,6 +151,25 @@ impl Converter {
                         }
                     }
                 };
+                own_template = templates
+                    .get(&format!(
+                        "{namespace}/{}",
+                        buffer::own_template_name(&m.name)
+                    ))
+                    .map(|t| buffer::OwnTemplate {
+                        generation: t.pointer("/metadata/generation").and_then(Value::as_i64),
+                        owned: !m.uid.is_empty()
+                            && t.pointer("/metadata/ownerReferences")
+                                .and_then(Value::as_array)
+                                .is_some_and(|refs| {
+                                    refs.iter().any(|r| r["uid"].as_str() == Some(&m.uid))
+                                }),
+                        source_hash: t
+                            .pointer("/metadata/annotations")
+                            .and_then(|a| a.get(buffer::SOURCE_HASH_ANNOTATION))
+                            .and_then(Value::as_str)
+                            .map(str::to_string),
+                    });
                 (
                     Source::Scalable {
                         api_group: s.api_group.clone(),
@@ -170,8 +192,10 @@ impl Converter {
             ),
         };
         let mut limits = None;
+        let mut limit_names = Vec::new();
         let mut chunk = chunk;
         if let Some(l) = &raw.spec.limits {
+            limit_names = l.keys().cloned().collect();
             let mut res = Resources::default();
             let mut share = GpuShare::default();
             match add_resource_list(l, "spec.limits", &mut res, &mut share) {
@@ -196,9 +220,12 @@ impl Converter {
             replicas: raw.spec.replicas,
             percentage: raw.spec.percentage,
             limits,
+            limit_names,
             chunk,
             scalable_replicas,
             template_generation,
+            scalable_template,
+            own_template,
             status: Status {
                 replicas: raw.status.replicas,
                 pod_template: raw.status.pod_template_ref.as_ref().map(|r| r.name.clone()),

@@ -264,7 +264,10 @@ fn provisioning_request_that_cannot_be_placed_whole_fails_and_launches_nothing()
     let a = assess(&s, &w.templates, &w.policy, &[r], NOW);
     assert_eq!(status(&a, FAILED), Some(("True", "CapacityIsNotFound")));
     let msg = &a.updates[0].condition(FAILED).unwrap().message;
-    assert!(msg.contains("cannot be given nodes all at once"), "{msg}");
+    assert!(
+        msg.contains("cannot be given nodes all at once, even in an empty cluster"),
+        "{msg}"
+    );
     assert!(a.inject.is_empty());
     let plan = plan_with(&a.snapshot(&s), &w.templates, &w.policy, NOW);
     assert!(plan.scale_ups.is_empty());
@@ -280,6 +283,59 @@ fn provisioning_request_that_cannot_be_placed_whole_fails_and_launches_nothing()
     let w = world(POLICY);
     let a = assess(&s, &w.templates, &w.policy, &[r], NOW + MIN);
     assert_eq!(a, Assessment::default());
+}
+
+#[test]
+fn provisioning_request_without_room_now_is_not_provisioned_and_tried_again_not_failed() {
+    // Two nodes allowed, one of them busy: the gang of two cannot be had now, but could be in
+    // the pool once the busy node goes. Provisioned=False, nothing launched, not Failed.
+    let w = world(&POLICY.replace("maxNodes: 10", "maxNodes: 2"));
+    let busy = snapshot(
+        vec![PodBuilder::new("other", "train-0")
+            .gpus(4)
+            .cpu_milli(4000)
+            .memory_gib(16)
+            .on("n1")
+            .build()],
+        vec![gpu_node("n1", "us-east-1a").build()],
+    );
+    let r = request(&request_json(
+        "job",
+        CLASS_ATOMIC,
+        &[("worker", 2)],
+        json!([]),
+    ));
+    let a = assess(
+        &busy,
+        &w.templates,
+        &w.policy,
+        std::slice::from_ref(&r),
+        NOW,
+    );
+    assert_eq!(status(&a, FAILED), None, "{a:?}");
+    assert_eq!(
+        status(&a, PROVISIONED),
+        Some(("False", "CapacityIsNotFound"))
+    );
+    let msg = &a.updates[0].condition(PROVISIONED).unwrap().message;
+    assert!(msg.contains("tried again"), "{msg}");
+    assert!(a.inject.is_empty(), "nothing launched for part of it");
+    let plan = plan_with(&a.snapshot(&busy), &w.templates, &w.policy, NOW);
+    assert!(plan.scale_ups.is_empty(), "{plan:?}");
+
+    // The busy node goes: the next pass launches the whole gang.
+    let mut r = r;
+    r.conditions = a.updates[0].conditions.clone();
+    let s = snapshot(vec![], vec![]);
+    let a = assess(&s, &w.templates, &w.policy, &[r], NOW + MIN);
+    assert_eq!(
+        status(&a, PROVISIONED),
+        Some(("False", "CapacityIsProvisioning"))
+    );
+    assert_eq!(a.inject.len(), 2);
+    let plan = plan_with(&a.snapshot(&s), &w.templates, &w.policy, NOW + MIN);
+    assert_eq!(plan.scale_ups.len(), 1, "{plan:?}");
+    assert_eq!(plan.scale_ups[0].count, 2);
 }
 
 #[test]
