@@ -163,6 +163,13 @@ pub struct RunArgs {
     /// prices.
     #[arg(long, default_value = "5m", value_parser = duration_arg)]
     pub price_refresh_interval: Duration,
+    /// How often the cloud groups of pools whose templates come from the cloud (Auto Scaling
+    /// groups) are read again while the policy stays the same: groups tagged for discovery
+    /// since, and changed tags, instance types, zones or sizes, are planned from then on (the
+    /// Cluster Autoscaler's 1 minute refresh); `0` reads them only when the policy changes. A
+    /// failed read keeps the last good groups.
+    #[arg(long, default_value = "1m", value_parser = duration_arg)]
+    pub group_refresh_interval: Duration,
 }
 
 impl RunArgs {
@@ -449,6 +456,11 @@ async fn run_async(args: RunArgs) -> Result<()> {
         http: reqwest::Client::new(),
         xids_read_at: None,
         prices: gpu_node_autoscaler_core::prices::PriceSchedule::new(args.price_refresh_interval),
+        groups_read: gpu_node_autoscaler_core::prices::PriceSchedule::new(
+            args.group_refresh_interval,
+        ),
+        parsed_policy: None,
+        cloud_groups: Default::default(),
     };
 
     let mut stop = stop_rx;
@@ -554,6 +566,13 @@ struct Controller {
     xids_read_at: Option<tokio::time::Instant>,
     /// When the cloud's prices are read again (`--price-refresh-interval`).
     prices: gpu_node_autoscaler_core::prices::PriceSchedule,
+    /// When the pools' cloud groups are read again (`--group-refresh-interval`).
+    groups_read: gpu_node_autoscaler_core::prices::PriceSchedule,
+    /// The policy in force as parsed, before its cloud groups' templates were merged in: each
+    /// read of the groups is merged into it afresh.
+    parsed_policy: Option<Policy>,
+    /// The cloud groups in force, to compare the next read with.
+    cloud_groups: gpu_node_autoscaler_core::cloud_groups::Groups,
 }
 
 type LaunchTask = tokio::task::JoinHandle<std::result::Result<LaunchResult, ProviderError>>;
@@ -850,7 +869,8 @@ impl Controller {
             warn!("policy: {w}");
         }
         let (file_catalog, catalog_warning) = file_catalog?;
-        let (providers, catalog, policy) =
+        let parsed = policy.clone();
+        let (providers, catalog, policy, groups, unpriced) =
             if self.args.dry_run {
                 // No cloud call at all: the price file's catalog, every offering assumed available.
                 for p in policy.pools.iter().filter(|p| {
@@ -862,7 +882,13 @@ impl Controller {
                         p.name
                     );
                 }
-                (BTreeMap::new(), file_catalog, policy)
+                (
+                    BTreeMap::new(),
+                    file_catalog,
+                    policy,
+                    Default::default(),
+                    Vec::new(),
+                )
             } else {
                 build_providers(
                     policy,
@@ -956,8 +982,104 @@ impl Controller {
             .retain(|pool, _| policy.pool(pool).is_none());
         self.core.set_policy(Arc::new(policy), catalog);
         self.prices.read_at(wall_now());
+        self.groups_read.read_at(wall_now());
+        self.parsed_policy = Some(parsed);
+        self.cloud_groups = groups;
+        self.report_group_changes(&unpriced);
         self.publish_prices();
         Ok(catalog_warning)
+    }
+
+    /// Reads the pools' cloud groups again when due (`--group-refresh-interval`) and plans
+    /// from what they say now: their templates merged into the policy as parsed, the offerings
+    /// of groups found since added to the catalog ([`gpu_node_autoscaler_core::cloud_groups`]).
+    /// A provider whose read fails keeps its last good groups; a group no longer found keeps
+    /// its last template. Nothing is launched or terminated here.
+    async fn refresh_groups(&mut self) {
+        let now = wall_now();
+        if self.args.dry_run || self.providers.is_empty() || !self.groups_read.due(now) {
+            return;
+        }
+        let Some(parsed) = self.parsed_policy.clone() else {
+            return;
+        };
+        self.groups_read.read_at(now);
+        let clouds: BTreeMap<String, Arc<dyn CloudProvider>> = self
+            .providers
+            .iter()
+            .filter(|(pool, _)| parsed.pool(pool).is_some_and(|p| p.templates_from_cloud))
+            .map(|(_, p)| (p.name().to_string(), p.clone()))
+            .collect();
+        if clouds.is_empty() {
+            return;
+        }
+        let mut fresh = BTreeMap::new();
+        let mut fresh_catalog = Catalog::default();
+        for (cloud, provider) in clouds {
+            let read = async {
+                let t = provider.templates().await?;
+                let c = provider.catalog().await?;
+                Ok::<_, ProviderError>((t, c))
+            };
+            match read.await {
+                Ok((t, c)) => {
+                    fresh.extend(t);
+                    fresh_catalog.instance_types.extend(c.instance_types);
+                    fresh_catalog.offerings.extend(c.offerings);
+                }
+                Err(e) => {
+                    warn!(
+                        "reading the {cloud} groups again: {e}; the last good groups stay in force"
+                    )
+                }
+            }
+        }
+        let r = gpu_node_autoscaler_core::cloud_groups::reread(
+            &parsed,
+            &self.cloud_groups,
+            &fresh,
+            self.core.catalog(),
+            &fresh_catalog,
+        );
+        self.cloud_groups = r.groups;
+        if r.changes.is_empty() && &r.catalog == self.core.catalog() {
+            return;
+        }
+        self.report_group_changes(&r.changes);
+        if self.core.policy().is_none_or(|p| **p != r.policy) || &r.catalog != self.core.catalog() {
+            info!(
+                changes = r.changes.len(),
+                "cloud groups read again: the plan follows them"
+            );
+            self.core.set_policy(Arc::new(r.policy), r.catalog);
+            self.publish_prices();
+        }
+    }
+
+    /// Logs each change of the cloud groups, with an Event on the policy ConfigMap.
+    fn report_group_changes(
+        &self,
+        changes: &[gpu_node_autoscaler_core::cloud_groups::GroupChange],
+    ) {
+        let src = self.state.lock().unwrap().policy_source().cloned();
+        let (ns, name) = &self.policy_name;
+        for c in changes {
+            let message = c.message();
+            if c.is_warning() {
+                warn!("{message}");
+            } else {
+                info!("{message}");
+            }
+            if let Some(src) = &src {
+                self.events.send(KubeNote {
+                    object: configmap_ref(ns, name, &src.uid),
+                    warning: c.is_warning(),
+                    reason: c.reason(),
+                    action: "ReadGroups",
+                    message,
+                });
+            }
+        }
     }
 
     /// Reads the cloud's prices again when they are due (`--price-refresh-interval`), with the
@@ -1316,6 +1438,8 @@ impl Controller {
         }
         self.beat();
         self.refresh_prices().await;
+        self.beat();
+        self.refresh_groups().await;
         self.beat();
         let instances = if self.core.policy().is_some() {
             match self.list_instances().await {
@@ -2022,7 +2146,7 @@ async fn build_providers(
     cluster_id: &str,
     metrics: &Arc<Metrics>,
     client: &Client,
-) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog, Policy), String> {
+) -> std::result::Result<BuiltProviders, String> {
     let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
     let mut catalog = Catalog::default();
     let mut found = BTreeMap::new();
@@ -2065,9 +2189,36 @@ async fn build_providers(
             providers.insert(p.name.clone(), provider.clone());
         }
     }
-    let policy = policy.with_cloud_templates(&found);
-    Ok((providers, catalog, policy))
+    // The groups as first read; their instance types nothing prices are reported.
+    let r = gpu_node_autoscaler_core::cloud_groups::reread(
+        &policy,
+        &Default::default(),
+        &found,
+        &catalog,
+        &Catalog::default(),
+    );
+    let unpriced = r
+        .changes
+        .into_iter()
+        .filter(|c| {
+            matches!(
+                c,
+                gpu_node_autoscaler_core::cloud_groups::GroupChange::Unpriced { .. }
+            )
+        })
+        .collect();
+    Ok((providers, catalog, r.policy, r.groups, unpriced))
 }
+
+/// What [`build_providers`] gives: the providers per pool, their catalog, the policy with its
+/// cloud groups' templates, those groups, and their instance types nothing prices.
+type BuiltProviders = (
+    BTreeMap<String, Arc<dyn CloudProvider>>,
+    Catalog,
+    Policy,
+    gpu_node_autoscaler_core::cloud_groups::Groups,
+    Vec<gpu_node_autoscaler_core::cloud_groups::GroupChange>,
+);
 
 #[cfg(test)]
 mod tests {
