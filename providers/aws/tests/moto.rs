@@ -1156,6 +1156,131 @@ mod asg {
     }
 
     #[tokio::test]
+    async fn asg_a_managed_node_group_template_takes_labels_and_taints_from_describe_nodegroup() {
+        use aws_sdk_eks::types::{Taint, TaintEffect, VpcConfigRequest};
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(support::REGION))
+            .endpoint_url(moto.url())
+            .load()
+            .await;
+        let eks = aws_sdk_eks::Client::new(&sdk);
+        let subnets: Vec<String> = net.subnets.values().cloned().collect();
+        eks.create_cluster()
+            .name(CLUSTER)
+            .role_arn("arn:aws:iam::123456789012:role/eks")
+            .resources_vpc_config(
+                VpcConfigRequest::builder()
+                    .set_subnet_ids(Some(subnets.clone()))
+                    .build(),
+            )
+            .send()
+            .await
+            .expect("CreateCluster");
+        eks.create_nodegroup()
+            .cluster_name(CLUSTER)
+            .nodegroup_name("gpu-managed")
+            .node_role("arn:aws:iam::123456789012:role/node")
+            .set_subnets(Some(subnets))
+            .labels("team", "from-eks")
+            .labels("nvidia.com/gpu.present", "true")
+            .taints(
+                Taint::builder()
+                    .key("nvidia.com/gpu")
+                    .value("eks")
+                    .effect(TaintEffect::NoSchedule)
+                    .build(),
+            )
+            .taints(
+                Taint::builder()
+                    .key("dedicated")
+                    .value("gpu")
+                    .effect(TaintEffect::NoExecute)
+                    .build(),
+            )
+            .send()
+            .await
+            .expect("CreateNodegroup");
+        // The group behind it, as EKS tags it, with template tags of its own: a label EKS
+        // also gives, one it does not, and a taint of the same key and effect as EKS's.
+        let label = format!("{TEMPLATE_LABEL}team");
+        let zone_label = format!("{TEMPLATE_LABEL}rack");
+        let taint = format!("{TEMPLATE_TAINT}nvidia.com/gpu");
+        let tags = [
+            (groups::EKS_CLUSTER_NAME, CLUSTER),
+            (groups::EKS_NODEGROUP_NAME, "gpu-managed"),
+            (label.as_str(), "from-tag"),
+            (zone_label.as_str(), "r1"),
+            (taint.as_str(), "tag:NoSchedule"),
+        ];
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                tags: &tags,
+                ..spec("eks-gpu-managed-1234", &[A], false, 4)
+            },
+        )
+        .await;
+        // A group whose node group EKS does not know: its tags alone.
+        let stray = [
+            (groups::EKS_CLUSTER_NAME, CLUSTER),
+            (groups::EKS_NODEGROUP_NAME, "deleted"),
+            (label.as_str(), "stray"),
+        ];
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                tags: &stray,
+                ..spec("eks-deleted-5678", &[A], false, 4)
+            },
+        )
+        .await;
+        let provider = AwsProvider::new(group_config(
+            &moto.url(),
+            CLUSTER,
+            named(&["eks-gpu-managed-1234", "eks-deleted-5678"]),
+            &["g5.xlarge"],
+        ))
+        .await
+        .unwrap();
+        let found = provider.templates().await.unwrap();
+        let t = &found[POOL];
+        assert_eq!(t.len(), 2, "{t:#?}");
+        let managed = &t[0];
+        assert_eq!(managed.group, "eks-gpu-managed-1234");
+        let labels: Vec<(&str, &str)> = managed
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("nvidia.com/gpu.present", "true"),
+                ("rack", "r1"),
+                ("team", "from-eks"),
+            ],
+            "DescribeNodegroup's labels win over the tags per key"
+        );
+        let mut taints = managed.taints.clone();
+        taints.sort();
+        assert_eq!(
+            taints,
+            [
+                ("dedicated".into(), "gpu".into(), "NoExecute".into()),
+                ("nvidia.com/gpu".into(), "eks".into(), "NoSchedule".into()),
+            ]
+        );
+        let stray = &t[1];
+        assert_eq!(stray.labels["team"], "stray");
+        assert!(stray.taints.is_empty());
+    }
+
+    #[tokio::test]
     async fn asg_launch_is_idempotent_by_launch_id_across_a_restart() {
         let moto = Moto::start();
         let net = network(&ec2(&moto.url()).await).await;

@@ -273,6 +273,60 @@ impl AwsProvider {
         Ok((t, spot))
     }
 
+    /// The labels and taints of an EKS managed node group (`DescribeNodegroup`); `None` when
+    /// EKS does not know it (the group's tags alone then say what its Nodes carry). Any other
+    /// failure is an error naming the permission it needs.
+    pub(super) async fn describe_node_group(
+        &self,
+        cluster: &str,
+        node_group: &str,
+    ) -> Result<Option<groups::ManagedNodeGroup>, ProviderError> {
+        let resp = self
+            .call("DescribeNodegroup", &self.limits.autoscaling, || {
+                self.eks
+                    .describe_nodegroup()
+                    .cluster_name(cluster)
+                    .nodegroup_name(node_group)
+                    .send()
+            })
+            .await;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) if e.code.as_deref() == Some("ResourceNotFoundException") => return Ok(None),
+            Err(e) => {
+                let mut e = e.into_provider_error();
+                if let ProviderError::InvalidRequest { message }
+                | ProviderError::Other { message } = &mut e
+                {
+                    message.push_str(&format!(
+                        " (EKS managed node group {node_group} of cluster {cluster}: the \
+                         controller's IAM policy needs eks:DescribeNodegroup)"
+                    ));
+                }
+                return Err(e);
+            }
+        };
+        let Some(ng) = resp.nodegroup() else {
+            return Ok(None);
+        };
+        let labels = ng
+            .labels()
+            .map(|l| l.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let taints = ng
+            .taints()
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t.key()?.to_string(),
+                    t.value().unwrap_or_default().to_string(),
+                    groups::eks_taint_effect(t.effect()?.as_str())?.to_string(),
+                ))
+            })
+            .collect();
+        Ok(Some(groups::ManagedNodeGroup { labels, taints }))
+    }
+
     /// Every group pool's groups, described for people, and what each pool lacks
     /// (`check-policy --provider aws`): `(found, problems)`.
     pub async fn group_report(&self) -> Result<(Vec<String>, Vec<String>), ProviderError> {
