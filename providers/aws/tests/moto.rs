@@ -1281,6 +1281,39 @@ mod asg {
     }
 
     #[tokio::test]
+    async fn asg_a_launch_repeated_after_its_group_failed_asks_for_all_of_it_again() {
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        create_group(&asg, &net, &spec("gpu-od-a", &[A], false, 10)).await;
+        let proxy = FaultProxy::start(moto.addr).await;
+        proxy.fail_scaling("gpu-od-a", "Launching EC2 instance failed.");
+        let mut config = group_config(&proxy.url(), CLUSTER, named(&["gpu-od-a"]), &["g5.xlarge"]);
+        config.group_failure_hold = std::time::Duration::ZERO;
+        let provider = AwsProvider::new(config.clone()).await.unwrap();
+        let req = request("asg-again", 2, &[offering("g5.xlarge", A, OnDemand)]);
+        let r = provider.launch(&req).await.unwrap();
+        assert!(r.launched.is_empty(), "{r:?}");
+        assert_eq!(r.failures.len(), 1, "{r:?}");
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 0);
+        // The group can launch again; the failed activity is older than the next raise.
+        proxy.heal_scaling("gpu-od-a");
+        tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+        let r = provider.launch(&req).await.unwrap();
+        assert!(r.failures.is_empty(), "{r:?}");
+        assert_eq!(
+            r.launched.len(),
+            2,
+            "the failed raise launched nothing: {r:?}"
+        );
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 2);
+        // Counted once it launched: a restarted provider repeating it launches nothing.
+        let restarted = AwsProvider::new(config).await.unwrap();
+        assert!(restarted.launch(&req).await.unwrap().launched.is_empty());
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 2);
+    }
+
+    #[tokio::test]
     async fn asg_launch_is_idempotent_by_launch_id_across_a_restart() {
         let moto = Moto::start();
         let net = network(&ec2(&moto.url()).await).await;

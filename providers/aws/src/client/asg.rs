@@ -26,7 +26,8 @@ pub(super) struct GroupState {
     failed_until: BTreeMap<String, i64>,
     /// Instance id → the launch id it was launched for.
     launch_of: BTreeMap<String, String>,
-    /// Launch id → how many instances it asked the groups for.
+    /// Launch id → how many instances it asked the groups for (raises whose activity failed
+    /// not counted).
     asked: BTreeMap<String, u32>,
     /// Raises whose instances had not all come when the group wait ran out.
     slow: Vec<SlowRaise>,
@@ -583,8 +584,29 @@ impl AwsProvider {
                         g.name.clone(),
                         now_ms() + self.config.group_failure_hold.as_millis() as i64,
                     );
+                    // Nothing was launched for it: a repeat of the launch asks for it again.
+                    if let Some(n) = state.asked.get_mut(launch_id) {
+                        *n = n.saturating_sub(count);
+                    }
                 }
                 self.give_back(&g.name).await?;
+                // Best effort, as above: a restarted provider does not count it either.
+                let _ = self
+                    .call("CreateOrUpdateTags", &self.limits.autoscaling, || {
+                        self.autoscaling
+                            .create_or_update_tags()
+                            .tags(
+                                AsgTag::builder()
+                                    .resource_id(&g.name)
+                                    .resource_type("auto-scaling-group")
+                                    .key(groups::TAG_LAST_LAUNCH)
+                                    .value(groups::last_launch_value(launch_id, 0))
+                                    .propagate_at_launch(false)
+                                    .build(),
+                            )
+                            .send()
+                    })
+                    .await;
                 return Ok(Grown::Failed(message));
             }
             let now = self.describe_group(&g.name).await?;
