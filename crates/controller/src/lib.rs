@@ -164,6 +164,13 @@ pub struct RunArgs {
     /// prices.
     #[arg(long, default_value = "5m", value_parser = duration_arg)]
     pub price_refresh_interval: Duration,
+    /// How often the cloud groups of pools whose templates come from the cloud (Auto Scaling
+    /// groups) are read again while the policy stays the same: groups tagged for discovery
+    /// since, and changed tags, instance types, zones or sizes, are planned from then on (the
+    /// Cluster Autoscaler's 1 minute refresh); `0` reads them only when the policy changes. A
+    /// failed read keeps the last good groups.
+    #[arg(long, default_value = "1m", value_parser = duration_arg)]
+    pub group_refresh_interval: Duration,
 }
 
 impl RunArgs {
@@ -399,6 +406,11 @@ async fn run_async(args: RunArgs) -> Result<()> {
         http: reqwest::Client::new(),
         xids_read_at: None,
         prices: gpu_node_autoscaler_core::prices::PriceSchedule::new(args.price_refresh_interval),
+        groups_read: gpu_node_autoscaler_core::prices::PriceSchedule::new(
+            args.group_refresh_interval,
+        ),
+        parsed_policy: None,
+        cloud_groups: Default::default(),
     };
 
     let mut stop = stop_rx;
@@ -603,6 +615,13 @@ struct Controller {
     xids_read_at: Option<tokio::time::Instant>,
     /// When the cloud's prices are read again (`--price-refresh-interval`).
     prices: gpu_node_autoscaler_core::prices::PriceSchedule,
+    /// When the pools' cloud groups are read again (`--group-refresh-interval`).
+    groups_read: gpu_node_autoscaler_core::prices::PriceSchedule,
+    /// The policy in force as parsed, before its cloud groups' templates were merged in: each
+    /// read of the groups is merged into it afresh.
+    parsed_policy: Option<Policy>,
+    /// The cloud groups in force, to compare the next read with.
+    cloud_groups: gpu_node_autoscaler_core::cloud_groups::Groups,
 }
 
 type LaunchTask = tokio::task::JoinHandle<std::result::Result<LaunchResult, ProviderError>>;
@@ -949,7 +968,8 @@ impl Controller {
             warn!("policy: {w}");
         }
         let (file_catalog, catalog_warning) = file_catalog?;
-        let (providers, catalog, policy) =
+        let parsed = policy.clone();
+        let (providers, catalog, policy, groups, unpriced) =
             if self.args.dry_run {
                 // No cloud call at all: the price file's catalog, every offering assumed available.
                 for p in policy.pools.iter().filter(|p| {
@@ -961,7 +981,13 @@ impl Controller {
                         p.name
                     );
                 }
-                (BTreeMap::new(), file_catalog, policy)
+                (
+                    BTreeMap::new(),
+                    file_catalog,
+                    policy,
+                    Default::default(),
+                    Vec::new(),
+                )
             } else {
                 build_providers(
                     policy,
@@ -1055,12 +1081,112 @@ impl Controller {
             .retain(|pool, _| policy.pool(pool).is_none());
         self.core.set_policy(Arc::new(policy), catalog);
         self.prices.read_at(wall_now());
+        self.groups_read.read_at(wall_now());
+        self.parsed_policy = Some(parsed);
+        self.cloud_groups = groups;
+        self.report_group_changes(&unpriced);
         self.publish_prices();
         Ok(catalog_warning)
     }
 
-    /// Reads the cloud's prices again when they are due (`--price-refresh-interval`), with the
-    /// policy in force unchanged. A provider whose read fails keeps its last good prices.
+    /// The clouds whose groups are due to be read again (`--group-refresh-interval`): those of
+    /// the pools that take their templates from the cloud.
+    fn groups_to_read(&mut self) -> reads::Asked {
+        let now = wall_now();
+        if self.args.dry_run || self.providers.is_empty() || !self.groups_read.due(now) {
+            return Vec::new();
+        }
+        let Some(parsed) = self.parsed_policy.clone() else {
+            return Vec::new();
+        };
+        let clouds: BTreeMap<String, Arc<dyn CloudProvider>> = self
+            .providers
+            .iter()
+            .filter(|(pool, _)| parsed.pool(pool).is_some_and(|p| p.templates_from_cloud))
+            .map(|(_, p)| (p.name().to_string(), p.clone()))
+            .collect();
+        if clouds.is_empty() {
+            return Vec::new();
+        }
+        self.groups_read.read_at(now);
+        clouds.into_iter().collect()
+    }
+
+    /// Merges the groups read again into the policy as parsed (`cloud_groups::reread`): the
+    /// plan follows what they say now, the offerings of groups found since join the catalog. A
+    /// cloud whose read failed keeps its last good groups; a group no longer found keeps its
+    /// last template. Nothing is launched or terminated here.
+    fn apply_groups(&mut self, read: Vec<(String, reads::GroupsRead)>) {
+        if read.is_empty() {
+            return;
+        }
+        let Some(parsed) = self.parsed_policy.clone() else {
+            return;
+        };
+        let mut fresh = BTreeMap::new();
+        let mut fresh_catalog = Catalog::default();
+        for (cloud, read) in read {
+            match read {
+                Ok((t, c)) => {
+                    fresh.extend(t);
+                    fresh_catalog.instance_types.extend(c.instance_types);
+                    fresh_catalog.offerings.extend(c.offerings);
+                }
+                Err(e) => {
+                    warn!(
+                        "reading the {cloud} groups again: {e}; the last good groups stay in force"
+                    )
+                }
+            }
+        }
+        let r = gpu_node_autoscaler_core::cloud_groups::reread(
+            &parsed,
+            &self.cloud_groups,
+            &fresh,
+            self.core.catalog(),
+            &fresh_catalog,
+        );
+        self.cloud_groups = r.groups;
+        if r.changes.is_empty() && &r.catalog == self.core.catalog() {
+            return;
+        }
+        self.report_group_changes(&r.changes);
+        if self.core.policy().is_none_or(|p| **p != r.policy) || &r.catalog != self.core.catalog() {
+            info!(
+                changes = r.changes.len(),
+                "cloud groups read again: the plan follows them"
+            );
+            self.core.set_policy(Arc::new(r.policy), r.catalog);
+            self.publish_prices();
+        }
+    }
+
+    /// Logs each change of the cloud groups, with an Event on the policy ConfigMap.
+    fn report_group_changes(
+        &self,
+        changes: &[gpu_node_autoscaler_core::cloud_groups::GroupChange],
+    ) {
+        let src = self.state.lock().unwrap().policy_source().cloned();
+        let (ns, name) = &self.policy_name;
+        for c in changes {
+            let message = c.message();
+            if c.is_warning() {
+                warn!("{message}");
+            } else {
+                info!("{message}");
+            }
+            if let Some(src) = &src {
+                self.events.send(KubeNote {
+                    object: configmap_ref(ns, name, &src.uid),
+                    warning: c.is_warning(),
+                    reason: c.reason(),
+                    action: "ReadGroups",
+                    message,
+                });
+            }
+        }
+    }
+
     /// Merges the prices read (when they were due) into the catalog in force.
     fn apply_prices(&mut self, read: Vec<(String, std::result::Result<Catalog, ProviderError>)>) {
         if read.is_empty() {
@@ -1368,8 +1494,10 @@ impl Controller {
             }
             _ => None,
         };
+        let groups = self.groups_to_read();
         reads::Input {
             prices,
+            groups,
             listing,
             reservations,
             launch_versions,
@@ -1418,6 +1546,7 @@ impl Controller {
             return;
         }
         self.apply_prices(reads.prices);
+        self.apply_groups(reads.groups);
         let instances = match reads.listing {
             Some(Ok((i, orphan_pools))) => {
                 self.orphan_pools = orphan_pools;
@@ -2184,7 +2313,7 @@ async fn build_providers(
     cluster_id: &str,
     metrics: &Arc<Metrics>,
     client: &Client,
-) -> std::result::Result<(BTreeMap<String, Arc<dyn CloudProvider>>, Catalog, Policy), String> {
+) -> std::result::Result<BuiltProviders, String> {
     let mut providers: BTreeMap<String, Arc<dyn CloudProvider>> = BTreeMap::new();
     let mut catalog = Catalog::default();
     let mut found = BTreeMap::new();
@@ -2227,9 +2356,36 @@ async fn build_providers(
             providers.insert(p.name.clone(), provider.clone());
         }
     }
-    let policy = policy.with_cloud_templates(&found);
-    Ok((providers, catalog, policy))
+    // The groups as first read; their instance types nothing prices are reported.
+    let r = gpu_node_autoscaler_core::cloud_groups::reread(
+        &policy,
+        &Default::default(),
+        &found,
+        &catalog,
+        &Catalog::default(),
+    );
+    let unpriced = r
+        .changes
+        .into_iter()
+        .filter(|c| {
+            matches!(
+                c,
+                gpu_node_autoscaler_core::cloud_groups::GroupChange::Unpriced { .. }
+            )
+        })
+        .collect();
+    Ok((providers, catalog, r.policy, r.groups, unpriced))
 }
+
+/// What [`build_providers`] gives: the providers per pool, their catalog, the policy with its
+/// cloud groups' templates, those groups, and their instance types nothing prices.
+type BuiltProviders = (
+    BTreeMap<String, Arc<dyn CloudProvider>>,
+    Catalog,
+    Policy,
+    gpu_node_autoscaler_core::cloud_groups::Groups,
+    Vec<gpu_node_autoscaler_core::cloud_groups::GroupChange>,
+);
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use gpu_node_autoscaler_core::model::node::GpuXid;
 use gpu_node_autoscaler_core::policy::GpuMetrics;
 use gpu_node_autoscaler_provider::interruptions::{InterruptionSource, Received};
-use gpu_node_autoscaler_provider::{Catalog, CloudProvider, Instance, ProviderError, Reservation};
+use gpu_node_autoscaler_provider::{
+    Catalog, CloudProvider, GroupTemplate, Instance, ProviderError, Reservation,
+};
 use tracing::warn;
 
 use crate::gpu_metrics;
@@ -28,6 +30,8 @@ pub type OrphanPools = BTreeMap<String, Option<Arc<dyn CloudProvider>>>;
 pub struct Input {
     /// Per cloud, when its prices are due.
     pub prices: Asked,
+    /// Per cloud, when its groups (Auto Scaling groups and the like) are due to be read again.
+    pub groups: Asked,
     /// The instances, when a policy is in force.
     pub listing: Option<Listing>,
     /// Per provider (with a pool of it that plans reserved capacity).
@@ -54,9 +58,13 @@ pub struct Listing {
 /// queue), and how long the read took.
 pub type QueueRead = (Option<Result<Vec<Received>, String>>, std::time::Duration);
 
+/// A cloud's groups' templates per pool, with its catalog (for the groups' instance types).
+pub type GroupsRead = Result<(BTreeMap<String, Vec<GroupTemplate>>, Catalog), ProviderError>;
+
 /// The answers.
 pub struct Reads {
     pub prices: Vec<(String, Result<Catalog, ProviderError>)>,
+    pub groups: Vec<(String, GroupsRead)>,
     /// The instances and the orphan pools still worth listing, or what failed.
     pub listing: Option<Result<(Vec<Instance>, OrphanPools), String>>,
     pub reservations: Vec<Reservation>,
@@ -71,6 +79,18 @@ pub async fn run(input: Input) -> Reads {
         let mut out = Vec::new();
         for (cloud, provider) in input.prices {
             out.push((cloud, provider.catalog().await));
+        }
+        out
+    };
+    let groups = async {
+        let mut out = Vec::new();
+        for (cloud, provider) in input.groups {
+            let read = async {
+                let t = provider.templates().await?;
+                let c = provider.catalog().await?;
+                Ok((t, c))
+            };
+            out.push((cloud, read.await));
         }
         out
     };
@@ -118,10 +138,18 @@ pub async fn run(input: Input) -> Reads {
         let (http, cfg) = input.gpu_metrics?;
         Some(gpu_metrics::read(&http, &cfg).await)
     };
-    let (prices, listing, reservations, launch_versions, queue, gpu_metrics) =
-        tokio::join!(prices, listing, reservations, launch_versions, queue, gpu);
+    let (prices, groups, listing, reservations, launch_versions, queue, gpu_metrics) = tokio::join!(
+        prices,
+        groups,
+        listing,
+        reservations,
+        launch_versions,
+        queue,
+        gpu
+    );
     Reads {
         prices,
+        groups,
         listing,
         reservations,
         launch_versions,
@@ -253,6 +281,7 @@ mod tests {
         let asked = || vec![("a10g".to_string(), cloud.clone())];
         let input = Input {
             prices: vec![("slow".to_string(), cloud.clone())],
+            groups: Vec::new(),
             listing: Some(Listing {
                 pools: vec![
                     ("a10g".to_string(), cloud.clone()),

@@ -9,6 +9,7 @@
 pub mod autoscaler;
 pub mod buffer;
 pub mod catalog;
+pub mod cloud_groups;
 pub mod convert;
 pub mod dra;
 #[cfg(any(test, feature = "test-fixtures"))]

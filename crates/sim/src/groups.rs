@@ -150,7 +150,7 @@ impl Groups {
                     .unwrap_or_default();
                 let t = idx
                     .iter()
-                    .map(|&i| asg::group_template(&self.groups[i], &types))
+                    .map(|&i| asg::group_template(&self.groups[i], &types, None))
                     .collect();
                 (pool.clone(), t)
             })

@@ -274,6 +274,7 @@ fn limiter(per_second: u32) -> DefaultDirectRateLimiter {
 pub struct AwsProvider {
     client: Client,
     autoscaling: aws_sdk_autoscaling::Client,
+    eks: aws_sdk_eks::Client,
     config: AwsConfig,
     limits: Limiters,
     jitter_counter: AtomicU64,
@@ -371,6 +372,7 @@ impl AwsProvider {
         Ok(AwsProvider {
             client: Client::new(&sdk),
             autoscaling: aws_sdk_autoscaling::Client::new(&sdk),
+            eks: aws_sdk_eks::Client::new(&sdk),
             config,
             limits,
             jitter_counter: AtomicU64::new(0),
@@ -1527,14 +1529,19 @@ impl CloudProvider for AwsProvider {
     {
         let mut out = BTreeMap::new();
         for p in &self.config.group_pools {
-            let groups = self.pool_groups(p).await?;
-            out.insert(
-                p.name.clone(),
-                groups
-                    .iter()
-                    .map(|g| crate::groups::group_template(g, &p.instance_types))
-                    .collect(),
-            );
+            let mut templates = Vec::new();
+            for g in self.pool_groups(p).await? {
+                let managed = match crate::groups::managed_node_group(&g.tags) {
+                    Some((cluster, group)) => self.describe_node_group(cluster, group).await?,
+                    None => None,
+                };
+                templates.push(crate::groups::group_template(
+                    &g,
+                    &p.instance_types,
+                    managed.as_ref(),
+                ));
+            }
+            out.insert(p.name.clone(), templates);
         }
         Ok(out)
     }

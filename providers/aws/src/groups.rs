@@ -23,6 +23,37 @@ pub const TAG_LAST_LAUNCH: &str = "gpu-node-autoscaler.io/last-launch";
 /// The label EKS managed node groups carry with their capacity type (`ON_DEMAND`, `SPOT`).
 pub const EKS_CAPACITY_TYPE: &str = "eks.amazonaws.com/capacityType";
 
+/// The tag EKS puts on the Auto Scaling group of a managed node group: the node group's name.
+pub const EKS_NODEGROUP_NAME: &str = "eks:nodegroup-name";
+/// The tag EKS puts on the Auto Scaling group of a managed node group: its cluster's name.
+pub const EKS_CLUSTER_NAME: &str = "eks:cluster-name";
+
+/// The EKS managed node group behind a group, from its `eks:cluster-name` and
+/// `eks:nodegroup-name` tags: `(cluster, node group)`.
+pub fn managed_node_group(tags: &BTreeMap<String, String>) -> Option<(&str, &str)> {
+    let cluster = tags.get(EKS_CLUSTER_NAME).filter(|v| !v.is_empty())?;
+    let group = tags.get(EKS_NODEGROUP_NAME).filter(|v| !v.is_empty())?;
+    Some((cluster, group))
+}
+
+/// What `DescribeNodegroup` says of a managed node group's Nodes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ManagedNodeGroup {
+    pub labels: BTreeMap<String, String>,
+    /// `(key, value, effect)`, the effect as Kubernetes spells it (`NoSchedule`).
+    pub taints: Vec<(String, String, String)>,
+}
+
+/// A taint effect as EKS spells it (`NO_SCHEDULE`) as Kubernetes does (`NoSchedule`).
+pub fn eks_taint_effect(effect: &str) -> Option<&'static str> {
+    match effect {
+        "NO_SCHEDULE" => Some("NoSchedule"),
+        "PREFER_NO_SCHEDULE" => Some("PreferNoSchedule"),
+        "NO_EXECUTE" => Some("NoExecute"),
+        _ => None,
+    }
+}
+
 /// One Auto Scaling group as the provider read it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Group {
@@ -120,8 +151,26 @@ pub fn capacity_type_of(tags: &BTreeMap<String, String>, spot_distribution: bool
 /// A group as the planner sees it: its instance types (only those in `pool_types` when the pool
 /// lists some), its zones and capacity type, and its `node-template` tags' labels, taints and
 /// resources (unreadable tags left out; `check-policy --provider aws` reports them).
-pub fn group_template(g: &Group, pool_types: &[String]) -> GroupTemplate {
-    let t = node_template(&g.tags);
+///
+/// For the group of an EKS managed node group, `managed` is what `DescribeNodegroup` says, as
+/// the Cluster Autoscaler merges it: its labels win over the `node-template/label` tags per key,
+/// its taints are added to the `node-template/taint` tags' (a tag taint of the same key and
+/// effect is replaced). The policy's `labels` and `taints` still win over both (in the core).
+pub fn group_template(
+    g: &Group,
+    pool_types: &[String],
+    managed: Option<&ManagedNodeGroup>,
+) -> GroupTemplate {
+    let mut t = node_template(&g.tags);
+    if let Some(m) = managed {
+        t.labels
+            .extend(m.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for taint in &m.taints {
+            t.taints
+                .retain(|(k, _, e)| !(k == &taint.0 && e == &taint.2));
+            t.taints.push(taint.clone());
+        }
+    }
     GroupTemplate {
         group: g.name.clone(),
         instance_types: g
@@ -546,7 +595,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let all = group_template(&g, &[]);
+        let all = group_template(&g, &[], None);
         assert_eq!(all.instance_types, ["g5.xlarge", "g5.2xlarge"]);
         assert_eq!(all.zones, ["a", "b"]);
         assert_eq!(all.capacity_type, Some(Spot));
@@ -561,7 +610,11 @@ mod tests {
         );
         assert_eq!(all.resources["example.com/fpga"], "2");
         // A pool that lists types keeps only those of the group.
-        let listed = group_template(&g, &["g5.2xlarge".to_string(), "p4d.24xlarge".to_string()]);
+        let listed = group_template(
+            &g,
+            &["g5.2xlarge".to_string(), "p4d.24xlarge".to_string()],
+            None,
+        );
         assert_eq!(listed.instance_types, ["g5.2xlarge"]);
     }
 

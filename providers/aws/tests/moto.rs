@@ -953,6 +953,366 @@ mod asg {
         assert_eq!(group_state(&asg, "other-cluster-gpu").await.0, 0);
     }
 
+    /// The offerings the planner launches for the pool from `policy` and `catalog`, with the
+    /// label `team` each gets: `type/zone/capacity team`.
+    fn planned(
+        policy: &gpu_node_autoscaler_core::policy::Policy,
+        catalog: &gpu_node_autoscaler_provider::Catalog,
+    ) -> Vec<String> {
+        use gpu_node_autoscaler_core::plan::templates::Templates;
+        let t = Templates::new(policy, catalog);
+        assert!(t.errors.is_empty(), "{:?}", t.errors);
+        let mut out: Vec<String> = t
+            .for_snapshot(
+                &Default::default(),
+                gpu_node_autoscaler_core::model::Time(0),
+            )
+            .iter()
+            .flat_map(|t| {
+                t.offerings.iter().map(|o| {
+                    format!(
+                        "{} {}",
+                        o.key,
+                        o.labels.get("team").map(String::as_str).unwrap_or("-")
+                    )
+                })
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Tags a group, as `aws autoscaling create-or-update-tags` does.
+    async fn tag(asg: &aws_sdk_autoscaling::Client, group: &str, tags: &[(&str, &str)]) {
+        let mut req = asg.create_or_update_tags();
+        for (k, v) in tags {
+            req = req.tags(
+                aws_sdk_autoscaling::types::Tag::builder()
+                    .resource_id(group)
+                    .resource_type("auto-scaling-group")
+                    .key(*k)
+                    .value(*v)
+                    .propagate_at_launch(true)
+                    .build(),
+            );
+        }
+        req.send().await.expect("CreateOrUpdateTags");
+    }
+
+    #[tokio::test]
+    async fn asg_a_group_tagged_after_start_is_discovered_on_the_next_reread_and_scaled() {
+        use gpu_node_autoscaler_core::cloud_groups::{reread, GroupChange, Groups};
+        const B: &str = "us-east-1b";
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        let ours = format!("k8s.io/cluster-autoscaler/{CLUSTER}");
+        let team = format!("{TEMPLATE_LABEL}team");
+        let discovery = [
+            ("k8s.io/cluster-autoscaler/enabled", "true"),
+            (ours.as_str(), "owned"),
+        ];
+        let tags_a = [discovery[0], discovery[1], (team.as_str(), "one")];
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                tags: &tags_a,
+                ..spec("gpu-a", &[A], false, 4)
+            },
+        )
+        .await;
+        // Not tagged for discovery yet.
+        create_group(&asg, &net, &spec("gpu-b", &[B], false, 4)).await;
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                types: &["p4d.24xlarge"],
+                ..spec("gpu-unpriced", &[B], false, 4)
+            },
+        )
+        .await;
+
+        // Built as from a policy whose pool lists no instance types: every type the catalog
+        // prices (here g5.xlarge only).
+        let mut config = group_config(
+            &moto.url(),
+            CLUSTER,
+            AutoScalingGroups::Discovered(Vec::new()),
+            &[],
+        );
+        config.group_pools[0].on_demand_prices = [("g5.xlarge".to_string(), 1.006)].into();
+        let provider = AwsProvider::new(config).await.unwrap();
+        let parsed = gpu_node_autoscaler_core::policy::parse_policy_with(
+            &format!(
+                "clusterName: {CLUSTER}\nregion: us-east-1\npools:\n  - name: {POOL}\n    \
+                 provider: aws\n    maxNodes: 8\n    aws: {{autoScalingGroups: {{autoDiscovery: {{}}}}}}\n"
+            ),
+            "policy.yaml",
+            &[&gpu_node_autoscaler_aws::settings::POLICY],
+        )
+        .unwrap();
+        // What the controller does on a read: the groups' templates and the offerings.
+        let read = || async {
+            let mut c = provider.catalog().await.unwrap();
+            for o in &mut c.offerings {
+                o.available = true;
+            }
+            (provider.templates().await.unwrap(), c)
+        };
+        let (found, catalog) = read().await;
+        let start = reread(
+            &parsed,
+            &Groups::default(),
+            &found,
+            &Default::default(),
+            &catalog,
+        );
+        assert_eq!(
+            planned(&start.policy, &start.catalog),
+            ["g5.xlarge/us-east-1a/on-demand one"]
+        );
+
+        // After start: gpu-b and gpu-unpriced tagged for discovery, gpu-a's label changed.
+        tag(
+            &asg,
+            "gpu-b",
+            &[discovery[0], discovery[1], (team.as_str(), "b")],
+        )
+        .await;
+        tag(&asg, "gpu-unpriced", &discovery).await;
+        tag(&asg, "gpu-a", &[(team.as_str(), "two")]).await;
+        let (found, fresh_catalog) = read().await;
+        let next = reread(
+            &parsed,
+            &start.groups,
+            &found,
+            &start.catalog,
+            &fresh_catalog,
+        );
+        let reported: Vec<String> = next.changes.iter().map(GroupChange::message).collect();
+        assert!(
+            next.changes.contains(&GroupChange::Added {
+                pool: POOL.into(),
+                group: "gpu-b".into()
+            }) && next.changes.contains(&GroupChange::Changed {
+                pool: POOL.into(),
+                group: "gpu-a".into(),
+                what: vec!["labels"]
+            }) && next.changes.contains(&GroupChange::Unpriced {
+                pool: POOL.into(),
+                group: "gpu-unpriced".into(),
+                instance_type: "p4d.24xlarge".into()
+            }),
+            "{reported:#?}"
+        );
+        assert_eq!(
+            planned(&next.policy, &next.catalog),
+            [
+                "g5.xlarge/us-east-1a/on-demand two",
+                "g5.xlarge/us-east-1b/on-demand b"
+            ]
+        );
+
+        // Scaled: a launch for the new group's offering grows it.
+        let o = offering("g5.xlarge", B, OnDemand);
+        let r = provider
+            .launch(&request("asg-reread", 1, std::slice::from_ref(&o)))
+            .await
+            .unwrap();
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        assert_eq!(r.launched.len(), 1);
+        assert_eq!(group_state(&asg, "gpu-b").await.0, 1);
+        assert_eq!(group_state(&asg, "gpu-a").await.0, 0);
+
+        // gpu-a deleted: its template is kept and reported once; gpu-b's instance untouched.
+        asg.delete_auto_scaling_group()
+            .auto_scaling_group_name("gpu-a")
+            .force_delete(true)
+            .send()
+            .await
+            .expect("DeleteAutoScalingGroup");
+        let (found, fresh_catalog) = read().await;
+        let gone = reread(&parsed, &next.groups, &found, &next.catalog, &fresh_catalog);
+        assert_eq!(
+            gone.changes,
+            [GroupChange::Gone {
+                pool: POOL.into(),
+                group: "gpu-a".into()
+            }]
+        );
+        assert_eq!(
+            planned(&gone.policy, &gone.catalog),
+            planned(&next.policy, &next.catalog)
+        );
+        assert_eq!(
+            group_state(&asg, "gpu-b").await,
+            (1, vec![r.launched[0].id.clone()])
+        );
+        let (found, fresh_catalog) = read().await;
+        let quiet = reread(&parsed, &gone.groups, &found, &gone.catalog, &fresh_catalog);
+        assert!(quiet.changes.is_empty(), "{:?}", quiet.changes);
+    }
+
+    #[tokio::test]
+    async fn asg_a_managed_node_group_template_takes_labels_and_taints_from_describe_nodegroup() {
+        use aws_sdk_eks::types::{Taint, TaintEffect, VpcConfigRequest};
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(support::REGION))
+            .endpoint_url(moto.url())
+            .load()
+            .await;
+        let eks = aws_sdk_eks::Client::new(&sdk);
+        let subnets: Vec<String> = net.subnets.values().cloned().collect();
+        eks.create_cluster()
+            .name(CLUSTER)
+            .role_arn("arn:aws:iam::123456789012:role/eks")
+            .resources_vpc_config(
+                VpcConfigRequest::builder()
+                    .set_subnet_ids(Some(subnets.clone()))
+                    .build(),
+            )
+            .send()
+            .await
+            .expect("CreateCluster");
+        eks.create_nodegroup()
+            .cluster_name(CLUSTER)
+            .nodegroup_name("gpu-managed")
+            .node_role("arn:aws:iam::123456789012:role/node")
+            .set_subnets(Some(subnets))
+            .labels("team", "from-eks")
+            .labels("nvidia.com/gpu.present", "true")
+            .taints(
+                Taint::builder()
+                    .key("nvidia.com/gpu")
+                    .value("eks")
+                    .effect(TaintEffect::NoSchedule)
+                    .build(),
+            )
+            .taints(
+                Taint::builder()
+                    .key("dedicated")
+                    .value("gpu")
+                    .effect(TaintEffect::NoExecute)
+                    .build(),
+            )
+            .send()
+            .await
+            .expect("CreateNodegroup");
+        // The group behind it, as EKS tags it, with template tags of its own: a label EKS
+        // also gives, one it does not, and a taint of the same key and effect as EKS's.
+        let label = format!("{TEMPLATE_LABEL}team");
+        let zone_label = format!("{TEMPLATE_LABEL}rack");
+        let taint = format!("{TEMPLATE_TAINT}nvidia.com/gpu");
+        let tags = [
+            (groups::EKS_CLUSTER_NAME, CLUSTER),
+            (groups::EKS_NODEGROUP_NAME, "gpu-managed"),
+            (label.as_str(), "from-tag"),
+            (zone_label.as_str(), "r1"),
+            (taint.as_str(), "tag:NoSchedule"),
+        ];
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                tags: &tags,
+                ..spec("eks-gpu-managed-1234", &[A], false, 4)
+            },
+        )
+        .await;
+        // A group whose node group EKS does not know: its tags alone.
+        let stray = [
+            (groups::EKS_CLUSTER_NAME, CLUSTER),
+            (groups::EKS_NODEGROUP_NAME, "deleted"),
+            (label.as_str(), "stray"),
+        ];
+        create_group(
+            &asg,
+            &net,
+            &GroupSpec {
+                tags: &stray,
+                ..spec("eks-deleted-5678", &[A], false, 4)
+            },
+        )
+        .await;
+        let provider = AwsProvider::new(group_config(
+            &moto.url(),
+            CLUSTER,
+            named(&["eks-gpu-managed-1234", "eks-deleted-5678"]),
+            &["g5.xlarge"],
+        ))
+        .await
+        .unwrap();
+        let found = provider.templates().await.unwrap();
+        let t = &found[POOL];
+        assert_eq!(t.len(), 2, "{t:#?}");
+        let managed = &t[0];
+        assert_eq!(managed.group, "eks-gpu-managed-1234");
+        let labels: Vec<(&str, &str)> = managed
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("nvidia.com/gpu.present", "true"),
+                ("rack", "r1"),
+                ("team", "from-eks"),
+            ],
+            "DescribeNodegroup's labels win over the tags per key"
+        );
+        let mut taints = managed.taints.clone();
+        taints.sort();
+        assert_eq!(
+            taints,
+            [
+                ("dedicated".into(), "gpu".into(), "NoExecute".into()),
+                ("nvidia.com/gpu".into(), "eks".into(), "NoSchedule".into()),
+            ]
+        );
+        let stray = &t[1];
+        assert_eq!(stray.labels["team"], "stray");
+        assert!(stray.taints.is_empty());
+    }
+
+    #[tokio::test]
+    async fn asg_a_launch_repeated_after_its_group_failed_asks_for_all_of_it_again() {
+        let moto = Moto::start();
+        let net = network(&ec2(&moto.url()).await).await;
+        let asg = autoscaling(&moto.url()).await;
+        create_group(&asg, &net, &spec("gpu-od-a", &[A], false, 10)).await;
+        let proxy = FaultProxy::start(moto.addr).await;
+        proxy.fail_scaling("gpu-od-a", "Launching EC2 instance failed.");
+        let mut config = group_config(&proxy.url(), CLUSTER, named(&["gpu-od-a"]), &["g5.xlarge"]);
+        config.group_failure_hold = std::time::Duration::ZERO;
+        let provider = AwsProvider::new(config.clone()).await.unwrap();
+        let req = request("asg-again", 2, &[offering("g5.xlarge", A, OnDemand)]);
+        let r = provider.launch(&req).await.unwrap();
+        assert!(r.launched.is_empty(), "{r:?}");
+        assert_eq!(r.failures.len(), 1, "{r:?}");
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 0);
+        // The group can launch again; the failed activity is older than the next raise.
+        proxy.heal_scaling("gpu-od-a");
+        tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+        let r = provider.launch(&req).await.unwrap();
+        assert!(r.failures.is_empty(), "{r:?}");
+        assert_eq!(
+            r.launched.len(),
+            2,
+            "the failed raise launched nothing: {r:?}"
+        );
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 2);
+        // Counted once it launched: a restarted provider repeating it launches nothing.
+        let restarted = AwsProvider::new(config).await.unwrap();
+        assert!(restarted.launch(&req).await.unwrap().launched.is_empty());
+        assert_eq!(group_state(&asg, "gpu-od-a").await.0, 2);
+    }
+
     #[tokio::test]
     async fn asg_launch_is_idempotent_by_launch_id_across_a_restart() {
         let moto = Moto::start();

@@ -259,6 +259,12 @@ impl FaultProxy {
             .insert(group.to_string(), message.to_string());
     }
 
+    /// `SetDesiredCapacity` of Auto Scaling group `group` reaches moto again (after
+    /// [`FaultProxy::fail_scaling`]); the failed activities recorded stay.
+    pub fn heal_scaling(&self, group: &str) {
+        self.faults.lock().unwrap().fail_groups.remove(group);
+    }
+
     /// Every later `SetDesiredCapacity` of Auto Scaling group `group` is answered by the relay
     /// without reaching moto, as a launch still under way: no instance is launched and no
     /// activity fails, and `DescribeAutoScalingGroups` answers the desired capacity it asked

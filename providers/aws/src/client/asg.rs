@@ -26,7 +26,8 @@ pub(super) struct GroupState {
     failed_until: BTreeMap<String, i64>,
     /// Instance id → the launch id it was launched for.
     launch_of: BTreeMap<String, String>,
-    /// Launch id → how many instances it asked the groups for.
+    /// Launch id → how many instances it asked the groups for (raises whose activity failed
+    /// not counted).
     asked: BTreeMap<String, u32>,
     /// Raises whose instances had not all come when the group wait ran out.
     slow: Vec<SlowRaise>,
@@ -271,6 +272,60 @@ impl AwsProvider {
             .and_then(|m| m.market_type())
             .is_some_and(|m| m.as_str() == "spot");
         Ok((t, spot))
+    }
+
+    /// The labels and taints of an EKS managed node group (`DescribeNodegroup`); `None` when
+    /// EKS does not know it (the group's tags alone then say what its Nodes carry). Any other
+    /// failure is an error naming the permission it needs.
+    pub(super) async fn describe_node_group(
+        &self,
+        cluster: &str,
+        node_group: &str,
+    ) -> Result<Option<groups::ManagedNodeGroup>, ProviderError> {
+        let resp = self
+            .call("DescribeNodegroup", &self.limits.autoscaling, || {
+                self.eks
+                    .describe_nodegroup()
+                    .cluster_name(cluster)
+                    .nodegroup_name(node_group)
+                    .send()
+            })
+            .await;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) if e.code.as_deref() == Some("ResourceNotFoundException") => return Ok(None),
+            Err(e) => {
+                let mut e = e.into_provider_error();
+                if let ProviderError::InvalidRequest { message }
+                | ProviderError::Other { message } = &mut e
+                {
+                    message.push_str(&format!(
+                        " (EKS managed node group {node_group} of cluster {cluster}: the \
+                         controller's IAM policy needs eks:DescribeNodegroup)"
+                    ));
+                }
+                return Err(e);
+            }
+        };
+        let Some(ng) = resp.nodegroup() else {
+            return Ok(None);
+        };
+        let labels = ng
+            .labels()
+            .map(|l| l.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let taints = ng
+            .taints()
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t.key()?.to_string(),
+                    t.value().unwrap_or_default().to_string(),
+                    groups::eks_taint_effect(t.effect()?.as_str())?.to_string(),
+                ))
+            })
+            .collect();
+        Ok(Some(groups::ManagedNodeGroup { labels, taints }))
     }
 
     /// Every group pool's groups, described for people, and what each pool lacks
@@ -529,8 +584,29 @@ impl AwsProvider {
                         g.name.clone(),
                         now_ms() + self.config.group_failure_hold.as_millis() as i64,
                     );
+                    // Nothing was launched for it: a repeat of the launch asks for it again.
+                    if let Some(n) = state.asked.get_mut(launch_id) {
+                        *n = n.saturating_sub(count);
+                    }
                 }
                 self.give_back(&g.name).await?;
+                // Best effort, as above: a restarted provider does not count it either.
+                let _ = self
+                    .call("CreateOrUpdateTags", &self.limits.autoscaling, || {
+                        self.autoscaling
+                            .create_or_update_tags()
+                            .tags(
+                                AsgTag::builder()
+                                    .resource_id(&g.name)
+                                    .resource_type("auto-scaling-group")
+                                    .key(groups::TAG_LAST_LAUNCH)
+                                    .value(groups::last_launch_value(launch_id, 0))
+                                    .propagate_at_launch(false)
+                                    .build(),
+                            )
+                            .send()
+                    })
+                    .await;
                 return Ok(Grown::Failed(message));
             }
             let now = self.describe_group(&g.name).await?;
