@@ -127,3 +127,89 @@ fn nodegroup_asg_instance_becomes_a_node_runs_the_pod_and_leaves_its_group_with_
         "no refused termination: {log}"
     );
 }
+
+#[test]
+fn nodegroup_a_group_tagged_after_start_is_read_again_and_grown_for_the_pod_only_it_fits() {
+    let mut env = Env::start(
+        "asg-reread",
+        Options {
+            proxy: true,
+            ..Options::default()
+        },
+    );
+    let asg = env.rt.block_on(aws::autoscaling(&env.moto.url()));
+    // Both groups are tagged for discovery; only the second one is in us-east-1b.
+    let tags_a = [
+        ("gpu-node-autoscaler.io/cluster", CLUSTER),
+        ("k8s.io/cluster-autoscaler/enabled", "true"),
+        (
+            "k8s.io/cluster-autoscaler/node-template/label/gpu-type",
+            "a10g",
+        ),
+    ];
+    let tags_b = [
+        ("gpu-node-autoscaler.io/cluster", CLUSTER),
+        ("k8s.io/cluster-autoscaler/enabled", "true"),
+        (
+            "k8s.io/cluster-autoscaler/node-template/label/gpu-type",
+            "a10g",
+        ),
+    ];
+    let group = |name, zones, tags| aws::GroupSpec {
+        name,
+        zones,
+        types: &[],
+        spot: false,
+        launch_template: "lt-asg-g5",
+        min: 0,
+        max: 3,
+        desired: 0,
+        tags,
+    };
+    env.rt.block_on(async {
+        aws::typed_launch_template(&env.ec2, "lt-asg-g5", "g5.xlarge").await;
+        aws::create_group(&asg, &env.net, &group("gpu-od-a", &["us-east-1a"], &tags_a)).await;
+    });
+    let policy = format!(
+        "clusterName: {CLUSTER}\nregion: us-east-1\nbatching: {{idle: 1s, max: 3s}}\n\
+         maxNodeProvisionTime: 2m\npools:\n- name: asg\n  provider: aws\n  maxNodes: 3\n  \
+         scaleDown: {{cooldownAfterScaleUp: 5s, unneededTime: 5s}}\n  aws:\n    \
+         autoScalingGroups: {{autoDiscovery: {{tags: [k8s.io/cluster-autoscaler/enabled]}}}}\n"
+    );
+    env.create(&env.policy_configmap(&policy));
+    env.start_controller("r1", &["--group-refresh-interval", "3s"]);
+    env.wait_for("the controller to become ready", MIN, || {
+        env.http_get("r1", "/readyz").filter(|(c, _)| *c == 200)
+    });
+    // A pod only a group not created yet fits (its zone): no launch can help it.
+    let selector: BTreeMap<&str, &str> = BTreeMap::new();
+    let pod = gpu_pod("default", "late", &selector, Some("20s")).replace(
+        "spec:\n",
+        "spec:\n  nodeSelector: {topology.kubernetes.io/zone: us-east-1b}\n",
+    );
+    assert!(pod.contains("zone: us-east-1b"), "{pod}");
+    env.create(&pod);
+    env.wait_for("a NotTriggerScaleUp for the pod", 2 * MIN, || {
+        env.events("NotTriggerScaleUp")
+            .into_iter()
+            .find(|e| e.starts_with("late:"))
+    });
+    // The group is created and tagged for discovery after start: read again, it is planned
+    // from its tags and grown from zero for the pod, with no restart and no policy change.
+    env.rt.block_on(aws::create_group(
+        &asg,
+        &env.net,
+        &group("gpu-od-b", &["us-east-1b"], &tags_b),
+    ));
+    env.wait_for("a CloudGroupFound Event for the new group", 2 * MIN, || {
+        env.events("CloudGroupFound")
+            .into_iter()
+            .find(|e| e.contains("gpu-od-b"))
+    });
+    env.wait_for("the pod to run", 3 * MIN, || {
+        (env.pod_phase("default", "late") == "Running").then_some(())
+    });
+    let (desired, ids) = env.rt.block_on(aws::group_state(&asg, "gpu-od-b"));
+    assert_eq!((desired, ids.len()), (1, 1), "{ids:?}");
+    assert_eq!(env.rt.block_on(aws::group_state(&asg, "gpu-od-a")).0, 0);
+}
