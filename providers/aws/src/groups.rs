@@ -316,8 +316,11 @@ pub fn give_back_unfulfilled(g: &Group, never: u32) -> Option<u32> {
 }
 
 /// A group described for people: its types, zones, capacity type, sizes and template.
-pub fn describe(g: &Group) -> String {
-    let t = node_template(&g.tags);
+/// One line on a group for `check-policy --provider aws`: what it launches, where, its sizes, and
+/// the labels, taints and resources its Nodes are planned with (for the group of an EKS managed
+/// node group, with what `DescribeNodegroup` says merged in, as [`group_template`] merges it).
+pub fn describe(g: &Group, managed: Option<&ManagedNodeGroup>) -> String {
+    let t = group_template(g, &[], managed);
     let mut s = format!(
         "group {}: {} [{}] in {} ({}), size {}..{} (desired {})",
         g.name,
@@ -348,6 +351,11 @@ pub fn describe(g: &Group) -> String {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         s.push_str(&format!(", resources {}", l.join(",")));
+    }
+    if let Some((cluster, name)) = managed_node_group(&g.tags).filter(|_| managed.is_some()) {
+        s.push_str(&format!(
+            "; EKS managed node group {cluster}/{name} (its labels and taints merged in)"
+        ));
     }
     s
 }

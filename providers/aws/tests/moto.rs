@@ -1278,6 +1278,18 @@ mod asg {
         let stray = &t[1];
         assert_eq!(stray.labels["team"], "stray");
         assert!(stray.taints.is_empty());
+        // `check-policy --provider aws` shows the group as it is planned, EKS's part merged in.
+        let (lines, _) = provider.group_report().await.unwrap();
+        let line = lines
+            .iter()
+            .find(|l| l.contains("eks-gpu-managed-1234"))
+            .expect("the managed group is reported");
+        assert!(line.contains("team=from-eks"), "{line}");
+        assert!(line.contains("dedicated=gpu:NoExecute"), "{line}");
+        assert!(
+            line.contains(&format!("EKS managed node group {CLUSTER}/gpu-managed")),
+            "{line}"
+        );
     }
 
     #[tokio::test]

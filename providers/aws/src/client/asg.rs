@@ -366,7 +366,15 @@ impl AwsProvider {
                 continue;
             }
             for g in &gs {
-                found.push(format!("pool {}: {}", p.name, groups::describe(g)));
+                let managed = match groups::managed_node_group(&g.tags) {
+                    Some((cluster, group)) => self.describe_node_group(cluster, group).await?,
+                    None => None,
+                };
+                found.push(format!(
+                    "pool {}: {}",
+                    p.name,
+                    groups::describe(g, managed.as_ref())
+                ));
             }
             for m in groups::missing(&gs, &p.instance_types, &p.zones, &p.capacity_types) {
                 problems.push(format!("pool {}: aws.autoScalingGroups: {m}", p.name));
