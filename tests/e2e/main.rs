@@ -37,9 +37,13 @@ fn no_labels() -> BTreeMap<&'static str, &'static str> {
 
 /// An arena-style MPI job: a launcher and two 1-GPU workers, one gang.
 fn mpi_job(run_for: &str) -> String {
+    // The job declares its size (as a PodGroup's minMember would): its two workers are planned
+    // together even when the API server, under load, creates the second one after a pass has
+    // seen the first.
     let gang: BTreeMap<&str, &str> = [
         ("training.kubeflow.org/job-name", "bert"),
         ("training.kubeflow.org/replica-type", "worker"),
+        ("gpu-node-autoscaler.io/gang-min-member", "2"),
     ]
     .into();
     let launcher = format!(
