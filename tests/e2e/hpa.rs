@@ -500,16 +500,26 @@ fn hpa_scale_in_hands_back_emptied_nodes_only_after_the_window_and_the_pool_dela
     assert_eq!(removed.len(), 3, "{events:?}");
     assert!(!removed.contains(left[0].as_str()), "{events:?}");
     for e in ours {
-        let idle = e
-            .split("empty (no GPU pods) for ")
-            .nth(1)
-            .and_then(|d| parse_duration(d.split_whitespace().next()?).ok())
-            .unwrap_or_else(|| panic!("{e}"));
+        let idle = idle_for(e);
         assert!(
             idle >= Duration::from_secs(10),
             "removed only after the pool's unneeded time: {e}"
         );
     }
+}
+
+/// How long a node removed by a scale-down had been unneeded, from its `ScaleDown` Event: empty
+/// ("empty (no GPU pods) for 17s") or, when the HPA took its last replicas off after our look,
+/// under-used with its pods fitting elsewhere ("GPU utilization 4% below 50% for 1m28s; ...").
+fn idle_for(event: &str) -> Duration {
+    event
+        .split(" for ")
+        .nth(1)
+        .and_then(|d| {
+            let d = d.split_whitespace().next()?.trim_end_matches([';', ',']);
+            parse_duration(d).ok()
+        })
+        .unwrap_or_else(|| panic!("{event}"))
 }
 
 /// After a load fall that takes `app` back to one replica: its Deployment runs one replica on
@@ -536,11 +546,7 @@ fn scaled_in_to_one_node(env: &Env, app: &str, pool: &str, before: &[String]) {
             .filter(|e| e.starts_with(&format!("{gone}:")))
             .collect();
         assert_eq!(removed.len(), 1, "{gone}: {events:?}");
-        let idle = removed[0]
-            .split("empty (no GPU pods) for ")
-            .nth(1)
-            .and_then(|d| parse_duration(d.split_whitespace().next()?).ok())
-            .unwrap_or_else(|| panic!("{}", removed[0]));
+        let idle = idle_for(removed[0]);
         assert!(
             idle >= Duration::from_secs(10),
             "removed only after the pool's unneeded time: {}",
