@@ -547,6 +547,27 @@ impl AwsProvider {
 
     /// Grows one group by `count` and follows the launch: the instances it brought, or why it
     /// failed (its scaling activity's message) after its desired capacity was given back.
+    /// Records on the group how many instances `launch_id` asked of it (`TAG_LAST_LAUNCH`), for
+    /// a restarted provider. Best effort: a failure only loses that memory.
+    async fn tag_last_launch(&self, group: &str, launch_id: &str, count: u32) {
+        let _ = self
+            .call("CreateOrUpdateTags", &self.limits.autoscaling, || {
+                self.autoscaling
+                    .create_or_update_tags()
+                    .tags(
+                        AsgTag::builder()
+                            .resource_id(group)
+                            .resource_type("auto-scaling-group")
+                            .key(groups::TAG_LAST_LAUNCH)
+                            .value(groups::last_launch_value(launch_id, count))
+                            .propagate_at_launch(false)
+                            .build(),
+                    )
+                    .send()
+            })
+            .await;
+    }
+
     async fn grow(&self, g: &Group, count: u32, launch_id: &str) -> Result<Grown, ProviderError> {
         let before: BTreeSet<String> = g.instances.iter().map(|i| i.id.clone()).collect();
         let target = g.desired + count;
@@ -567,22 +588,7 @@ impl AwsProvider {
             *state.asked.entry(launch_id.to_string()).or_insert(0) += count;
         }
         // Best effort: remembered on the group for a restart.
-        let _ = self
-            .call("CreateOrUpdateTags", &self.limits.autoscaling, || {
-                self.autoscaling
-                    .create_or_update_tags()
-                    .tags(
-                        AsgTag::builder()
-                            .resource_id(&g.name)
-                            .resource_type("auto-scaling-group")
-                            .key(groups::TAG_LAST_LAUNCH)
-                            .value(groups::last_launch_value(launch_id, count))
-                            .propagate_at_launch(false)
-                            .build(),
-                    )
-                    .send()
-            })
-            .await;
+        self.tag_last_launch(&g.name, launch_id, count).await;
         let deadline = std::time::Instant::now() + self.config.group_launch_wait;
         loop {
             if let Some(message) = self.failed_activity(&g.name, since).await? {
@@ -599,22 +605,7 @@ impl AwsProvider {
                 }
                 self.give_back(&g.name).await?;
                 // Best effort, as above: a restarted provider does not count it either.
-                let _ = self
-                    .call("CreateOrUpdateTags", &self.limits.autoscaling, || {
-                        self.autoscaling
-                            .create_or_update_tags()
-                            .tags(
-                                AsgTag::builder()
-                                    .resource_id(&g.name)
-                                    .resource_type("auto-scaling-group")
-                                    .key(groups::TAG_LAST_LAUNCH)
-                                    .value(groups::last_launch_value(launch_id, 0))
-                                    .propagate_at_launch(false)
-                                    .build(),
-                            )
-                            .send()
-                    })
-                    .await;
+                self.tag_last_launch(&g.name, launch_id, 0).await;
                 return Ok(Grown::Failed(message));
             }
             let now = self.describe_group(&g.name).await?;
