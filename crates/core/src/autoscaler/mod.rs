@@ -604,8 +604,8 @@ impl Autoscaler {
         // Asked of the cloud by the last leader, answer unknown: what the cloud made of it is
         // seen in its listing, which may lag; the pool waits for it rather than launching for
         // the same pods again under another id.
-        for l in status::launching_of(json) {
-            self.fleet.awaited.entry(l.launch_id.clone()).or_insert(l);
+        for (id, l) in status::launching_of(json) {
+            self.fleet.awaited.entry(id).or_insert(l);
         }
         // Launched by the last leader, not listed yet: in flight from their launch, for as long
         // as this process would remember its own.

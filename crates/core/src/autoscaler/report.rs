@@ -190,14 +190,7 @@ impl Autoscaler {
             .fleet
             .awaited
             .iter()
-            .map(|(id, l)| {
-                let l = status::LaunchingStatus {
-                    pool: l.pool.clone(),
-                    count: l.count,
-                    asked_at: l.asked_at.to_rfc3339(),
-                };
-                (id.clone(), l)
-            })
+            .map(|(id, l)| (id.clone(), l.to_status()))
             .collect();
         st
     }

@@ -120,27 +120,40 @@ pub struct LaunchingStatus {
 /// A launch a previous leader asked for and may not have seen answered.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launching {
-    pub launch_id: String,
     pub pool: String,
     pub count: u32,
     pub asked_at: Time,
 }
 
-/// The launches a previous leader asked for without recording their answer, from `status.json`
-/// (entries that do not read back are skipped).
-pub fn launching_of(status_json: &str) -> Vec<Launching> {
+impl Launching {
+    /// As `status.json` carries it.
+    pub fn to_status(&self) -> LaunchingStatus {
+        LaunchingStatus {
+            pool: self.pool.clone(),
+            count: self.count,
+            asked_at: self.asked_at.to_rfc3339(),
+        }
+    }
+}
+
+/// The launches a previous leader asked for without recording their answer, by launch id, from
+/// `status.json` (entries that do not read back are skipped).
+pub fn launching_of(status_json: &str) -> Vec<(String, Launching)> {
     let Ok(s) = serde_json::from_str::<Status>(status_json) else {
         return Vec::new();
     };
     s.launching
         .into_iter()
         .filter_map(|(launch_id, l)| {
-            Some(Launching {
+            let asked_at = Time::parse_rfc3339(&l.asked_at).ok()?;
+            Some((
                 launch_id,
-                pool: l.pool,
-                count: l.count,
-                asked_at: Time::parse_rfc3339(&l.asked_at).ok()?,
-            })
+                Launching {
+                    pool: l.pool,
+                    count: l.count,
+                    asked_at,
+                },
+            ))
         })
         .collect()
 }
