@@ -75,24 +75,28 @@ pub struct Reads {
 
 /// Reads everything asked, the calls together.
 pub async fn run(input: Input) -> Reads {
-    let prices = async {
-        let mut out = Vec::new();
-        for (cloud, provider) in input.prices {
-            out.push((cloud, provider.catalog().await));
+    // Prices and groups both need a cloud's catalog: read once a pass, then shared.
+    let catalogs_and_groups = async {
+        let mut catalogs: BTreeMap<String, Result<Catalog, ProviderError>> = BTreeMap::new();
+        for (cloud, provider) in input.prices.iter().chain(&input.groups) {
+            if !catalogs.contains_key(cloud) {
+                catalogs.insert(cloud.clone(), provider.catalog().await);
+            }
         }
-        out
-    };
-    let groups = async {
-        let mut out = Vec::new();
-        for (cloud, provider) in input.groups {
-            let read = async {
-                let t = provider.templates().await?;
-                let c = provider.catalog().await?;
-                Ok((t, c))
+        let mut groups = Vec::new();
+        for (cloud, provider) in &input.groups {
+            let read = match provider.templates().await {
+                Ok(t) => catalogs[cloud].clone().map(|c| (t, c)),
+                Err(e) => Err(e),
             };
-            out.push((cloud, read.await));
+            groups.push((cloud.clone(), read));
         }
-        out
+        let prices: Vec<_> = input
+            .prices
+            .iter()
+            .map(|(cloud, _)| (cloud.clone(), catalogs[cloud].clone()))
+            .collect();
+        (prices, groups)
     };
     let listing = async {
         match input.listing {
@@ -138,9 +142,8 @@ pub async fn run(input: Input) -> Reads {
         let (http, cfg) = input.gpu_metrics?;
         Some(gpu_metrics::read(&http, &cfg).await)
     };
-    let (prices, groups, listing, reservations, launch_versions, queue, gpu_metrics) = tokio::join!(
-        prices,
-        groups,
+    let ((prices, groups), listing, reservations, launch_versions, queue, gpu_metrics) = tokio::join!(
+        catalogs_and_groups,
         listing,
         reservations,
         launch_versions,
