@@ -13,7 +13,9 @@ use crate::model::constraints::{
 use crate::model::labels;
 use crate::model::quantity::parse_quantity;
 use crate::model::resources::{self, GpuShare, Resources, SharedGpu};
-use crate::model::topology::{AffinityTerm, HostPort, PodSelector, PodTopology, Spread};
+use crate::model::topology::{
+    AffinityTerm, HostPort, PodSelector, PodTopology, PreferredNodes, PreferredTerm, Spread,
+};
 use crate::model::{GangRef, Node, Owner, OwnerKind, Pdb, Pod, PodPhase, PodRef, Snapshot, Time};
 
 // ---- the subset of the Kubernetes schema we read ----
@@ -69,6 +71,21 @@ struct Affinity {
 #[serde(default, rename_all = "camelCase")]
 struct PodAffinity {
     required_during_scheduling_ignored_during_execution: Vec<PodAffinityTerm>,
+    preferred_during_scheduling_ignored_during_execution: Vec<WeightedPodAffinityTerm>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct WeightedPodAffinityTerm {
+    weight: i32,
+    pod_affinity_term: PodAffinityTerm,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PreferredSchedulingTerm {
+    weight: i32,
+    preference: SelectorTerm,
 }
 
 #[derive(Deserialize, Default)]
@@ -105,6 +122,7 @@ struct ContainerPort {
 #[serde(default, rename_all = "camelCase")]
 struct NodeAffinity {
     required_during_scheduling_ignored_during_execution: Option<NodeSelector>,
+    preferred_during_scheduling_ignored_during_execution: Vec<PreferredSchedulingTerm>,
 }
 
 #[derive(Deserialize, Default)]
@@ -494,49 +512,46 @@ fn label_selector(
     Ok(Some(reqs))
 }
 
-/// Required pod (anti-)affinity terms. Namespaces: the listed ones, or the pod's own when none
-/// are listed and there is no `namespaceSelector`; `namespaceSelector: {}` is every namespace.
-/// A non-empty `namespaceSelector` needs the Namespaces' labels, which are not read: its term
-/// looks at the listed namespaces and the pod's own.
-fn affinity_terms(
-    terms: &[PodAffinityTerm],
+/// A pod (anti-)affinity term at `path`. Namespaces: the listed ones, or the pod's own when
+/// none are listed and there is no `namespaceSelector`; `namespaceSelector: {}` is every
+/// namespace. A non-empty `namespaceSelector` needs the Namespaces' labels, which are not read:
+/// its term looks at the listed namespaces and the pod's own.
+fn affinity_term(
+    t: &PodAffinityTerm,
     namespace: &str,
     pod_labels: &BTreeMap<String, String>,
     path: &str,
-) -> Result<Vec<AffinityTerm>, String> {
-    let mut out = Vec::new();
-    for (i, t) in terms.iter().enumerate() {
-        if t.topology_key.is_empty() {
-            return Err(format!("{path}[{i}].topologyKey: required"));
-        }
-        let labels = label_selector(t.label_selector.as_ref(), &t.match_label_keys, pod_labels)
-            .map_err(|e| format!("{path}[{i}].labelSelector: {e}"))?;
-        let everywhere = t
-            .namespace_selector
-            .as_ref()
-            .is_some_and(|s| s.match_labels.is_empty() && s.match_expressions.is_empty());
-        let namespaces = if everywhere {
-            None
-        } else {
-            let mut ns = t.namespaces.clone();
-            if ns.is_empty() || t.namespace_selector.is_some() {
-                ns.push(namespace.to_string());
-            }
-            ns.sort();
-            ns.dedup();
-            Some(ns)
-        };
-        out.push(AffinityTerm {
-            selector: PodSelector { labels, namespaces },
-            topology_key: t.topology_key.clone(),
-        });
+) -> Result<AffinityTerm, String> {
+    if t.topology_key.is_empty() {
+        return Err(format!("{path}.topologyKey: required"));
     }
-    Ok(out)
+    let labels = label_selector(t.label_selector.as_ref(), &t.match_label_keys, pod_labels)
+        .map_err(|e| format!("{path}.labelSelector: {e}"))?;
+    let everywhere = t
+        .namespace_selector
+        .as_ref()
+        .is_some_and(|s| s.match_labels.is_empty() && s.match_expressions.is_empty());
+    let namespaces = if everywhere {
+        None
+    } else {
+        let mut ns = t.namespaces.clone();
+        if ns.is_empty() || t.namespace_selector.is_some() {
+            ns.push(namespace.to_string());
+        }
+        ns.sort();
+        ns.dedup();
+        Some(ns)
+    };
+    Ok(AffinityTerm {
+        selector: PodSelector { labels, namespaces },
+        topology_key: t.topology_key.clone(),
+    })
 }
 
 /// A pod's rules across nodes: host ports of its containers (and of its sidecars), required
-/// pod affinity and anti-affinity, and its `DoNotSchedule` spread constraints (`ScheduleAnyway`
-/// ones are preferences, never a reason to launch: left out). `None` when it has none.
+/// pod affinity and anti-affinity, and its `DoNotSchedule` spread constraints; and its
+/// preferences (preferred pod and node affinity terms, `ScheduleAnyway` spread constraints),
+/// which only break ties. `None` when it has none.
 fn pod_topology(
     spec: &PodSpec,
     namespace: &str,
@@ -570,24 +585,72 @@ fn pod_topology(
             ),
         ] {
             if let Some(pa) = terms {
-                *into = affinity_terms(
-                    &pa.required_during_scheduling_ignored_during_execution,
-                    namespace,
-                    pod_labels,
-                    &format!(
-                        "spec.affinity.{field}.requiredDuringSchedulingIgnoredDuringExecution"
-                    ),
-                )?;
+                for (i, a) in pa
+                    .required_during_scheduling_ignored_during_execution
+                    .iter()
+                    .enumerate()
+                {
+                    into.push(affinity_term(
+                        a,
+                        namespace,
+                        pod_labels,
+                        &format!(
+                            "spec.affinity.{field}.requiredDuringSchedulingIgnoredDuringExecution[{i}]"
+                        ),
+                    )?);
+                }
+                let path = format!(
+                    "spec.affinity.{field}.preferredDuringSchedulingIgnoredDuringExecution"
+                );
+                let sign = if field == "podAffinity" { 1 } else { -1 };
+                for (i, w) in pa
+                    .preferred_during_scheduling_ignored_during_execution
+                    .iter()
+                    .enumerate()
+                {
+                    weight(w.weight, &format!("{path}[{i}]"))?;
+                    let term = affinity_term(
+                        &w.pod_affinity_term,
+                        namespace,
+                        pod_labels,
+                        &format!("{path}[{i}].podAffinityTerm"),
+                    )?;
+                    t.preferences.pods.push(PreferredTerm {
+                        weight: sign * w.weight,
+                        term,
+                    });
+                }
+            }
+        }
+        if let Some(n) = &a.node_affinity {
+            let path = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution";
+            for (i, p) in n
+                .preferred_during_scheduling_ignored_during_execution
+                .iter()
+                .enumerate()
+            {
+                weight(p.weight, &format!("{path}[{i}]"))?;
+                let requirements = p
+                    .preference
+                    .match_expressions
+                    .iter()
+                    .map(requirement)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("{path}[{i}].preference: {e}"))?;
+                t.preferences.nodes.push(PreferredNodes {
+                    weight: p.weight,
+                    requirements,
+                });
             }
         }
     }
     for (i, s) in spec.topology_spread_constraints.iter().enumerate() {
         let path = format!("spec.topologySpreadConstraints[{i}]");
-        match s.when_unsatisfiable.as_str() {
-            "DoNotSchedule" => {}
-            "ScheduleAnyway" => continue,
+        let soft = match s.when_unsatisfiable.as_str() {
+            "DoNotSchedule" => false,
+            "ScheduleAnyway" => true,
             other => return Err(format!("{path}.whenUnsatisfiable: unknown {other:?}")),
-        }
+        };
         if s.max_skew < 1 {
             return Err(format!("{path}.maxSkew: must be at least 1"));
         }
@@ -596,7 +659,7 @@ fn pod_topology(
         }
         let labels = label_selector(s.label_selector.as_ref(), &s.match_label_keys, pod_labels)
             .map_err(|e| format!("{path}.labelSelector: {e}"))?;
-        t.spread.push(Spread {
+        let spread = Spread {
             max_skew: s.max_skew,
             topology_key: s.topology_key.clone(),
             selector: PodSelector {
@@ -604,9 +667,23 @@ fn pod_topology(
                 namespaces: Some(vec![namespace.to_string()]),
             },
             min_domains: s.min_domains.unwrap_or(1),
-        });
+        };
+        if soft {
+            t.preferences.spread.push(spread);
+        } else {
+            t.spread.push(spread);
+        }
     }
     Ok((!t.is_empty()).then(|| Arc::new(t)))
+}
+
+/// A preferred term's weight: 1 to 100, as the API validates it.
+fn weight(w: i32, path: &str) -> Result<(), String> {
+    if (1..=100).contains(&w) {
+        Ok(())
+    } else {
+        Err(format!("{path}.weight: must be 1 to 100, got {w}"))
+    }
 }
 
 fn first_of<'a>(maps: [&'a BTreeMap<String, String>; 2], keys: &[&str]) -> Option<&'a String> {

@@ -1417,7 +1417,8 @@ impl World {
             }
             // A pod that failed before can only fit where capacity grew since, unless rules
             // across nodes kept it off: then where other pods came or went too.
-            let candidates = if fresh.contains(&i) || prof.is_some() {
+            let ruled = prof.as_ref().is_some_and(|p| p.has_rules());
+            let candidates = if fresh.contains(&i) || ruled {
                 &live
             } else {
                 &grown
@@ -1427,15 +1428,29 @@ impl World {
                 self.fits_nominated(i, n, &self.nodes[n].free, &nominees)
                     && self.admits(&topo, &prof, n)
             });
-            let best = best_scored(
-                feasible.map(|n| {
-                    (
-                        n,
-                        score(pod, &self.nodes[n].node.allocatable, &self.nodes[n].free),
+            let scored = feasible.map(|n| {
+                (
+                    n,
+                    score(pod, &self.nodes[n].node.allocatable, &self.nodes[n].free),
+                )
+            });
+            let best = match (&topo, &prof) {
+                (Some(t), Some(p)) if p.has_preferences() => {
+                    // Its preferences' scores are normalised over the nodes scored together.
+                    let scored: Vec<(usize, f64)> =
+                        scored.take(feasible_nodes_to_find(live.len())).collect();
+                    let sites: Vec<Site> = scored.iter().map(|&(n, _)| self.site(n)).collect();
+                    let preferred = t.preference_scores(p, &sites);
+                    best_scored(
+                        scored
+                            .into_iter()
+                            .zip(preferred)
+                            .map(|((n, s), p)| (n, s + p as f64)),
+                        live.len(),
                     )
-                }),
-                live.len(),
-            );
+                }
+                _ => best_scored(scored, live.len()),
+            };
             match best {
                 Some(n) => {
                     if let (Some(t), Some(p)) = (&mut topo, &prof) {
@@ -1863,8 +1878,10 @@ fn feasible_nodes_to_find(nodes: usize) -> usize {
 /// kube-scheduler's default scores that depend on the node's resources, both of weight 1
 /// (`NodeResourcesFit` with `LeastAllocated` and `NodeResourcesBalancedAllocation`, on CPU and
 /// memory; GPUs are not among the scored resources by default): a pod goes to the node that
-/// would have the most CPU and memory left, in balance. The other default scores (affinity,
-/// topology spread, image locality) are level for the simulator's pods.
+/// would have the most CPU and memory left, in balance. A pod's preferences (preferred pod and
+/// node affinity, `ScheduleAnyway` spreads) add the scores of their plugins
+/// ([`TopologyIndex::preference_scores`]); the other default scores (image locality, taints
+/// `PreferNoSchedule`) are level for the simulator's pods.
 fn score(p: &Pod, allocatable: &Resources, free: &Resources) -> f64 {
     let share = |alloc: i64, free: i64, req: i64| {
         if alloc <= 0 {

@@ -1649,14 +1649,29 @@ status: {phase: Pending}
     assert_eq!(t.affinity[0].selector.labels, Some(vec![app("cache")]));
     assert_eq!(t.affinity[0].selector.namespaces, Some(vec!["data".into()]));
     assert_eq!(t.affinity[0].topology_key, labels::ZONE);
-    assert_eq!(t.anti_affinity.len(), 2, "preferred terms are left out");
+    assert_eq!(t.anti_affinity.len(), 2, "preferred terms are apart");
+    // Preferred terms are preferences, anti-affinity with a negative weight; an empty selector
+    // selects every pod.
+    assert_eq!(t.preferences.pods.len(), 1);
+    assert_eq!(t.preferences.pods[0].weight, -1);
+    assert_eq!(
+        t.preferences.pods[0].term.topology_key,
+        crate::model::topology::HOSTNAME
+    );
+    assert_eq!(t.preferences.pods[0].term.selector.labels, Some(vec![]));
     assert_eq!(
         t.anti_affinity[0].selector.namespaces,
         Some(vec!["serve".into()])
     );
     assert_eq!(t.anti_affinity[1].selector.namespaces, None);
-    // ScheduleAnyway is a preference: left out. matchLabelKeys adds the pod's own value.
+    // ScheduleAnyway is a preference. matchLabelKeys adds the pod's own value.
     assert_eq!(t.spread.len(), 1);
+    assert_eq!(t.preferences.spread.len(), 1);
+    assert_eq!(t.preferences.spread[0].max_skew, 2);
+    assert_eq!(
+        t.preferences.spread[0].topology_key,
+        crate::model::topology::HOSTNAME
+    );
     let s = &t.spread[0];
     assert_eq!((s.max_skew, s.min_domains), (1, 3));
     assert_eq!(
@@ -1689,6 +1704,18 @@ fn malformed_spread_and_affinity_are_reported_on_the_pod() {
         (
             json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}}}),
             "topologyKey: required",
+        ),
+        (
+            json!({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "podAffinityTerm": {"topologyKey": "zone"}}]}}}),
+            "spec.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight: must be 1 to 100, got 0",
+        ),
+        (
+            json!({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5, "podAffinityTerm": {}}]}}}),
+            "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm.topologyKey: required",
+        ),
+        (
+            json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "Near"}]}}]}}}),
+            "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference",
         ),
     ];
     for (spec, want) in cases {

@@ -3,6 +3,11 @@
 //! directions (`InterPodAffinity`), topology spread with `whenUnsatisfiable: DoNotSchedule`
 //! (`PodTopologySpread`) and the CSI drivers' per-node attach limits (`NodeVolumeLimits`).
 //!
+//! Preferences (`preferredDuringScheduling…` pod affinity and anti-affinity and node affinity,
+//! `whenUnsatisfiable: ScheduleAnyway` spreads) never make a site unfit: they are scored as
+//! kube-scheduler scores them ([`TopologyIndex::preference_scores`]) and break ties between
+//! sites that admit a pod.
+//!
 //! These rules need more than one node's labels, so they are checked against a
 //! [`TopologyIndex`]: the pods placed so far (running ones, and those a pass has placed), counted
 //! per topology domain. Every placement builds one per pass and checks a pod with
@@ -87,6 +92,39 @@ pub struct Spread {
     pub min_domains: i32,
 }
 
+/// One preferred pod affinity (`weight` > 0) or anti-affinity (`weight` < 0) term.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PreferredTerm {
+    pub weight: i32,
+    pub term: AffinityTerm,
+}
+
+/// One preferred node affinity term: its weight and the labels it asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PreferredNodes {
+    pub weight: i32,
+    pub requirements: Vec<Requirement>,
+}
+
+/// A pod's preferences across nodes: never a reason to refuse a site or to launch, they break
+/// ties between the sites that admit it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Preferences {
+    /// `preferredDuringSchedulingIgnoredDuringExecution` of its pod affinity (positive weights)
+    /// and anti-affinity (negative).
+    pub pods: Vec<PreferredTerm>,
+    /// Its `whenUnsatisfiable: ScheduleAnyway` spread constraints.
+    pub spread: Vec<Spread>,
+    /// `preferredDuringSchedulingIgnoredDuringExecution` of its node affinity.
+    pub nodes: Vec<PreferredNodes>,
+}
+
+impl Preferences {
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty() && self.spread.is_empty() && self.nodes.is_empty()
+    }
+}
+
 /// A pod's rules across nodes; shared by the pods of one template.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodTopology {
@@ -96,6 +134,7 @@ pub struct PodTopology {
     pub spread: Vec<Spread>,
     /// Its volumes of CSI drivers some node limits, sorted.
     pub attachments: Vec<Attachment>,
+    pub preferences: Preferences,
 }
 
 impl PodTopology {
@@ -105,6 +144,7 @@ impl PodTopology {
             && self.affinity.is_empty()
             && self.anti_affinity.is_empty()
             && self.spread.is_empty()
+            && self.preferences.is_empty()
     }
 
     /// The topology keys of its terms.
@@ -190,13 +230,33 @@ pub struct Profile {
     spread: Vec<SpreadCheck>,
     ports: Vec<HostPort>,
     attach: Vec<Attachment>,
+    /// Preference counters that select it (updated when it is placed).
+    pref_matched: Vec<usize>,
+    /// Its preferences: pod terms (preference counter, weight), `ScheduleAnyway` spreads
+    /// (preference counter, `maxSkew`), node terms.
+    prefer_pods: Vec<(usize, i64)>,
+    prefer_spread: Vec<(usize, i64)>,
+    prefer_nodes: Vec<PreferredNodes>,
 }
 
 impl Profile {
-    /// Neither has rules of its own nor is looked at by another pod's: the index never
-    /// refuses it and need not record it.
+    /// Neither has rules or preferences of its own nor is looked at by another pod's: the
+    /// index never refuses or scores it and need not record it.
     pub fn is_free(&self) -> bool {
-        self.ports.is_empty() && self.attach.is_empty() && !self.is_bound_to_domains()
+        !self.has_rules() && self.pref_matched.is_empty() && !self.has_preferences()
+    }
+
+    /// Has rules of its own or is looked at by other pods' rules (not their preferences): the
+    /// index may refuse it a site.
+    pub fn has_rules(&self) -> bool {
+        !(self.ports.is_empty() && self.attach.is_empty() && !self.is_bound_to_domains())
+    }
+
+    /// Has preferences of its own: sites that admit it are scored.
+    pub fn has_preferences(&self) -> bool {
+        !(self.prefer_pods.is_empty()
+            && self.prefer_spread.is_empty()
+            && self.prefer_nodes.is_empty())
     }
 
     /// Has rules of its own or is looked at by other pods' rules: its new nodes must each be
@@ -252,6 +312,10 @@ pub struct TopologyIndex {
     counted_ix: HashMap<(String, Vec<PodSelector>), usize>,
     repel: Vec<Counter>,
     repel_ix: HashMap<(String, Vec<PodSelector>), usize>,
+    /// Counts for preferences only: kept apart so that a pod only preferences look at is not
+    /// bound to domains.
+    preferred: Vec<Counter>,
+    preferred_ix: HashMap<(String, Vec<PodSelector>), usize>,
     ports: HashMap<String, Vec<HostPort>>,
     /// Per node, the volumes its pods attach (once per pod: a volume two pods share is in it
     /// twice).
@@ -269,6 +333,7 @@ pub struct TopologyIndex {
     /// The counters a pod may be selected by, from the label keys it has.
     counted_by_key: Prefilter,
     repel_by_key: Prefilter,
+    preferred_by_key: Prefilter,
     /// Eligible domains per constraints and topology key, as [`TopologyIndex::profile`] found
     /// them (pods of one template share them).
     domains: RefCell<HashMap<(Constraints, String), Domains>>,
@@ -363,12 +428,36 @@ impl TopologyIndex {
             for s in &t.spread {
                 ix.counter(&s.topology_key, std::slice::from_ref(&s.selector));
             }
+            let prefs = &t.preferences;
+            for (key, selector) in prefs
+                .pods
+                .iter()
+                .map(|p| (&p.term.topology_key, &p.term.selector))
+                .chain(prefs.spread.iter().map(|s| (&s.topology_key, &s.selector)))
+            {
+                ix.preference_counter(key, selector);
+            }
             ix.keys
                 .extend(t.keys().filter(|k| *k != HOSTNAME).map(str::to_string));
         }
         ix.counted_by_key = Prefilter::new(&ix.counted);
         ix.repel_by_key = Prefilter::new(&ix.repel);
+        ix.preferred_by_key = Prefilter::new(&ix.preferred);
         ix
+    }
+
+    fn preference_counter(&mut self, key: &str, selector: &PodSelector) -> usize {
+        let k = (key.to_string(), vec![selector.clone()]);
+        if let Some(&i) = self.preferred_ix.get(&k) {
+            return i;
+        }
+        self.preferred.push(Counter {
+            key: key.to_string(),
+            selectors: k.1.clone(),
+            ..Counter::default()
+        });
+        self.preferred_ix.insert(k, self.preferred.len() - 1);
+        self.preferred.len() - 1
     }
 
     /// The topology keys some rule uses, but the hostname: a new node of a pod bound to
@@ -408,6 +497,11 @@ impl TopologyIndex {
         let (matched, _) = self.selected(pod);
         let mut p = Profile {
             matched,
+            pref_matched: self.preferred_by_key.select(
+                &self.preferred,
+                pod.id.namespace.as_str(),
+                &pod.labels,
+            ),
             ..Profile::default()
         };
         if let Some(t) = &pod.constraints.topology {
@@ -446,6 +540,26 @@ impl TopologyIndex {
             .iter()
             .map(|a| id(&a.topology_key, vec![a.selector.clone()]))
             .collect();
+        let prefs = &t.preferences;
+        let pref = |key: &str, selector: &PodSelector| {
+            self.preferred_ix[&(key.to_string(), vec![selector.clone()])]
+        };
+        p.prefer_pods = prefs
+            .pods
+            .iter()
+            .map(|x| {
+                (
+                    pref(&x.term.topology_key, &x.term.selector),
+                    x.weight as i64,
+                )
+            })
+            .collect();
+        p.prefer_spread = prefs
+            .spread
+            .iter()
+            .map(|s| (pref(&s.topology_key, &s.selector), s.max_skew as i64))
+            .collect();
+        p.prefer_nodes = prefs.nodes.clone();
         let spread_keys: Vec<&str> = t.spread.iter().map(|s| s.topology_key.as_str()).collect();
         for s in &t.spread {
             let (domains, fresh) =
@@ -561,6 +675,107 @@ impl TopologyIndex {
         Ok(())
     }
 
+    /// The topology keys of a pod's preferences but the hostname (and the label keys of its
+    /// preferred node terms): its new nodes, when it is bound to domains, are one value of each,
+    /// so that its preferences can choose between them.
+    pub fn preference_keys(&self, p: &Profile) -> BTreeSet<String> {
+        p.prefer_pods
+            .iter()
+            .chain(&p.prefer_spread)
+            .map(|&(c, _)| self.preferred[c].key.clone())
+            .chain(
+                p.prefer_nodes
+                    .iter()
+                    .flat_map(|t| t.requirements.iter().map(|r| r.key.clone())),
+            )
+            .filter(|k| k != HOSTNAME)
+            .collect()
+    }
+
+    /// kube-scheduler's scores for a pod of profile `p` at each of `sites` (the sites that admit
+    /// it, all scored together): the scores of its `InterPodAffinity` (the pod's preferred terms:
+    /// each matching pod in the site's domain adds or takes the term's weight),
+    /// `PodTopologySpread` (its `ScheduleAnyway` constraints: fewer matching pods in the site's
+    /// domain score higher) and `NodeAffinity` (the weights of its preferred node terms the
+    /// site's labels match) plugins, each normalised to 0–100 over the sites as the plugin does
+    /// and weighed 2, as the scheduler's default configuration weighs them. All 0 for a pod
+    /// without preferences.
+    pub fn preference_scores(&self, p: &Profile, sites: &[Site]) -> Vec<i64> {
+        const MAX: i64 = 100;
+        let mut out = vec![0; sites.len()];
+        if !p.has_preferences() || sites.is_empty() {
+            return out;
+        }
+        let count = |c: usize, site: &Site| self.preferred[c].at(site).unwrap_or(0);
+        if !p.prefer_pods.is_empty() {
+            let raw: Vec<i64> = sites
+                .iter()
+                .map(|site| p.prefer_pods.iter().map(|&(c, w)| w * count(c, site)).sum())
+                .collect();
+            let (min, max) = (raw.iter().min().unwrap(), raw.iter().max().unwrap());
+            if max > min {
+                for (o, r) in out.iter_mut().zip(&raw) {
+                    *o += 2 * MAX * (r - min) / (max - min);
+                }
+            }
+        }
+        if !p.prefer_spread.is_empty() {
+            // A site lacking a constraint's key scores 0 there; the others
+            // `count × ln(domains + 2) + maxSkew − 1` per constraint, fewer scoring higher.
+            let weights: Vec<f64> = p
+                .prefer_spread
+                .iter()
+                .map(|&(c, _)| {
+                    let key = &self.preferred[c].key;
+                    let domains: BTreeSet<&str> =
+                        sites.iter().filter_map(|s| s.domain(key)).collect();
+                    ((domains.len() + 2) as f64).ln()
+                })
+                .collect();
+            let raw: Vec<Option<f64>> = sites
+                .iter()
+                .map(|site| {
+                    p.prefer_spread.iter().zip(&weights).try_fold(
+                        0.0,
+                        |acc, (&(c, skew), weight)| {
+                            site.domain(&self.preferred[c].key)?;
+                            Some(acc + count(c, site) as f64 * weight + (skew - 1) as f64)
+                        },
+                    )
+                })
+                .collect();
+            let scored = raw.iter().flatten();
+            let max = scored.clone().fold(f64::MIN, |a, &b| a.max(b));
+            let min = scored.fold(f64::MAX, |a, &b| a.min(b));
+            for (o, r) in out.iter_mut().zip(&raw) {
+                *o += match r {
+                    None => 0,
+                    Some(_) if max <= 0.0 => 2 * MAX,
+                    Some(r) => 2 * (MAX as f64 * (max + min - r) / max) as i64,
+                };
+            }
+        }
+        if !p.prefer_nodes.is_empty() {
+            let raw: Vec<i64> = sites
+                .iter()
+                .map(|site| {
+                    p.prefer_nodes
+                        .iter()
+                        .filter(|t| t.requirements.iter().all(|r| r.matches(site.labels)))
+                        .map(|t| t.weight as i64)
+                        .sum()
+                })
+                .collect();
+            let max = *raw.iter().max().unwrap();
+            if max > 0 {
+                for (o, r) in out.iter_mut().zip(&raw) {
+                    *o += 2 * MAX * r / max;
+                }
+            }
+        }
+        out
+    }
+
     /// Sets the CSI drivers' attach limits: per node, and per instance type for the nodes not
     /// launched yet (their `node.kubernetes.io/instance-type` label).
     pub fn set_attach_limits(
@@ -649,6 +864,9 @@ impl TopologyIndex {
         }
         for &r in &p.own_repel {
             self.repel[r].add(site, k);
+        }
+        for &m in &p.pref_matched {
+            self.preferred[m].add(site, k);
         }
         record(&mut self.ports, site.node, &p.ports, k);
         record(&mut self.attached, site.node, &p.attach, k);

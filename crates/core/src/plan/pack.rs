@@ -851,6 +851,13 @@ impl<'a> Packer<'a> {
     /// First-fit of up to `want` pods of class `c` onto bins (optionally only in `zone`), on the
     /// real bins. Returns how many were placed.
     fn place_on_bins(&mut self, c: usize, want: i64, zone: Option<&str>) -> i64 {
+        if self.classes[c]
+            .profile
+            .as_ref()
+            .is_some_and(|p| p.has_preferences())
+        {
+            return self.place_preferred(c, want, zone);
+        }
         let mut left = want;
         for b in self.bin_list(zone) {
             if left == 0 {
@@ -859,6 +866,56 @@ impl<'a> Packer<'a> {
             left -= self.place_on_bin(c, b, left);
         }
         want - left
+    }
+
+    /// [`Packer::place_on_bins`] for a class with preferences: one pod at a time, onto the bin
+    /// kube-scheduler's preference scores rank first among those that admit it (the first of
+    /// them on a tie, as first-fit would). The preferences only choose between bins the pod
+    /// may use: they never keep it off one.
+    fn place_preferred(&mut self, c: usize, want: i64, zone: Option<&str>) -> i64 {
+        let Some(prof) = self.classes[c].profile.clone() else {
+            return 0;
+        };
+        let mut placed = 0;
+        while placed < want {
+            let mut fit: Vec<usize> = Vec::new();
+            for b in self.bin_list(zone) {
+                if !self.compat(c, b) {
+                    continue;
+                }
+                let bin = &self.bins[b];
+                if self.classes[c].copies(&bin.free, &bin.shared) <= 0 {
+                    continue;
+                }
+                let (labels, node) = &self.sites[b];
+                let site = Site { labels, node };
+                match self.topology.as_ref().map(|t| t.admits(&prof, &site)) {
+                    Some(Err(r)) => self.classes[c].refused = Some(r),
+                    _ => fit.push(b),
+                }
+            }
+            let Some(topo) = self.topology.as_ref() else {
+                break;
+            };
+            let sites: Vec<Site> = fit
+                .iter()
+                .map(|&b| Site {
+                    labels: &self.sites[b].0,
+                    node: &self.sites[b].1,
+                })
+                .collect();
+            let scores = topo.preference_scores(&prof, &sites);
+            let best = (0..fit.len()).fold(None::<usize>, |best, i| match best {
+                Some(j) if scores[j] >= scores[i] => Some(j),
+                _ => Some(i),
+            });
+            let Some(i) = best else { break };
+            if self.place_on_bin(c, fit[i], 1) == 0 {
+                break;
+            }
+            placed += 1;
+        }
+        placed
     }
 
     /// Up to `want` pods of class `c` onto bin `b`. Returns how many were placed.
@@ -1301,17 +1358,16 @@ impl<'a> Packer<'a> {
     /// The offerings of `base` split by their values of the topology keys rules use (each
     /// part one zone, say), in preference order; one part when the pod is not bound to
     /// domains (host ports only).
-    fn domain_parts(&self, t: &Template, base: u64, bound: bool) -> Vec<u64> {
-        let Some(topo) = self.topology.as_ref().filter(|_| bound) else {
+    fn domain_parts(&self, t: &Template, base: u64, keys: &[String]) -> Vec<u64> {
+        if keys.is_empty() {
             return vec![base];
-        };
+        }
         let mut parts: Vec<(Vec<Option<&String>>, u64)> = Vec::new();
         for (i, o) in t.offerings.iter().enumerate() {
             if base & (1u64 << i) == 0 {
                 continue;
             }
-            let values: Vec<Option<&String>> =
-                topo.keys().iter().map(|k| o.labels.get(k)).collect();
+            let values: Vec<Option<&String>> = keys.iter().map(|k| o.labels.get(k)).collect();
             match parts.iter_mut().find(|(v, _)| *v == values) {
                 Some((_, m)) => *m |= 1u64 << i,
                 None => parts.push((values, 1u64 << i)),
@@ -1338,6 +1394,15 @@ impl<'a> Packer<'a> {
         let floor = |p: &Self| p.topology.as_ref().map(|t| t.floor(&prof));
         // The templates the class may use, each split into parts of one domain; what a new
         // node admits depends on its domains only, so each domain is probed once a round.
+        // A pod bound to domains: the keys of every rule in use and of its own preferences.
+        let keys: Vec<String> = match &self.topology {
+            Some(topo) if bound => {
+                let mut k: BTreeSet<String> = topo.keys().clone();
+                k.extend(topo.preference_keys(&prof));
+                k.into_iter().collect()
+            }
+            _ => Vec::new(),
+        };
         let mut domain_of: HashMap<Vec<Option<String>>, usize> = HashMap::new();
         let mut domain_labels: Vec<Arc<BTreeMap<String, String>>> = Vec::new();
         // (template, copies on an empty node, [(offerings of one domain, domain)])
@@ -1351,13 +1416,11 @@ impl<'a> Packer<'a> {
                 continue;
             }
             let mut parts = Vec::new();
-            for part in self.domain_parts(t, base, bound) {
+            for part in self.domain_parts(t, base, &keys) {
                 let labels = t.offerings_in(part).next().map(|o| o.labels.clone());
                 let labels = labels.unwrap_or_default();
-                let domains: Vec<Option<String>> = match &self.topology {
-                    Some(topo) => topo.keys().iter().map(|k| labels.get(k).cloned()).collect(),
-                    None => Vec::new(),
-                };
+                let domains: Vec<Option<String>> =
+                    keys.iter().map(|k| labels.get(k).cloned()).collect();
                 let d = *domain_of.entry(domains).or_insert_with(|| {
                     domain_labels.push(labels);
                     domain_labels.len() - 1
@@ -1375,8 +1438,23 @@ impl<'a> Packer<'a> {
             }
             tried = Some(now);
             let want = self.classes[c].remaining();
-            // (priority, price per pod, template, part)
-            let mut best: Option<(i32, f64, usize, u64)> = None;
+            // Preferences break ties of price between domains: scored as kube-scheduler would
+            // score a new node of each.
+            let preferred: Vec<i64> = match &self.topology {
+                Some(topo) if prof.has_preferences() => {
+                    let sites: Vec<Site> = domain_labels
+                        .iter()
+                        .map(|labels| Site {
+                            labels,
+                            node: "\0probe",
+                        })
+                        .collect();
+                    topo.preference_scores(&prof, &sites)
+                }
+                _ => vec![0; domain_labels.len()],
+            };
+            // (priority, price per pod, preference score, template, part)
+            let mut best: Option<(i32, f64, i64, usize, u64)> = None;
             let mut blocked = None;
             let mut probes: Vec<Option<(i64, Option<Refusal>)>> = vec![None; domain_labels.len()];
             for (ti, copies, parts) in &candidates {
@@ -1408,14 +1486,18 @@ impl<'a> Packer<'a> {
                     let per_pod = t.price(part) / k as f64;
                     let better = match best {
                         None => true,
-                        Some((p, b, _, _)) => t.priority > p || per_pod < b * (1.0 - 1e-9),
+                        Some((p, b, score, _, _)) => {
+                            t.priority > p
+                                || per_pod < b * (1.0 - 1e-9)
+                                || (per_pod <= b * (1.0 + 1e-9) && preferred[d] > score)
+                        }
                     };
                     if better {
-                        best = Some((t.priority, per_pod, *ti, part));
+                        best = Some((t.priority, per_pod, preferred[d], *ti, part));
                     }
                 }
             }
-            let Some((_, _, ti, mask)) = best else {
+            let Some((_, _, _, ti, mask)) = best else {
                 // The reason is these rules only when they, not limits, left no node.
                 self.classes[c].refused = blocked;
                 return;
@@ -1678,10 +1760,13 @@ impl<'a> Packer<'a> {
                 Unit::Gang(g) => self.place_gang(g),
             }
         }
-        // Singles that rules across nodes look at get their new nodes first, one at a time.
+        // Singles that rules across nodes look at get their new nodes first, one at a time
+        // (preferences alone are no such rule).
+        let ruled =
+            |p: &Self, c: usize| p.classes[c].profile.as_ref().is_some_and(|x| x.has_rules());
         for (_, _, u) in &units {
             if let Unit::Class(c) = *u {
-                if self.classes[c].profile.is_some() {
+                if ruled(self, c) {
                     self.open_for_topology(c);
                 }
             }
@@ -1690,7 +1775,7 @@ impl<'a> Packer<'a> {
         let mut items: Vec<(usize, i64)> = Vec::new();
         for (_, _, u) in &units {
             if let Unit::Class(c) = *u {
-                if self.classes[c].profile.is_some() {
+                if ruled(self, c) {
                     continue;
                 }
                 let want = self.classes[c].remaining();

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
-use crate::model::topology::{AffinityTerm, HostPort, PodSelector, PodTopology, Spread, HOSTNAME};
+use crate::model::topology::{
+    AffinityTerm, HostPort, PodSelector, PodTopology, Preferences, PreferredTerm, Spread, HOSTNAME,
+};
 use crate::model::{labels, Pod};
 
 /// One A10G pool over three zones: g5.xlarge (1 GPU) and g5.12xlarge (4 GPUs), spot first.
@@ -361,5 +363,127 @@ fn scale_down_keeps_a_node_whose_pod_anti_affinity_allows_nowhere_else() {
             .iter()
             .all(|k| k.reason.contains("would not fit on the nodes that remain")),
         "{after:#?}"
+    );
+}
+
+/// A pod labelled app=`app` preferring (weight `w`; negative: preferring not) the nodes or
+/// zones (`key`) of the pods labelled app=`other`.
+fn preferring(name: &str, app_label: &str, w: i32, other: &str, key: &str) -> PodBuilder {
+    replica(name, app_label).topology(PodTopology {
+        preferences: Preferences {
+            pods: vec![PreferredTerm {
+                weight: w,
+                term: term(other, key),
+            }],
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+}
+
+#[test]
+fn preferred_anti_affinity_picks_the_node_without_a_replica_among_those_with_room() {
+    let pods = vec![
+        preferring("serve-0", "serve", -100, "serve", HOSTNAME)
+            .on("n1")
+            .build(),
+        preferring("serve-1", "serve", -100, "serve", HOSTNAME).build(),
+    ];
+    let nodes = vec![big_node("n1", "us-east-1a"), big_node("n2", "us-east-1a")];
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/serve-1"), Some(&"n1"));
+    assert_eq!(targets(&after).get("default/serve-1"), Some(&"n2"));
+    assert!(after.scale_ups.is_empty(), "{after:#?}");
+}
+
+#[test]
+fn preferred_anti_affinity_is_never_a_reason_to_launch() {
+    // Four replicas that prefer not to share a node, and one node with room for all four: kube-
+    // scheduler binds them all there, so no node is launched for them.
+    let pods: Vec<Pod> = (0..4)
+        .map(|i| preferring(&format!("serve-{i}"), "serve", -100, "serve", HOSTNAME).build())
+        .collect();
+    let plan = run(&snap(pods, vec![big_node("n1", "us-east-1a")]), THREE_ZONES);
+    assert!(plan.scale_ups.is_empty(), "{plan:#?}");
+    assert_eq!(targets(&plan).len(), 4, "{plan:#?}");
+}
+
+#[test]
+fn schedule_anyway_zone_spread_puts_pods_on_the_nodes_of_the_emptier_zone_first() {
+    let soft = |name: &str| {
+        replica(name, "llm").topology(PodTopology {
+            preferences: Preferences {
+                spread: vec![zone_spread("llm")],
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    };
+    // Two replicas run in zone a on n1; n1 and n2 (zone b) have room for two more each.
+    let pods = vec![
+        soft("llm-0").on("n1").build(),
+        soft("llm-1").on("n1").build(),
+        soft("llm-2").build(),
+        soft("llm-3").build(),
+    ];
+    let nodes = vec![big_node("n1", "us-east-1a"), big_node("n2", "us-east-1b")];
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/llm-2"), Some(&"n1"));
+    let t = targets(&after);
+    assert_eq!(
+        (t.get("default/llm-2"), t.get("default/llm-3")),
+        (Some(&"n2"), Some(&"n2")),
+        "{after:#?}"
+    );
+    assert!(after.scale_ups.is_empty(), "{after:#?}");
+}
+
+#[test]
+fn preferred_pod_affinity_breaks_a_price_tie_between_zones_for_a_new_node() {
+    // On-demand only, so a node costs the same in every zone; the cache runs in zone c on a
+    // full node. The pod must have a node of its own (required hostname anti-affinity) and
+    // prefers the cache's zone.
+    let on_demand = THREE_ZONES.replace("[spot, on-demand]", "[on-demand]");
+    let cache = replica("cache", "cache").on("n3").build();
+    let n3 = NodeBuilder::new("n3")
+        .pool("a10g", "g5.xlarge", "us-east-1c")
+        .gpus(1)
+        .cpu_milli(3_000)
+        .memory_gib(14)
+        .build();
+    let mut user = PodTopology {
+        anti_affinity: vec![term("user", HOSTNAME)],
+        ..Default::default()
+    };
+    let plain = run(
+        &snap(
+            vec![
+                cache.clone(),
+                replica("user", "user").topology(user.clone()).build(),
+            ],
+            vec![n3.clone()],
+        ),
+        &on_demand,
+    );
+    assert_eq!(plain.scale_ups.len(), 1, "{plain:#?}");
+    assert_eq!(plain.scale_ups[0].offerings[0].zone, "us-east-1a");
+    user.preferences.pods = vec![PreferredTerm {
+        weight: 50,
+        term: term("cache", labels::ZONE),
+    }];
+    let plan = run(
+        &snap(
+            vec![cache, replica("user", "user").topology(user).build()],
+            vec![n3],
+        ),
+        &on_demand,
+    );
+    assert_eq!(plan.scale_ups.len(), 1, "{plan:#?}");
+    assert!(
+        plan.scale_ups[0]
+            .offerings
+            .iter()
+            .all(|o| o.zone == "us-east-1c"),
+        "{plan:#?}"
     );
 }

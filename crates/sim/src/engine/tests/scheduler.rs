@@ -150,3 +150,34 @@ fn the_scheduler_keeps_zone_spread_and_anti_affinity() {
     let per_node = bound_per_node(&w);
     assert_eq!(per_node.values().copied().collect::<Vec<_>>(), vec![1, 1]);
 }
+
+#[test]
+fn the_scheduler_scores_preferred_node_and_pod_affinity() {
+    // Without preferences scoring shares the three pods out over the two nodes.
+    let w = three_pods_on_two_big_nodes("");
+    assert_eq!(bound_per_node(&w).len(), 2, "{:?}", bound_per_node(&w));
+    // Preferring zone b's node (NodeAffinity's score, weight 2) outweighs the room left.
+    let zone_b = "        affinity:\n          nodeAffinity:\n            preferredDuringSchedulingIgnoredDuringExecution:\n\
+         \x20             - {weight: 100, preference: {matchExpressions: [{key: topology.kubernetes.io/zone, operator: In, values: [us-east-1b]}]}}\n";
+    let w = three_pods_on_two_big_nodes(zone_b);
+    let per_node = bound_per_node(&w);
+    assert_eq!(per_node.values().copied().collect::<Vec<_>>(), vec![3]);
+    let n = w.pods[0].node.expect("bound");
+    assert_eq!(w.nodes[n].offering.zone, "us-east-1b");
+    // Preferring each other's node packs them onto one; preferring not to spreads them.
+    let together = |sign: &str| {
+        format!(
+            "        affinity:\n          pod{sign}Affinity:\n            preferredDuringSchedulingIgnoredDuringExecution:\n\
+             \x20             - {{weight: 100, podAffinityTerm: {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: serve}}}}}}}}\n"
+        )
+    };
+    let w = three_pods_on_two_big_nodes(&together(""));
+    assert_eq!(
+        bound_per_node(&w).values().copied().collect::<Vec<_>>(),
+        vec![3]
+    );
+    let w = three_pods_on_two_big_nodes(&together("Anti"));
+    let mut per_node: Vec<usize> = bound_per_node(&w).values().copied().collect();
+    per_node.sort();
+    assert_eq!(per_node, vec![1, 2]);
+}
