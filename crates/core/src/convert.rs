@@ -107,6 +107,8 @@ struct RawSpread {
     label_selector: Option<LabelSelector>,
     min_domains: Option<i32>,
     match_label_keys: Vec<String>,
+    node_affinity_policy: Option<String>,
+    node_taints_policy: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -667,6 +669,16 @@ fn pod_topology(
                 namespaces: Some(vec![namespace.to_string()]),
             },
             min_domains: s.min_domains.unwrap_or(1),
+            honor_node_affinity: honor(
+                s.node_affinity_policy.as_deref(),
+                true,
+                &format!("{path}.nodeAffinityPolicy"),
+            )?,
+            honor_taints: honor(
+                s.node_taints_policy.as_deref(),
+                false,
+                &format!("{path}.nodeTaintsPolicy"),
+            )?,
         };
         if soft {
             t.preferences.spread.push(spread);
@@ -675,6 +687,16 @@ fn pod_topology(
         }
     }
     Ok((!t.is_empty()).then(|| Arc::new(t)))
+}
+
+/// A node inclusion policy: `Honor` or `Ignore`, `default` when unset.
+fn honor(policy: Option<&str>, default: bool, path: &str) -> Result<bool, String> {
+    match policy {
+        None => Ok(default),
+        Some("Honor") => Ok(true),
+        Some("Ignore") => Ok(false),
+        Some(other) => Err(format!("{path}: unknown {other:?} (Honor or Ignore)")),
+    }
 }
 
 /// A preferred term's weight: 1 to 100, as the API validates it.

@@ -742,6 +742,8 @@ pub fn generated_cluster_with_topology(
                 topology_key: labels::ZONE.into(),
                 selector: selector(&app),
                 min_domains: 1,
+                honor_node_affinity: true,
+                honor_taints: false,
             };
             let term = |key: &str| AffinityTerm {
                 selector: selector(&app),

@@ -1337,6 +1337,10 @@ impl World {
             .collect();
         let active = || self.active.iter().map(|&i| &self.pods[i].pod);
         let mut ix = TopologyIndex::new(active(), sites, Vec::new());
+        ix.set_node_taints(self.live_nodes.iter().map(|&n| {
+            let node = &self.nodes[n].node;
+            (node.name.as_str(), node.taints.as_slice())
+        }));
         for &i in &self.active {
             let Some(n) = self.pods[i].node else { continue };
             let fp = ix.footprint(&self.pods[i].pod);

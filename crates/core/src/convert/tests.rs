@@ -1620,7 +1620,7 @@ spec:
     - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule,
        labelSelector: {matchLabels: {app: llm}}, matchLabelKeys: [pod-template-hash], minDomains: 3}
     - {maxSkew: 2, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway,
-       labelSelector: {matchLabels: {app: llm}}}
+       labelSelector: {matchLabels: {app: llm}}, nodeAffinityPolicy: Ignore, nodeTaintsPolicy: Honor}
 status: {phase: Pending}
 "#,
     );
@@ -1674,6 +1674,15 @@ status: {phase: Pending}
     );
     let s = &t.spread[0];
     assert_eq!((s.max_skew, s.min_domains), (1, 3));
+    // The node inclusion policies: Honor and Ignore by default, or as set.
+    assert_eq!((s.honor_node_affinity, s.honor_taints), (true, false));
+    assert_eq!(
+        (
+            t.preferences.spread[0].honor_node_affinity,
+            t.preferences.spread[0].honor_taints
+        ),
+        (false, true)
+    );
     assert_eq!(
         s.selector.labels,
         Some(vec![
@@ -1704,6 +1713,10 @@ fn malformed_spread_and_affinity_are_reported_on_the_pod() {
         (
             json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}}}),
             "topologyKey: required",
+        ),
+        (
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Always"}]}),
+            "spec.topologySpreadConstraints[0].nodeTaintsPolicy: unknown \"Always\" (Honor or Ignore)",
         ),
         (
             json!({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "podAffinityTerm": {"topologyKey": "zone"}}]}}}),

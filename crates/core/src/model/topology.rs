@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::constraints::{Constraints, Operator, Requirement};
+use super::constraints::{Constraints, Operator, Requirement, Taint};
 use super::pod::Pod;
 
 /// The node label every node carries with its own name.
@@ -90,6 +90,58 @@ pub struct Spread {
     pub selector: PodSelector,
     /// `minDomains` (1 when unset).
     pub min_domains: i32,
+    /// Which nodes it counts pods on and takes domains from: `nodeAffinityPolicy: Honor` (the
+    /// default: only nodes the pod's node selector and required node affinity admit) and
+    /// `nodeTaintsPolicy: Honor` (only nodes whose taints it tolerates; default `Ignore`).
+    pub honor_node_affinity: bool,
+    pub honor_taints: bool,
+}
+
+/// The nodes a spread counts pods on and takes its domains from (its node inclusion policies
+/// applied to the pod's node selector, required node affinity and tolerations); `None` in an
+/// index's counter for every node.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Inclusion {
+    /// The pod's `nodeSelector` and required node affinity (its other constraints emptied)
+    /// when honoured.
+    nodes: Option<Constraints>,
+    /// Its tolerations, when taints are honoured.
+    tolerations: Option<Constraints>,
+}
+
+impl Inclusion {
+    /// For a spread of a pod with these constraints; `None` when every node is included.
+    fn of(spread: &Spread, c: &Constraints) -> Option<Inclusion> {
+        let nodes = (spread.honor_node_affinity
+            && !(c.node_selector.is_empty() && c.affinity.is_none()))
+        .then(|| Constraints {
+            node_selector: c.node_selector.clone(),
+            affinity: c.affinity.clone(),
+            ..Constraints::default()
+        });
+        let tolerations = spread.honor_taints.then(|| Constraints {
+            tolerations: c.tolerations.clone(),
+            ..Constraints::default()
+        });
+        (nodes.is_some() || tolerations.is_some()).then_some(Inclusion { nodes, tolerations })
+    }
+
+    /// Whether a node with these labels, name (`None`: not launched yet) and taints is
+    /// included.
+    fn includes(
+        &self,
+        labels: &BTreeMap<String, String>,
+        node: Option<&str>,
+        taints: &[Taint],
+    ) -> bool {
+        self.nodes
+            .as_ref()
+            .is_none_or(|c| c.matches_node(labels, node))
+            && self
+                .tolerations
+                .as_ref()
+                .is_none_or(|c| c.tolerates(taints))
+    }
 }
 
 /// One preferred pod affinity (`weight` > 0) or anti-affinity (`weight` < 0) term.
@@ -271,21 +323,32 @@ impl Profile {
     }
 }
 
-/// Counts per domain of the pods that all of some selectors select.
+/// Counts per domain of the pods that all of some selectors select (on the nodes a spread's
+/// inclusion policies include).
 #[derive(Clone, Debug, Default)]
 struct Counter {
     key: String,
     selectors: Vec<PodSelector>,
+    include: Option<Inclusion>,
     by_domain: fnv::FnvHashMap<String, i64>,
     total: i64,
 }
+
+/// A counter's identity: topology key, selectors and the nodes it counts on.
+type CounterKey = (String, Vec<PodSelector>, Option<Inclusion>);
 
 impl Counter {
     fn selects(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
         self.selectors.iter().all(|s| s.selects(namespace, labels))
     }
 
-    fn add(&mut self, site: &Site, k: i64) {
+    fn add(&mut self, site: &Site, k: i64, taints: &HashMap<String, Vec<Taint>>) {
+        if let Some(inc) = &self.include {
+            let t = taints.get(site.node).map_or(&[][..], Vec::as_slice);
+            if !inc.includes(site.labels, Some(site.node), t) {
+                return;
+            }
+        }
         if let Some(v) = site.domain(&self.key) {
             match self.by_domain.get_mut(v) {
                 Some(n) => *n += k,
@@ -309,7 +372,7 @@ impl Counter {
 #[derive(Clone, Debug, Default)]
 pub struct TopologyIndex {
     counted: Vec<Counter>,
-    counted_ix: HashMap<(String, Vec<PodSelector>), usize>,
+    counted_ix: HashMap<CounterKey, usize>,
     repel: Vec<Counter>,
     repel_ix: HashMap<(String, Vec<PodSelector>), usize>,
     /// Counts for preferences only: kept apart so that a pod only preferences look at is not
@@ -326,6 +389,9 @@ pub struct TopologyIndex {
     type_limits: HashMap<String, BTreeMap<String, u32>>,
     /// Sites that exist: labels and node name.
     nodes: Vec<(Arc<BTreeMap<String, String>>, String)>,
+    /// The `NoSchedule` and `NoExecute` taints of the nodes that have some, by name (for the
+    /// spreads that honour taints).
+    taints: HashMap<String, Vec<Taint>>,
     /// Labels of nodes that may be launched.
     offerings: Vec<Arc<BTreeMap<String, String>>>,
     /// Every topology key of a term, but the hostname.
@@ -336,11 +402,14 @@ pub struct TopologyIndex {
     preferred_by_key: Prefilter,
     /// Eligible domains per constraints and topology key, as [`TopologyIndex::profile`] found
     /// them (pods of one template share them).
-    domains: RefCell<HashMap<(Constraints, String), Domains>>,
+    domains: RefCell<HashMap<DomainsKey, Domains>>,
 }
 
 /// The domains of a key a pod may be placed in, and whether a new node is a fresh one.
 type Domains = (Vec<String>, bool);
+
+/// What the domains depend on: the spread's inclusion, its key and the pod's spread keys.
+type DomainsKey = (Option<Inclusion>, String, Vec<String>);
 
 /// Counters by a label key every pod they select has (a requirement `In` or `Exists` on it),
 /// and those without one.
@@ -399,22 +468,22 @@ impl TopologyIndex {
             offerings,
             ..TopologyIndex::default()
         };
-        let mut seen: BTreeSet<*const PodTopology> = BTreeSet::new();
+        let mut seen: BTreeSet<(*const PodTopology, *const Constraints)> = BTreeSet::new();
         for p in pods {
             let Some(t) = &p.constraints.topology else {
                 continue;
             };
-            if !seen.insert(Arc::as_ptr(t)) {
+            if !seen.insert((Arc::as_ptr(t), Arc::as_ptr(&p.constraints))) {
                 continue;
             }
             // kube-scheduler counts for a pod's affinity the pods that match all its terms.
             let all = affinity_selectors(t);
             for a in &t.affinity {
-                ix.counter(&a.topology_key, &all);
+                ix.counter(&a.topology_key, &all, None);
             }
             for a in &t.anti_affinity {
                 let selectors = vec![a.selector.clone()];
-                ix.counter(&a.topology_key, &selectors);
+                ix.counter(&a.topology_key, &selectors, None);
                 let key = (a.topology_key.clone(), selectors);
                 if !ix.repel_ix.contains_key(&key) {
                     ix.repel_ix.insert(key.clone(), ix.repel.len());
@@ -426,7 +495,8 @@ impl TopologyIndex {
                 }
             }
             for s in &t.spread {
-                ix.counter(&s.topology_key, std::slice::from_ref(&s.selector));
+                let include = Inclusion::of(s, &p.constraints);
+                ix.counter(&s.topology_key, std::slice::from_ref(&s.selector), include);
             }
             let prefs = &t.preferences;
             for (key, selector) in prefs
@@ -466,14 +536,20 @@ impl TopologyIndex {
         &self.keys
     }
 
-    fn counter(&mut self, key: &str, selectors: &[PodSelector]) -> usize {
-        let k = (key.to_string(), selectors.to_vec());
+    fn counter(
+        &mut self,
+        key: &str,
+        selectors: &[PodSelector],
+        include: Option<Inclusion>,
+    ) -> usize {
+        let k = (key.to_string(), selectors.to_vec(), include);
         if let Some(&i) = self.counted_ix.get(&k) {
             return i;
         }
         self.counted.push(Counter {
             key: key.to_string(),
             selectors: selectors.to_vec(),
+            include: k.2.clone(),
             ..Counter::default()
         });
         self.counted_ix.insert(k, self.counted.len() - 1);
@@ -526,19 +602,20 @@ impl TopologyIndex {
         let Some(t) = &pod.constraints.topology else {
             return p;
         };
-        let id =
-            |key: &str, selectors: Vec<PodSelector>| self.counted_ix[&(key.to_string(), selectors)];
+        let id = |key: &str, selectors: Vec<PodSelector>, include: Option<Inclusion>| {
+            self.counted_ix[&(key.to_string(), selectors, include)]
+        };
         let all = affinity_selectors(t);
         p.affinity = t
             .affinity
             .iter()
-            .map(|a| id(&a.topology_key, all.clone()))
+            .map(|a| id(&a.topology_key, all.clone(), None))
             .collect();
         p.self_affine = t.affinity.iter().all(|a| a.selector.selects(ns, labels));
         p.anti = t
             .anti_affinity
             .iter()
-            .map(|a| id(&a.topology_key, vec![a.selector.clone()]))
+            .map(|a| id(&a.topology_key, vec![a.selector.clone()], None))
             .collect();
         let prefs = &t.preferences;
         let pref = |key: &str, selector: &PodSelector| {
@@ -562,10 +639,10 @@ impl TopologyIndex {
         p.prefer_nodes = prefs.nodes.clone();
         let spread_keys: Vec<&str> = t.spread.iter().map(|s| s.topology_key.as_str()).collect();
         for s in &t.spread {
-            let (domains, fresh) =
-                self.eligible_domains(&pod.constraints, &s.topology_key, &spread_keys);
+            let include = Inclusion::of(s, &pod.constraints);
+            let (domains, fresh) = self.eligible_domains(&include, &s.topology_key, &spread_keys);
             p.spread.push(SpreadCheck {
-                counted: id(&s.topology_key, vec![s.selector.clone()]),
+                counted: id(&s.topology_key, vec![s.selector.clone()], include),
                 max_skew: s.max_skew as i64,
                 min_domains: s.min_domains.max(1) as usize,
                 self_match: s.selector.selects(ns, labels) as i64,
@@ -576,25 +653,35 @@ impl TopologyIndex {
         p
     }
 
-    /// The domains of `key` a pod with these constraints may be placed in (kube-scheduler's
-    /// `nodeAffinityPolicy: Honor`; taints are ignored, its default): of the nodes that admit it
-    /// and carry every key of its spread, and of the offerings that admit it. A hostname domain
+    /// The domains of `key` a spread ranges over (kube-scheduler's node inclusion policies:
+    /// by default the nodes the pod's node selector and required node affinity admit, taints
+    /// ignored): of the included nodes that carry every key of the pod's spreads, and of the
+    /// included offerings (a node not launched yet is taken as untainted). A hostname domain
     /// of a node that may be launched is a fresh one.
     fn eligible_domains(
         &self,
-        c: &Constraints,
+        include: &Option<Inclusion>,
         key: &str,
         spread_keys: &[&str],
     ) -> (Vec<String>, bool) {
-        let memo = (c.clone(), key.to_string());
+        let memo = (
+            include.clone(),
+            key.to_string(),
+            spread_keys.iter().map(|k| k.to_string()).collect(),
+        );
         if let Some(d) = self.domains.borrow().get(&memo) {
             return d.clone();
         }
+        let included = |labels: &BTreeMap<String, String>, node: Option<&str>| {
+            include.as_ref().is_none_or(|inc| {
+                let taints = node.and_then(|n| self.taints.get(n));
+                inc.includes(labels, node, taints.map_or(&[][..], Vec::as_slice))
+            })
+        };
         let mut out: BTreeSet<String> = BTreeSet::new();
         for (labels, name) in &self.nodes {
             let site = Site { labels, node: name };
-            if spread_keys.iter().all(|k| site.domain(k).is_some())
-                && c.matches_node(labels, Some(name))
+            if spread_keys.iter().all(|k| site.domain(k).is_some()) && included(labels, Some(name))
             {
                 if let Some(v) = site.domain(key) {
                     out.insert(v.to_string());
@@ -603,7 +690,7 @@ impl TopologyIndex {
         }
         let mut fresh = false;
         for labels in &self.offerings {
-            if !c.matches_node(labels, None) {
+            if !included(labels, None) {
                 continue;
             }
             if key == HOSTNAME && !labels.contains_key(HOSTNAME) {
@@ -776,6 +863,19 @@ impl TopologyIndex {
         out
     }
 
+    /// Sets the nodes' taints (those of effect `NoSchedule` or `NoExecute` count), for the
+    /// spreads that honour taints. Before any pod is recorded.
+    pub fn set_node_taints<'a>(&mut self, nodes: impl IntoIterator<Item = (&'a str, &'a [Taint])>) {
+        self.taints = nodes
+            .into_iter()
+            .filter(|(_, t)| {
+                t.iter()
+                    .any(|t| t.effect != super::constraints::Effect::PreferNoSchedule)
+            })
+            .map(|(n, t)| (n.to_string(), t.to_vec()))
+            .collect();
+    }
+
     /// Sets the CSI drivers' attach limits: per node, and per instance type for the nodes not
     /// launched yet (their `node.kubernetes.io/instance-type` label).
     pub fn set_attach_limits(
@@ -860,13 +960,13 @@ impl TopologyIndex {
 
     fn apply(&mut self, p: &Profile, site: &Site, k: i64) {
         for &m in &p.matched {
-            self.counted[m].add(site, k);
+            self.counted[m].add(site, k, &self.taints);
         }
         for &r in &p.own_repel {
-            self.repel[r].add(site, k);
+            self.repel[r].add(site, k, &self.taints);
         }
         for &m in &p.pref_matched {
-            self.preferred[m].add(site, k);
+            self.preferred[m].add(site, k, &self.taints);
         }
         record(&mut self.ports, site.node, &p.ports, k);
         record(&mut self.attached, site.node, &p.attach, k);
@@ -945,6 +1045,12 @@ pub fn index_of(
         .map(|n| (n.labels.clone(), n.name.clone()))
         .collect();
     let mut ix = TopologyIndex::new(pods, sites, offerings);
+    ix.set_node_taints(
+        nodes
+            .iter()
+            .filter(|n| !n.deleting)
+            .map(|n| (n.name.as_str(), n.taints.as_slice())),
+    );
     if !limits.by_node.is_empty() {
         ix.set_attach_limits(
             limits

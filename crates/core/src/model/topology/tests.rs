@@ -74,6 +74,8 @@ fn spread_counts_domains_of_nodes_and_offerings_and_honours_min_domains() {
                     topology_key: ZONE.into(),
                     selector: app("llm"),
                     min_domains,
+                    honor_node_affinity: true,
+                    honor_taints: false,
                 }],
                 ..Default::default()
             })

@@ -46,12 +46,15 @@ fn replica(name: &str, app: &str) -> PodBuilder {
 
 /// A Ready g5.12xlarge (4 GPUs) of pool a10g in `zone`.
 fn big_node(name: &str, zone: &str) -> crate::model::Node {
+    big(name, zone).build()
+}
+
+fn big(name: &str, zone: &str) -> NodeBuilder {
     NodeBuilder::new(name)
         .pool("a10g", "g5.12xlarge", zone)
         .gpus(4)
         .cpu_milli(47_000)
         .memory_gib(180)
-        .build()
 }
 
 /// Zone of each pod placed on a new node.
@@ -208,6 +211,8 @@ fn zone_spread(app_label: &str) -> Spread {
         topology_key: labels::ZONE.into(),
         selector: app(app_label),
         min_domains: 1,
+        honor_node_affinity: true,
+        honor_taints: false,
     }
 }
 
@@ -485,5 +490,102 @@ fn preferred_pod_affinity_breaks_a_price_tie_between_zones_for_a_new_node() {
             .iter()
             .all(|o| o.zone == "us-east-1c"),
         "{plan:#?}"
+    );
+}
+
+/// A pending llm replica with zone spread (maxSkew 1) under these node inclusion policies.
+fn spread_with_policies(name: &str, honor_node_affinity: bool, honor_taints: bool) -> PodBuilder {
+    replica(name, "llm").topology(PodTopology {
+        spread: vec![Spread {
+            honor_node_affinity,
+            honor_taints,
+            ..zone_spread("llm")
+        }],
+        ..Default::default()
+    })
+}
+
+#[test]
+fn topology_spread_counts_only_pods_on_nodes_its_node_affinity_admits_unless_ignored() {
+    // Two replicas run in zone a on a batch node; the pending one may only use serve nodes, of
+    // which one is in zone a and one in zone b, both with room.
+    let nodes = vec![
+        big("batch-a", "us-east-1a")
+            .label("workload", "batch")
+            .build(),
+        big("serve-a", "us-east-1a")
+            .label("workload", "serve")
+            .build(),
+        big("serve-b", "us-east-1b")
+            .label("workload", "serve")
+            .build(),
+    ];
+    let plan = |honor: bool| {
+        let pods = vec![
+            spread_with_policies("llm-0", honor, false)
+                .on("batch-a")
+                .build(),
+            spread_with_policies("llm-1", honor, false)
+                .on("batch-a")
+                .build(),
+            spread_with_policies("llm-2", honor, false)
+                .selector("workload", "serve")
+                .build(),
+        ];
+        run(&snap(pods, nodes.clone()), THREE_ZONES)
+    };
+    // nodeAffinityPolicy: Honor (the default): the batch node's replicas are not counted, so
+    // zone a is as empty as zone b and the first node with room takes it.
+    let honored = plan(true);
+    assert_eq!(
+        targets(&honored).get("default/llm-2"),
+        Some(&"serve-a"),
+        "{honored:#?}"
+    );
+    // Ignore: they count, and zone a is two ahead.
+    let ignored = plan(false);
+    assert_eq!(
+        targets(&ignored).get("default/llm-2"),
+        Some(&"serve-b"),
+        "{ignored:#?}"
+    );
+}
+
+#[test]
+fn topology_spread_honouring_taints_leaves_a_tainted_nodes_zone_out_of_its_domains() {
+    // The pool launches in zone b only. Zone a has one node, tainted; zone b runs a replica
+    // and has room for more.
+    let zone_b = THREE_ZONES.replace(
+        "zones: [us-east-1a, us-east-1b, us-east-1c]",
+        "zones: [us-east-1b]",
+    );
+    let tainted = big("tainted-a", "us-east-1a")
+        .taint("dedicated", crate::model::constraints::Effect::NoSchedule)
+        .build();
+    let nodes = vec![tainted, big_node("n-b", "us-east-1b")];
+    let plan = |honor_taints: bool| {
+        let pods = vec![
+            spread_with_policies("llm-0", true, honor_taints)
+                .on("n-b")
+                .build(),
+            spread_with_policies("llm-1", true, honor_taints).build(),
+        ];
+        run(&snap(pods, nodes.clone()), &zone_b)
+    };
+    // nodeTaintsPolicy: Ignore (the default): zone a counts as a domain with no replica, and
+    // a second replica in zone b would make the skew 2: it cannot be placed anywhere.
+    let ignored = plan(false);
+    assert!(targets(&ignored).is_empty(), "{ignored:#?}");
+    assert!(ignored.scale_ups.is_empty(), "{ignored:#?}");
+    assert!(
+        ignored.unschedulable[0].reason.contains("topology spread"),
+        "{ignored:#?}"
+    );
+    // Honor: the tainted node's zone is no domain of the pod's.
+    let honored = plan(true);
+    assert_eq!(
+        targets(&honored).get("default/llm-1"),
+        Some(&"n-b"),
+        "{honored:#?}"
     );
 }
