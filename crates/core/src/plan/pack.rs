@@ -1392,8 +1392,6 @@ impl<'a> Packer<'a> {
         // may have changed (a spread's global minimum, the first pod an affinity counts): else
         // the new node is all there is to try.
         let floor = |p: &Self| p.topology.as_ref().map(|t| t.floor(&prof));
-        // The templates the class may use, each split into parts of one domain; what a new
-        // node admits depends on its domains only, so each domain is probed once a round.
         // A pod bound to domains: the keys of every rule in use and of its own preferences.
         let keys: Vec<String> = match &self.topology {
             Some(topo) if bound => {
@@ -1403,6 +1401,8 @@ impl<'a> Packer<'a> {
             }
             _ => Vec::new(),
         };
+        // The templates the class may use, each split into parts of one domain; what a new
+        // node admits depends on its domains only, so each domain is probed once a round.
         let mut domain_of: HashMap<Vec<Option<String>>, usize> = HashMap::new();
         let mut domain_labels: Vec<Arc<BTreeMap<String, String>>> = Vec::new();
         // (template, copies on an empty node, [(offerings of one domain, domain)])
