@@ -52,7 +52,7 @@ enum Command {
     /// Plan scale-ups (and scale-downs) for a cluster snapshot, without touching anything.
     Plan {
         /// A Kubernetes List of Pods, Nodes and PodDisruptionBudgets, as
-        /// `kubectl get pods,nodes,pdb,pvc,pv,storageclass,csinode -A -o yaml` prints it.
+        /// `kubectl get pods,nodes,pdb,pvc,pv,storageclass,csinode,namespaces -A -o yaml` prints it.
         #[arg(long)]
         cluster: PathBuf,
         /// The scaling policy (`policy.yaml`).

@@ -644,6 +644,7 @@ fn rbac_is_least_privilege() {
         ("core", "persistentvolumes", "list watch", ""),
         ("storage.k8s.io", "storageclasses", "list watch", ""),
         ("storage.k8s.io", "csinodes", "list watch", ""),
+        ("core", "namespaces", "list watch", ""),
         (
             "autoscaling.x-k8s.io",
             "provisioningrequests",

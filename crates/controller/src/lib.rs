@@ -306,6 +306,13 @@ async fn run_async(args: RunArgs) -> Result<()> {
         Kind::CsiNode,
         state.clone(),
     ));
+    // Namespaces' labels, which pod affinity terms' namespaceSelectors select.
+    tokio::spawn(kube_io::watch_into(
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()),
+        watcher::Config::default(),
+        Kind::Namespace,
+        state.clone(),
+    ));
     // Dynamic Resource Allocation: pods' ResourceClaims, their templates, DeviceClasses and the
     // devices nodes publish. On an API server without `resource.k8s.io/v1` no pod can claim
     // devices, and those stores are complete and empty.

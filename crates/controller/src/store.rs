@@ -164,6 +164,8 @@ pub struct ClusterState {
     pub storage_classes: KindStore<volumes::StorageClass>,
     /// CSINodes by name: each CSI driver's attach limit on that node (read only).
     pub csi_nodes: KindStore<BTreeMap<String, u32>>,
+    /// Namespaces' labels by name (what pod affinity terms' `namespaceSelector`s select).
+    pub namespaces: KindStore<BTreeMap<String, String>>,
     /// ProvisioningRequests and PodTemplates by `namespace/name`, as objects without
     /// `metadata.managedFields` (converted in each pass, see [`ClusterState::provisioning_requests`]).
     pub provisioning_requests: KindStore<Value>,
@@ -230,6 +232,7 @@ pub enum Kind {
     PersistentVolume,
     StorageClass,
     CsiNode,
+    Namespace,
     ProvisioningRequest,
     PodTemplate,
     CapacityBuffer,
@@ -238,7 +241,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Pod,
         Kind::Node,
         Kind::Pdb,
@@ -251,6 +254,7 @@ impl Kind {
         Kind::PersistentVolume,
         Kind::StorageClass,
         Kind::CsiNode,
+        Kind::Namespace,
         Kind::ProvisioningRequest,
         Kind::PodTemplate,
         Kind::CapacityBuffer,
@@ -287,6 +291,7 @@ impl Kind {
             Kind::PersistentVolume => "persistentvolumes",
             Kind::StorageClass => "storageclasses",
             Kind::CsiNode => "csinodes",
+            Kind::Namespace => "namespaces",
             Kind::ProvisioningRequest => "provisioningrequests",
             Kind::PodTemplate => "podtemplates",
             Kind::CapacityBuffer => "capacitybuffers",
@@ -315,6 +320,7 @@ impl ClusterState {
             Kind::PersistentVolume => self.volumes.synced,
             Kind::StorageClass => self.storage_classes.synced,
             Kind::CsiNode => self.csi_nodes.synced,
+            Kind::Namespace => self.namespaces.synced,
             Kind::ProvisioningRequest => self.provisioning_requests.synced,
             Kind::PodTemplate => self.pod_templates.synced,
             Kind::CapacityBuffer => self.capacity_buffers.synced,
@@ -561,6 +567,11 @@ impl ClusterState {
                 let conv = &mut self.converter;
                 self.csi_nodes.apply(event, |v| Ok(conv.csi_node(v)?.1));
             }
+            Kind::Namespace => {
+                self.namespaces.apply(event, |v| {
+                    Ok(gpu_node_autoscaler_core::convert::namespace_labels(&v))
+                });
+            }
             // Kept as objects (few, and converted together in each pass), without what no
             // pass reads.
             Kind::ProvisioningRequest => {
@@ -639,6 +650,12 @@ impl ClusterState {
             ..storage
         };
         storage.join(&mut snapshot.pods);
+        if self.namespaces.synced {
+            gpu_node_autoscaler_core::model::topology::resolve_namespaces(
+                &mut snapshot.pods,
+                &by_key(&self.namespaces.items),
+            );
+        }
         snapshot.dra = dra.join(&mut snapshot.pods);
         snapshot.count_published_devices();
         snapshot
@@ -713,6 +730,32 @@ mod tests {
         s.apply(Kind::Pod, WatchEvent::InitDone, Time(2));
         let keys: Vec<&String> = s.pods.items.keys().collect();
         assert_eq!(keys, vec!["ml/b"]);
+    }
+
+    #[test]
+    fn affinity_namespace_selectors_are_resolved_against_the_watched_namespaces() {
+        let mut s = ClusterState::default();
+        let mut p = pod("server", true);
+        p["spec"]["affinity"] = json!({"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app": "noisy"}},
+                "namespaceSelector": {"matchLabels": {"team": "ml"}}}]}});
+        s.apply(Kind::Pod, WatchEvent::Apply(p), Time(0));
+        let namespaces = |s: &ClusterState| {
+            let snap = s.snapshot(Vec::new());
+            let t = snap.pods[0].constraints.topology.clone().unwrap();
+            t.anti_affinity[0].selector.namespaces.clone()
+        };
+        // Before the Namespaces are listed: the pod's own.
+        assert_eq!(namespaces(&s), Some(vec!["ml".to_string()]));
+        s.apply(Kind::Namespace, WatchEvent::Init, Time(0));
+        for (name, team) in [("train", "ml"), ("web", "web")] {
+            let ns = json!({"metadata": {"name": name, "labels": {"team": team}}});
+            s.apply(Kind::Namespace, WatchEvent::InitApply(ns), Time(0));
+        }
+        s.apply(Kind::Namespace, WatchEvent::InitDone, Time(0));
+        assert_eq!(namespaces(&s), Some(vec!["train".to_string()]));
     }
 
     #[test]
@@ -954,6 +997,7 @@ mod tests {
             Kind::PersistentVolume,
             Kind::StorageClass,
             Kind::CsiNode,
+            Kind::Namespace,
         ] {
             s.apply(k, WatchEvent::Init, Time(0));
             s.apply(k, WatchEvent::InitDone, Time(0));

@@ -14,7 +14,8 @@ use crate::model::labels;
 use crate::model::quantity::parse_quantity;
 use crate::model::resources::{self, GpuShare, Resources, SharedGpu};
 use crate::model::topology::{
-    AffinityTerm, HostPort, PodSelector, PodTopology, PreferredNodes, PreferredTerm, Spread,
+    AffinityTerm, HostPort, NamespaceSelector, PodSelector, PodTopology, PreferredNodes,
+    PreferredTerm, Spread,
 };
 use crate::model::{GangRef, Node, Owner, OwnerKind, Pdb, Pod, PodPhase, PodRef, Snapshot, Time};
 
@@ -533,6 +534,18 @@ fn affinity_term(
         .namespace_selector
         .as_ref()
         .is_some_and(|s| s.match_labels.is_empty() && s.match_expressions.is_empty());
+    let namespace_selector = match &t.namespace_selector {
+        Some(s) if !everywhere => {
+            let labels = label_selector(Some(s), &[], &BTreeMap::new())
+                .map_err(|e| format!("{path}.namespaceSelector: {e}"))?
+                .unwrap_or_default();
+            let mut listed = t.namespaces.clone();
+            listed.sort();
+            listed.dedup();
+            Some(NamespaceSelector { labels, listed })
+        }
+        _ => None,
+    };
     let namespaces = if everywhere {
         None
     } else {
@@ -545,7 +558,11 @@ fn affinity_term(
         Some(ns)
     };
     Ok(AffinityTerm {
-        selector: PodSelector { labels, namespaces },
+        selector: PodSelector {
+            labels,
+            namespaces,
+            namespace_selector,
+        },
         topology_key: t.topology_key.clone(),
     })
 }
@@ -667,6 +684,7 @@ fn pod_topology(
             selector: PodSelector {
                 labels,
                 namespaces: Some(vec![namespace.to_string()]),
+                namespace_selector: None,
             },
             min_domains: s.min_domains.unwrap_or(1),
             honor_node_affinity: honor(
@@ -687,6 +705,18 @@ fn pod_topology(
         }
     }
     Ok((!t.is_empty()).then(|| Arc::new(t)))
+}
+
+/// A Namespace's labels (what a pod affinity term's `namespaceSelector` selects on).
+pub fn namespace_labels(item: &Value) -> BTreeMap<String, String> {
+    item.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A node inclusion policy: `Honor` or `Ignore`, `default` when unset.
@@ -1025,7 +1055,7 @@ pub fn load_reservations(
         .map_err(|e| format!("{file}: {}: {}", e.path(), e.inner()))
 }
 
-/// Reads what `kubectl get pods,nodes,pdb,pvc,pv,storageclass,csinode -A -o yaml` (or `-o json`) prints: a `List`.
+/// Reads what `kubectl get pods,nodes,pdb,pvc,pv,storageclass,csinode,namespaces -A -o yaml` (or `-o json`) prints: a `List`.
 pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     let doc = crate::yaml::parse(text).map_err(|e| {
         format!(
@@ -1038,7 +1068,7 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
         Some(Value::Array(items)) if kind == "List" || kind.ends_with("List") => items,
         _ => {
             return Err(format!(
-                "{file}: expected a Kubernetes List with `items` (what `kubectl get pods,nodes,pdb,pvc,pv,storageclass,csinode -A -o yaml` prints), got {}",
+                "{file}: expected a Kubernetes List with `items` (what `kubectl get pods,nodes,pdb,pvc,pv,storageclass,csinode,namespaces -A -o yaml` prints), got {}",
                 if kind.is_empty() { "no `kind`".to_string() } else { format!("kind {kind:?}") }
             ))
         }
@@ -1047,6 +1077,7 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
     let mut out = Loaded::default();
     let mut dra = crate::model::dra::DraObjects::default();
     let mut storage = crate::model::volumes::Storage::default();
+    let mut namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for (i, item) in items.iter().enumerate() {
         let kind = item.get("kind").and_then(Value::as_str).unwrap_or("");
         let name = item
@@ -1131,12 +1162,18 @@ pub fn load_cluster_file(text: &str, file: &str) -> Result<Loaded, String> {
                 }
                 Err(e) => out.warnings.push(format!("{what}: skipped: {e}")),
             },
+            "Namespace" => {
+                namespaces.insert(name.to_string(), namespace_labels(item));
+            }
             _ => out.warnings.push(format!(
                 "{what}: ignored (only Pods, Nodes, PodDisruptionBudgets, ResourceClaims, \
                  ResourceClaimTemplates, DeviceClasses, ResourceSlices, PersistentVolumeClaims, \
-                 PersistentVolumes, StorageClasses and CSINodes are read)"
+                 PersistentVolumes, StorageClasses, CSINodes and Namespaces are read)"
             )),
         }
+    }
+    if !namespaces.is_empty() {
+        crate::model::topology::resolve_namespaces(&mut out.snapshot.pods, &namespaces);
     }
     storage.complete = !storage.claims.is_empty();
     storage.limited_drivers = out.snapshot.attach_limits.drivers();

@@ -712,6 +712,7 @@ pub fn app_selector(namespace: &str, app: &str) -> crate::model::topology::PodSe
             values: vec![app.into()],
         }]),
         namespaces: Some(vec![namespace.into()]),
+        namespace_selector: None,
     }
 }
 

@@ -1260,12 +1260,12 @@ fn non_list_documents_are_errors() {
         (
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
             "pod.yaml: expected a Kubernetes List with `items` (what `kubectl get \
-             pods,nodes,pdb,pvc,pv,storageclass,csinode -A -o yaml` prints), got kind \"Pod\"",
+             pods,nodes,pdb,pvc,pv,storageclass,csinode,namespaces -A -o yaml` prints), got kind \"Pod\"",
         ),
         (
             "items: []\n",
             "pod.yaml: expected a Kubernetes List with `items` (what `kubectl get \
-             pods,nodes,pdb,pvc,pv,storageclass,csinode -A -o yaml` prints), got no `kind`",
+             pods,nodes,pdb,pvc,pv,storageclass,csinode,namespaces -A -o yaml` prints), got no `kind`",
         ),
         ("kind: List\nitems: {}\n", "got kind \"List\""),
         ("kind: List\n", "got kind \"List\""),
@@ -1332,7 +1332,8 @@ fn unknown_kinds_and_broken_objects_are_warnings() {
         [
             "c.json: items[1] Service web/svc: ignored (only Pods, Nodes, PodDisruptionBudgets, \
              ResourceClaims, ResourceClaimTemplates, DeviceClasses, ResourceSlices, \
-             PersistentVolumeClaims, PersistentVolumes, StorageClasses and CSINodes are read)",
+             PersistentVolumeClaims, PersistentVolumes, StorageClasses, CSINodes and Namespaces \
+             are read)",
             "c.json: items[2] Pod ns/?: skipped: Pod without metadata.name",
             "c.json: items[3] Pod ns/p: spec.containers[0].resources.requests.cpu: malformed \
              quantity \"abc\": expected a number, found 'a'",
@@ -1348,7 +1349,7 @@ fn unknown_kinds_and_broken_objects_are_warnings() {
             && kindless.ends_with(
                 "kindless: ignored (only Pods, Nodes, PodDisruptionBudgets, ResourceClaims, \
                  ResourceClaimTemplates, DeviceClasses, ResourceSlices, PersistentVolumeClaims, \
-                 PersistentVolumes, StorageClasses and CSINodes are read)"
+                 PersistentVolumes, StorageClasses, CSINodes and Namespaces are read)"
             ),
         "{kindless}"
     );

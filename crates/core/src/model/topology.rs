@@ -60,6 +60,72 @@ pub struct PodSelector {
     pub labels: Option<Vec<Requirement>>,
     /// `None`: every namespace (`namespaceSelector: {}`); else these.
     pub namespaces: Option<Vec<String>>,
+    /// A term's non-empty `namespaceSelector`: `namespaces` are its listed ones and those whose
+    /// labels it selects once the cluster's Namespaces are known ([`resolve_namespaces`]);
+    /// before, the listed ones and the pod's own.
+    pub namespace_selector: Option<NamespaceSelector>,
+}
+
+/// A non-empty `namespaceSelector` and the namespaces its term lists.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NamespaceSelector {
+    pub labels: Vec<Requirement>,
+    pub listed: Vec<String>,
+}
+
+impl NamespaceSelector {
+    /// The listed namespaces and those of `namespaces` (name → labels) it selects, sorted.
+    pub fn resolve(&self, namespaces: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<String> {
+        let mut out: BTreeSet<String> = self.listed.iter().cloned().collect();
+        out.extend(
+            namespaces
+                .iter()
+                .filter(|(_, l)| self.labels.iter().all(|r| r.matches(l)))
+                .map(|(n, _)| n.clone()),
+        );
+        out.into_iter().collect()
+    }
+}
+
+/// Resolves the `namespaceSelector`s of the pods' pod (anti-)affinity terms against the
+/// cluster's Namespaces (name → labels), as kube-scheduler does: each term then looks at its
+/// listed namespaces and those its selector selects. Pods sharing rules keep sharing them.
+pub fn resolve_namespaces(
+    pods: &mut [Pod],
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+) {
+    let mut done: HashMap<*const Constraints, Arc<Constraints>> = HashMap::new();
+    for p in pods {
+        let Some(t) = &p.constraints.topology else {
+            continue;
+        };
+        let selects = |s: &PodSelector| s.namespace_selector.is_some();
+        if !(t
+            .affinity
+            .iter()
+            .chain(&t.anti_affinity)
+            .any(|a| selects(&a.selector))
+            || t.preferences.pods.iter().any(|x| selects(&x.term.selector)))
+        {
+            continue;
+        }
+        let key = Arc::as_ptr(&p.constraints);
+        let resolved = done.entry(key).or_insert_with(|| {
+            let mut t = (**t).clone();
+            let fix = |a: &mut AffinityTerm| {
+                if let Some(ns) = &a.selector.namespace_selector {
+                    a.selector.namespaces = Some(ns.resolve(namespaces));
+                }
+            };
+            t.affinity.iter_mut().for_each(fix);
+            t.anti_affinity.iter_mut().for_each(fix);
+            t.preferences.pods.iter_mut().for_each(|x| fix(&mut x.term));
+            let mut c = (*p.constraints).clone();
+            c.topology = Some(Arc::new(t));
+            Arc::new(c)
+        });
+        p.constraints = resolved.clone();
+    }
 }
 
 impl PodSelector {

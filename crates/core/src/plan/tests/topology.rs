@@ -589,3 +589,67 @@ fn topology_spread_honouring_taints_leaves_a_tainted_nodes_zone_out_of_its_domai
         "{honored:#?}"
     );
 }
+
+#[test]
+fn affinity_namespace_selector_selects_the_namespaces_whose_labels_it_matches() {
+    // A noisy trainer runs on n1 in namespace `train` (labelled team=ml); the pending server,
+    // in `serve`, keeps off nodes running app=noisy pods of the namespaces labelled team=ml.
+    let items = r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Namespace
+  metadata: {name: train, labels: {team: ml}}
+- apiVersion: v1
+  kind: Namespace
+  metadata: {name: serve, labels: {team: web}}
+- apiVersion: v1
+  kind: Node
+  metadata:
+    name: n1
+    labels: {topology.kubernetes.io/zone: us-east-1a, node.kubernetes.io/instance-type: g5.12xlarge, gpu-node-autoscaler.io/pool: a10g, kubernetes.io/hostname: n1}
+  spec: {providerID: "aws:///us-east-1a/i-1"}
+  status:
+    allocatable: {cpu: "47", memory: 180Gi, pods: "110", nvidia.com/gpu: "4"}
+    conditions: [{type: Ready, status: "True"}]
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: trainer, namespace: train, labels: {app: noisy}}
+  spec:
+    nodeName: n1
+    containers: [{name: main, resources: {requests: {nvidia.com/gpu: "1", cpu: "1", memory: 4Gi}}}]
+  status: {phase: Running}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: server, namespace: serve, uid: u-server}
+  spec:
+    containers: [{name: main, resources: {requests: {nvidia.com/gpu: "1", cpu: "1", memory: 4Gi}}}]
+    affinity:
+      podAntiAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+        - topologyKey: kubernetes.io/hostname
+          labelSelector: {matchLabels: {app: noisy}}
+          namespaceSelector: {matchLabels: {team: ml}}
+  status:
+    phase: Pending
+    conditions: [{type: PodScheduled, status: "False", reason: Unschedulable}]
+"#;
+    let with = crate::convert::load_cluster_file(items, "cluster.yaml")
+        .unwrap()
+        .snapshot;
+    // Without the Namespaces the selector looks at the pod's own namespace only (how the planner
+    // saw it before it read them): n1 takes the server.
+    let without_namespaces = items.replace("kind: Namespace", "kind: ConfigMap");
+    let without = crate::convert::load_cluster_file(&without_namespaces, "cluster.yaml")
+        .unwrap()
+        .snapshot;
+    let before = run(&without, THREE_ZONES);
+    assert_eq!(
+        targets(&before).get("serve/server"),
+        Some(&"n1"),
+        "{before:#?}"
+    );
+    let after = run(&with, THREE_ZONES);
+    assert!(after.existing_capacity.is_empty(), "{after:#?}");
+    assert_eq!(new_nodes(&after), 1, "{after:#?}");
+}
