@@ -138,3 +138,45 @@ fn anchors_hpa_real_chain_scales_the_service_and_every_replica_gets_a_node() {
     assert!(table.contains("services scaled by the real HPA"), "{table}");
     let _ = std::fs::remove_dir_all(work);
 }
+
+/// `anchors` on its volume smoke at 20x, our controller only: the scenario's StorageClasses,
+/// static PersistentVolume and claims are created on the real cluster, the provisioner stand-in
+/// makes the `WaitForFirstConsumer` claims' volumes where kube-scheduler puts their pods, and
+/// every pod runs in its volume's zone.
+#[test]
+fn anchors_volume_smoke_creates_the_claims_provisions_them_and_every_pod_runs_in_its_volumes_zone()
+{
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let work = std::env::temp_dir().join(format!("gna-e2e-anchors-volume-{}", std::process::id()));
+    let (reports, bins) = measure(&Options {
+        scenarios: vec![root.join("simulations/anchors/smoke-volumes.yaml")],
+        time_scale: 20.0,
+        autoscalers: vec!["gpu-node-autoscaler".into()],
+        ours_bin: Some(env!("CARGO_BIN_EXE_gpu-node-autoscaler").into()),
+        work_dir: work.clone(),
+        max_time: None,
+        real_hpa: false,
+        repeat: 1,
+    })
+    .unwrap_or_else(|e| panic!("anchors: {e:#}"));
+    assert!(reports[0].failed.is_empty(), "{:?}", reports[0].failed);
+    let json = gpu_node_autoscaler_anchors::replay::to_json(&reports, &bins);
+    let m = &json["scenarios"][0]["strategies"][0];
+    assert_eq!(m["pods"], 3, "{json:#}");
+    assert_eq!(m["pods_never_placed"], 0, "{json:#}");
+    // The two replicas' volumes, made in the one zone their class allows.
+    assert_eq!(
+        m["volumes_by_zone"],
+        serde_json::json!({"us-east-1b": 2}),
+        "{json:#}"
+    );
+    // The replicas ran there, the fine-tune in its static volume's zone.
+    assert_eq!(
+        m["volume_pods_by_zone"],
+        serde_json::json!({"us-east-1b": 2, "us-east-1c": 1}),
+        "{json:#}"
+    );
+    // A node per pod at most (one GPU each).
+    assert!(m["nodes_launched"].as_u64().unwrap() <= 3, "{json:#}");
+    let _ = std::fs::remove_dir_all(work);
+}
