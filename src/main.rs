@@ -423,6 +423,7 @@ fn simulate(a: SimArgs) -> Result<()> {
             kueue_jobs: Vec::new(),
             buffers: Vec::new(),
             groups: Default::default(),
+            storage: Default::default(),
         }
     } else {
         let (text, file, dir) = match (&a.scenario, a.generate) {

@@ -94,21 +94,7 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_and_karpenter() {
 /// simulator's model; every replica it makes while the load is high runs on a node we launched.
 #[test]
 fn anchors_hpa_real_chain_scales_the_service_and_every_replica_gets_a_node() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let work = std::env::temp_dir().join(format!("gna-e2e-anchors-hpa-{}", std::process::id()));
-    let (reports, bins) = measure(&Options {
-        scenarios: vec![root.join("simulations/anchors/smoke-hpa.yaml")],
-        time_scale: 20.0,
-        autoscalers: vec!["gpu-node-autoscaler".into()],
-        ours_bin: Some(env!("CARGO_BIN_EXE_gpu-node-autoscaler").into()),
-        work_dir: work.clone(),
-        max_time: None,
-        real_hpa: true,
-        repeat: 1,
-    })
-    .unwrap_or_else(|e| panic!("anchors: {e:#}"));
-    assert!(reports[0].failed.is_empty(), "{:?}", reports[0].failed);
-    let json = gpu_node_autoscaler_anchors::replay::to_json(&reports, &bins);
+    let (json, table, work) = ours_at_20x("smoke-hpa.yaml", "hpa", true);
     let scenario = &json["scenarios"][0];
     assert_eq!(scenario["hpa"], "real", "{json:#}");
     let m = &scenario["strategies"][0];
@@ -134,7 +120,56 @@ fn anchors_hpa_real_chain_scales_the_service_and_every_replica_gets_a_node() {
     );
     // Less than eight g5.xlarge on-demand ($1.006/h) for the whole run (under an hour).
     assert!(m["cost_usd"].as_f64().unwrap() < 8.0 * 1.006, "{json:#}");
-    let table = gpu_node_autoscaler_anchors::replay::to_table(&reports, &bins);
     assert!(table.contains("services scaled by the real HPA"), "{table}");
     let _ = std::fs::remove_dir_all(work);
+}
+
+/// `anchors` on its volume smoke at 20x, our controller only: the scenario's StorageClasses,
+/// static PersistentVolume and claims are created on the real cluster, the provisioner stand-in
+/// makes the `WaitForFirstConsumer` claims' volumes where kube-scheduler puts their pods, and
+/// every pod runs in its volume's zone.
+#[test]
+fn anchors_volume_smoke_creates_the_claims_provisions_them_and_every_pod_runs_in_its_volumes_zone()
+{
+    let (json, _, work) = ours_at_20x("smoke-volumes.yaml", "volume", false);
+    let m = &json["scenarios"][0]["strategies"][0];
+    assert_eq!(m["pods"], 3, "{json:#}");
+    assert_eq!(m["pods_never_placed"], 0, "{json:#}");
+    // The two replicas' volumes, made in the one zone their class allows.
+    assert_eq!(
+        m["volumes_by_zone"],
+        serde_json::json!({"us-east-1b": 2}),
+        "{json:#}"
+    );
+    // The replicas ran there, the fine-tune in its static volume's zone.
+    assert_eq!(
+        m["volume_pods_by_zone"],
+        serde_json::json!({"us-east-1b": 2, "us-east-1c": 1}),
+        "{json:#}"
+    );
+    // A node per pod at most (one GPU each).
+    assert!(m["nodes_launched"].as_u64().unwrap() <= 3, "{json:#}");
+    let _ = std::fs::remove_dir_all(work);
+}
+
+/// `anchors` on `simulations/anchors/<scenario>` at 20x with our controller only (`--hpa real`
+/// with `real_hpa`): the run's JSON and table, and its work directory (`tag` in its name).
+fn ours_at_20x(scenario: &str, tag: &str, real_hpa: bool) -> (serde_json::Value, String, PathBuf) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let work = std::env::temp_dir().join(format!("gna-e2e-anchors-{tag}-{}", std::process::id()));
+    let (reports, bins) = measure(&Options {
+        scenarios: vec![root.join("simulations/anchors").join(scenario)],
+        time_scale: 20.0,
+        autoscalers: vec!["gpu-node-autoscaler".into()],
+        ours_bin: Some(env!("CARGO_BIN_EXE_gpu-node-autoscaler").into()),
+        work_dir: work.clone(),
+        max_time: None,
+        real_hpa,
+        repeat: 1,
+    })
+    .unwrap_or_else(|e| panic!("anchors: {e:#}"));
+    assert!(reports[0].failed.is_empty(), "{:?}", reports[0].failed);
+    let json = gpu_node_autoscaler_anchors::replay::to_json(&reports, &bins);
+    let table = gpu_node_autoscaler_anchors::replay::to_table(&reports, &bins);
+    (json, table, work)
 }

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gpu_node_autoscaler_test_support::provisioner;
 use serde_json::Value;
 
 use crate::kwok::kwok_env;
@@ -158,52 +159,9 @@ fn volume_a_statefulset_pod_bound_to_a_zonal_volume_runs_in_the_volumes_zone() {
     assert_eq!(pvc["spec"]["volumeName"], "ckpt-c", "{pvc}");
 }
 
-/// The provisioner stand-in (as the EBS CSI driver's external-provisioner would do it): every
-/// claim kube-scheduler selected a node for (`volume.kubernetes.io/selected-node`) and that has no
-/// volume yet gets a PersistentVolume in that node's zone, pre-bound to it (the PV controller of
-/// kube-controller-manager then binds the claim). Called from the test's waits.
+/// The provisioner stand-in, from the tests' waits.
 fn provision_selected_claims(env: &Env) {
-    let claims = env.get_json(&["get", "pvc", "-A"]);
-    for c in claims["items"].as_array().into_iter().flatten() {
-        let Some(node) =
-            c["metadata"]["annotations"]["volume.kubernetes.io/selected-node"].as_str()
-        else {
-            continue;
-        };
-        if c["spec"]["volumeName"]
-            .as_str()
-            .is_some_and(|v| !v.is_empty())
-        {
-            continue;
-        }
-        let (ns, name, uid) = (
-            c["metadata"]["namespace"].as_str().unwrap(),
-            c["metadata"]["name"].as_str().unwrap(),
-            c["metadata"]["uid"].as_str().unwrap(),
-        );
-        let class = c["spec"]["storageClassName"].as_str().unwrap_or_default();
-        let size = c["spec"]["resources"]["requests"]["storage"]
-            .as_str()
-            .unwrap_or("1Gi");
-        if env
-            .kubectl(&["get", "pv", &format!("pvc-{uid}")])
-            .status
-            .success()
-        {
-            continue;
-        }
-        let zone = zone_of(env, node);
-        env.create(&format!(
-            "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: pvc-{uid}\n  \
-                 annotations: {{pv.kubernetes.io/provisioned-by: ebs.csi.aws.com}}\nspec:\n  \
-                 capacity: {{storage: {size}}}\n  accessModes: [ReadWriteOnce]\n  \
-                 storageClassName: {class}\n  persistentVolumeReclaimPolicy: Delete\n  \
-                 claimRef: {{namespace: {ns}, name: {name}, uid: {uid}}}\n  \
-                 csi: {{driver: ebs.csi.aws.com, volumeHandle: vol-{uid}}}\n  nodeAffinity:\n    \
-                 required:\n      nodeSelectorTerms:\n      - matchExpressions:\n        \
-                 - {{key: topology.kubernetes.io/zone, operator: In, values: [{zone}]}}\n"
-        ));
-    }
+    provisioner::provision_selected_claims(&env.cluster).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -252,6 +252,7 @@ fn main() {
                 kueue_jobs: Vec::new(),
                 buffers: Vec::new(),
                 groups: Default::default(),
+                storage: Default::default(),
             };
             all.push((input.name.clone(), report(&input, &a)));
         }

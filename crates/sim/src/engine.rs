@@ -24,6 +24,8 @@ use gpu_node_autoscaler_core::plan::templates::{build_templates, Template};
 use gpu_node_autoscaler_core::policy::defaults::HEALTH_CONDITION as HARDWARE_CONDITION;
 use gpu_node_autoscaler_core::policy::Policy;
 
+mod volumes;
+
 use super::claims::{gpu_equivalent, Allocated, DeviceMatcher};
 use super::report::{Metrics, SeriesPoint};
 use super::{CloudEvent, Ms, SimInput, HOUR};
@@ -221,6 +223,13 @@ pub struct World {
     buffer_rate: f64,
     /// The account's Auto Scaling groups: a launch for a pool they back grows them.
     pub groups: crate::groups::Groups,
+    /// The PersistentVolumeClaims, PersistentVolumes and StorageClasses as the API server holds
+    /// them: the scenario's, and the volumes provisioned since ([`volumes`]).
+    storage: gpu_node_autoscaler_core::model::volumes::Storage,
+    /// The pods that have volumes (joined with `storage` again when a claim is bound).
+    volume_pods: Vec<usize>,
+    /// Each binding of a pod with volumes: the pod and its node's zone.
+    pub(crate) volume_binds: Vec<(usize, Option<String>)>,
 }
 
 impl World {
@@ -343,7 +352,17 @@ impl World {
             submitted: false,
             buffer_rate: 0.0,
             groups: input.groups.clone(),
+            storage: input.storage.clone(),
+            volume_pods: input
+                .pods
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| !p.pod.volumes.is_empty())
+                .map(|(i, _)| i)
+                .collect(),
+            volume_binds: Vec::new(),
         };
+        w.join_volumes();
         w.start_groups();
         for r in &input.reservations {
             w.provider.add_reservation(r.clone());
@@ -1205,6 +1224,9 @@ impl World {
             let epoch = st.epoch;
             self.push(now + r, Event::Finish(p, epoch));
         }
+        if !self.pods[p].pod.volumes.is_empty() {
+            self.provision(p, ni);
+        }
         self.workload_changed(ni);
     }
 
@@ -1924,6 +1946,15 @@ pub fn run_with_progress(
     strategy: &mut dyn Strategy,
     progress: &mut dyn FnMut(f64),
 ) -> Metrics {
+    run_world(input, strategy, progress).metrics
+}
+
+/// [`run_with_progress`], returning the world as it ends (its metrics filled in).
+pub(crate) fn run_world(
+    input: &SimInput,
+    strategy: &mut dyn Strategy,
+    progress: &mut dyn FnMut(f64),
+) -> World {
     let started = std::time::Instant::now();
     let last_arrival = input.pods.iter().map(|p| p.arrival).max().unwrap_or(0);
     let mut reported = -1i64;
@@ -2058,7 +2089,7 @@ pub fn run_with_progress(
     m.wall_s = started.elapsed().as_secs_f64();
     m.provider_calls = w.provider.calls().len();
     m.finish();
-    w.metrics
+    w
 }
 
 #[cfg(test)]

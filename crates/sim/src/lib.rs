@@ -141,6 +141,9 @@ pub struct SimInput {
     pub kueue_jobs: Vec<KueueJob>,
     /// CapacityBuffers (warm capacity kept as spare chunks).
     pub buffers: Vec<SimBuffer>,
+    /// The PersistentVolumeClaims, PersistentVolumes and StorageClasses the pods' volumes name
+    /// (empty: no pod has volumes).
+    pub storage: model::volumes::Storage,
 }
 
 /// A job Kueue queues with a ProvisioningRequest admission check

@@ -23,6 +23,8 @@ use gpu_node_autoscaler_core::yaml::{self, YamlError};
 
 use super::{CloudEvent, ClusterTiming, Ms, WorkloadPod, MINUTE, SECOND};
 
+mod volumes;
+
 /// The scenario `gpu-node-autoscaler simulate` runs without arguments.
 pub const DEFAULT_NAME: &str = "arena-mpi-training.yaml";
 pub const DEFAULT: &str = include_str!("../../../simulations/scenarios/arena-mpi-training.yaml");
@@ -61,6 +63,12 @@ struct RawScenario {
     /// The account's Auto Scaling groups, for pools backed by them (`aws.autoScalingGroups`).
     #[serde(default)]
     auto_scaling_groups: Vec<RawGroup>,
+    /// StorageClasses the pods' claims and the static volumes name.
+    #[serde(default)]
+    storage_classes: Vec<volumes::RawStorageClass>,
+    /// Static PersistentVolumes, each in one zone.
+    #[serde(default)]
+    persistent_volumes: Vec<volumes::RawPersistentVolume>,
 }
 
 #[derive(Deserialize)]
@@ -230,14 +238,19 @@ struct RawPodGroup {
     topology_spread_constraints: Vec<Value>,
     #[serde(default)]
     ports: Vec<Value>,
+    /// PersistentVolumeClaims: one the pods share, or one per replica (`volumes::RawPodVolume`).
+    #[serde(default)]
+    volumes: Vec<volumes::RawPodVolume>,
 }
 
-/// A pod group's labels, spread constraints and container ports ([`RawPodGroup`]).
+/// A pod group's labels, spread constraints, container ports and volumes ([`RawPodGroup`]).
 #[derive(Default)]
 struct Placement<'a> {
     labels: Option<&'a BTreeMap<String, String>>,
     topology_spread_constraints: &'a [Value],
     ports: &'a [Value],
+    /// (volume name, PersistentVolumeClaim name).
+    volumes: &'a [(String, String)],
 }
 
 fn one() -> u32 {
@@ -377,6 +390,12 @@ pub struct Scenario {
     /// The services' replica pods, by service name (what a buffer's chunk is shaped as).
     pub service_templates: BTreeMap<String, gpu_node_autoscaler_core::model::Pod>,
     pub buffers: Vec<super::SimBuffer>,
+    /// The PersistentVolumeClaims, PersistentVolumes and StorageClasses (the pods are joined
+    /// with them already).
+    pub storage: gpu_node_autoscaler_core::model::volumes::Storage,
+    /// The same as Kubernetes objects, for a replay on a real cluster: the StorageClasses, the
+    /// static PersistentVolumes (pre-bound to their claims), the claims (namespace `sim`).
+    pub storage_objects: Vec<Value>,
 }
 
 /// An HPA-scaled service of a scenario, with the model's defaults filled in.
@@ -421,10 +440,11 @@ impl Errs<'_> {
     fn at(&mut self, path: &[PathSeg], msg: impl std::fmt::Display) {
         let loc = self.map.locate_nearest(path);
         let p = display_path(path);
-        self.out.push(format!(
-            "{}:{}:{}: {p}: {msg}",
-            self.file, loc.line, loc.col
-        ));
+        let e = format!("{}:{}:{}: {p}: {msg}", self.file, loc.line, loc.col);
+        // Once (a pod group's claims are looked at for each of its replicas).
+        if !self.out.contains(&e) {
+            self.out.push(e);
+        }
     }
 
     fn dur(&mut self, path: &[PathSeg], s: &str) -> Ms {
@@ -662,6 +682,13 @@ fn make_pod(
     if !placement.ports.is_empty() {
         spec["containers"][0]["ports"] = json!(placement.ports);
     }
+    if !placement.volumes.is_empty() {
+        spec["volumes"] = placement
+            .volumes
+            .iter()
+            .map(|(v, c)| json!({"name": v, "persistentVolumeClaim": {"claimName": c}}))
+            .collect();
+    }
     if !claims.is_empty() {
         spec["resourceClaims"] = claims
             .iter()
@@ -753,6 +780,22 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
     let until = raw.until.as_deref().map(|s| errs.dur(&[k("until")], s));
     let mut conv = Converter::new();
     let mut dra = ClaimContext::new(&mut conv, &raw.device_classes, &mut errs);
+    // The zones the pools launch in (not known here for a pool whose zones come from its
+    // Auto Scaling groups).
+    let zones: Option<Vec<String>> = policy
+        .as_ref()
+        .filter(|p| p.pools.iter().all(|pool| !pool.zones.is_empty()))
+        .map(|p| {
+            let all: std::collections::BTreeSet<&String> =
+                p.pools.iter().flat_map(|pool| &pool.zones).collect();
+            all.into_iter().cloned().collect()
+        });
+    let mut storage = volumes::Volumes::new(
+        &raw.storage_classes,
+        &raw.persistent_volumes,
+        zones.as_deref(),
+        &mut errs,
+    );
     let mut pods = Vec::new();
     let mut kueue_jobs: Vec<super::KueueJob> = Vec::new();
     let mut service_templates = BTreeMap::new();
@@ -834,6 +877,18 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                 dra.templates_of(&mut conv, &mut errs, &owner, &g.claims, &at)
             })
             .collect();
+        let group_volumes: Vec<Option<Vec<volumes::GroupVolume>>> = j
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(gi, g)| {
+                storage.group(
+                    &g.volumes,
+                    &path(&[k("jobs"), i(ji), k("pods"), i(gi)]),
+                    &mut errs,
+                )
+            })
+            .collect();
         for n in 0..count {
             let instance = if count > 1 {
                 format!("{}-{n}", j.name)
@@ -842,8 +897,20 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             };
             let first = pods.len();
             for (gi, g) in j.pods.iter().enumerate() {
+                let Some(group_volumes) = &group_volumes[gi] else {
+                    continue;
+                };
                 for r in 0..g.replicas {
                     let name = format!("{instance}-{}-{r}", g.name);
+                    // A StatefulSet `<job>-<group>`'s claims: every repeat of the job is its
+                    // pods made again, and finds them (and where they are bound).
+                    let pvcs = storage.claims_of(
+                        group_volumes,
+                        &format!("{}-{}", j.name, g.name),
+                        r,
+                        &path(&[k("jobs"), i(ji), k("pods"), i(gi)]),
+                        &mut errs,
+                    );
                     match make_pod(
                         &mut conv,
                         &name,
@@ -855,6 +922,7 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
                             labels: Some(&g.labels),
                             topology_spread_constraints: &g.topology_spread_constraints,
                             ports: &g.ports,
+                            volumes: &pvcs,
                         },
                         j.gang.then_some((instance.as_str(), size)),
                         j.priority,
@@ -1314,6 +1382,17 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             ),
         }
     }
+    let (storage, storage_objects) = match storage.finish(&mut conv) {
+        Ok(s) => s,
+        Err(e) => {
+            errs.at(&[k("persistentVolumes")], e);
+            Default::default()
+        }
+    };
+    // The pods with their claims' rules, as a watch store joins them.
+    for w in pods.iter_mut().filter(|w| !w.pod.volumes.is_empty()) {
+        storage.join(std::slice::from_mut(&mut w.pod));
+    }
     match (policy, errs.out.is_empty()) {
         (Some(policy), true) => Ok(Scenario {
             name: raw.name,
@@ -1340,6 +1419,8 @@ pub fn parse_scenario(text: &str, file: &str) -> Result<Scenario, String> {
             service_templates,
             buffers,
             groups,
+            storage,
+            storage_objects,
         }),
         _ => Err(errs.out.join("\n")),
     }
@@ -1367,6 +1448,7 @@ impl Scenario {
             kueue_jobs: self.kueue_jobs,
             buffers: self.buffers,
             groups: self.groups,
+            storage: self.storage,
         }
     }
 
@@ -1587,6 +1669,129 @@ mod tests {
             e.contains(
                 "c.yaml:23:17: jobs[0].pods[0].claims[0].requests[1].mode: unknown field `mode`"
             ),
+            "{e}"
+        );
+    }
+
+    const VOLUMES: &str = "name: x\npolicy:\n  zones: [us-east-1a, us-east-1b]\n  pools:\n    - {name: p, instanceTypes: [g5.xlarge], maxNodes: 2}\nstorageClasses:\n  - {name: gp3-b, provisioner: ebs.csi.aws.com, volumeBindingMode: WaitForFirstConsumer, allowedZones: [us-east-1b]}\n  - {name: manual, provisioner: ebs.csi.aws.com, volumeBindingMode: Immediate}\npersistentVolumes:\n  - {name: ckpt-a, zone: us-east-1a, storageClass: manual, size: 100Gi}\njobs:\n  - name: db\n    arrival: 0s\n    duration: 1h\n    pods:\n      - name: r\n        replicas: 2\n        requests: {nvidia.com/gpu: 1}\n        volumes:\n          - {template: data, storageClass: gp3-b, size: 50Gi}\n          - {claim: ckpt, volume: ckpt-a}\n";
+
+    #[test]
+    fn volume_claims_are_made_through_the_core_converter_and_join_the_pods() {
+        use gpu_node_autoscaler_core::model::labels::ZONE;
+        let s = parse_scenario(VOLUMES, "v.yaml").unwrap();
+        let zone = |z: &str| BTreeMap::from([(ZONE.to_string(), z.to_string())]);
+        let claims: Vec<Vec<&str>> = s
+            .pods
+            .iter()
+            .map(|p| p.pod.volumes.iter().map(|v| v.claim.as_str()).collect())
+            .collect();
+        assert_eq!(
+            claims,
+            [["data-db-r-0", "ckpt"], ["data-db-r-1", "ckpt"]],
+            "a claim per replica, and the one they share"
+        );
+        assert_eq!(
+            s.storage.claims["sim/ckpt"].volume.as_deref(),
+            Some("ckpt-a")
+        );
+        // The class allows us-east-1b, the static volume is in us-east-1a: no zone holds both.
+        let c = &s.pods[0].pod.constraints;
+        assert_eq!(c.volumes.len(), 2);
+        assert!(!c.matches_node(&zone("us-east-1a"), None));
+        assert!(!c.matches_node(&zone("us-east-1b"), None));
+        let kinds: Vec<&str> = s
+            .storage_objects
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "StorageClass",
+                "StorageClass",
+                "PersistentVolume",
+                "PersistentVolumeClaim",
+                "PersistentVolumeClaim",
+                "PersistentVolumeClaim"
+            ]
+        );
+    }
+
+    #[test]
+    fn volume_errors_name_file_line_and_field() {
+        let bad = VOLUMES
+            .replace("zone: us-east-1a,", "zone: eu-west-1a,")
+            .replace("allowedZones: [us-east-1b]", "allowedZones: [us-east-1z]")
+            .replace(
+                "storageClass: gp3-b, size: 50Gi",
+                "storageClass: manual, size: 50Gi",
+            );
+        let e = parse_scenario(&bad, "v.yaml").err().unwrap();
+        assert!(
+            e.contains("v.yaml:7:105: storageClasses[0].allowedZones[0]: \"us-east-1z\" is not one of the policy's zones (us-east-1a, us-east-1b)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("v.yaml:10:20: persistentVolumes[0].zone: \"eu-west-1a\" is not one of the policy's zones"),
+            "{e}"
+        );
+        assert!(
+            e.contains("v.yaml:20:30: jobs[0].pods[0].volumes[0].storageClass: StorageClass \"manual\" binds Immediately"),
+            "{e}"
+        );
+        let e = parse_scenario(
+            &VOLUMES
+                .replace(
+                    "{claim: ckpt, volume: ckpt-a}",
+                    "{claim: ckpt, template: x, volume: ckpt-a}",
+                )
+                .replace("size: 50Gi", "size: lots"),
+            "v.yaml",
+        )
+        .err()
+        .unwrap();
+        assert!(
+            e.contains("v.yaml:20:51: jobs[0].pods[0].volumes[0].size: \"lots\" is not a positive quantity"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "v.yaml:21:13: jobs[0].pods[0].volumes[1]: a volume is exactly one of claim"
+            ),
+            "{e}"
+        );
+        let e = parse_scenario(
+            &VOLUMES.replace("volume: ckpt-a}", "volume: ckpt-z}"),
+            "v.yaml",
+        )
+        .err()
+        .unwrap();
+        assert!(
+            e.contains("v.yaml:21:27: jobs[0].pods[0].volumes[1].volume: no PersistentVolume \"ckpt-z\" in persistentVolumes"),
+            "{e}"
+        );
+        // One static volume, two claims.
+        let e = parse_scenario(
+            &VOLUMES.replace(
+                "{claim: ckpt, volume: ckpt-a}",
+                "{claim: ckpt, volume: ckpt-a}\n          - {claim: logs, volume: ckpt-a}",
+            ),
+            "v.yaml",
+        )
+        .err()
+        .unwrap();
+        assert!(
+            e.contains("v.yaml:22:14: jobs[0].pods[0].volumes[2].claim: PersistentVolume \"ckpt-a\" is claimed by sim/ckpt already"),
+            "{e}"
+        );
+        let e = parse_scenario(
+            &VOLUMES.replace("size: 50Gi}", "size: 50Gi, mode: RWX}"),
+            "v.yaml",
+        )
+        .err()
+        .unwrap();
+        assert!(
+            e.starts_with("v.yaml:20:63: jobs[0].pods[0].volumes[0].mode: unknown field `mode`"),
             "{e}"
         );
     }

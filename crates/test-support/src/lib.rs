@@ -5,7 +5,9 @@
 //! peak, for memory figures), [`cluster`] (the real Kubernetes control plane with kwok),
 //! [`dra_driver`] (NVIDIA's DRA driver's DeviceClasses and ResourceSlices for kwok Nodes), [`hpa`]
 //! (the GPU HPA chain: a dcgm-exporter stand-in, the real prometheus-adapter, and the chain
-//! started on a cluster), [`prometheus`] (a real Prometheus). Test code only: no product crate
+//! started on a cluster), [`prometheus`] (a real Prometheus), [`provisioner`] (a CSI
+//! external-provisioner's stand-in: volumes for `WaitForFirstConsumer` claims in their selected
+//! node's zone). Test code only: no product crate
 //! depends on it.
 
 #[cfg(feature = "cluster")]
@@ -21,6 +23,8 @@ pub mod hpa;
 pub mod moto;
 #[cfg(feature = "cluster")]
 pub mod prometheus;
+#[cfg(feature = "cluster")]
+pub mod provisioner;
 
 /// Where a test tool built by one of the repository's scripts is: `$env_var` when set (as
 /// scripts/test.sh sets it), else what `bash scripts/SCRIPT print_flag` prints (the script only

@@ -268,6 +268,45 @@ mod tests {
                         serde_json::json!([{"containerPort": 9400, "hostPort": 9400, "protocol": "TCP"}])
                     );
                     assert!(spec("batch")["affinity"].is_null());
+                    // The volumes: the claims and the static volume created before the pods
+                    // (in the replay's namespace), each pod's template naming its claims.
+                    let kinds: Vec<&str> = setup
+                        .storage_objects
+                        .iter()
+                        .map(|o| o["kind"].as_str().unwrap())
+                        .collect();
+                    assert_eq!(
+                        kinds[..3],
+                        ["StorageClass", "StorageClass", "PersistentVolume"],
+                        "{kinds:?}"
+                    );
+                    let pv = &setup.storage_objects[2];
+                    assert_eq!(
+                        pv["spec"]["claimRef"],
+                        serde_json::json!({"namespace": "default", "name": "ckpt"}),
+                        "{pv}"
+                    );
+                    let claims: Vec<&str> = setup
+                        .storage_objects
+                        .iter()
+                        .filter(|o| o["kind"] == "PersistentVolumeClaim")
+                        .inspect(|o| assert_eq!(o["metadata"]["namespace"], "default", "{o}"))
+                        .map(|o| o["metadata"]["name"].as_str().unwrap())
+                        .collect();
+                    assert_eq!(
+                        claims,
+                        [
+                            "data-cache-shard-0",
+                            "data-cache-shard-1",
+                            "data-cache-shard-2",
+                            "ckpt"
+                        ]
+                    );
+                    assert_eq!(
+                        spec("cache-0-shard-1")["volumes"],
+                        serde_json::json!([{"name": "v0", "persistentVolumeClaim": {"claimName": "data-cache-shard-1"}}])
+                    );
+                    assert!(spec("llm")["volumes"].is_null());
                 }
                 "reserved-h100" | "kueue-gangs" => {
                     // Refused loudly rather than replayed without its rules.

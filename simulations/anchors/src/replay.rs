@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use gpu_node_autoscaler_core::model::constraints::Operator;
 use gpu_node_autoscaler_core::model::gpu::nvidia_product_label;
-use gpu_node_autoscaler_core::model::labels::NVIDIA_PRODUCT;
+use gpu_node_autoscaler_core::model::labels::{NVIDIA_PRODUCT, ZONE};
 use gpu_node_autoscaler_core::model::resources::{ALIYUN_GPU_CORE, ALIYUN_GPU_MEM};
 use gpu_node_autoscaler_core::model::topology::{AffinityTerm, PodSelector, PodTopology};
 use gpu_node_autoscaler_core::model::{OwnerKind, Pod};
@@ -20,8 +20,8 @@ use gpu_node_autoscaler_sim::CloudEvent;
 use gpu_node_autoscaler_test_support::cluster::{
     free_port, Cluster, ClusterOptions, KWOK_STAGES, REPO,
 };
-use gpu_node_autoscaler_test_support::dra_driver;
 use gpu_node_autoscaler_test_support::hpa::Chain;
+use gpu_node_autoscaler_test_support::{dra_driver, provisioner};
 
 use crate::config;
 
@@ -219,6 +219,8 @@ pub struct WorkPod {
     /// GPU equivalents, as `simulate` counts them (a MIG slice by its compute share, a shared
     /// GPU's part by the larger of its memory and core share).
     pub gpus: f64,
+    /// Its pod has PersistentVolumeClaims.
+    pub volumes: bool,
 }
 
 /// What every run of one scenario shares.
@@ -241,6 +243,11 @@ pub struct Setup {
     /// The DeviceClasses and ResourceClaimTemplates the pods' claims need (in the workload
     /// namespace), created before the autoscaler starts.
     pub dra_objects: Vec<Value>,
+    /// The StorageClasses, static PersistentVolumes and PersistentVolumeClaims of the pods'
+    /// volumes (in the workload namespace), created before the autoscaler starts; the
+    /// provisioner stand-in makes the volumes of the `WaitForFirstConsumer` claims as the
+    /// scheduler selects their nodes.
+    pub storage_objects: Vec<Value>,
     /// The pools whose Nodes get a ResourceSlice from the DRA driver stand-in once Ready, with
     /// the MIG layout their GPUs are partitioned into.
     pub dra_pools: BTreeMap<String, Option<Vec<(String, u32)>>>,
@@ -525,17 +532,29 @@ fn topology_into(spec: &mut Value, pod: &Pod, t: &PodTopology) -> Result<()> {
 
 /// The pod template of a workload pod.
 fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
-    // Volumes are not created by the harness yet: a replay without them would compare the
-    // three autoscalers on another workload than the scenario's.
+    // The replay's Nodes publish no CSINode attach limits: a pod counted against one would be
+    // another workload than the scenario's.
     if p.constraints
         .topology
         .as_ref()
         .is_some_and(|t| !t.attachments.is_empty())
-        || !p.constraints.volumes.is_empty()
     {
         anyhow::bail!(
-            "pod {}: volumes (zonal or attach-limited) cannot be replayed by anchors yet",
+            "pod {}: attach-limited volumes cannot be replayed by anchors yet",
             p.id
+        );
+    }
+    // Its PersistentVolumeClaims (created with the scenario's storage before the pods).
+    let mut volumes = Vec::new();
+    for (n, v) in p.volumes.iter().enumerate() {
+        if v.ephemeral_class.is_some() {
+            bail!(
+                "pod {}: generic ephemeral volumes cannot be replayed by anchors yet",
+                p.id
+            );
+        }
+        volumes.push(
+            json!({"name": format!("v{n}"), "persistentVolumeClaim": {"claimName": v.claim}}),
         );
     }
     let r = &p.requests;
@@ -607,6 +626,9 @@ fn pod_object(p: &Pod, run: Option<Duration>) -> Result<Value> {
     });
     if !claim_refs.is_empty() {
         spec["resourceClaims"] = json!(claim_refs);
+    }
+    if !volumes.is_empty() {
+        spec["volumes"] = json!(volumes);
     }
     if let Some(t) = c.topology.as_deref() {
         topology_into(&mut spec, p, t)?;
@@ -759,6 +781,7 @@ impl Setup {
                 // A replica runs until its ReplicaSet is deleted: once it has run its time.
                 run_for: run.filter(|_| replica_set),
                 gpus: wp.pod.gpu_equivalents(),
+                volumes: !wp.pod.volumes.is_empty(),
             });
         }
         pods.sort_by_key(|p| p.arrival);
@@ -807,6 +830,20 @@ impl Setup {
                 o
             })
             .collect();
+        let storage_objects: Vec<Value> = s
+            .storage_objects
+            .iter()
+            .map(|o| {
+                let mut o = o.clone();
+                if o["kind"] == "PersistentVolumeClaim" {
+                    o["metadata"]["namespace"] = json!(NAMESPACE);
+                }
+                if o["spec"]["claimRef"].is_object() {
+                    o["spec"]["claimRef"]["namespace"] = json!(NAMESPACE);
+                }
+                o
+            })
+            .collect();
         let dra_pools = policy
             .pools
             .iter()
@@ -829,6 +866,7 @@ impl Setup {
             scale,
             pods,
             dra_objects,
+            storage_objects,
             dra_pools,
             hpa,
             our_policy: config::our_policy(raw_policy, policy, scale)?,
@@ -912,6 +950,7 @@ spec:
 /// One Node's life as seen.
 struct NodeSeen {
     instance_type: String,
+    zone: Option<String>,
     capacity_type: Option<CapacityType>,
     gpus: i64,
     first: Duration,
@@ -954,6 +993,10 @@ pub struct Measured {
     pub cost_by_offering: BTreeMap<String, f64>,
     pub wall_s: f64,
     pub unpriced_nodes: Vec<String>,
+    /// The workloads whose pods have volumes, by the zone of the Node their first pod ran on.
+    pub volume_pods_by_zone: BTreeMap<String, usize>,
+    /// The volumes the provisioner stand-in made, by zone.
+    pub volumes_by_zone: BTreeMap<String, usize>,
 }
 
 /// The replicas a real HPA made over a run, in the scenario's time.
@@ -1242,6 +1285,14 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             &json!({"apiVersion": "v1", "kind": "List", "items": setup.dra_objects}),
         )?;
     }
+    if !setup.storage_objects.is_empty() {
+        apply_json(
+            &cluster,
+            dir,
+            "storage-objects.json",
+            &json!({"apiVersion": "v1", "kind": "List", "items": setup.storage_objects}),
+        )?;
+    }
     let chain = match &setup.hpa {
         Some(h) => Some(
             Chain::start(&cluster, dir, h.scrape, h.relist)
@@ -1303,10 +1354,17 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
     // of their devices by (pool, device) as an allocation names them.
     let mut published: HashSet<String> = HashSet::new();
     let mut device_gpus: HashMap<(String, String), f64> = HashMap::new();
-    let kinds = if setup.dra_objects.is_empty() {
-        "nodes,pods"
-    } else {
-        "nodes,pods,resourceclaims"
+    // The volumes the provisioner stand-in made (by name), and how many in each zone.
+    let mut provisioned: HashSet<String> = HashSet::new();
+    let mut volumes_by_zone: BTreeMap<String, usize> = BTreeMap::new();
+    let kinds = match (
+        setup.dra_objects.is_empty(),
+        setup.storage_objects.is_empty(),
+    ) {
+        (true, true) => "nodes,pods",
+        (false, true) => "nodes,pods,resourceclaims",
+        (true, false) => "nodes,pods,persistentvolumeclaims",
+        (false, false) => "nodes,pods,resourceclaims,persistentvolumeclaims",
     };
     loop {
         let now = t0.elapsed();
@@ -1460,8 +1518,10 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                         .filter_map(|r| o["status"]["capacity"][r].as_str()?.parse::<i64>().ok())
                         .sum(),
                 };
+                let zone = labels[ZONE].as_str().map(str::to_string);
                 let n = nodes.entry(name).or_insert_with(|| NodeSeen {
                     instance_type,
+                    zone,
                     capacity_type: ct,
                     gpus,
                     first: seen_at,
@@ -1527,6 +1587,33 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
                     p.finished.get_or_insert(seen_at);
                 }
             }
+        }
+        // The provisioner stand-in: a volume in its node's zone for each claim the scheduler
+        // selected a node for.
+        let mut volumes = Vec::new();
+        for (claim, node) in provisioner::selected_claims(&v) {
+            let zone = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|o| o["kind"] == "Node" && o["metadata"]["name"] == node)
+                .and_then(|o| o["metadata"]["labels"][ZONE].as_str());
+            let Some(zone) = zone else { continue };
+            if let Some(pv) = provisioner::volume_for(claim, zone) {
+                let name = pv["metadata"]["name"].as_str().unwrap_or("").to_string();
+                if provisioned.insert(name) {
+                    *volumes_by_zone.entry(zone.to_string()).or_default() += 1;
+                    volumes.push(pv);
+                }
+            }
+        }
+        if !volumes.is_empty() {
+            let f = dir.join("volumes.json");
+            std::fs::write(
+                &f,
+                json!({"apiVersion": "v1", "kind": "List", "items": volumes}).to_string(),
+            )?;
+            kubectl(&cluster, &["create", "-f", f.to_str().unwrap()])?;
         }
         // The devices allocated to the claims of the pods they are reserved for.
         for c in v["items"].as_array().into_iter().flatten() {
@@ -1663,6 +1750,17 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
             node: all[i].1.node.clone().unwrap_or_default(),
         })
         .collect();
+    let mut volume_pods_by_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for (w, p) in setup.pods.iter().zip(&pods) {
+        let zone = p
+            .node
+            .as_ref()
+            .and_then(|n| nodes.get(n))
+            .and_then(|n| n.zone.clone());
+        if let (true, Some(z)) = (w.volumes, zone) {
+            *volume_pods_by_zone.entry(z).or_default() += 1;
+        }
+    }
     let pod_gpu_s: f64 = all.iter().map(|(_, p, g)| model(p.ran) * g).sum();
     let first_pod = all.iter().filter_map(|(_, p, _)| p.created).min();
     let first_node = nodes.values().map(|n| n.first).min();
@@ -1704,6 +1802,8 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         cost_by_offering: by_offering,
         wall_s: started.elapsed().as_secs_f64(),
         unpriced_nodes: unpriced,
+        volume_pods_by_zone,
+        volumes_by_zone,
     })
 }
 
@@ -1756,7 +1856,7 @@ pub fn to_json(reports: &[Report], bins: &Binaries) -> Value {
 
 /// One run's figures.
 fn run_json(m: &Measured) -> Value {
-    json!({
+    let mut v = json!({
                 "strategy": m.autoscaler,
                 "cost_usd": round(m.cost_usd, 2),
                 "wait_p50_s": round(m.wait_p50_s, 1),
@@ -1777,7 +1877,13 @@ fn run_json(m: &Measured) -> Value {
                 "cost_by_offering": m.cost_by_offering.iter().map(|(k, v)| (k.clone(), round(*v, 2))).collect::<BTreeMap<_, _>>(),
                 "unpriced_nodes": m.unpriced_nodes,
                 "wall_s": round(m.wall_s, 1),
-    })
+    });
+    // Only for a workload with volumes.
+    if !(m.volume_pods_by_zone.is_empty() && m.volumes_by_zone.is_empty()) {
+        v["volume_pods_by_zone"] = json!(m.volume_pods_by_zone);
+        v["volumes_by_zone"] = json!(m.volumes_by_zone);
+    }
+    v
 }
 
 /// The runs of each autoscaler (in the order they first ran): one run as it is; several as the
@@ -2090,6 +2196,8 @@ mod tests {
             cost_by_offering: [("g5.xlarge/spot".to_string(), cost)].into(),
             wall_s: 100.0,
             unpriced_nodes: Vec::new(),
+            volume_pods_by_zone: BTreeMap::new(),
+            volumes_by_zone: BTreeMap::new(),
         }
     }
 
