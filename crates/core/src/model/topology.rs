@@ -269,18 +269,24 @@ pub struct TopologyIndex {
     /// The counters a pod may be selected by, from the label keys it has.
     counted_by_key: Prefilter,
     repel_by_key: Prefilter,
-    /// Eligible domains per constraints and topology key, as [`TopologyIndex::profile`] found
-    /// them (pods of one template share them).
-    domains: RefCell<HashMap<(Constraints, String), Domains>>,
+    /// Eligible domains per constraints (but their rules across nodes, which the domains do
+    /// not depend on), topology key and the keys of the pod's spread, as
+    /// [`TopologyIndex::profile`] found them: pods of one template share them, and so do
+    /// pods whose templates differ only in those rules.
+    domains: RefCell<HashMap<DomainsKey, Domains>>,
 }
 
 /// The domains of a key a pod may be placed in, and whether a new node is a fresh one.
 type Domains = (Vec<String>, bool);
 
-/// Counters by a label key every pod they select has (a requirement `In` or `Exists` on it),
-/// and those without one.
+/// Constraints without their rules across nodes, a topology key, the keys of a spread.
+type DomainsKey = (Constraints, String, Vec<String>);
+
+/// Counters by a label every pod they select has (a requirement `In` on its key: under each of
+/// its values), by a label key every pod they select has (`Exists`), and those without one.
 #[derive(Clone, Debug, Default)]
 struct Prefilter {
+    by_value: HashMap<String, HashMap<String, Vec<usize>>>,
     by_key: HashMap<String, Vec<usize>>,
     rest: Vec<usize>,
 }
@@ -296,6 +302,16 @@ impl Prefilter {
                 .flatten()
                 .find(|r| matches!(r.operator, Operator::In | Operator::Exists));
             match anchor {
+                Some(r) if r.operator == Operator::In => {
+                    let by_value = p.by_value.entry(r.key.clone()).or_default();
+                    for v in &r.values {
+                        let list = by_value.entry(v.clone()).or_default();
+                        // A value listed twice lists the counter once.
+                        if list.last() != Some(&i) {
+                            list.push(i);
+                        }
+                    }
+                }
                 Some(r) => p.by_key.entry(r.key.clone()).or_default().push(i),
                 None => p.rest.push(i),
             }
@@ -314,6 +330,12 @@ impl Prefilter {
             .rest
             .iter()
             .chain(labels.keys().filter_map(|k| self.by_key.get(k)).flatten())
+            .chain(
+                labels
+                    .iter()
+                    .filter_map(|(k, v)| self.by_value.get(k)?.get(v))
+                    .flatten(),
+            )
             .copied()
             .filter(|&i| counters[i].selects(namespace, labels))
             .collect();
@@ -472,7 +494,13 @@ impl TopologyIndex {
         key: &str,
         spread_keys: &[&str],
     ) -> (Vec<String>, bool) {
-        let memo = (c.clone(), key.to_string());
+        let mut node_rules = c.clone();
+        node_rules.topology = None;
+        let memo = (
+            node_rules,
+            key.to_string(),
+            spread_keys.iter().map(|k| k.to_string()).collect(),
+        );
         if let Some(d) = self.domains.borrow().get(&memo) {
             return d.clone();
         }

@@ -14,6 +14,7 @@
 //!    times the price), so cheap small nodes and big shared nodes compete on equal terms.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,6 +141,10 @@ struct NewNode {
     pods: Vec<usize>,
 }
 
+/// Offerings of a template in one domain of every topology key: their mask, the domains (the
+/// values of the keys rules use) and the labels of the first of them.
+type Part = (u64, Vec<Option<String>>, Arc<BTreeMap<String, String>>);
+
 /// Nodes opened by the greedy: `count` identical nodes taking `takes` per node.
 struct Opened {
     template: usize,
@@ -198,6 +203,11 @@ struct Packer<'a> {
     spares: i64,
     /// Every zone of a template or a bin, sorted.
     zones: Vec<String>,
+    /// Per zone of `zones`: each template's offerings in it.
+    zone_masks: HashMap<String, Vec<u64>>,
+    /// [`Packer::template_parts`] by (template, offerings, bound to domains): classes alike
+    /// in these share them.
+    parts: HashMap<(usize, u64, bool), Rc<Vec<Part>>>,
     /// The pods placed so far per topology domain, when some pod has rules across nodes
     /// (host ports, pod affinity, spread); then `sites` holds each bin's labels and identity.
     topology: Option<TopologyIndex>,
@@ -307,6 +317,8 @@ impl<'a> Packer<'a> {
             available: templates.iter().map(Template::available_mask).collect(),
             zone_bins: BTreeMap::new(),
             zones: Vec::new(),
+            zone_masks: HashMap::new(),
+            parts: HashMap::new(),
             spares: 0,
             topology: None,
             sites: Vec::new(),
@@ -354,6 +366,16 @@ impl<'a> Packer<'a> {
             zones.extend(t.offerings.iter().map(|o| o.key.zone.as_str()));
         }
         p.zones = zones.into_iter().map(str::to_string).collect();
+        p.zone_masks = p
+            .zones
+            .iter()
+            .map(|z| {
+                (
+                    z.clone(),
+                    templates.iter().map(|t| t.zone_mask(z)).collect(),
+                )
+            })
+            .collect();
         p.build_classes(now);
         p
     }
@@ -852,11 +874,27 @@ impl<'a> Packer<'a> {
     /// real bins. Returns how many were placed.
     fn place_on_bins(&mut self, c: usize, want: i64, zone: Option<&str>) -> i64 {
         let mut left = want;
-        for b in self.bin_list(zone) {
-            if left == 0 {
-                break;
+        match zone {
+            // Every bin, in order, without listing them first: only bin `b` changes when pods
+            // go onto it, so a bin skipped as full here is one the list would have left out.
+            None => {
+                for b in 0..self.bins.len() {
+                    if left == 0 {
+                        break;
+                    }
+                    if !self.bins[b].full {
+                        left -= self.place_on_bin(c, b, left);
+                    }
+                }
             }
-            left -= self.place_on_bin(c, b, left);
+            Some(z) => {
+                for b in self.zone_bin_list(z) {
+                    if left == 0 {
+                        break;
+                    }
+                    left -= self.place_on_bin(c, b, left);
+                }
+            }
         }
         want - left
     }
@@ -1060,7 +1098,7 @@ impl<'a> Packer<'a> {
 
     /// Takes off `items` what would fit on the bins of `zone`, without changing the bins.
     fn trial_on_bins(&mut self, items: &mut [(usize, i64)], zone: &str) {
-        let list = self.bin_list(Some(zone));
+        let list = self.zone_bin_list(zone);
         // Scratch copies of the bins touched, with the offering mask narrowed as the real
         // placement (`place_on_bins`) narrows it, so that trial and commit agree.
         let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>, u64)> = HashMap::new();
@@ -1131,11 +1169,18 @@ impl<'a> Packer<'a> {
         zone: Option<&str>,
         usage: &mut Usage,
     ) -> Vec<Opened> {
-        let zone_masks: Vec<u64> = self
-            .templates
-            .iter()
-            .map(|t| zone.map_or(u64::MAX, |z| t.zone_mask(z)))
-            .collect();
+        let zone_masks: std::borrow::Cow<[u64]> = match zone {
+            None => vec![u64::MAX; self.templates.len()].into(),
+            Some(z) => match self.zone_masks.get(z) {
+                Some(m) => m.as_slice().into(),
+                None => self
+                    .templates
+                    .iter()
+                    .map(|t| t.zone_mask(z))
+                    .collect::<Vec<_>>()
+                    .into(),
+            },
+        };
         let mut out = Vec::new();
         loop {
             if items.iter().all(|(_, r)| *r == 0) {
@@ -1320,6 +1365,31 @@ impl<'a> Packer<'a> {
         parts.into_iter().map(|(_, m)| m).collect()
     }
 
+    /// [`Packer::domain_parts`] of template `ti`'s offerings `base`, each with its domains and
+    /// the labels of its first offering; computed once per pass.
+    fn template_parts(&mut self, ti: usize, base: u64, bound: bool) -> Rc<Vec<Part>> {
+        if let Some(p) = self.parts.get(&(ti, base, bound)) {
+            return p.clone();
+        }
+        let t = &self.templates[ti];
+        let out: Vec<Part> = self
+            .domain_parts(t, base, bound)
+            .into_iter()
+            .map(|part| {
+                let labels = t.offerings_in(part).next().map(|o| o.labels.clone());
+                let labels = labels.unwrap_or_default();
+                let domains: Vec<Option<String>> = match &self.topology {
+                    Some(topo) => topo.keys().iter().map(|k| labels.get(k).cloned()).collect(),
+                    None => Vec::new(),
+                };
+                (part, domains, labels)
+            })
+            .collect();
+        let out = Rc::new(out);
+        self.parts.insert((ti, base, bound), out.clone());
+        out
+    }
+
     /// New nodes for the pods of class `c` (not in a gang) that rules across nodes look at,
     /// one at a time, each in one domain of every topology key these rules use, so that each
     /// pod is placed knowing where the earlier ones went: the pods go first-fit onto the bins
@@ -1343,7 +1413,8 @@ impl<'a> Packer<'a> {
         // (template, copies on an empty node, [(offerings of one domain, domain)])
         type Candidate = (usize, i64, Vec<(u64, usize)>);
         let mut candidates: Vec<Candidate> = Vec::new();
-        for (ti, t) in self.templates.iter().enumerate() {
+        let templates = self.templates;
+        for (ti, t) in templates.iter().enumerate() {
             let base = self.classes[c].tmask[ti] & self.available[ti];
             let copies = self.classes[c].copies(&t.allocatable, &t.shared);
             // Reserved offerings used up are left out as each node is opened, below.
@@ -1351,18 +1422,16 @@ impl<'a> Packer<'a> {
                 continue;
             }
             let mut parts = Vec::new();
-            for part in self.domain_parts(t, base, bound) {
-                let labels = t.offerings_in(part).next().map(|o| o.labels.clone());
-                let labels = labels.unwrap_or_default();
-                let domains: Vec<Option<String>> = match &self.topology {
-                    Some(topo) => topo.keys().iter().map(|k| labels.get(k).cloned()).collect(),
-                    None => Vec::new(),
+            for (part, domains, labels) in self.template_parts(ti, base, bound).iter() {
+                let d = match domain_of.get(domains) {
+                    Some(&d) => d,
+                    None => {
+                        domain_labels.push(labels.clone());
+                        domain_of.insert(domains.clone(), domain_labels.len() - 1);
+                        domain_labels.len() - 1
+                    }
                 };
-                let d = *domain_of.entry(domains).or_insert_with(|| {
-                    domain_labels.push(labels);
-                    domain_labels.len() - 1
-                });
-                parts.push((part, d));
+                parts.push((*part, d));
             }
             candidates.push((ti, copies, parts));
         }
@@ -1495,18 +1564,12 @@ impl<'a> Packer<'a> {
         }
     }
 
-    /// Bins to try, in order: every bin, or those of one zone.
-    fn bin_list(&self, zone: Option<&str>) -> Vec<usize> {
-        match zone {
-            None => (0..self.bins.len())
-                .filter(|&b| !self.bins[b].full)
-                .collect(),
-            Some(z) => self
-                .zone_bins
-                .get(z)
-                .map(|l| l.iter().copied().filter(|&b| !self.bins[b].full).collect())
-                .unwrap_or_default(),
-        }
+    /// Bins of one zone to try, in order.
+    fn zone_bin_list(&self, zone: &str) -> Vec<usize> {
+        self.zone_bins
+            .get(zone)
+            .map(|l| l.iter().copied().filter(|&b| !self.bins[b].full).collect())
+            .unwrap_or_default()
     }
 
     fn place_gang(&mut self, g: usize) {
