@@ -705,12 +705,31 @@ impl<'a> Packer<'a> {
             }
         }
         // Static compatibility and value.
-        for c in &mut self.classes {
-            let cons = &self.constraints[c.cclass];
-            c.tmask = self
-                .templates
+        let templates = self.templates;
+        let offerings_where = |keep: &dyn Fn(&super::templates::TemplateOffering) -> bool| {
+            templates
                 .iter()
                 .map(|t| {
+                    t.offerings
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, o)| keep(o))
+                        .fold(0u64, |m, (i, _)| m | (1 << i))
+                })
+                .collect::<Vec<u64>>()
+        };
+        let spot = offerings_where(&|o| o.key.capacity_type == CapacityType::Spot);
+        // Per constraint class, each template's offerings whose labels it admits (classes of
+        // one constraint class share them).
+        let mut by_labels: Vec<Option<Vec<u64>>> = vec![None; self.constraints.len()];
+        for c in &mut self.classes {
+            let cons = &self.constraints[c.cclass];
+            let labelled = by_labels[c.cclass]
+                .get_or_insert_with(|| offerings_where(&|o| cons.matches_node(&o.labels, None)));
+            c.tmask = templates
+                .iter()
+                .enumerate()
+                .map(|(ti, t)| {
                     let fits = c.requests.fits_in(&t.allocatable)
                         && c.share.is_none_or(|s| share_copies(&t.shared, &s) > 0)
                         && c.devices
@@ -720,12 +739,7 @@ impl<'a> Packer<'a> {
                         return 0;
                     }
                     let spot_only = t.pool < 64 && c.spot_only & (1 << t.pool) != 0;
-                    t.offerings
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, o)| cons.matches_node(&o.labels, None))
-                        .filter(|(_, o)| !spot_only || o.key.capacity_type == CapacityType::Spot)
-                        .fold(0u64, |m, (i, _)| m | (1 << i))
+                    labelled[ti] & if spot_only { spot[ti] } else { u64::MAX }
                 })
                 .collect();
             // Capacity Blocks that end before the class's pods would are no offering for it,
@@ -1142,8 +1156,15 @@ impl<'a> Packer<'a> {
         usage: &Usage,
         zone_masks: &[u64],
     ) -> Vec<i32> {
-        let rooms: Vec<bool> = (0..self.templates.len())
-            .map(|t| self.room(usage, t) > 0)
+        // Per template: the offerings a node may be opened with now, none without room.
+        let open: Vec<u64> = (0..self.templates.len())
+            .map(|t| {
+                if self.room(usage, t) > 0 {
+                    self.openable(usage, t) & zone_masks[t]
+                } else {
+                    0
+                }
+            })
             .collect();
         items
             .iter()
@@ -1151,11 +1172,10 @@ impl<'a> Packer<'a> {
                 let cl = &self.classes[c];
                 self.templates
                     .iter()
-                    .enumerate()
-                    .filter(|(t, _)| {
-                        rooms[*t] && cl.tmask[*t] & self.openable(usage, *t) & zone_masks[*t] != 0
-                    })
-                    .map(|(_, t)| t.priority)
+                    .zip(&cl.tmask)
+                    .zip(&open)
+                    .filter(|((_, m), o)| *m & *o != 0)
+                    .map(|((t, _), _)| t.priority)
                     .max()
                     .unwrap_or(i32::MIN)
             })
