@@ -466,8 +466,9 @@ pub struct TopologyIndex {
     counted_by_key: Prefilter,
     repel_by_key: Prefilter,
     preferred_by_key: Prefilter,
-    /// Eligible domains per constraints and topology key, as [`TopologyIndex::profile`] found
-    /// them (pods of one template share them).
+    /// Eligible domains per spread inclusion, topology key and the keys of the pod's spread,
+    /// as [`TopologyIndex::profile`] found them: pods of one template share them, and so do
+    /// pods whose templates differ only in their rules across nodes.
     domains: RefCell<HashMap<DomainsKey, Domains>>,
 }
 
@@ -477,10 +478,11 @@ type Domains = (Vec<String>, bool);
 /// What the domains depend on: the spread's inclusion, its key and the pod's spread keys.
 type DomainsKey = (Option<Inclusion>, String, Vec<String>);
 
-/// Counters by a label key every pod they select has (a requirement `In` or `Exists` on it),
-/// and those without one.
+/// Counters by a label every pod they select has (a requirement `In` on its key: under each of
+/// its values), by a label key every pod they select has (`Exists`), and those without one.
 #[derive(Clone, Debug, Default)]
 struct Prefilter {
+    by_value: HashMap<String, HashMap<String, Vec<usize>>>,
     by_key: HashMap<String, Vec<usize>>,
     rest: Vec<usize>,
 }
@@ -496,6 +498,16 @@ impl Prefilter {
                 .flatten()
                 .find(|r| matches!(r.operator, Operator::In | Operator::Exists));
             match anchor {
+                Some(r) if r.operator == Operator::In => {
+                    let by_value = p.by_value.entry(r.key.clone()).or_default();
+                    for v in &r.values {
+                        let list = by_value.entry(v.clone()).or_default();
+                        // A value listed twice lists the counter once.
+                        if list.last() != Some(&i) {
+                            list.push(i);
+                        }
+                    }
+                }
                 Some(r) => p.by_key.entry(r.key.clone()).or_default().push(i),
                 None => p.rest.push(i),
             }
@@ -514,6 +526,12 @@ impl Prefilter {
             .rest
             .iter()
             .chain(labels.keys().filter_map(|k| self.by_key.get(k)).flatten())
+            .chain(
+                labels
+                    .iter()
+                    .filter_map(|(k, v)| self.by_value.get(k)?.get(v))
+                    .flatten(),
+            )
             .copied()
             .filter(|&i| counters[i].selects(namespace, labels))
             .collect();

@@ -14,6 +14,7 @@
 //!    times the price), so cheap small nodes and big shared nodes compete on equal terms.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,6 +141,10 @@ struct NewNode {
     pods: Vec<usize>,
 }
 
+/// Offerings of a template in one domain of every topology key: their mask, the domains (the
+/// values of the keys rules use) and the labels of the first of them.
+type Part = (u64, Vec<Option<String>>, Arc<BTreeMap<String, String>>);
+
 /// Nodes opened by the greedy: `count` identical nodes taking `takes` per node.
 struct Opened {
     template: usize,
@@ -198,6 +203,11 @@ struct Packer<'a> {
     spares: i64,
     /// Every zone of a template or a bin, sorted.
     zones: Vec<String>,
+    /// Per zone of `zones`: each template's offerings in it.
+    zone_masks: HashMap<String, Vec<u64>>,
+    /// [`Packer::template_parts`] by (template, offerings, topology keys split by): classes
+    /// alike in these share them.
+    parts: HashMap<(usize, u64, Vec<String>), Rc<Vec<Part>>>,
     /// The pods placed so far per topology domain, when some pod has rules across nodes
     /// (host ports, pod affinity, spread); then `sites` holds each bin's labels and identity.
     topology: Option<TopologyIndex>,
@@ -307,6 +317,8 @@ impl<'a> Packer<'a> {
             available: templates.iter().map(Template::available_mask).collect(),
             zone_bins: BTreeMap::new(),
             zones: Vec::new(),
+            zone_masks: HashMap::new(),
+            parts: HashMap::new(),
             spares: 0,
             topology: None,
             sites: Vec::new(),
@@ -354,6 +366,16 @@ impl<'a> Packer<'a> {
             zones.extend(t.offerings.iter().map(|o| o.key.zone.as_str()));
         }
         p.zones = zones.into_iter().map(str::to_string).collect();
+        p.zone_masks = p
+            .zones
+            .iter()
+            .map(|z| {
+                (
+                    z.clone(),
+                    templates.iter().map(|t| t.zone_mask(z)).collect(),
+                )
+            })
+            .collect();
         p.build_classes(now);
         p
     }
@@ -683,12 +705,31 @@ impl<'a> Packer<'a> {
             }
         }
         // Static compatibility and value.
-        for c in &mut self.classes {
-            let cons = &self.constraints[c.cclass];
-            c.tmask = self
-                .templates
+        let templates = self.templates;
+        let offerings_where = |keep: &dyn Fn(&super::templates::TemplateOffering) -> bool| {
+            templates
                 .iter()
                 .map(|t| {
+                    t.offerings
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, o)| keep(o))
+                        .fold(0u64, |m, (i, _)| m | (1 << i))
+                })
+                .collect::<Vec<u64>>()
+        };
+        let spot = offerings_where(&|o| o.key.capacity_type == CapacityType::Spot);
+        // Per constraint class, each template's offerings whose labels it admits (classes of
+        // one constraint class share them).
+        let mut by_labels: Vec<Option<Vec<u64>>> = vec![None; self.constraints.len()];
+        for c in &mut self.classes {
+            let cons = &self.constraints[c.cclass];
+            let labelled = by_labels[c.cclass]
+                .get_or_insert_with(|| offerings_where(&|o| cons.matches_node(&o.labels, None)));
+            c.tmask = templates
+                .iter()
+                .enumerate()
+                .map(|(ti, t)| {
                     let fits = c.requests.fits_in(&t.allocatable)
                         && c.share.is_none_or(|s| share_copies(&t.shared, &s) > 0)
                         && c.devices
@@ -698,12 +739,7 @@ impl<'a> Packer<'a> {
                         return 0;
                     }
                     let spot_only = t.pool < 64 && c.spot_only & (1 << t.pool) != 0;
-                    t.offerings
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, o)| cons.matches_node(&o.labels, None))
-                        .filter(|(_, o)| !spot_only || o.key.capacity_type == CapacityType::Spot)
-                        .fold(0u64, |m, (i, _)| m | (1 << i))
+                    labelled[ti] & if spot_only { spot[ti] } else { u64::MAX }
                 })
                 .collect();
             // Capacity Blocks that end before the class's pods would are no offering for it,
@@ -859,11 +895,27 @@ impl<'a> Packer<'a> {
             return self.place_preferred(c, want, zone);
         }
         let mut left = want;
-        for b in self.bin_list(zone) {
-            if left == 0 {
-                break;
+        match zone {
+            // Every bin, in order, without listing them first: only bin `b` changes when pods
+            // go onto it, so a bin skipped as full here is one the list would have left out.
+            None => {
+                for b in 0..self.bins.len() {
+                    if left == 0 {
+                        break;
+                    }
+                    if !self.bins[b].full {
+                        left -= self.place_on_bin(c, b, left);
+                    }
+                }
             }
-            left -= self.place_on_bin(c, b, left);
+            Some(z) => {
+                for b in self.zone_bin_list(z) {
+                    if left == 0 {
+                        break;
+                    }
+                    left -= self.place_on_bin(c, b, left);
+                }
+            }
         }
         want - left
     }
@@ -879,7 +931,13 @@ impl<'a> Packer<'a> {
         let mut placed = 0;
         while placed < want {
             let mut fit: Vec<usize> = Vec::new();
-            for b in self.bin_list(zone) {
+            let bins: Vec<usize> = match zone {
+                None => (0..self.bins.len())
+                    .filter(|&b| !self.bins[b].full)
+                    .collect(),
+                Some(z) => self.zone_bin_list(z),
+            };
+            for b in bins {
                 if !self.compat(c, b) {
                     continue;
                 }
@@ -1117,7 +1175,7 @@ impl<'a> Packer<'a> {
 
     /// Takes off `items` what would fit on the bins of `zone`, without changing the bins.
     fn trial_on_bins(&mut self, items: &mut [(usize, i64)], zone: &str) {
-        let list = self.bin_list(Some(zone));
+        let list = self.zone_bin_list(zone);
         // Scratch copies of the bins touched, with the offering mask narrowed as the real
         // placement (`place_on_bins`) narrows it, so that trial and commit agree.
         let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>, u64)> = HashMap::new();
@@ -1161,8 +1219,15 @@ impl<'a> Packer<'a> {
         usage: &Usage,
         zone_masks: &[u64],
     ) -> Vec<i32> {
-        let rooms: Vec<bool> = (0..self.templates.len())
-            .map(|t| self.room(usage, t) > 0)
+        // Per template: the offerings a node may be opened with now, none without room.
+        let open: Vec<u64> = (0..self.templates.len())
+            .map(|t| {
+                if self.room(usage, t) > 0 {
+                    self.openable(usage, t) & zone_masks[t]
+                } else {
+                    0
+                }
+            })
             .collect();
         items
             .iter()
@@ -1170,11 +1235,10 @@ impl<'a> Packer<'a> {
                 let cl = &self.classes[c];
                 self.templates
                     .iter()
-                    .enumerate()
-                    .filter(|(t, _)| {
-                        rooms[*t] && cl.tmask[*t] & self.openable(usage, *t) & zone_masks[*t] != 0
-                    })
-                    .map(|(_, t)| t.priority)
+                    .zip(&cl.tmask)
+                    .zip(&open)
+                    .filter(|((_, m), o)| *m & *o != 0)
+                    .map(|((t, _), _)| t.priority)
                     .max()
                     .unwrap_or(i32::MIN)
             })
@@ -1188,11 +1252,18 @@ impl<'a> Packer<'a> {
         zone: Option<&str>,
         usage: &mut Usage,
     ) -> Vec<Opened> {
-        let zone_masks: Vec<u64> = self
-            .templates
-            .iter()
-            .map(|t| zone.map_or(u64::MAX, |z| t.zone_mask(z)))
-            .collect();
+        let zone_masks: std::borrow::Cow<[u64]> = match zone {
+            None => vec![u64::MAX; self.templates.len()].into(),
+            Some(z) => match self.zone_masks.get(z) {
+                Some(m) => m.as_slice().into(),
+                None => self
+                    .templates
+                    .iter()
+                    .map(|t| t.zone_mask(z))
+                    .collect::<Vec<_>>()
+                    .into(),
+            },
+        };
         let mut out = Vec::new();
         loop {
             if items.iter().all(|(_, r)| *r == 0) {
@@ -1376,6 +1447,30 @@ impl<'a> Packer<'a> {
         parts.into_iter().map(|(_, m)| m).collect()
     }
 
+    /// [`Packer::domain_parts`] of template `ti`'s offerings `base`, each with its domains and
+    /// the labels of its first offering; computed once per pass.
+    fn template_parts(&mut self, ti: usize, base: u64, keys: &[String]) -> Rc<Vec<Part>> {
+        let memo = (ti, base, keys.to_vec());
+        if let Some(p) = self.parts.get(&memo) {
+            return p.clone();
+        }
+        let t = &self.templates[ti];
+        let out: Vec<Part> = self
+            .domain_parts(t, base, keys)
+            .into_iter()
+            .map(|part| {
+                let labels = t.offerings_in(part).next().map(|o| o.labels.clone());
+                let labels = labels.unwrap_or_default();
+                let domains: Vec<Option<String>> =
+                    keys.iter().map(|k| labels.get(k).cloned()).collect();
+                (part, domains, labels)
+            })
+            .collect();
+        let out = Rc::new(out);
+        self.parts.insert(memo, out.clone());
+        out
+    }
+
     /// New nodes for the pods of class `c` (not in a gang) that rules across nodes look at,
     /// one at a time, each in one domain of every topology key these rules use, so that each
     /// pod is placed knowing where the earlier ones went: the pods go first-fit onto the bins
@@ -1408,7 +1503,8 @@ impl<'a> Packer<'a> {
         // (template, copies on an empty node, [(offerings of one domain, domain)])
         type Candidate = (usize, i64, Vec<(u64, usize)>);
         let mut candidates: Vec<Candidate> = Vec::new();
-        for (ti, t) in self.templates.iter().enumerate() {
+        let templates = self.templates;
+        for (ti, t) in templates.iter().enumerate() {
             let base = self.classes[c].tmask[ti] & self.available[ti];
             let copies = self.classes[c].copies(&t.allocatable, &t.shared);
             // Reserved offerings used up are left out as each node is opened, below.
@@ -1416,16 +1512,16 @@ impl<'a> Packer<'a> {
                 continue;
             }
             let mut parts = Vec::new();
-            for part in self.domain_parts(t, base, &keys) {
-                let labels = t.offerings_in(part).next().map(|o| o.labels.clone());
-                let labels = labels.unwrap_or_default();
-                let domains: Vec<Option<String>> =
-                    keys.iter().map(|k| labels.get(k).cloned()).collect();
-                let d = *domain_of.entry(domains).or_insert_with(|| {
-                    domain_labels.push(labels);
-                    domain_labels.len() - 1
-                });
-                parts.push((part, d));
+            for (part, domains, labels) in self.template_parts(ti, base, &keys).iter() {
+                let d = match domain_of.get(domains) {
+                    Some(&d) => d,
+                    None => {
+                        domain_labels.push(labels.clone());
+                        domain_of.insert(domains.clone(), domain_labels.len() - 1);
+                        domain_labels.len() - 1
+                    }
+                };
+                parts.push((*part, d));
             }
             candidates.push((ti, copies, parts));
         }
@@ -1577,18 +1673,12 @@ impl<'a> Packer<'a> {
         }
     }
 
-    /// Bins to try, in order: every bin, or those of one zone.
-    fn bin_list(&self, zone: Option<&str>) -> Vec<usize> {
-        match zone {
-            None => (0..self.bins.len())
-                .filter(|&b| !self.bins[b].full)
-                .collect(),
-            Some(z) => self
-                .zone_bins
-                .get(z)
-                .map(|l| l.iter().copied().filter(|&b| !self.bins[b].full).collect())
-                .unwrap_or_default(),
-        }
+    /// Bins of one zone to try, in order.
+    fn zone_bin_list(&self, zone: &str) -> Vec<usize> {
+        self.zone_bins
+            .get(zone)
+            .map(|l| l.iter().copied().filter(|&b| !self.bins[b].full).collect())
+            .unwrap_or_default()
     }
 
     fn place_gang(&mut self, g: usize) {

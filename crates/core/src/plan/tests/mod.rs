@@ -1374,6 +1374,7 @@ fn a_plans_templates_are_shared_until_daemonsets_or_unavailable_offerings_change
 mod consolidate;
 mod dra;
 mod reserved;
+mod same_plans;
 mod scale_down;
 mod topology;
 mod volumes;
