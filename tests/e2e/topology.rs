@@ -273,31 +273,29 @@ fn bare_gpu_pod(ns: &str, app: &str, extra: &str) -> String {
 fn refused_a_pod_the_scheduler_keeps_off_a_node_for_a_rule_we_do_not_model_gets_a_node_of_its_own()
 {
     let env = started("refused");
-    // A pod in a namespace labelled team=x runs on a 4-GPU node, three GPUs left free.
-    env.create("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: other\n  labels: {team: x}\n");
-    env.wait_for("the namespace's ServiceAccount", MIN, || {
-        env.get_json(&["get", "serviceaccounts", "-n", "other"])["items"]
-            .as_array()
-            .filter(|a| !a.is_empty())
-            .map(|_| ())
-    });
-    env.create(&bare_gpu_pod("other", "a", ""));
+    // Pod a runs on a 4-GPU node (200Gi of ephemeral storage), three GPUs left free, and takes
+    // 150Gi of its scratch space.
+    let scratch = |gib: u32| {
+        format!("{{cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\", ephemeral-storage: {gib}Gi}}")
+    };
+    let pod = |name: &str, gib: u32| {
+        bare_gpu_pod("default", name, "").replace(
+            "requests: {cpu: \"1\", memory: 2Gi, nvidia.com/gpu: \"1\"}",
+            &format!("requests: {}", scratch(gib)),
+        )
+    };
+    env.create(&pod("a", 150));
     let first = env.wait_for("pod a to run", 3 * MIN, || {
-        let p = env.get_json(&["get", "pod", "a", "-n", "other"]);
+        let p = env.get_json(&["get", "pod", "a", "-n", "default"]);
         (p["status"]["phase"] == "Running")
             .then(|| p["spec"]["nodeName"].as_str().map(str::to_string))
             .flatten()
     });
     assert_eq!(launched(&env), 1);
 
-    // Pod b may not share a node with app=a pods of namespaces labelled team=x. The planner
-    // reads a namespaceSelector without Namespaces' labels (as the namespaces it lists and the
-    // pod's own), so on its model b fits the free GPUs of a's node; kube-scheduler refuses it
-    // there.
-    let anti = "  affinity:\n    podAntiAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:\n      \
-                - topologyKey: kubernetes.io/hostname\n        labelSelector: {matchLabels: {app: a}}\n        \
-                namespaceSelector: {matchLabels: {team: x}}\n";
-    env.create(&bare_gpu_pod("default", "b", anti));
+    // Pod b asks for 100Gi more. The planner does not count ephemeral storage, so on its model
+    // b fits the free GPUs of a's node; kube-scheduler refuses it there.
+    env.create(&pod("b", 100));
     let refused = env.wait_for("the refusal to be noticed", 4 * MIN, || {
         env.events("FailedScaleUp")
             .into_iter()
