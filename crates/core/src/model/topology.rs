@@ -440,11 +440,11 @@ pub struct TopologyIndex {
     counted: Vec<Counter>,
     counted_ix: HashMap<CounterKey, usize>,
     repel: Vec<Counter>,
-    repel_ix: HashMap<(String, Vec<PodSelector>), usize>,
+    repel_ix: HashMap<CounterKey, usize>,
     /// Counts for preferences only: kept apart so that a pod only preferences look at is not
     /// bound to domains.
     preferred: Vec<Counter>,
-    preferred_ix: HashMap<(String, Vec<PodSelector>), usize>,
+    preferred_ix: HashMap<CounterKey, usize>,
     ports: HashMap<String, Vec<HostPort>>,
     /// Per node, the volumes its pods attach (once per pod: a volume two pods share is in it
     /// twice).
@@ -566,17 +566,9 @@ impl TopologyIndex {
                 ix.counter(&a.topology_key, &all, None);
             }
             for a in &t.anti_affinity {
-                let selectors = vec![a.selector.clone()];
-                ix.counter(&a.topology_key, &selectors, None);
-                let key = (a.topology_key.clone(), selectors);
-                if !ix.repel_ix.contains_key(&key) {
-                    ix.repel_ix.insert(key.clone(), ix.repel.len());
-                    ix.repel.push(Counter {
-                        key: key.0,
-                        selectors: key.1,
-                        ..Counter::default()
-                    });
-                }
+                let key = (a.topology_key.clone(), vec![a.selector.clone()], None);
+                intern(&mut ix.counted, &mut ix.counted_ix, key.clone());
+                intern(&mut ix.repel, &mut ix.repel_ix, key);
             }
             for s in &t.spread {
                 let include = Inclusion::of(s, &p.constraints);
@@ -589,7 +581,11 @@ impl TopologyIndex {
                 .map(|p| (&p.term.topology_key, &p.term.selector))
                 .chain(prefs.spread.iter().map(|s| (&s.topology_key, &s.selector)))
             {
-                ix.preference_counter(key, selector);
+                intern(
+                    &mut ix.preferred,
+                    &mut ix.preferred_ix,
+                    (key.clone(), vec![selector.clone()], None),
+                );
             }
             ix.keys
                 .extend(t.keys().filter(|k| *k != HOSTNAME).map(str::to_string));
@@ -598,20 +594,6 @@ impl TopologyIndex {
         ix.repel_by_key = Prefilter::new(&ix.repel);
         ix.preferred_by_key = Prefilter::new(&ix.preferred);
         ix
-    }
-
-    fn preference_counter(&mut self, key: &str, selector: &PodSelector) -> usize {
-        let k = (key.to_string(), vec![selector.clone()]);
-        if let Some(&i) = self.preferred_ix.get(&k) {
-            return i;
-        }
-        self.preferred.push(Counter {
-            key: key.to_string(),
-            selectors: k.1.clone(),
-            ..Counter::default()
-        });
-        self.preferred_ix.insert(k, self.preferred.len() - 1);
-        self.preferred.len() - 1
     }
 
     /// The topology keys some rule uses, but the hostname: a new node of a pod bound to
@@ -627,17 +609,7 @@ impl TopologyIndex {
         include: Option<Inclusion>,
     ) -> usize {
         let k = (key.to_string(), selectors.to_vec(), include);
-        if let Some(&i) = self.counted_ix.get(&k) {
-            return i;
-        }
-        self.counted.push(Counter {
-            key: key.to_string(),
-            selectors: selectors.to_vec(),
-            include: k.2.clone(),
-            ..Counter::default()
-        });
-        self.counted_ix.insert(k, self.counted.len() - 1);
-        self.counted.len() - 1
+        intern(&mut self.counted, &mut self.counted_ix, k)
     }
 
     /// Which counted selectors select a pod, and which anti-affinity terms of other pods repel
@@ -668,7 +640,7 @@ impl TopologyIndex {
             p.own_repel = t
                 .anti_affinity
                 .iter()
-                .map(|a| self.repel_ix[&(a.topology_key.clone(), vec![a.selector.clone()])])
+                .map(|a| self.repel_ix[&(a.topology_key.clone(), vec![a.selector.clone()], None)])
                 .collect();
             p.ports = t.host_ports.clone();
             p.attach = t.attachments.clone();
@@ -703,7 +675,7 @@ impl TopologyIndex {
             .collect();
         let prefs = &t.preferences;
         let pref = |key: &str, selector: &PodSelector| {
-            self.preferred_ix[&(key.to_string(), vec![selector.clone()])]
+            self.preferred_ix[&(key.to_string(), vec![selector.clone()], None)]
         };
         p.prefer_pods = prefs
             .pods
@@ -1083,6 +1055,25 @@ impl TopologyIndex {
             }
         }
     }
+}
+
+/// The index in `counters` of the counter `key` names, added (no pod counted yet) when new.
+fn intern(
+    counters: &mut Vec<Counter>,
+    ix: &mut HashMap<CounterKey, usize>,
+    key: CounterKey,
+) -> usize {
+    if let Some(&i) = ix.get(&key) {
+        return i;
+    }
+    counters.push(Counter {
+        key: key.0.clone(),
+        selectors: key.1.clone(),
+        include: key.2.clone(),
+        ..Counter::default()
+    });
+    ix.insert(key, counters.len() - 1);
+    counters.len() - 1
 }
 
 /// Adds `items` to `node`'s list in `by_node` (`k > 0`), or takes one of each back.
