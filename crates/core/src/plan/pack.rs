@@ -141,6 +141,10 @@ struct NewNode {
     pods: Vec<usize>,
 }
 
+/// Per (class, template): the most pods of the class one new node of the template may take (no
+/// entry: as many as fit).
+type NodeCaps = HashMap<(usize, usize), i64>;
+
 /// Offerings of a template in one domain of every topology key: their mask, the domains (the
 /// values of the keys rules use) and the labels of the first of them.
 type Part = (u64, Vec<Option<String>>, Arc<BTreeMap<String, String>>);
@@ -1250,6 +1254,7 @@ impl<'a> Packer<'a> {
         &self,
         items: &mut [(usize, i64)],
         zone: Option<&str>,
+        caps: &NodeCaps,
         usage: &mut Usage,
     ) -> Vec<Opened> {
         let zone_masks: std::borrow::Cow<[u64]> = match zone {
@@ -1298,7 +1303,8 @@ impl<'a> Packer<'a> {
                     if m == 0 {
                         continue;
                     }
-                    let k = cl.copies(&free, &shared).min(rem);
+                    let cap = caps.get(&(c, ti)).copied().unwrap_or(i64::MAX);
+                    let k = cl.copies(&free, &shared).min(rem).min(cap);
                     if k <= 0 {
                         continue;
                     }
@@ -1376,7 +1382,7 @@ impl<'a> Packer<'a> {
                 if as_bins {
                     let t = &self.templates[o.template];
                     let zone = t.offerings_in(o.mask).next().map(|x| x.key.zone.clone());
-                    self.push_bin(Bin {
+                    let b = self.push_bin(Bin {
                         free: o.free.clone(),
                         shared: o.shared.clone(),
                         zone,
@@ -1387,6 +1393,18 @@ impl<'a> Packer<'a> {
                         starting: false,
                         reserved: Vec::new(),
                     });
+                    // Rules across nodes count these pods where they go, as placed ones.
+                    if let Some(topo) = self.topology.as_mut() {
+                        let (labels, node) = &self.sites[b];
+                        let site = Site { labels, node };
+                        for &(c, k) in &o.takes {
+                            if let Some(prof) = &self.classes[c].profile {
+                                for _ in 0..k {
+                                    topo.add(prof, &site);
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -1660,6 +1678,39 @@ impl<'a> Packer<'a> {
         (k, refusal)
     }
 
+    /// For a gang's classes that rules across nodes look at: per (class, template), how many of
+    /// its pods these rules admit on one new node of that template in `zone` (a hostname
+    /// anti-affinity among the workers, a host port: one). Empty without such classes.
+    fn new_node_caps(&mut self, classes: &[usize], zone: &str) -> NodeCaps {
+        let mut caps = NodeCaps::new();
+        if self.topology.is_none() {
+            return caps;
+        }
+        for &c in classes {
+            let Some(prof) = self.classes[c].profile.clone().filter(|p| p.has_rules()) else {
+                continue;
+            };
+            let templates = self.templates;
+            for (ti, t) in templates.iter().enumerate() {
+                let base = self.classes[c].tmask[ti] & self.available[ti] & t.zone_mask(zone);
+                let copies = self.classes[c].copies(&t.allocatable, &t.shared);
+                let Some(o) = t.offerings_in(base).next() else {
+                    continue;
+                };
+                if copies <= 0 {
+                    continue;
+                }
+                let labels = o.labels.clone();
+                let (k, refusal) = self.admitted_on_new(&prof, &labels, copies);
+                if k == 0 {
+                    self.classes[c].refused = self.classes[c].refused.or(refusal);
+                }
+                caps.insert((c, ti), k);
+            }
+        }
+        caps
+    }
+
     fn gang_zones(&self, g: &Gang) -> Vec<String> {
         match &g.zone {
             Some(z) => vec![z.clone()],
@@ -1700,8 +1751,9 @@ impl<'a> Packer<'a> {
                 .collect();
             items.sort_by(|a, b| self.classes[b.0].value.total_cmp(&self.classes[a.0].value));
             self.trial_on_bins(&mut items, &zone);
+            let caps = self.new_node_caps(&classes, &zone);
             let mut usage = self.usage.clone();
-            let opened = self.open_new(&mut items, Some(&zone), &mut usage);
+            let opened = self.open_new(&mut items, Some(&zone), &caps, &mut usage);
             if items.iter().any(|(_, r)| *r > 0) {
                 continue;
             }
@@ -1721,8 +1773,13 @@ impl<'a> Packer<'a> {
             });
         let Some((best_cost, zone)) = best.map(|i| costs[i].clone()) else {
             let members: i64 = classes.iter().map(|&c| self.classes[c].remaining()).sum();
+            let rules = classes
+                .iter()
+                .find_map(|&c| self.classes[c].refused)
+                .map(|r| format!(" (rules across nodes refuse a new node: {})", r.describe()))
+                .unwrap_or_default();
             self.gangs[g].failed = Some(format!(
-                "gang {} ({} pending pods, {:.2} GPUs) cannot get all its capacity in one zone: no zone has enough free or launchable capacity within pool and cluster limits",
+                "gang {} ({} pending pods, {:.2} GPUs) cannot get all its capacity in one zone: no zone has enough free or launchable capacity within pool and cluster limits{rules}",
                 self.gangs[g].key, members, self.gangs[g].gpu_eq
             ));
             return;
@@ -1736,8 +1793,9 @@ impl<'a> Packer<'a> {
         for it in items.iter_mut() {
             it.1 -= self.place_on_bins(it.0, it.1, Some(&zone));
         }
+        let caps = self.new_node_caps(&classes, &zone);
         let mut usage = self.usage.clone();
-        let mut opened = self.open_new(&mut items, Some(&zone), &mut usage);
+        let mut opened = self.open_new(&mut items, Some(&zone), &caps, &mut usage);
         self.usage = usage;
         // A gang's launch falls back within its zone only to offerings that keep it cheaper
         // than moving the whole gang to the next zone: when spot runs short here, the gang is
@@ -1884,7 +1942,7 @@ impl<'a> Packer<'a> {
                 .then(a.0.cmp(&b.0))
         });
         let mut usage = self.usage.clone();
-        let opened = self.open_new(&mut items, None, &mut usage);
+        let opened = self.open_new(&mut items, None, &NodeCaps::new(), &mut usage);
         self.usage = usage;
         self.commit_opened(opened, None, false);
     }

@@ -653,3 +653,60 @@ items:
     assert!(after.existing_capacity.is_empty(), "{after:#?}");
     assert_eq!(new_nodes(&after), 1, "{after:#?}");
 }
+
+/// One A10G pool of 4-GPU nodes only, over three zones.
+const BIG_ONLY: &str = r#"
+zones: [us-east-1a, us-east-1b, us-east-1c]
+pools:
+  - name: a10g
+    instanceTypes: [g5.12xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 50
+"#;
+
+#[test]
+fn a_gangs_workers_with_hostname_anti_affinity_get_a_new_node_each_and_are_counted_there() {
+    // Four 1-GPU workers of one job, one per node (hostname anti-affinity among them), and a
+    // pod that may not share a zone with them.
+    let workers: Vec<Pod> = (0..4)
+        .map(|i| {
+            replica(&format!("w{i}"), "worker")
+                .gang("job", 4)
+                .topology(PodTopology {
+                    anti_affinity: vec![term("worker", HOSTNAME)],
+                    ..Default::default()
+                })
+                .build()
+        })
+        .collect();
+    let (before, after) = before_and_after(&workers, &[], BIG_ONLY);
+    // Without the rule the four share one 4-GPU node, which kube-scheduler would refuse to
+    // three of them.
+    assert_eq!(new_nodes(&before), 1, "{before:#?}");
+    assert_eq!(new_nodes(&after), 4, "{after:#?}");
+    assert!(after.scale_ups.iter().all(
+        |s| s.gang.as_deref() == Some("default/job") && s.pods_per_node.iter().all(|&n| n == 1)
+    ));
+    let gang_zone: BTreeSet<String> = zones_of_new(&after).into_values().collect();
+    assert_eq!(gang_zone.len(), 1, "a gang stays in one zone: {after:#?}");
+
+    // The gang's pods count where they go: a pod whose anti-affinity keeps it out of the
+    // workers' zone gets a node in another zone.
+    let mut pods = workers.clone();
+    pods.push(
+        replica("apart", "apart")
+            .topology(PodTopology {
+                anti_affinity: vec![term("worker", labels::ZONE)],
+                ..Default::default()
+            })
+            .build(),
+    );
+    let plan = run(&snap(pods, vec![]), BIG_ONLY);
+    let zones = zones_of_new(&plan);
+    assert_ne!(
+        zones.get("default/apart"),
+        zones.get("default/w0"),
+        "{plan:#?}"
+    );
+    assert!(zones.contains_key("default/apart"), "{plan:#?}");
+}
