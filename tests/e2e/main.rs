@@ -37,19 +37,20 @@ fn no_labels() -> BTreeMap<&'static str, &'static str> {
 
 /// An arena-style MPI job: a launcher and two 1-GPU workers, one gang.
 fn mpi_job(run_for: &str) -> String {
-    // The job declares its size (as a PodGroup's minMember would): its two workers are planned
+    // The job declares its size as a PodGroup's minMember does, counting every pod of the job
+    // (the launcher too: its job-name label makes it a member): its two workers are planned
     // together even when the API server, under load, creates the second one after a pass has
-    // seen the first.
+    // seen the launcher and the first.
     let gang: BTreeMap<&str, &str> = [
         ("training.kubeflow.org/job-name", "bert"),
         ("training.kubeflow.org/replica-type", "worker"),
-        ("gpu-node-autoscaler.io/gang-min-member", "2"),
+        ("gpu-node-autoscaler.io/gang-min-member", "3"),
     ]
     .into();
     let launcher = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bert-launcher\n  namespace: default\n  labels:\n    \
-         training.kubeflow.org/job-name: bert\n    training.kubeflow.org/replica-type: launcher\n  \
-         annotations:\n    {RUN_DURATION}: {run_for}\nspec:\n  containers:\n  \
+         training.kubeflow.org/job-name: bert\n    training.kubeflow.org/replica-type: launcher\n    \
+         gpu-node-autoscaler.io/gang-min-member: \"3\"\n  annotations:\n    {RUN_DURATION}: {run_for}\nspec:\n  containers:\n  \
          - name: launcher\n    image: mpi:1\n    resources:\n      requests: {{cpu: 500m, memory: 1Gi}}\n"
     );
     format!(
