@@ -147,9 +147,64 @@ fn anchors_volume_smoke_creates_the_claims_provisions_them_and_every_pod_runs_in
         serde_json::json!({"us-east-1b": 2, "us-east-1c": 1}),
         "{json:#}"
     );
-    // A node per pod at most (one GPU each).
-    assert!(m["nodes_launched"].as_u64().unwrap() <= 3, "{json:#}");
+    // A node per pod at most (one GPU each). Said with our controller's decisions, so that a
+    // launch too many shows what the plan saw.
+    assert!(
+        m["nodes_launched"].as_u64().unwrap() <= 3,
+        "{json:#}\n{}",
+        decisions(&work)
+    );
     let _ = std::fs::remove_dir_all(work);
+}
+
+/// The lines of our controller's logs under `work` that tell its decisions (launches,
+/// nominations, scale-ups not triggered, refusals, removals), without colour codes.
+fn decisions(work: &std::path::Path) -> String {
+    let mut out = String::new();
+    for dir in std::fs::read_dir(work).into_iter().flatten().flatten() {
+        let log = dir.path().join("gpu-node-autoscaler.log");
+        let Ok(text) = std::fs::read_to_string(&log) else {
+            continue;
+        };
+        out.push_str(&format!("--- {}\n", log.display()));
+        for line in text.lines() {
+            let plain: String = strip_ansi(line);
+            if [
+                "launch",
+                "Nominated",
+                "ScaleUp",
+                "refused",
+                "terminat",
+                "drain",
+                "unneeded",
+            ]
+            .iter()
+            .any(|k| plain.contains(k))
+            {
+                out.push_str(&plain);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // An escape sequence: up to its final letter.
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// `anchors` on `simulations/anchors/<scenario>` at 20x with our controller only (`--hpa real`
