@@ -115,6 +115,11 @@ struct Bin {
     full: bool,
     /// A node still starting, counted at its template's capacity.
     starting: bool,
+    /// A node that joined within the max node provision time, Ready or not: the taints a
+    /// starting node carries (not-ready, uninitialized) are about to go, so they do not keep a
+    /// pod off it. The node lifecycle controller takes the not-ready taint off a moment after
+    /// the node turns Ready; a plan made in between would otherwise launch again.
+    joining: bool,
     /// Pending pods (indices into `snapshot.pods`) the launch of this starting or in-flight
     /// node was for.
     reserved: Vec<usize>,
@@ -459,6 +464,7 @@ impl<'a> Packer<'a> {
                 mask: 0,
                 full: false,
                 starting: is_booting,
+                joining: young,
                 reserved: if is_booting {
                     n.labels
                         .get(crate::model::labels::LAUNCH_ID)
@@ -502,6 +508,7 @@ impl<'a> Packer<'a> {
                     mask: 1 << oi,
                     full: false,
                     starting: false,
+                    joining: false,
                     reserved: planned.next(&f.launch_id),
                 });
             }
@@ -871,7 +878,7 @@ impl<'a> Packer<'a> {
                 let idx = cc * self.bin_compat_width + b;
                 if self.bin_compat[idx] == 0 {
                     let n = &self.snapshot.nodes[ni];
-                    let ok = if bin.starting {
+                    let ok = if bin.joining {
                         // What a starting node loses once it is Ready is no reason to launch
                         // another for the pod.
                         self.constraints[cc].admits(&n.labels, &n.lasting_taints(), Some(&n.name))
@@ -1391,6 +1398,7 @@ impl<'a> Packer<'a> {
                         mask: o.mask,
                         full: false,
                         starting: false,
+                        joining: false,
                         reserved: Vec::new(),
                     });
                     // Rules across nodes count these pods where they go, as placed ones.
@@ -1634,6 +1642,7 @@ impl<'a> Packer<'a> {
                 mask,
                 full: false,
                 starting: false,
+                joining: false,
                 reserved: Vec::new(),
             });
             let mut usage = self.usage.clone();

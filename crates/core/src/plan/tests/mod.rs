@@ -346,6 +346,48 @@ fn nodes_whose_gpus_are_not_advertised_yet_count_at_full_capacity() {
 }
 
 #[test]
+fn a_node_just_ready_whose_not_ready_taint_is_still_on_takes_its_pods() {
+    // Two nodes launched for two pods turned Ready; the node lifecycle controller has taken the
+    // not-ready taint off the first and not yet off the second (a moment later it will). The
+    // second node is no reason to launch a third.
+    let node = |name: &str| {
+        NodeBuilder::new(name)
+            .pool("a10g", "g5.xlarge", "us-east-1b")
+            .cpu_milli(3_920)
+            .memory_gib(15)
+            .gpus(1)
+            .created(NOW - std::time::Duration::from_secs(70))
+    };
+    let nodes = vec![
+        node("n0").build(),
+        node("n1")
+            .taint("node.kubernetes.io/not-ready", Effect::NoSchedule)
+            .build(),
+    ];
+    let pods = vec![gpu_pod("p0", 1).build(), gpu_pod("p1", 1).build()];
+    let plan = run(&snap(pods.clone(), nodes.clone()), POLICY);
+    assert!(plan.scale_ups.is_empty(), "{plan:?}");
+    assert_eq!(
+        targets(&plan).values().copied().collect::<BTreeSet<_>>(),
+        BTreeSet::from(["n0", "n1"])
+    );
+
+    // Once past the max node provision time, a taint it still carries is no passing state.
+    let old: Vec<_> = nodes
+        .into_iter()
+        .map(|mut n| {
+            n.created = NOW - std::time::Duration::from_secs(20 * 60);
+            n
+        })
+        .collect();
+    let plan = run(&snap(pods, old), POLICY);
+    assert_eq!(
+        plan.scale_ups.iter().map(|s| s.pods.len()).sum::<usize>(),
+        1
+    );
+}
+
+#[test]
 fn launches_in_flight_absorb_pending_pods() {
     let mut s = snap(
         (0..3)
