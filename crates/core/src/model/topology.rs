@@ -350,6 +350,12 @@ pub struct Profile {
     attach: Vec<Attachment>,
     /// Preference counters that select it (updated when it is placed).
     pref_matched: Vec<usize>,
+    /// Its own pod affinity terms, preferred and required, as terms other pods are scored by
+    /// (updated when it is placed).
+    own_held: Vec<usize>,
+    /// Terms of other pods that select it (scored): kube-scheduler's `InterPodAffinity` scores a
+    /// node by the placed pods' terms too, not only by the pod's own.
+    held_by: Vec<usize>,
     /// Its preferences: pod terms (preference counter, weight), `ScheduleAnyway` spreads
     /// (preference counter, `maxSkew`), node terms.
     prefer_pods: Vec<(usize, i64)>,
@@ -361,7 +367,10 @@ impl Profile {
     /// Neither has rules or preferences of its own nor is looked at by another pod's: the
     /// index never refuses or scores it and need not record it.
     pub fn is_free(&self) -> bool {
-        !self.has_rules() && self.pref_matched.is_empty() && !self.has_preferences()
+        !self.has_rules()
+            && self.pref_matched.is_empty()
+            && self.own_held.is_empty()
+            && !self.has_preferences()
     }
 
     /// Has rules of its own or is looked at by other pods' rules (not their preferences): the
@@ -370,9 +379,11 @@ impl Profile {
         !(self.ports.is_empty() && self.attach.is_empty() && !self.is_bound_to_domains())
     }
 
-    /// Has preferences of its own: sites that admit it are scored.
+    /// Has preferences of its own, or placed pods' terms select it: sites that admit it are
+    /// scored.
     pub fn has_preferences(&self) -> bool {
         !(self.prefer_pods.is_empty()
+            && self.held_by.is_empty()
             && self.prefer_spread.is_empty()
             && self.prefer_nodes.is_empty())
     }
@@ -445,6 +456,12 @@ pub struct TopologyIndex {
     /// bound to domains.
     preferred: Vec<Counter>,
     preferred_ix: HashMap<CounterKey, usize>,
+    /// The pods that hold a pod affinity term, per term and weight (a preferred term's weight,
+    /// negative for anti-affinity; kube-scheduler's `hardPodAffinityWeight`, 1, for a required
+    /// affinity term): counted where those pods are, they score the pods their terms select.
+    held: Vec<Counter>,
+    held_weight: Vec<i64>,
+    held_ix: HashMap<(CounterKey, i64), usize>,
     ports: HashMap<String, Vec<HostPort>>,
     /// Per node, the volumes its pods attach (once per pod: a volume two pods share is in it
     /// twice).
@@ -466,6 +483,7 @@ pub struct TopologyIndex {
     counted_by_key: Prefilter,
     repel_by_key: Prefilter,
     preferred_by_key: Prefilter,
+    held_by_key: Prefilter,
     /// Eligible domains per spread inclusion, topology key and the keys of the pod's spread,
     /// as [`TopologyIndex::profile`] found them: pods of one template share them, and so do
     /// pods whose templates differ only in their rules across nodes.
@@ -587,13 +605,34 @@ impl TopologyIndex {
                     (key.clone(), vec![selector.clone()], None),
                 );
             }
+            for (term, weight) in held_terms(t) {
+                ix.held_term(term, weight);
+            }
             ix.keys
                 .extend(t.keys().filter(|k| *k != HOSTNAME).map(str::to_string));
         }
         ix.counted_by_key = Prefilter::new(&ix.counted);
         ix.repel_by_key = Prefilter::new(&ix.repel);
         ix.preferred_by_key = Prefilter::new(&ix.preferred);
+        ix.held_by_key = Prefilter::new(&ix.held);
         ix
+    }
+
+    /// The index of the counter of the pods holding `term` with `weight`, added when new.
+    fn held_term(&mut self, term: &AffinityTerm, weight: i64) -> usize {
+        let key = (
+            (term.topology_key.clone(), vec![term.selector.clone()], None),
+            weight,
+        );
+        if let Some(&i) = self.held_ix.get(&key) {
+            return i;
+        }
+        let mut ix = HashMap::new();
+        intern(&mut self.held, &mut ix, key.0.clone());
+        self.held_weight.push(weight);
+        let i = self.held.len() - 1;
+        self.held_ix.insert(key, i);
+        i
     }
 
     /// The topology keys some rule uses, but the hostname: a new node of a pod bound to
@@ -612,21 +651,25 @@ impl TopologyIndex {
         intern(&mut self.counted, &mut self.counted_ix, k)
     }
 
-    /// Which counted selectors select a pod, and which anti-affinity terms of other pods repel
-    /// it: pods alike in these and in their constraints are alike to the index.
-    pub fn selected(&self, pod: &Pod) -> (Vec<usize>, Vec<usize>) {
+    /// Which counted selectors select a pod, which anti-affinity terms of other pods repel it
+    /// and which affinity terms of other pods score it: pods alike in these and in their
+    /// constraints are alike to the index.
+    pub fn selected(&self, pod: &Pod) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
         let ns = pod.id.namespace.as_str();
         let labels = &pod.labels;
         (
             self.counted_by_key.select(&self.counted, ns, labels),
             self.repel_by_key.select(&self.repel, ns, labels),
+            self.held_by_key.select(&self.held, ns, labels),
         )
     }
 
     /// What recording a pod changes: the selectors that select it, its own anti-affinity terms
     /// and its host ports (not its checks: see [`TopologyIndex::profile`]).
     pub fn footprint(&self, pod: &Pod) -> Profile {
-        let (matched, _) = self.selected(pod);
+        let matched =
+            self.counted_by_key
+                .select(&self.counted, pod.id.namespace.as_str(), &pod.labels);
         let mut p = Profile {
             matched,
             pref_matched: self.preferred_by_key.select(
@@ -644,6 +687,14 @@ impl TopologyIndex {
                 .collect();
             p.ports = t.host_ports.clone();
             p.attach = t.attachments.clone();
+            p.own_held = held_terms(t)
+                .map(|(term, weight)| {
+                    self.held_ix[&(
+                        (term.topology_key.clone(), vec![term.selector.clone()], None),
+                        weight,
+                    )]
+                })
+                .collect();
         }
         p
     }
@@ -654,7 +705,9 @@ impl TopologyIndex {
         let ns = pod.id.namespace.as_str();
         let labels = &pod.labels;
         let mut p = self.footprint(pod);
-        p.repelled_by = self.selected(pod).1;
+        let (_, repelled_by, held_by) = self.selected(pod);
+        p.repelled_by = repelled_by;
+        p.held_by = held_by;
         let Some(t) = &pod.constraints.topology else {
             return p;
         };
@@ -826,6 +879,7 @@ impl TopologyIndex {
             .iter()
             .chain(&p.prefer_spread)
             .map(|&(c, _)| self.preferred[c].key.clone())
+            .chain(p.held_by.iter().map(|&c| self.held[c].key.clone()))
             .chain(
                 p.prefer_nodes
                     .iter()
@@ -850,10 +904,23 @@ impl TopologyIndex {
             return out;
         }
         let count = |c: usize, site: &Site| self.preferred[c].at(site).unwrap_or(0);
-        if !p.prefer_pods.is_empty() {
+        if !(p.prefer_pods.is_empty() && p.held_by.is_empty()) {
+            // Its own terms by the pods they select there, and the terms of the pods there that
+            // select it, by those pods.
+            let held = |c: usize, site: &Site| self.held[c].at(site).unwrap_or(0);
             let raw: Vec<i64> = sites
                 .iter()
-                .map(|site| p.prefer_pods.iter().map(|&(c, w)| w * count(c, site)).sum())
+                .map(|site| {
+                    p.prefer_pods
+                        .iter()
+                        .map(|&(c, w)| w * count(c, site))
+                        .chain(
+                            p.held_by
+                                .iter()
+                                .map(|&c| self.held_weight[c] * held(c, site)),
+                        )
+                        .sum()
+                })
                 .collect();
             let (min, max) = (raw.iter().min().unwrap(), raw.iter().max().unwrap());
             if max > min {
@@ -1024,6 +1091,9 @@ impl TopologyIndex {
         for &m in &p.pref_matched {
             self.preferred[m].add(site, k, &self.taints);
         }
+        for &h in &p.own_held {
+            self.held[h].add(site, k, &self.taints);
+        }
         record(&mut self.ports, site.node, &p.ports, k);
         record(&mut self.attached, site.node, &p.attach, k);
     }
@@ -1055,6 +1125,17 @@ impl TopologyIndex {
             }
         }
     }
+}
+
+/// A pod's terms that score other pods where it is, with their weights: its preferred pod
+/// affinity (positive) and anti-affinity (negative) terms, and its required affinity terms at
+/// kube-scheduler's default `hardPodAffinityWeight` (1).
+fn held_terms(t: &PodTopology) -> impl Iterator<Item = (&AffinityTerm, i64)> {
+    t.preferences
+        .pods
+        .iter()
+        .map(|x| (&x.term, x.weight as i64))
+        .chain(t.affinity.iter().map(|a| (a, 1)))
 }
 
 /// The index in `counters` of the counter `key` names, added (no pod counted yet) when new.

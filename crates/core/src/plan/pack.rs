@@ -618,7 +618,7 @@ impl<'a> Packer<'a> {
             i32,
             u64,
             *const DeviceDemand,
-            (Vec<usize>, Vec<usize>),
+            (Vec<usize>, Vec<usize>, Vec<usize>),
             Option<Duration>,
         );
         let mut class_of: HashMap<ClassKey, usize> = HashMap::new();

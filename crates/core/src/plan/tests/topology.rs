@@ -402,6 +402,67 @@ fn preferred_anti_affinity_picks_the_node_without_a_replica_among_those_with_roo
 }
 
 #[test]
+fn a_running_pods_preferred_affinity_draws_the_pods_it_selects_to_its_node() {
+    // The trainer on n2 prefers the cache on its node; the cache pod itself has no preference.
+    // kube-scheduler scores the placed pods' terms too (symmetric `InterPodAffinity`): n2.
+    let pods = vec![
+        preferring("trainer", "trainer", 100, "cache", HOSTNAME)
+            .on("n2")
+            .build(),
+        replica("cache-0", "cache").build(),
+    ];
+    let nodes = vec![big_node("n1", "us-east-1a"), big_node("n2", "us-east-1a")];
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/cache-0"), Some(&"n1"));
+    assert_eq!(
+        targets(&after).get("default/cache-0"),
+        Some(&"n2"),
+        "{after:#?}"
+    );
+    assert!(after.scale_ups.is_empty(), "{after:#?}");
+}
+
+#[test]
+fn a_running_pods_preferred_anti_affinity_keeps_the_pods_it_selects_off_its_zone() {
+    // The trainer in zone a prefers no batch pod in its zone; n1 (zone a) comes first, n2 (zone
+    // b) has room too: the batch pod goes to n2. A required affinity of a running pod scores
+    // the pods it selects toward it too (weight 1), which the second case shows.
+    let pods = vec![
+        preferring("trainer", "trainer", -50, "batch", labels::ZONE)
+            .on("n1")
+            .build(),
+        replica("batch-0", "batch").build(),
+    ];
+    let nodes = vec![big_node("n1", "us-east-1a"), big_node("n2", "us-east-1b")];
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/batch-0"), Some(&"n1"));
+    assert_eq!(
+        targets(&after).get("default/batch-0"),
+        Some(&"n2"),
+        "{after:#?}"
+    );
+
+    let pods = vec![
+        replica("proxy", "proxy")
+            .topology(PodTopology {
+                affinity: vec![term("cache", labels::ZONE)],
+                ..Default::default()
+            })
+            .on("n2")
+            .build(),
+        replica("cache-1", "cache").on("n2").build(),
+        replica("cache-2", "cache").build(),
+    ];
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/cache-2"), Some(&"n1"));
+    assert_eq!(
+        targets(&after).get("default/cache-2"),
+        Some(&"n2"),
+        "{after:#?}"
+    );
+}
+
+#[test]
 fn preferred_anti_affinity_is_never_a_reason_to_launch() {
     // Four replicas that prefer not to share a node, and one node with room for all four: kube-
     // scheduler binds them all there, so no node is launched for them.
