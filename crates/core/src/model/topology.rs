@@ -592,17 +592,25 @@ impl TopologyIndex {
                 let include = Inclusion::of(s, &p.constraints);
                 ix.counter(&s.topology_key, std::slice::from_ref(&s.selector), include);
             }
+            // A `ScheduleAnyway` spread counts the pods on the nodes its node inclusion policies
+            // include, as a `DoNotSchedule` one does.
             let prefs = &t.preferences;
-            for (key, selector) in prefs
+            for (key, selector, include) in prefs
                 .pods
                 .iter()
-                .map(|p| (&p.term.topology_key, &p.term.selector))
-                .chain(prefs.spread.iter().map(|s| (&s.topology_key, &s.selector)))
+                .map(|p| (&p.term.topology_key, &p.term.selector, None))
+                .chain(prefs.spread.iter().map(|s| {
+                    (
+                        &s.topology_key,
+                        &s.selector,
+                        Inclusion::of(s, &p.constraints),
+                    )
+                }))
             {
                 intern(
                     &mut ix.preferred,
                     &mut ix.preferred_ix,
-                    (key.clone(), vec![selector.clone()], None),
+                    (key.clone(), vec![selector.clone()], include),
                 );
             }
             for (term, weight) in held_terms(t) {
@@ -727,15 +735,15 @@ impl TopologyIndex {
             .map(|a| id(&a.topology_key, vec![a.selector.clone()], None))
             .collect();
         let prefs = &t.preferences;
-        let pref = |key: &str, selector: &PodSelector| {
-            self.preferred_ix[&(key.to_string(), vec![selector.clone()], None)]
+        let pref = |key: &str, selector: &PodSelector, include: Option<Inclusion>| {
+            self.preferred_ix[&(key.to_string(), vec![selector.clone()], include)]
         };
         p.prefer_pods = prefs
             .pods
             .iter()
             .map(|x| {
                 (
-                    pref(&x.term.topology_key, &x.term.selector),
+                    pref(&x.term.topology_key, &x.term.selector, None),
                     x.weight as i64,
                 )
             })
@@ -743,7 +751,13 @@ impl TopologyIndex {
         p.prefer_spread = prefs
             .spread
             .iter()
-            .map(|s| (pref(&s.topology_key, &s.selector), s.max_skew as i64))
+            .map(|s| {
+                let include = Inclusion::of(s, &pod.constraints);
+                (
+                    pref(&s.topology_key, &s.selector, include),
+                    s.max_skew as i64,
+                )
+            })
             .collect();
         p.prefer_nodes = prefs.nodes.clone();
         let spread_keys: Vec<&str> = t.spread.iter().map(|s| s.topology_key.as_str()).collect();

@@ -505,6 +505,43 @@ fn schedule_anyway_zone_spread_puts_pods_on_the_nodes_of_the_emptier_zone_first(
 }
 
 #[test]
+fn schedule_anyway_spread_counts_only_the_nodes_its_node_selector_admits() {
+    // Team a's replicas spread over zones as a preference. One runs on n1 (zone a); two run in
+    // zone b on x1, a node the pod's nodeSelector does not admit, which kube-scheduler does not
+    // count (`nodeAffinityPolicy: Honor`, the default): zone b is the emptier, n2.
+    let soft = |name: &str| {
+        replica(name, "llm")
+            .selector("team", "a")
+            .topology(PodTopology {
+                preferences: Preferences {
+                    spread: vec![zone_spread("llm")],
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+    };
+    let pods = vec![
+        soft("llm-0").on("n1").build(),
+        soft("llm-1").on("x1").build(),
+        soft("llm-2").on("x1").build(),
+        soft("llm-3").build(),
+    ];
+    let team = |n: NodeBuilder| n.label("team", "a").build();
+    let nodes = vec![
+        team(big("n1", "us-east-1a")),
+        team(big("n2", "us-east-1b")),
+        big_node("x1", "us-east-1b"),
+    ];
+    let (before, after) = before_and_after(&pods, &nodes, THREE_ZONES);
+    assert_eq!(targets(&before).get("default/llm-3"), Some(&"n1"));
+    assert_eq!(
+        targets(&after).get("default/llm-3"),
+        Some(&"n2"),
+        "{after:#?}"
+    );
+}
+
+#[test]
 fn preferred_pod_affinity_breaks_a_price_tie_between_zones_for_a_new_node() {
     // On-demand only, so a node costs the same in every zone; the cache runs in zone c on a
     // full node. The pod must have a node of its own (required hostname anti-affinity) and
