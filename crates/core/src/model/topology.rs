@@ -443,6 +443,10 @@ impl Counter {
     }
 }
 
+/// A node that may be launched: its labels and the `NoSchedule`/`NoExecute` taints it will
+/// carry (its pool's).
+pub type Offering = (Arc<BTreeMap<String, String>>, Arc<[Taint]>);
+
 /// The pods placed so far, counted per topology domain for every selector some pod's rules
 /// use; and the host ports taken per node. Built per pass from the pods (whose rules it
 /// learns), the sites that exist (nodes) and those that may be launched (offerings' labels).
@@ -476,7 +480,7 @@ pub struct TopologyIndex {
     /// spreads that honour taints).
     taints: HashMap<String, Vec<Taint>>,
     /// Labels of nodes that may be launched.
-    offerings: Vec<Arc<BTreeMap<String, String>>>,
+    offerings: Vec<Offering>,
     /// Every topology key of a term, but the hostname.
     keys: BTreeSet<String>,
     /// The counters a pod may be selected by, from the label keys it has.
@@ -563,7 +567,7 @@ impl TopologyIndex {
     pub fn new<'a>(
         pods: impl IntoIterator<Item = &'a Pod>,
         nodes: Vec<(Arc<BTreeMap<String, String>>, String)>,
-        offerings: Vec<Arc<BTreeMap<String, String>>>,
+        offerings: Vec<Offering>,
     ) -> TopologyIndex {
         let mut ix = TopologyIndex {
             nodes,
@@ -779,7 +783,7 @@ impl TopologyIndex {
     /// The domains of `key` a spread ranges over (kube-scheduler's node inclusion policies:
     /// by default the nodes the pod's node selector and required node affinity admit, taints
     /// ignored): of the included nodes that carry every key of the pod's spreads, and of the
-    /// included offerings (a node not launched yet is taken as untainted). A hostname domain
+    /// included offerings (a node not launched yet with its pool's taints). A hostname domain
     /// of a node that may be launched is a fresh one.
     fn eligible_domains(
         &self,
@@ -795,16 +799,17 @@ impl TopologyIndex {
         if let Some(d) = self.domains.borrow().get(&memo) {
             return d.clone();
         }
-        let included = |labels: &BTreeMap<String, String>, node: Option<&str>| {
-            include.as_ref().is_none_or(|inc| {
-                let taints = node.and_then(|n| self.taints.get(n));
-                inc.includes(labels, node, taints.map_or(&[][..], Vec::as_slice))
-            })
+        let included = |labels: &BTreeMap<String, String>, node: Option<&str>, taints: &[Taint]| {
+            include
+                .as_ref()
+                .is_none_or(|inc| inc.includes(labels, node, taints))
         };
+        let node_taints = |n: &str| self.taints.get(n).map_or(&[][..], Vec::as_slice);
         let mut out: BTreeSet<String> = BTreeSet::new();
         for (labels, name) in &self.nodes {
             let site = Site { labels, node: name };
-            if spread_keys.iter().all(|k| site.domain(k).is_some()) && included(labels, Some(name))
+            if spread_keys.iter().all(|k| site.domain(k).is_some())
+                && included(labels, Some(name), node_taints(name))
             {
                 if let Some(v) = site.domain(key) {
                     out.insert(v.to_string());
@@ -812,8 +817,8 @@ impl TopologyIndex {
             }
         }
         let mut fresh = false;
-        for labels in &self.offerings {
-            if !included(labels, None) {
+        for (labels, taints) in &self.offerings {
+            if !included(labels, None, taints) {
                 continue;
             }
             if key == HOSTNAME && !labels.contains_key(HOSTNAME) {
@@ -1203,7 +1208,7 @@ fn affinity_selectors(t: &PodTopology) -> Vec<PodSelector> {
 pub fn index_of(
     pods: &[Pod],
     nodes: &[super::Node],
-    offerings: Vec<Arc<BTreeMap<String, String>>>,
+    offerings: Vec<Offering>,
     limits: &super::volumes::AttachLimits,
 ) -> Option<TopologyIndex> {
     if !pods.iter().any(|p| p.constraints.topology.is_some()) {

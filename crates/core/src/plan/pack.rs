@@ -357,8 +357,18 @@ impl<'a> Packer<'a> {
                 &snapshot.nodes,
                 templates
                     .iter()
-                    .flat_map(|t| t.offerings.iter().filter(|o| o.available))
-                    .map(|o| o.labels.clone())
+                    .flat_map(|t| {
+                        let taints: Arc<[crate::model::Taint]> = t
+                            .taints
+                            .iter()
+                            .filter(|x| x.effect != crate::model::Effect::PreferNoSchedule)
+                            .cloned()
+                            .collect();
+                        t.offerings
+                            .iter()
+                            .filter(|o| o.available)
+                            .map(move |o| (o.labels.clone(), taints.clone()))
+                    })
                     .collect(),
                 &snapshot.attach_limits,
             );

@@ -89,7 +89,7 @@ fn spread_counts_domains_of_nodes_and_offerings_and_honours_min_domains() {
     let nodes = vec![(a.clone(), "n1".to_string()), (b.clone(), "n2".to_string())];
     let p = pod("llm-0", 1);
     // Zones a and b have nodes; c only offerings.
-    let mut ix = TopologyIndex::new([&p], nodes.clone(), vec![c.clone()]);
+    let mut ix = TopologyIndex::new([&p], nodes.clone(), vec![(c.clone(), Arc::from([]))]);
     let prof = ix.profile(&p);
     ix.add(&prof, &site(&a, "n1"));
     ix.add(&prof, &site(&b, "n2"));

@@ -542,6 +542,62 @@ fn schedule_anyway_spread_counts_only_the_nodes_its_node_selector_admits() {
 }
 
 #[test]
+fn a_spread_honouring_taints_leaves_out_the_zones_only_a_tainted_pool_offers() {
+    // Pool a10g in zones a and b; pool team-c, tainted, the only one in zone c. The replicas
+    // spread over zones with `nodeTaintsPolicy: Honor` and do not tolerate team-c's taint, so
+    // kube-scheduler takes their domains from a and b only: one runs in each, a third may go
+    // to either. Counting zone c (as untainted) would ask for it there, where no node it
+    // tolerates can be launched.
+    const POOLS: &str = r#"
+zones: [us-east-1a, us-east-1b, us-east-1c]
+pools:
+  - name: a10g
+    instanceTypes: [g5.xlarge]
+    capacityTypes: [on-demand]
+    zones: [us-east-1a, us-east-1b]
+    maxNodes: 10
+  - name: team-c
+    instanceTypes: [g5.xlarge]
+    capacityTypes: [on-demand]
+    zones: [us-east-1c]
+    maxNodes: 10
+    taints: [{key: team, value: c, effect: NoSchedule}]
+"#;
+    let spread = Spread {
+        honor_taints: true,
+        ..zone_spread("llm")
+    };
+    let honouring = |name: &str| {
+        replica(name, "llm").topology(PodTopology {
+            spread: vec![spread.clone()],
+            ..Default::default()
+        })
+    };
+    let small = |name: &str, zone: &str| {
+        NodeBuilder::new(name)
+            .pool("a10g", "g5.xlarge", zone)
+            .gpus(1)
+            .cpu_milli(3_920)
+            .memory_gib(15)
+            .build()
+    };
+    let pods = vec![
+        honouring("llm-0").on("n1").build(),
+        honouring("llm-1").on("n2").build(),
+        honouring("llm-2").build(),
+    ];
+    let nodes = vec![small("n1", "us-east-1a"), small("n2", "us-east-1b")];
+    let plan = run(&snap(pods, nodes), POOLS);
+    assert!(plan.unschedulable.is_empty(), "{plan:#?}");
+    let zones = zones_of_new(&plan);
+    assert_eq!(zones.len(), 1, "{plan:#?}");
+    assert!(
+        ["us-east-1a", "us-east-1b"].contains(&zones["default/llm-2"].as_str()),
+        "{zones:?}"
+    );
+}
+
+#[test]
 fn preferred_pod_affinity_breaks_a_price_tie_between_zones_for_a_new_node() {
     // On-demand only, so a node costs the same in every zone; the cache runs in zone c on a
     // full node. The pod must have a node of its own (required hostname anti-affinity) and
