@@ -639,8 +639,11 @@ impl TopologyIndex {
         if let Some(&i) = self.held_ix.get(&key) {
             return i;
         }
-        let mut ix = HashMap::new();
-        intern(&mut self.held, &mut ix, key.0.clone());
+        self.held.push(Counter {
+            key: term.topology_key.clone(),
+            selectors: vec![term.selector.clone()],
+            ..Counter::default()
+        });
         self.held_weight.push(weight);
         let i = self.held.len() - 1;
         self.held_ix.insert(key, i);
