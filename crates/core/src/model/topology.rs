@@ -443,8 +443,8 @@ impl Counter {
     }
 }
 
-/// A node that may be launched: its labels and the `NoSchedule`/`NoExecute` taints it will
-/// carry (its pool's).
+/// A node that may be launched: its labels and the taints it will carry (its pool's; those of
+/// effect `PreferNoSchedule` never exclude it).
 pub type Offering = (Arc<BTreeMap<String, String>>, Arc<[Taint]>);
 
 /// The pods placed so far, counted per topology domain for every selector some pod's rules
@@ -465,7 +465,7 @@ pub struct TopologyIndex {
     /// affinity term): counted where those pods are, they score the pods their terms select.
     held: Vec<Counter>,
     held_weight: Vec<i64>,
-    held_ix: HashMap<(CounterKey, i64), usize>,
+    held_ix: HashMap<HeldKey, usize>,
     ports: HashMap<String, Vec<HostPort>>,
     /// Per node, the volumes its pods attach (once per pod: a volume two pods share is in it
     /// twice).
@@ -632,10 +632,7 @@ impl TopologyIndex {
 
     /// The index of the counter of the pods holding `term` with `weight`, added when new.
     fn held_term(&mut self, term: &AffinityTerm, weight: i64) -> usize {
-        let key = (
-            (term.topology_key.clone(), vec![term.selector.clone()], None),
-            weight,
-        );
+        let key = held_key(term, weight);
         if let Some(&i) = self.held_ix.get(&key) {
             return i;
         }
@@ -703,12 +700,7 @@ impl TopologyIndex {
             p.ports = t.host_ports.clone();
             p.attach = t.attachments.clone();
             p.own_held = held_terms(t)
-                .map(|(term, weight)| {
-                    self.held_ix[&(
-                        (term.topology_key.clone(), vec![term.selector.clone()], None),
-                        weight,
-                    )]
-                })
+                .map(|(term, weight)| self.held_ix[&held_key(term, weight)])
                 .collect();
         }
         p
@@ -1158,6 +1150,13 @@ fn held_terms(t: &PodTopology) -> impl Iterator<Item = (&AffinityTerm, i64)> {
         .iter()
         .map(|x| (&x.term, x.weight as i64))
         .chain(t.affinity.iter().map(|a| (a, 1)))
+}
+
+/// A held term's identity: topology key, selector and weight.
+type HeldKey = (String, PodSelector, i64);
+
+fn held_key(term: &AffinityTerm, weight: i64) -> HeldKey {
+    (term.topology_key.clone(), term.selector.clone(), weight)
 }
 
 /// The index in `counters` of the counter `key` names, added (no pod counted yet) when new.

@@ -358,12 +358,7 @@ impl<'a> Packer<'a> {
                 templates
                     .iter()
                     .flat_map(|t| {
-                        let taints: Arc<[crate::model::Taint]> = t
-                            .taints
-                            .iter()
-                            .filter(|x| x.effect != crate::model::Effect::PreferNoSchedule)
-                            .cloned()
-                            .collect();
+                        let taints: Arc<[crate::model::Taint]> = t.taints.as_slice().into();
                         t.offerings
                             .iter()
                             .filter(|o| o.available)
