@@ -38,6 +38,11 @@ fn the_harness_replays_the_smoke_scenario_with_our_controller_and_karpenter() {
     for m in strategies {
         assert_eq!(m["pods"], 6, "{json:#}");
         assert_eq!(m["pods_never_placed"], 0, "{json:#}");
+        // How alone the run was: the machine's load average, sampled while it ran.
+        assert!(
+            m["load_avg_max"].as_f64().is_some_and(|l| l > 0.0),
+            "{json:#}"
+        );
         // Every pod waits for a node to boot (90 s of the scenario's time).
         assert!(m["wait_p50_s"].as_f64().unwrap() >= 80.0, "{json:#}");
         // The gang's two 4-GPU workers need two nodes; we launch one node per pod and at most

@@ -44,9 +44,11 @@ struct Args {
     /// the JSON gives each figure's mean, least and most, and every run.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
-    /// Print the Markdown table of an earlier `--format json` output (the file) and exit.
-    #[arg(long, conflicts_with = "scenarios")]
-    table_from: Option<PathBuf>,
+    /// Print the Markdown table of earlier `--format json` outputs and exit: one file, or the
+    /// files of a round run a scenario or a repetition at a time (a scenario several hold gets
+    /// all their runs; the files must come from the same builds).
+    #[arg(long, num_args = 1.., conflicts_with = "scenarios")]
+    table_from: Vec<PathBuf>,
 }
 
 fn parse_dur(s: &str) -> Result<Duration, String> {
@@ -61,15 +63,16 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
-    if let Some(f) = &args.table_from {
-        let text =
-            std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", f.display()))?;
-        print!(
-            "{}",
-            replay::markdown(&json).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?
-        );
+    if !args.table_from.is_empty() {
+        let mut files = Vec::new();
+        for f in &args.table_from {
+            let text =
+                std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", f.display()))?;
+            files.push((f.display().to_string(), json));
+        }
+        print!("{}", replay::markdown(&replay::merge(&files)?)?);
         return Ok(());
     }
     if !matches!(args.format.as_str(), "table" | "json") {

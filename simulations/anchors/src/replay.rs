@@ -997,6 +997,19 @@ pub struct Measured {
     pub volume_pods_by_zone: BTreeMap<String, usize>,
     /// The volumes the provisioner stand-in made, by zone.
     pub volumes_by_zone: BTreeMap<String, usize>,
+    /// The machine's highest 1-minute load average during the run (`/proc/loadavg`; `None`
+    /// where there is none), the run's own cluster included.
+    pub load_avg_max: Option<f64>,
+}
+
+/// The 1-minute load average (`/proc/loadavg`'s first field), where the machine has one.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The replicas a real HPA made over a run, in the scenario's time.
@@ -1350,6 +1363,9 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
     let mut pods: Vec<PodSeen> = (0..setup.pods.len()).map(|_| PodSeen::default()).collect();
     let mut nodes: BTreeMap<String, NodeSeen> = BTreeMap::new();
     let mut failed_looks = 0u32;
+    // The machine's 1-minute load average at its highest during the run (the cluster's and the
+    // autoscaler's own processes included): how alone the run was.
+    let mut load_avg_max: Option<f64> = None;
     // Nodes the DRA driver stand-in has published a ResourceSlice for, and the GPU equivalents
     // of their devices by (pool, device) as an allocation names them.
     let mut published: HashSet<String> = HashSet::new();
@@ -1446,6 +1462,9 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         }
         // What the API server shows.
         let seen_at = t0.elapsed();
+        if let Some(l) = load_average() {
+            load_avg_max = Some(load_avg_max.map_or(l, |m: f64| m.max(l)));
+        }
         // A loaded API server sometimes fails a list (a TLS handshake timeout): that look is
         // skipped, and only a run of failures (10 s of wall time) ends the run.
         let listed = kubectl(&cluster, &["get", kinds, "-n", NAMESPACE, "-o", "json"])
@@ -1804,6 +1823,7 @@ pub fn run_one(setup: &Setup, which: &str, bins: &Binaries, dir: &Path) -> Resul
         unpriced_nodes: unpriced,
         volume_pods_by_zone,
         volumes_by_zone,
+        load_avg_max,
     })
 }
 
@@ -1877,6 +1897,7 @@ fn run_json(m: &Measured) -> Value {
                 "cost_by_offering": m.cost_by_offering.iter().map(|(k, v)| (k.clone(), round(*v, 2))).collect::<BTreeMap<_, _>>(),
                 "unpriced_nodes": m.unpriced_nodes,
                 "wall_s": round(m.wall_s, 1),
+                "load_avg_max": m.load_avg_max.map(|l| round(l, 2)),
     });
     // Only for a workload with volumes.
     if !(m.volume_pods_by_zone.is_empty() && m.volumes_by_zone.is_empty()) {
@@ -1945,6 +1966,7 @@ fn aggregate(runs: &[Value]) -> Value {
         "gpu_allocation",
         "nodes_launched",
         "pods_never_placed",
+        "load_avg_max",
     ] {
         let f: Vec<f64> = runs.iter().filter_map(|r| r[k].as_f64()).collect();
         if f.len() == runs.len() {
@@ -2028,6 +2050,102 @@ pub fn to_table(reports: &[Report], bins: &Binaries) -> String {
     out
 }
 
+/// The runs an entry of `"strategies"` holds: those under `runs` when it sums up several, else
+/// the entry itself.
+fn runs_of(entry: &Value) -> Vec<Value> {
+    match entry["runs"].as_array() {
+        Some(runs) => runs.clone(),
+        None => {
+            let mut run = entry.clone();
+            if let Some(o) = run.as_object_mut() {
+                o.remove("repetitions");
+            }
+            vec![run]
+        }
+    }
+}
+
+/// Several `anchors --format json` outputs (file name, JSON) as one: a round run a scenario or a
+/// repetition at a time. A scenario (by name, time scale and HPA) that several files hold gets
+/// all their runs, summed up as `--repeat` sums them up. The files must come from the same builds
+/// and control plane, else the error names the two that differ.
+pub fn merge(files: &[(String, Value)]) -> Result<Value> {
+    let Some((first_name, first)) = files.first() else {
+        bail!("no file to make the table from");
+    };
+    for (name, v) in files {
+        if v["builds"].is_null() {
+            bail!("{name}: no \"builds\" (an output of an older anchors?)");
+        }
+        for key in ["builds", "control_plane"] {
+            if v[key] != first[key] {
+                bail!(
+                    "{first_name} and {name} come from different {}: {} against {}",
+                    if key == "builds" {
+                        "builds"
+                    } else {
+                        "control planes"
+                    },
+                    first[key],
+                    v[key]
+                );
+            }
+        }
+    }
+    // Per scenario: its first entry, per autoscaler (in the order they first ran) its runs, and
+    // the runs that failed.
+    type Key = (String, String, String);
+    type Runs = Vec<(String, Vec<Value>)>;
+    let mut order: Vec<Key> = Vec::new();
+    let mut merged: BTreeMap<Key, (Value, Runs, Vec<Value>)> = BTreeMap::new();
+    for (name, v) in files {
+        let scenarios = v["scenarios"]
+            .as_array()
+            .ok_or_else(|| anyhow!("{name}: no \"scenarios\""))?;
+        for sc in scenarios {
+            let key = (
+                sc["name"].as_str().unwrap_or("?").to_string(),
+                sc["time_scale"].to_string(),
+                sc["hpa"].as_str().unwrap_or("model").to_string(),
+            );
+            let (_, strategies, failed) = merged.entry(key.clone()).or_insert_with(|| {
+                order.push(key.clone());
+                (sc.clone(), Vec::new(), Vec::new())
+            });
+            for entry in sc["strategies"].as_array().into_iter().flatten() {
+                let who = entry["strategy"].as_str().unwrap_or("?").to_string();
+                let runs = runs_of(entry);
+                match strategies.iter_mut().find(|(a, _)| *a == who) {
+                    Some((_, r)) => r.extend(runs),
+                    None => strategies.push((who, runs)),
+                }
+            }
+            failed.extend(sc["failed"].as_array().into_iter().flatten().cloned());
+        }
+    }
+    let scenarios: Vec<Value> = order
+        .iter()
+        .map(|k| {
+            let (sc, strategies, failed) = &merged[k];
+            let mut sc = sc.clone();
+            let runs = strategies.iter().map(|(_, r)| r.len()).max().unwrap_or(0);
+            sc["repetitions"] = json!(runs);
+            sc["strategies"] = json!(strategies
+                .iter()
+                .map(|(_, r)| aggregate(r))
+                .collect::<Vec<_>>());
+            sc["failed"] = json!(failed);
+            sc
+        })
+        .collect();
+    Ok(json!({
+        "versions": first["versions"],
+        "builds": first["builds"],
+        "control_plane": first["control_plane"],
+        "scenarios": scenarios,
+    }))
+}
+
 /// The Markdown table of an `anchors --format json` output, as docs/benchmarks.md shows it: the
 /// builds and the control plane first, then a row per scenario and autoscaler with the mean and,
 /// over several repetitions, the least and the most.
@@ -2098,6 +2216,21 @@ pub fn markdown(json: &Value) -> Result<String> {
                 fl["error"].as_str().unwrap_or("?").replace('|', "/")
             ));
         }
+    }
+    // How alone the runs were: their highest 1-minute load averages.
+    let loads: Vec<f64> = scenarios
+        .iter()
+        .flat_map(|sc| sc["strategies"].as_array().cloned().unwrap_or_default())
+        .flat_map(|m| runs_of(&m))
+        .filter_map(|r| r["load_avg_max"].as_f64())
+        .collect();
+    if !loads.is_empty() {
+        out.push_str(&format!(
+            "\nThe machine's highest 1-minute load average during a run (its own cluster and autoscaler included): {:.2} to {:.2} over {} runs.\n",
+            loads.iter().copied().fold(f64::INFINITY, f64::min),
+            loads.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            loads.len()
+        ));
     }
     Ok(out)
 }
@@ -2198,6 +2331,7 @@ mod tests {
             unpriced_nodes: Vec::new(),
             volume_pods_by_zone: BTreeMap::new(),
             volumes_by_zone: BTreeMap::new(),
+            load_avg_max: Some(1.5),
         }
     }
 
@@ -2242,6 +2376,69 @@ mod tests {
             "{md}"
         );
         assert!(markdown(&json!({"scenarios": []})).is_err());
+    }
+
+    /// A round run a repetition at a time (one file each) makes one table: a scenario's runs from
+    /// every file summed up as `--repeat` sums them, the highest load averages shown; files of
+    /// other builds are refused, naming both.
+    #[test]
+    fn a_round_run_a_repetition_at_a_time_makes_one_table() {
+        let file = |ours: f64, peer: f64, commit: &str, load: f64| {
+            let mut runs = [
+                measured("ours", ours, 100.0, 4),
+                measured("peer", peer, 90.0, 3),
+            ];
+            runs[0].load_avg_max = Some(load);
+            json!({
+                "control_plane": "v1.37.2",
+                "builds": {"ours": {"version": "0.1.0", "commit": commit, "profile": "release"}},
+                "scenarios": [{"name": "smoke", "time_scale": 20.0, "hpa": "model", "repetitions": 1,
+                               "strategies": strategies_json(&runs), "failed": []}],
+            })
+        };
+        let files = [
+            ("a.json".to_string(), file(1.0, 5.0, "abc123", 1.25)),
+            ("b.json".to_string(), file(3.0, 7.0, "abc123", 2.5)),
+        ];
+        let merged = merge(&files).unwrap();
+        let sc = &merged["scenarios"][0];
+        assert_eq!(merged["scenarios"].as_array().unwrap().len(), 1);
+        assert_eq!(sc["repetitions"], 2);
+        let ours = &sc["strategies"][0];
+        assert_eq!(
+            (ours["strategy"].as_str(), ours["repetitions"].as_u64()),
+            (Some("ours"), Some(2))
+        );
+        assert_eq!(
+            (
+                ours["cost_usd"].as_f64(),
+                ours["cost_usd_min"].as_f64(),
+                ours["cost_usd_max"].as_f64()
+            ),
+            (Some(2.0), Some(1.0), Some(3.0))
+        );
+        assert_eq!(sc["strategies"][1]["cost_usd"], 6.0);
+        let md = markdown(&merged).unwrap();
+        assert!(
+            md.contains("| smoke | **ours** | 2 | **$2.00** | $1.00–$3.00 |"),
+            "{md}"
+        );
+        assert!(md.contains("load average during a run (its own cluster and autoscaler included): 1.25 to 2.50 over 4 runs"), "{md}");
+        // One file is its own table, as before.
+        let one = merge(&files[..1]).unwrap();
+        assert_eq!(one["scenarios"][0]["strategies"][0]["cost_usd"], 1.0);
+        assert!(one["scenarios"][0]["strategies"][0]["runs"].is_null());
+
+        let other = ("c.json".to_string(), file(2.0, 2.0, "def456", 1.0));
+        let e = merge(&[files[0].clone(), other]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("a.json and c.json come from different builds"),
+            "{e}"
+        );
+        let e = merge(&[("d.json".to_string(), json!({"scenarios": []}))])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("d.json: no \"builds\""), "{e}");
     }
 
     #[test]
