@@ -11,10 +11,11 @@
 #
 # The round's directory is $GNA_CACHE_DIR/anchors-round/<commit> (GNA_ROUND_DIR overrides it):
 # a clone of the repository at that commit (what runs is what was committed, never a dirty tree),
-# its release builds, the written generated scenarios, json/<scenario>.rep<N>.json per run and
+# copies of its release builds, the written generated scenarios, json/<scenario>.rep<N>.json per run and
 # round.log. The Cluster Autoscaler must be built (scripts/anchors.sh, GNA_CA_SOURCE) and the
 # test tools installed (bash scripts/test.sh installs kubectl into the cache's virtualenv).
-# GNA_ROUND_QUIET (default 1.0): a run starts once the 1-minute load average is below it.
+# GNA_ROUND_QUIET (default 1.0): a run starts once the 1-minute load average is below it. A file
+# named `stop` in the round's directory ends the round before its next run (run again to resume).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 CACHE="${GNA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-node-autoscaler}"
@@ -25,7 +26,8 @@ SCALE=20
 QUIET="${GNA_ROUND_QUIET:-1.0}"
 SEEDS=(1 2 3 4)
 SRC="$DIR/src"
-BIN="$SRC/target/release"
+# The round's own copies of the release builds (a shared CARGO_TARGET_DIR may be rebuilt meanwhile).
+BIN="$DIR/release"
 
 table() {
   shopt -s nullglob
@@ -60,8 +62,13 @@ export PATH="$VENV/bin:$PATH"
 GNA_CONTROL_PLANE_BIN="$(bash "$SRC/scripts/control-plane.sh")"
 export GNA_CONTROL_PLANE_BIN
 bash "$SRC/scripts/anchors.sh" karpenter cluster-autoscaler >/dev/null
-(cd "$SRC" && cargo build --release --locked --features controller \
-  -p gpu-node-autoscaler -p gpu-node-autoscaler-anchors)
+if [ ! -x "$BIN/anchors" ] || [ ! -x "$BIN/gpu-node-autoscaler" ]; then
+  (cd "$SRC" && cargo build --release --locked --features controller \
+    -p gpu-node-autoscaler -p gpu-node-autoscaler-anchors)
+  mkdir -p "$BIN"
+  built="${CARGO_TARGET_DIR:-$SRC/target}/release"
+  cp "$built/gpu-node-autoscaler" "$built/anchors" "$BIN/"
+fi
 
 # The generated scenarios, written out as files the harness replays.
 SCENARIOS=("$SRC"/simulations/scenarios/*.yaml)
@@ -95,6 +102,10 @@ for f in "${ORDERED[@]}"; do
   for rep in $(seq 1 "$REPEAT"); do
     out="$DIR/json/$name.rep$rep.json"
     [ -f "$out" ] && continue
+    if [ -e "$DIR/stop" ]; then
+      log "stopped: $DIR/stop exists (remove it and run again to resume)"
+      exit 0
+    fi
     quiet
     log "$name, repetition $rep of $REPEAT: the three autoscalers in turn"
     work="$DIR/work/$name.rep$rep"
