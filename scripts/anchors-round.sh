@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The repeated round of docs/benchmarks.md ("Three repetitions, one cluster at a time"): gpu-node-autoscaler, Karpenter
-# and the Cluster Autoscaler on every shipped scenario and four generated ones (seeds 1-4, the
+# The repeated round of docs/benchmarks.md ("Three repetitions, one cluster at a time"):
+# gpu-node-autoscaler, Karpenter and the Cluster Autoscaler on every shipped scenario and four generated ones (seeds 1-4, the
 # first of the reported range), three repetitions each, release builds, one cluster at a time and
 # each run started only once the machine is quiet. A round takes days of a 2-core machine (about
 # 140 hours of scenario time, nine runs each, at 20x), so it is run a repetition at a time into
