@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
-use gpu_node_autoscaler_provider::{Instance, LaunchResult, ProviderError};
+use gpu_node_autoscaler_provider::{Instance, InstanceState, LaunchResult, ProviderError};
 
 use crate::autoscaler::fleet::{launch_request, launch_reservations, NodeIndex};
 use crate::autoscaler::status;
@@ -402,6 +402,45 @@ impl Autoscaler {
                 }
             };
             let n = instances.len() as u32;
+            // Answered short without a failure: the cloud counts instances under this launch id
+            // that are neither listed nor launched here lately (terminated ones, which clouds
+            // remember: an earlier launch of the same pods, an hour and more ago). Asking again
+            // under it would launch nothing, pass after pass: the id is spent, and the next
+            // pass plans these pods under a new one.
+            if n < su.count && failure.is_none() && !other_failure {
+                let ours = pass
+                    .instances
+                    .iter()
+                    .filter(|i| {
+                        i.launch_id == is.launch_id
+                            && !matches!(
+                                i.state,
+                                InstanceState::Terminated | InstanceState::ShuttingDown
+                            )
+                    })
+                    .map(|i| i.id.as_str())
+                    .chain(
+                        self.fleet
+                            .recent
+                            .values()
+                            .filter(|(i, _)| i.launch_id == is.launch_id)
+                            .map(|(i, _)| i.id.as_str()),
+                    )
+                    .chain(instances.iter().map(|i| i.id.as_str()))
+                    .collect::<HashSet<&str>>()
+                    .len() as u32;
+                if ours < su.count {
+                    self.fleet.given_up.insert(is.launch_id.clone(), now);
+                    out.push(Action::Log {
+                        level: Level::Info,
+                        message: format!(
+                            "pool {}: launch id {} was used before (the cloud launched {n} of \
+                             {} and lists {ours} of it): planned again under a new id",
+                            su.pool, is.launch_id, su.count
+                        ),
+                    });
+                }
+            }
             if let (true, Some(why)) = (n < su.count, failure) {
                 for p in su
                     .pods

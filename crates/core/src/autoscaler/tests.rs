@@ -56,6 +56,9 @@ struct Cloud {
     terminate_fails: Option<ProviderError>,
     /// Instances younger than this are not listed yet (an eventually consistent listing).
     listing_lag: Option<Duration>,
+    /// Idempotent per launch id: every instance ever created under an id counts, terminated
+    /// ones included, and only the rest is launched.
+    remembers_launch_ids: bool,
     next_id: u32,
 }
 
@@ -66,6 +69,14 @@ impl Cloud {
         }
         let mut res = LaunchResult::default();
         let mut remaining = req.count;
+        if self.remembers_launch_ids {
+            let made = self
+                .instances
+                .iter()
+                .filter(|i| i.launch_id == req.launch_id)
+                .count() as u32;
+            remaining = remaining.saturating_sub(made);
+        }
         for k in &req.offerings {
             if remaining == 0 {
                 break;
@@ -574,6 +585,48 @@ fn a_launch_that_never_becomes_a_node_is_given_up_and_planned_elsewhere() {
         again[0].offerings[0], first.offerings[0],
         "the offering that did not come up is avoided"
     );
+}
+
+#[test]
+fn a_launch_id_the_cloud_used_before_is_planned_again_under_a_new_id() {
+    // The launch id the pod's scale-up gets.
+    let mut scratch = Run::new(Config::default());
+    scratch.pods.push(gpu_pod("p", 1));
+    let used = launches(&scratch.pass(T0))[0].launch_id.clone();
+    // A cloud that remembers it: an instance launched under it three hours ago, terminated two
+    // hours ago (longer than this process remembers launch ids it gave up).
+    let mut run = Run::new(Config::default());
+    run.cloud.remembers_launch_ids = true;
+    run.cloud.instances.push(Instance {
+        id: "i-old".into(),
+        provider_id: "aws:///us-east-1a/i-old".into(),
+        pool: "a10g".into(),
+        launch_id: used.clone(),
+        offering: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+        state: InstanceState::Terminated,
+        launched_at_ms: (T0 - secs(3 * 3600)).0,
+        reservation_id: None,
+        launch_fingerprint: None,
+        unclaimed: false,
+    });
+    run.pods.push(gpu_pod("p", 1));
+    let first = run.pass(T0);
+    assert_eq!(
+        launches(&first)
+            .iter()
+            .map(|l| &l.launch_id)
+            .collect::<Vec<_>>(),
+        [&used]
+    );
+    assert!(run.cloud.live().is_empty(), "the cloud launched nothing");
+    // The next pass asks under another id, and the cloud launches the pod's node.
+    let next = run.pass(T0 + secs(10));
+    let again = launches(&next);
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].launch_id, used);
+    assert_eq!(run.cloud.live().len(), 1);
+    assert!(launches(&run.pass(T0 + secs(20))).is_empty(), "in flight");
+    assert_eq!(run.cloud.live().len(), 1);
 }
 
 /// A registered on-demand g5.xlarge of pool a10g in `zone`, two hours old and unneeded for one.
