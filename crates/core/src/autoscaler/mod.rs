@@ -423,6 +423,10 @@ struct Launches {
     /// ([`crate::plan::lifecycle::fingerprint`]), given to its Nodes at registration; kept for
     /// the longest a node may take to come.
     fingerprints: BTreeMap<String, (Time, String)>,
+    /// Per launch id answered short without a failure while the cloud lists none of the rest:
+    /// since when. Still so after the max node provision time, it is given up, as a launch
+    /// whose instance never becomes a Node is.
+    short: HashMap<String, Time>,
 }
 
 /// Fleet tracking: instances launched here until listed, launch ids given up, instances seen and

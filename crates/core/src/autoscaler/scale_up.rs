@@ -43,6 +43,9 @@ impl Autoscaler {
         self.launches
             .fingerprints
             .retain(|_, (at, _)| now.since(*at) < keep);
+        self.launches
+            .short
+            .retain(|_, since| now.since(*since) < keep + keep);
         pass.snapshot.planned = self
             .launches
             .planned
@@ -402,11 +405,12 @@ impl Autoscaler {
                 }
             };
             let n = instances.len() as u32;
-            // Answered short without a failure: the cloud counts instances under this launch id
-            // that are neither listed nor launched here lately (terminated ones, which clouds
-            // remember: an earlier launch of the same pods, an hour and more ago). Asking again
-            // under it would launch nothing, pass after pass: the id is spent, and the next
-            // pass plans these pods under a new one.
+            // Answered short without a failure, and the cloud lists none of the rest: under way
+            // (an Auto Scaling group's raise not listed yet), or counted under this id from long
+            // before (terminated instances clouds remember: the same pods moved to the same
+            // instance type hours later), when asking again launches nothing, pass after pass.
+            // Still so after the max node provision time, the id is given up, as a launch that
+            // never becomes a Node is, and the next pass asks under a new one.
             if n < su.count && failure.is_none() && !other_failure {
                 let ours = pass
                     .instances
@@ -430,16 +434,31 @@ impl Autoscaler {
                     .collect::<HashSet<&str>>()
                     .len() as u32;
                 if ours < su.count {
-                    self.fleet.given_up.insert(is.launch_id.clone(), now);
-                    out.push(Action::Log {
-                        level: Level::Info,
-                        message: format!(
-                            "pool {}: launch id {} was used before (the cloud launched {n} of \
-                             {} and lists {ours} of it): planned again under a new id",
-                            su.pool, is.launch_id, su.count
-                        ),
-                    });
+                    let since = *self
+                        .launches
+                        .short
+                        .entry(is.launch_id.clone())
+                        .or_insert(now);
+                    if now.since(since) >= pass.policy.max_node_provision_time {
+                        self.launches.short.remove(&is.launch_id);
+                        self.fleet.given_up.insert(is.launch_id.clone(), now);
+                        out.push(Action::Log {
+                            level: Level::Info,
+                            message: format!(
+                                "pool {}: launch id {} has {ours} of its {} instance(s) after {}s \
+                                 of asking: given up, planned again under a new id",
+                                su.pool,
+                                is.launch_id,
+                                su.count,
+                                now.since(since).as_secs()
+                            ),
+                        });
+                    }
+                } else {
+                    self.launches.short.remove(&is.launch_id);
                 }
+            } else {
+                self.launches.short.remove(&is.launch_id);
             }
             if let (true, Some(why)) = (n < su.count, failure) {
                 for p in su

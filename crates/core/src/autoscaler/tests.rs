@@ -59,6 +59,9 @@ struct Cloud {
     /// Idempotent per launch id: every instance ever created under an id counts, terminated
     /// ones included, and only the rest is launched.
     remembers_launch_ids: bool,
+    /// Launches answer with no instance, as an Auto Scaling group's raise whose instances are
+    /// not listed yet: they come (are listed) after `listing_lag`.
+    answers_late: bool,
     next_id: u32,
 }
 
@@ -118,7 +121,9 @@ impl Cloud {
                     unclaimed: false,
                 };
                 self.instances.push(i.clone());
-                res.launched.push(i);
+                if !self.answers_late {
+                    res.launched.push(i);
+                }
             }
             remaining -= n;
         }
@@ -610,23 +615,50 @@ fn a_launch_id_the_cloud_used_before_is_planned_again_under_a_new_id() {
         unclaimed: false,
     });
     run.pods.push(gpu_pod("p", 1));
-    let first = run.pass(T0);
-    assert_eq!(
-        launches(&first)
+    // Asked under it at every pass, the cloud launching nothing, for the max node provision time
+    // (10m): an answer without instances may be a launch still under way.
+    for s in (0..600).step_by(10) {
+        let actions = run.pass(T0 + secs(s));
+        let ids: Vec<&str> = launches(&actions)
             .iter()
-            .map(|l| &l.launch_id)
-            .collect::<Vec<_>>(),
-        [&used]
-    );
-    assert!(run.cloud.live().is_empty(), "the cloud launched nothing");
-    // The next pass asks under another id, and the cloud launches the pod's node.
-    let next = run.pass(T0 + secs(10));
+            .map(|l| l.launch_id.as_str())
+            .collect();
+        assert_eq!(ids, [used.as_str()], "{s}s");
+        assert!(
+            run.cloud.live().is_empty(),
+            "{s}s: the cloud launched nothing"
+        );
+    }
+    // Then it is given up (asked once more), and the next pass launches the pod's node under
+    // another id.
+    run.pass(T0 + secs(600));
+    assert!(run.cloud.live().is_empty());
+    let next = run.pass(T0 + secs(610));
     let again = launches(&next);
     assert_eq!(again.len(), 1);
     assert_ne!(again[0].launch_id, used);
     assert_eq!(run.cloud.live().len(), 1);
-    assert!(launches(&run.pass(T0 + secs(20))).is_empty(), "in flight");
+    assert!(launches(&run.pass(T0 + secs(620))).is_empty(), "in flight");
     assert_eq!(run.cloud.live().len(), 1);
+}
+
+#[test]
+fn a_launch_the_cloud_answers_late_is_asked_again_under_its_id_and_launched_once() {
+    // An Auto Scaling group's raise: the answer has no instance, the instance is listed 3
+    // minutes later. Passes every 10 s for 9 minutes (within the max node provision time, after
+    // which an instance that is no Node is given up).
+    let mut run = Run::new(Config::default());
+    run.cloud.remembers_launch_ids = true;
+    run.cloud.answers_late = true;
+    run.cloud.listing_lag = Some(secs(180));
+    run.pods.push(gpu_pod("p", 1));
+    let mut ids = std::collections::BTreeSet::new();
+    for s in (0..540).step_by(10) {
+        let actions = run.pass(T0 + secs(s));
+        ids.extend(launches(&actions).iter().map(|l| l.launch_id.clone()));
+    }
+    assert_eq!(ids.len(), 1, "one launch id: {ids:?}");
+    assert_eq!(run.cloud.live().len(), 1, "one instance");
 }
 
 /// A registered on-demand g5.xlarge of pool a10g in `zone`, two hours old and unneeded for one.
