@@ -12,7 +12,7 @@ use gpu_node_autoscaler::policy::{self, Policy};
 use gpu_node_autoscaler::provider::Catalog;
 
 /// The simulator's replays allocate and free small strings and vectors on each of hundreds of
-/// thousands of passes; mimalloc takes about a third less CPU time than the system allocator for
+/// thousands of passes; mimalloc takes about a fifth less CPU time than the system allocator for
 /// it (docs/benchmarks.md). Builds without the simulator (the container image) keep the system
 /// allocator.
 #[cfg(feature = "simulator")]

@@ -411,9 +411,8 @@ impl Autoscaler {
             // instance type hours later), when asking again launches nothing, pass after pass.
             // Still so after the max node provision time, the id is given up, as a launch that
             // never becomes a Node is, and the next pass asks under a new one.
-            if n < su.count && failure.is_none() && !other_failure {
-                let ours = pass
-                    .instances
+            let has = if n < su.count && failure.is_none() && !other_failure {
+                pass.instances
                     .iter()
                     .filter(|i| {
                         i.launch_id == is.launch_id
@@ -432,30 +431,30 @@ impl Autoscaler {
                     )
                     .chain(instances.iter().map(|i| i.id.as_str()))
                     .collect::<HashSet<&str>>()
-                    .len() as u32;
-                if ours < su.count {
-                    let since = *self
-                        .launches
-                        .short
-                        .entry(is.launch_id.clone())
-                        .or_insert(now);
-                    if now.since(since) >= pass.policy.max_node_provision_time {
-                        self.launches.short.remove(&is.launch_id);
-                        self.fleet.given_up.insert(is.launch_id.clone(), now);
-                        out.push(Action::Log {
-                            level: Level::Info,
-                            message: format!(
-                                "pool {}: launch id {} has {ours} of its {} instance(s) after {}s \
-                                 of asking: given up, planned again under a new id",
-                                su.pool,
-                                is.launch_id,
-                                su.count,
-                                now.since(since).as_secs()
-                            ),
-                        });
-                    }
-                } else {
+                    .len() as u32
+            } else {
+                su.count
+            };
+            if has < su.count {
+                let since = *self
+                    .launches
+                    .short
+                    .entry(is.launch_id.clone())
+                    .or_insert(now);
+                if now.since(since) >= pass.policy.max_node_provision_time {
                     self.launches.short.remove(&is.launch_id);
+                    self.fleet.given_up.insert(is.launch_id.clone(), now);
+                    out.push(Action::Log {
+                        level: Level::Info,
+                        message: format!(
+                            "pool {}: launch id {} has {has} of its {} instance(s) after {}s of \
+                             asking: given up, planned again under a new id",
+                            su.pool,
+                            is.launch_id,
+                            su.count,
+                            now.since(since).as_secs()
+                        ),
+                    });
                 }
             } else {
                 self.launches.short.remove(&is.launch_id);
