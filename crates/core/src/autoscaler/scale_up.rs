@@ -43,6 +43,8 @@ impl Autoscaler {
         self.launches
             .fingerprints
             .retain(|_, (at, _)| now.since(*at) < keep);
+        // Twice the provision time: a record that reached it is given up after this pass's
+        // launch (below); one kept longer is of an id no longer asked for.
         self.launches
             .short
             .retain(|_, since| now.since(*since) < keep + keep);
