@@ -1,7 +1,8 @@
 //! Kubernetes objects (as JSON values, whether from a `kubectl get -o yaml` file or from the API)
 //! into model types. The one place that knows Kubernetes field names; pure and unit-tested.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Deserialize;

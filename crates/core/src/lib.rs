@@ -16,6 +16,7 @@ pub mod dra;
 pub mod fixtures;
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod fuzz;
+pub mod hash;
 pub mod model;
 pub mod plan;
 pub mod policy;

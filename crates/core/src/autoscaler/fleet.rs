@@ -2,7 +2,8 @@
 //! what never became a working node in time, and how launches are named and tagged so that a
 //! restarted controller finds them again.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use crate::hash::{HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::Duration;
@@ -541,7 +542,7 @@ mod tests {
 
     #[test]
     fn instances_without_nodes_are_in_flight_until_overdue() {
-        let mut nodes: HashMap<String, Node> = HashMap::new();
+        let mut nodes: HashMap<String, Node> = HashMap::default();
         let mut n = NodeBuilder::new("n1").build();
         n.provider_id = Some("aws:///us-east-1a/i-1".into());
         nodes.insert("n1".into(), n);
@@ -570,7 +571,7 @@ mod tests {
 
     #[test]
     fn a_registered_node_that_never_advertises_gpus_is_overdue() {
-        let mut nodes: HashMap<String, Node> = HashMap::new();
+        let mut nodes: HashMap<String, Node> = HashMap::default();
         let mut n = NodeBuilder::new("n1").build();
         n.provider_id = Some("aws:///us-east-1a/i-1".into());
         assert_eq!(n.advertised_gpus(), 0);
@@ -615,7 +616,7 @@ mod tests {
             .build();
         n.provider_id = Some("aws:///us-east-1a/i-1".into());
         assert_eq!(n.advertised_gpus(), 0, "the device plugin restarts");
-        let nodes: HashMap<String, Node> = [("n1".to_string(), n)].into();
+        let nodes: HashMap<String, Node> = [("n1".to_string(), n)].into_iter().collect();
         let instances = [instance("i-1", "L1", 0, InstanceState::Running)];
         let v = fleet_view(
             &instances,
@@ -761,7 +762,8 @@ mod registration_tests {
             ("n1".to_string(), node("n1", "i-1")),
             ("other".to_string(), node("other", "i-not-ours")),
         ]
-        .into();
+        .into_iter()
+        .collect();
         let regs = registrations(
             &[instance("i-1", InstanceState::Running)],
             &NodeIndex::new(nodes.values()),
@@ -784,7 +786,7 @@ mod registration_tests {
         let mut n1 = nodes["n1"].clone();
         r.apply(&mut n1);
         assert_eq!(n1.pool(), Some("a10g"));
-        let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
+        let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into_iter().collect();
         assert!(registrations(
             &[instance("i-1", InstanceState::Running)],
             &NodeIndex::new(nodes.values()),
@@ -800,7 +802,7 @@ mod registration_tests {
         let policy = policy();
         let mut n1 = node("n1", "i-1");
         Arc::make_mut(&mut n1.labels).insert("team".into(), "research".into());
-        let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into();
+        let nodes: HashMap<String, Node> = [("n1".to_string(), n1)].into_iter().collect();
         let regs = registrations(
             &[instance("i-1", InstanceState::Running)],
             &NodeIndex::new(nodes.values()),

@@ -31,7 +31,8 @@ pub mod unclaimed;
 pub use batch::Batch;
 pub use drain::DrainKind;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use crate::hash::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -854,7 +855,7 @@ impl Autoscaler {
                 .map(|(i, p)| (p.id.to_string(), i))
                 .collect()
         } else {
-            HashMap::new()
+            HashMap::default()
         };
         let mut pass = Pass {
             now,
@@ -867,7 +868,7 @@ impl Autoscaler {
             pod_index,
             moving: BTreeMap::new(),
             released: BTreeSet::new(),
-            moved_from: HashMap::new(),
+            moved_from: HashMap::default(),
             launch_failed: BTreeMap::new(),
             orphans,
             stage: Stage::Registering(BTreeMap::new()),

@@ -6,7 +6,8 @@
 //! `maxConcurrentDrains`, a failed one tried again after [`ORPHAN_RETRY`]); their instances
 //! without a Node are then terminated.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -113,7 +114,7 @@ impl Autoscaler {
             super::warn_pool(out, pool, "PoolOrphaned", "Report", message);
         }
         self.orphan_state.reported = now_orphaned;
-        let listed: std::collections::HashSet<&str> = pass
+        let listed: crate::hash::HashSet<&str> = pass
             .orphans
             .iter()
             .map(|o| o.instance.id.as_str())

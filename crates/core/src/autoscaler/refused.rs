@@ -7,7 +7,7 @@
 //! capacity or launches some. After [`MAX_REFUSALS`] such nodes the pod is reported and no
 //! longer planned for, so that a rule refusing every node cannot launch node after node.
 
-use std::collections::{HashMap, HashSet};
+use crate::hash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,7 +85,7 @@ impl Autoscaler {
         out: &mut Vec<Action>,
     ) {
         let mut nodes = None;
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         for placed in &plan.existing_capacity {
             let Some(pod) = snapshot.pods.get(placed.pod_index) else {
                 continue;

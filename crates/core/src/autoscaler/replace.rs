@@ -484,7 +484,7 @@ pub fn replacing_allowed(pool: &Pool, pool_nodes: usize) -> usize {
 pub fn plan_as_moving(
     snapshot: &mut crate::model::Snapshot,
     replacing: &BTreeMap<String, Replacing>,
-    moved_from: &mut std::collections::HashMap<String, (String, PodPhase)>,
+    moved_from: &mut crate::hash::HashMap<String, (String, PodPhase)>,
 ) -> BTreeMap<String, Vec<String>> {
     let mut moving: BTreeMap<String, Vec<String>> = BTreeMap::new();
     if replacing.is_empty() {
@@ -532,7 +532,7 @@ pub fn unplan_moving(
     snapshot: &mut crate::model::Snapshot,
     node: &str,
     pods: &[String],
-    moved_from: &std::collections::HashMap<String, (String, PodPhase)>,
+    moved_from: &crate::hash::HashMap<String, (String, PodPhase)>,
 ) {
     if let Some(n) = snapshot.nodes.iter_mut().find(|n| n.name == node) {
         n.taints.retain(|t| t.key != labels::TO_BE_DELETED_TAINT);

@@ -1,7 +1,8 @@
 //! Scale-up within a pass: plan, nominate pending pods to the nodes launched for them, ask for
 //! the launches and act on their outcome (capacity re-planning, gangs all or nothing, back-off).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use crate::hash::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,7 +88,7 @@ impl Autoscaler {
         // still on its way and not used by the plan keeps its id: asking again for it launches
         // nothing new (after a crash, or while the cloud lists it with less than the plan can
         // place pods on).
-        let mut taken: HashSet<&str> = HashSet::new();
+        let mut taken: HashSet<&str> = HashSet::default();
         if !plan.scale_ups.is_empty() {
             taken.extend(
                 plan.existing_capacity
@@ -242,7 +243,7 @@ impl Autoscaler {
         &self,
         snapshot: &mut Snapshot,
     ) -> HashSet<usize> {
-        let mut restored = HashSet::new();
+        let mut restored = HashSet::default();
         if self.launches.nominated.is_empty() {
             return restored;
         }

@@ -258,7 +258,7 @@ pub struct StatusInput<'a> {
     pub plan: &'a Plan,
     pub history: &'a BTreeMap<String, PoolHistory>,
     pub unavailable: &'a BTreeMap<OfferingKey, Time>,
-    pub given_up: &'a std::collections::HashMap<String, Time>,
+    pub given_up: &'a crate::hash::HashMap<String, Time>,
     pub replacements: &'a super::replace::Replacements,
     /// Drifted or expired nodes → as the status shows them.
     pub lifecycle: &'a BTreeMap<String, String>,
@@ -491,7 +491,7 @@ mod tests {
     struct Known {
         history: BTreeMap<String, PoolHistory>,
         unavailable: BTreeMap<OfferingKey, Time>,
-        given_up: std::collections::HashMap<String, Time>,
+        given_up: crate::hash::HashMap<String, Time>,
     }
 
     /// The status at 200 s under `policy` (g5.xlarge: one GPU), with nothing planned.

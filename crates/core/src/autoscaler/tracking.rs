@@ -2,7 +2,8 @@
 //! given up, the templates corrected by what registered nodes allocate, launches that never became
 //! working nodes, nodes whose GPUs went missing.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use crate::hash::{HashMap, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,7 +84,7 @@ impl Autoscaler {
         // id is given up); unanswered after as long as a launch of ours is remembered, it made
         // nothing.
         if !self.fleet.awaited.is_empty() {
-            let mut per_launch: HashMap<&str, u32> = HashMap::new();
+            let mut per_launch: HashMap<&str, u32> = HashMap::default();
             for i in listed
                 .iter()
                 .chain(self.fleet.recent.values().map(|(i, _)| i))

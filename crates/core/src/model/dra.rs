@@ -202,7 +202,7 @@ impl DraObjects {
         // A ResourceClaim shared by pending pods is carried by the first of them.
         let mut order: Vec<usize> = (0..pods.len()).collect();
         order.sort_by(|&a, &b| (pods[a].created, &pods[a].id).cmp(&(pods[b].created, &pods[b].id)));
-        let mut carried: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut carried: crate::hash::HashSet<String> = crate::hash::HashSet::default();
         for i in order {
             let pod = &mut pods[i];
             if pod.claims.is_empty() {

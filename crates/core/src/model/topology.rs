@@ -14,8 +14,9 @@
 //! [`TopologyIndex::admits`] at a [`Site`] (a node, or a node not launched yet), then records
 //! it with [`TopologyIndex::add`].
 
+use crate::hash::HashMap;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::constraints::{Constraints, Operator, Requirement, Taint};
@@ -94,7 +95,7 @@ pub fn resolve_namespaces(
     pods: &mut [Pod],
     namespaces: &BTreeMap<String, BTreeMap<String, String>>,
 ) {
-    let mut done: HashMap<*const Constraints, Arc<Constraints>> = HashMap::new();
+    let mut done: HashMap<*const Constraints, Arc<Constraints>> = HashMap::default();
     for p in pods {
         let Some(t) = &p.constraints.topology else {
             continue;

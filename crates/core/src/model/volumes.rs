@@ -19,7 +19,8 @@
 //! every check of a pod against a node or a template (planner, scale-down, consolidation, the
 //! simulator's scheduler) then applies them. Pure: objects in, pods changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::hash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::constraints::{Constraints, Term};
@@ -96,7 +97,7 @@ impl AttachLimits {
         &self,
         nodes: &[super::Node],
     ) -> HashMap<String, BTreeMap<String, u32>> {
-        let mut out: HashMap<String, BTreeMap<String, u32>> = HashMap::new();
+        let mut out: HashMap<String, BTreeMap<String, u32>> = HashMap::default();
         for n in nodes {
             let (Some(t), Some(limits)) = (n.instance_type(), self.by_node.get(&n.name)) else {
                 continue;
@@ -221,7 +222,7 @@ impl Storage {
     /// and a pending pod whose claim keeps it from every node gets that as its problem.
     pub fn join(&self, pods: &mut [Pod]) {
         // Who uses each ReadWriteOncePod claim (pods that hold it: bound and not finished).
-        let mut holders: HashMap<String, String> = HashMap::new();
+        let mut holders: HashMap<String, String> = HashMap::default();
         for p in pods.iter() {
             if p.volumes.is_empty() || !p.is_bound_active() {
                 continue;
@@ -233,7 +234,7 @@ impl Storage {
                 }
             }
         }
-        let mut interned: HashMap<Constraints, Arc<Constraints>> = HashMap::new();
+        let mut interned: HashMap<Constraints, Arc<Constraints>> = HashMap::default();
         for p in pods.iter_mut() {
             if p.volumes.is_empty() {
                 continue;

@@ -42,7 +42,7 @@
 //! templates with at least that many devices (a superset of those whose devices satisfy its
 //! selectors, which keeps the minimum a lower one).
 
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use microlp::{ComparisonOp, OptimizationDirection, Problem, Variable};
 
@@ -347,8 +347,8 @@ impl BoundModel {
             .fold(f64::INFINITY, f64::min);
         let nu = lp.add_var(1.0, (0.0, min_price));
         // Variables only where a present class has demand: others would stay zero.
-        let mut lambda: HashMap<usize, Variable> = HashMap::new();
-        let mut mu: HashMap<usize, Variable> = HashMap::new();
+        let mut lambda: HashMap<usize, Variable> = HashMap::default();
+        let mut mu: HashMap<usize, Variable> = HashMap::default();
         let mut rows: Vec<Vec<(Variable, f64)>> = Vec::new();
         for (p, count) in &classes {
             let v = lp.add_var(*count, (0.0, f64::INFINITY));
@@ -442,7 +442,7 @@ impl BoundModel {
 pub fn lower_bound(pods: &[&Pod], templates: &[Template]) -> f64 {
     let mut model = BoundModel::new(pods.iter().copied(), templates);
     // Classes in the pods' order, so that the LP is the same from run to run.
-    let mut index: HashMap<Profile, usize> = HashMap::new();
+    let mut index: HashMap<Profile, usize> = HashMap::default();
     let mut classes: Vec<(Profile, f64)> = Vec::new();
     for p in pods {
         let profile = model.profile(p, templates);

@@ -9,7 +9,7 @@
 //! evaluated once per kind, not per device or pod, so pods without claims pay nothing and pods
 //! with claims a lookup.
 
-use std::collections::HashMap;
+use crate::hash::HashMap;
 use std::sync::Arc;
 
 use crate::dra::Selectors;
@@ -174,7 +174,7 @@ impl Devices {
     /// found again on another node for the pod to move there.
     pub fn held_on(&self, pod: &crate::model::Pod, node: &str) -> Resources {
         let mut r = Resources::default();
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = crate::hash::HashSet::default();
         for c in &pod.claims {
             let Some(a) = &c.allocation else { continue };
             if a.node.as_deref() != Some(node) || !seen.insert(&c.claim) {
@@ -318,7 +318,7 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
         .any(|e| reads_identity(e));
     let mut kinds = Kinds {
         keep_identity,
-        index: HashMap::new(),
+        index: HashMap::default(),
         devices: Vec::new(),
     };
     for (ti, t) in templates.iter().enumerate() {
@@ -360,12 +360,12 @@ pub(super) fn resolve(snapshot: &Snapshot, templates: &[Template], pending: &[us
     }
     let mut selectors = Selectors::new();
     // (selectors of class + request) → per kind: matches, or the error.
-    let mut matches: HashMap<Vec<String>, Vec<Result<bool, String>>> = HashMap::new();
+    let mut matches: HashMap<Vec<String>, Vec<Result<bool, String>>> = HashMap::default();
     // One demand per set of claim specs (pods of one template share theirs).
     let mut by_claims: HashMap<
         Vec<*const crate::model::dra::ClaimSpec>,
         Result<Arc<DeviceDemand>, String>,
-    > = HashMap::new();
+    > = HashMap::default();
     let mut demand_for = |claims: Vec<&PodClaim>| {
         let key: Vec<_> = claims.iter().map(|c| Arc::as_ptr(&c.spec)).collect();
         by_claims

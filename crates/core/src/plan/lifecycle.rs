@@ -13,7 +13,8 @@
 //! not hashed: a node is drifted when the pool no longer admits its own (adding an instance
 //! type to a pool does not replace its nodes).
 
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 use std::hash::Hasher;
 use std::sync::Arc;
 

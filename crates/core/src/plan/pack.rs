@@ -13,7 +13,8 @@
 //!    its cheapest matching offering if nodes could be split (its dominant share of the node
 //!    times the price), so cheap small nodes and big shared nodes compete on equal terms.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::hash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -240,7 +241,7 @@ impl<'a> PlannedLists<'a> {
         PlannedLists {
             snapshot,
             index: None,
-            next: HashMap::new(),
+            next: HashMap::default(),
         }
     }
 
@@ -326,8 +327,8 @@ impl<'a> Packer<'a> {
             available: templates.iter().map(Template::available_mask).collect(),
             zone_bins: BTreeMap::new(),
             zones: Vec::new(),
-            zone_masks: HashMap::new(),
-            parts: HashMap::new(),
+            zone_masks: HashMap::default(),
+            parts: HashMap::default(),
             spares: 0,
             topology: None,
             sites: Vec::new(),
@@ -402,7 +403,7 @@ impl<'a> Packer<'a> {
         let snap = self.snapshot;
         // Per node: the sum of bound pods' requests, and their shares by pod index.
         type Load = (Resources, Vec<(usize, GpuShare)>);
-        let mut used: HashMap<&str, Load> = HashMap::new();
+        let mut used: HashMap<&str, Load> = HashMap::default();
         for (i, p) in snap.pods.iter().enumerate() {
             if let (true, Some(n)) = (p.is_bound_active(), &p.node_name) {
                 let e = used.entry(n.as_str()).or_default();
@@ -561,8 +562,8 @@ impl<'a> Packer<'a> {
             }
             (mask, until)
         };
-        let mut cclass_of: HashMap<*const Constraints, usize> = HashMap::new();
-        let mut by_value: HashMap<Arc<Constraints>, usize> = HashMap::new();
+        let mut cclass_of: HashMap<*const Constraints, usize> = HashMap::default();
+        let mut by_value: HashMap<Arc<Constraints>, usize> = HashMap::default();
         let mut pending: Vec<usize> = snap
             .pods
             .iter()
@@ -626,7 +627,7 @@ impl<'a> Packer<'a> {
             (Vec<usize>, Vec<usize>, Vec<usize>),
             Option<Duration>,
         );
-        let mut class_of: HashMap<ClassKey, usize> = HashMap::new();
+        let mut class_of: HashMap<ClassKey, usize> = HashMap::default();
         for &pi in &pending {
             let pod: &Pod = &snap.pods[pi];
             let cc = *cclass_of
@@ -1177,7 +1178,7 @@ impl<'a> Packer<'a> {
 
     /// Class of each pending pod not in a gang, when some bin has reserved pods.
     fn reserved_classes(&self) -> HashMap<usize, usize> {
-        let mut class_of = HashMap::new();
+        let mut class_of = HashMap::default();
         if self.bins.iter().all(|b| b.reserved.is_empty()) {
             return class_of;
         }
@@ -1194,7 +1195,7 @@ impl<'a> Packer<'a> {
         let list = self.zone_bin_list(zone);
         // Scratch copies of the bins touched, with the offering mask narrowed as the real
         // placement (`place_on_bins`) narrows it, so that trial and commit agree.
-        let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>, u64)> = HashMap::new();
+        let mut scratch: HashMap<usize, (Resources, Vec<SharedGpu>, u64)> = HashMap::default();
         for it in items.iter_mut() {
             let c = it.0;
             for &b in &list {
@@ -1529,7 +1530,7 @@ impl<'a> Packer<'a> {
         };
         // The templates the class may use, each split into parts of one domain; what a new
         // node admits depends on its domains only, so each domain is probed once a round.
-        let mut domain_of: HashMap<Vec<Option<String>>, usize> = HashMap::new();
+        let mut domain_of: HashMap<Vec<Option<String>>, usize> = HashMap::default();
         let mut domain_labels: Vec<Arc<BTreeMap<String, String>>> = Vec::new();
         // (template, copies on an empty node, [(offerings of one domain, domain)])
         type Candidate = (usize, i64, Vec<(u64, usize)>);
@@ -1696,7 +1697,7 @@ impl<'a> Packer<'a> {
     /// its pods these rules admit on one new node of that template in `zone` (a hostname
     /// anti-affinity among the workers, a host port: one). Empty without such classes.
     fn new_node_caps(&mut self, classes: &[usize], zone: &str) -> NodeCaps {
-        let mut caps = NodeCaps::new();
+        let mut caps = NodeCaps::default();
         if self.topology.is_none() {
             return caps;
         }
@@ -1956,7 +1957,7 @@ impl<'a> Packer<'a> {
                 .then(a.0.cmp(&b.0))
         });
         let mut usage = self.usage.clone();
-        let opened = self.open_new(&mut items, None, &NodeCaps::new(), &mut usage);
+        let opened = self.open_new(&mut items, None, &NodeCaps::default(), &mut usage);
         self.usage = usage;
         self.commit_opened(opened, None, false);
     }
@@ -2187,7 +2188,7 @@ impl<'a> Packer<'a> {
         // Keyed by (template, offering mask, gang).
         type GroupKey = (usize, u64, Option<usize>);
         let mut groups: Vec<(GroupKey, ScaleUp)> = Vec::new();
-        let mut index: HashMap<GroupKey, usize> = HashMap::new();
+        let mut index: HashMap<GroupKey, usize> = HashMap::default();
         for n in &self.new_nodes {
             let key = (n.template, n.mask, n.gang);
             let gi = *index.entry(key).or_insert_with(|| {

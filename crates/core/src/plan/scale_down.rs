@@ -150,7 +150,7 @@ pub(super) fn utilization(node: &Node, template: Option<&Template>, pods: &[&Pod
     }
     if node.dra_devices > 0 {
         // Devices published through DRA: the share allocated to its pods' claims.
-        let mut claims = std::collections::HashSet::new();
+        let mut claims = crate::hash::HashSet::default();
         let used: usize = workload
             .iter()
             .flat_map(|p| p.claims.iter())

@@ -1,7 +1,8 @@
 //! Node templates: what a new node of a pool's instance type would look like (labels, taints,
 //! allocatable after reservations and DaemonSet pods) and the offerings it can be bought as.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::hash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::{CapacityType, Catalog, GpuVendor, InstanceType, OfferingKey};
@@ -658,7 +659,7 @@ impl Templates {
                 });
             }
         }
-        let mut by_name: HashMap<String, HashMap<String, usize>> = HashMap::new();
+        let mut by_name: HashMap<String, HashMap<String, usize>> = HashMap::default();
         for (i, t) in out.iter().enumerate() {
             by_name
                 .entry(t.pool_name.clone())

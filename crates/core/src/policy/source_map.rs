@@ -4,7 +4,7 @@
 //! Lines and columns are 1-based; columns count characters, not bytes.
 //! Only the first document is read.
 
-use std::collections::HashMap;
+use crate::hash::HashMap;
 use std::fmt;
 
 use serde_saphyr::granit_parser::{Event, Marker, Parser, ScalarStyle, ScanError, Span};

@@ -2,7 +2,8 @@
 //! pods are planned again ([`crate::plan::consolidate`]) and the nodes whose pods fit cheaper
 //! capacity are replaced (their drain goes through [`super::replacement`]).
 
-use std::collections::{BTreeSet, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gpu_node_autoscaler_provider::OfferingKey;

@@ -4,7 +4,8 @@
 //! pending, and the node is drained once they have a place (an interrupted one at once). The
 //! drains of consolidation's replacements go through here too ([`Replacement::after_plan`]).
 
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 
 use gpu_node_autoscaler_provider::{Instance, Notice, NoticeKind};
 
