@@ -165,6 +165,27 @@ impl Resources {
         out
     }
 
+    /// The largest share of `cap` that any resource of these takes: `max(self[r] / cap[r])`
+    /// over the resources `cap` has (0 when none). What [`Resources::dimensions`] and
+    /// [`Resources::get`] would give, without building the list or matching names.
+    pub fn largest_share_of(&self, cap: &Resources) -> f64 {
+        let mut s: f64 = 0.0;
+        let mut one = |v: i64, c: i64| {
+            if v != 0 && c > 0 {
+                s = s.max(v as f64 / c as f64);
+            }
+        };
+        one(self.cpu_milli, cap.cpu_milli);
+        one(self.memory, cap.memory);
+        one(self.pods, cap.pods);
+        one(self.gpu, cap.gpu);
+        one(self.amd_gpu, cap.amd_gpu);
+        for (n, v) in &self.extended {
+            one(*v, cap.get(n));
+        }
+        s
+    }
+
     pub fn has_negative(&self) -> bool {
         self.cpu_milli < 0
             || self.memory < 0
@@ -319,6 +340,37 @@ mod tests {
             pods: 1,
             gpu,
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_largest_share_is_the_largest_ratio_over_the_resources_the_capacity_has() {
+        let mut cap = r(8000, 32, 1);
+        cap.pods = 110;
+        cap.set("nvidia.com/mig-1g.5gb", 7);
+        let mut req = r(2000, 30, 0);
+        assert_eq!(req.largest_share_of(&cap), 30.0 / 32.0);
+        req.set("nvidia.com/mig-1g.5gb", 7);
+        assert_eq!(req.largest_share_of(&cap), 1.0);
+        // What the capacity does not have counts for nothing (the packer checks fits apart).
+        let mut odd = Resources::default();
+        odd.set("example.com/fpga", 2);
+        odd.amd_gpu = 1;
+        assert_eq!(odd.largest_share_of(&cap), 0.0);
+        // The same as the ratio over the listed dimensions.
+        for (a, b) in [
+            (&req, &cap),
+            (&cap, &req),
+            (&odd, &cap),
+            (&r(1, 1, 1), &r(3, 5, 8)),
+        ] {
+            let listed = a
+                .dimensions()
+                .into_iter()
+                .filter(|(n, _)| b.get(n) > 0)
+                .map(|(n, v)| v as f64 / b.get(n) as f64)
+                .fold(0.0, f64::max);
+            assert_eq!(a.largest_share_of(b), listed);
         }
     }
 

@@ -273,13 +273,7 @@ fn gpu_count_of_node(n: &crate::model::Node, templates: &[Template]) -> i64 {
 }
 
 fn dominant_share(c: &Class, t: &Template) -> f64 {
-    let mut s: f64 = 0.0;
-    for (name, v) in c.requests.dimensions() {
-        let cap = t.allocatable.get(name);
-        if cap > 0 {
-            s = s.max(v as f64 / cap as f64);
-        }
-    }
+    let mut s = c.requests.largest_share_of(&t.allocatable);
     if let Some(d) = &c.devices {
         s = s.max(d.share_of(&t.allocatable));
     }
