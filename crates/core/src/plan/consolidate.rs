@@ -432,6 +432,7 @@ pub fn consolidate(
     };
 
     let mut tried: BTreeSet<Vec<usize>> = BTreeSet::new();
+    let mut scratch: Option<Snapshot> = None;
     let mut best: Option<(f64, Consolidation)> = None;
     let mut last_why = String::new();
     for order in [&wasteful, &cheap] {
@@ -450,7 +451,10 @@ pub fn consolidate(
                 );
                 continue;
             }
-            match evaluate(snapshot, templates, policy, pool, now, set) {
+            // One copy of the snapshot for every set: each evaluation changes it and puts it
+            // back as it was.
+            let scratch = scratch.get_or_insert_with(|| snapshot.clone());
+            match evaluate(snapshot, scratch, templates, policy, pool, now, set) {
                 Ok((net, c)) => {
                     if best.as_ref().is_none_or(|(b, _)| net > *b) {
                         best = Some((net, c));
@@ -463,9 +467,13 @@ pub fn consolidate(
     best.map(|(_, c)| c).ok_or(last_why)
 }
 
-/// Plans the candidates' pods again without their nodes, and weighs the result.
+/// Plans the candidates' pods again without their nodes, and weighs the result. `scratch` is a
+/// copy of `snapshot`, changed for the plan (the set's nodes tainted, their pods pending) and
+/// given back unchanged.
+#[allow(clippy::too_many_arguments)]
 fn evaluate(
     snapshot: &Snapshot,
+    scratch: &mut Snapshot,
     templates: &[Template],
     policy: &Policy,
     pool: &Pool,
@@ -495,14 +503,15 @@ fn evaluate(
         .iter()
         .map(|c| snapshot.nodes[c.node].name.as_str())
         .collect();
-    let mut scratch = snapshot.clone();
-    for n in &mut scratch.nodes {
+    let mut tainted = Vec::new();
+    for (i, n) in scratch.nodes.iter_mut().enumerate() {
         if nodes.contains(n.name.as_str()) {
             n.taints.push(Taint {
                 key: labels::TO_BE_DELETED_TAINT.into(),
                 value: String::new(),
                 effect: Effect::NoSchedule,
             });
+            tainted.push(i);
         }
     }
     // A pod is expected to run as long again as it has run, at least `consolidateAfter`.
@@ -515,25 +524,34 @@ fn evaluate(
     let mut moved_expected: BTreeMap<String, Duration> = BTreeMap::new();
     // How long each node that stays is expected to be kept by its own pods.
     let mut kept_for: BTreeMap<String, Duration> = BTreeMap::new();
-    for p in &mut scratch.pods {
-        let Some(node) = p.node_name.clone() else {
+    // Pods made pending: their index, node and phase, to put back.
+    let mut unbound = Vec::new();
+    for (i, p) in scratch.pods.iter_mut().enumerate() {
+        let Some(node) = p.node_name.as_deref() else {
             continue;
         };
         if !p.is_bound_active() || dies_with_node(p) {
             continue;
         }
-        if nodes.contains(node.as_str()) {
+        if nodes.contains(node) {
             moved.push(p.id.to_string());
             ages.push(now.since(p.started.unwrap_or(p.created)));
             moved_expected.insert(p.id.to_string(), expected(p));
-            p.node_name = None;
+            unbound.push((i, p.node_name.take(), p.phase));
             p.phase = PodPhase::Pending;
         } else {
-            let e = kept_for.entry(node).or_default();
+            let e = kept_for.entry(node.to_string()).or_default();
             *e = (*e).max(expected(p));
         }
     }
-    let (plan, ..) = pack::scale_up(&scratch, templates, policy, now);
+    let (plan, ..) = pack::scale_up(scratch, templates, policy, now);
+    for i in tainted {
+        scratch.nodes[i].taints.pop();
+    }
+    for (i, node, phase) in unbound {
+        scratch.pods[i].node_name = node;
+        scratch.pods[i].phase = phase;
+    }
     if let Some(u) = plan.unschedulable.first() {
         return Err(format!("pod {} would have no place: {}", u.pod, u.reason));
     }
