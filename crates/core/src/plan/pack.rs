@@ -374,17 +374,21 @@ impl<'a> Packer<'a> {
         for t in templates {
             zones.extend(t.offerings.iter().map(|o| o.key.zone.as_str()));
         }
-        p.zones = zones.into_iter().map(str::to_string).collect();
-        p.zone_masks = p
-            .zones
+        // Per zone, each template's offerings in it ([`Template::zone_mask`]), in one walk of
+        // the offerings.
+        let mut masks: BTreeMap<&str, Vec<u64>> = zones
             .iter()
-            .map(|z| {
-                (
-                    z.clone(),
-                    templates.iter().map(|t| t.zone_mask(z)).collect(),
-                )
-            })
+            .map(|&z| (z, vec![0u64; templates.len()]))
             .collect();
+        for (ti, t) in templates.iter().enumerate() {
+            for (oi, o) in t.offerings.iter().enumerate() {
+                if let Some(m) = masks.get_mut(o.key.zone.as_str()) {
+                    m[ti] |= 1u64 << oi;
+                }
+            }
+        }
+        p.zone_masks = masks.into_iter().map(|(z, m)| (z.to_string(), m)).collect();
+        p.zones = zones.into_iter().map(str::to_string).collect();
         p.build_classes(now);
         p
     }
