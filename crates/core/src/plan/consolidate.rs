@@ -644,6 +644,9 @@ pub fn keep_free_for_spot(
     policy: &Policy,
     plan: &super::Plan,
 ) -> BTreeSet<String> {
+    if !keeps_free_for_spot(policy) {
+        return BTreeSet::new();
+    }
     let unneeded: BTreeSet<&str> = plan.unneeded.iter().map(|u| u.node.as_str()).collect();
     let buys_on_demand: BTreeSet<&str> = plan
         .scale_ups
@@ -656,17 +659,9 @@ pub fn keep_free_for_spot(
         .map(|u| u.pool.as_str())
         .collect();
     let mut out = BTreeSet::new();
-    let prefers_spot = |pool: &Pool| {
-        let at = |c: CapacityType| pool.capacity_types.iter().position(|x| *x == c);
-        matches!((at(CapacityType::Spot), at(CapacityType::OnDemand)), (Some(s), Some(o)) if s < o)
-    };
-    let busy: BTreeSet<&str> = snapshot
-        .pods
-        .iter()
-        .filter(|p| p.is_bound_active() && !p.is_daemonset())
-        .filter_map(|p| p.node_name.as_deref())
-        .collect();
-    let pending: Vec<&Pod> = snapshot.pods.iter().filter(|p| is_planned_pod(p)).collect();
+    // Made when a node first passes the other checks.
+    let mut busy: Option<BTreeSet<&str>> = None;
+    let mut pending: Option<Vec<&Pod>> = None;
     for n in &snapshot.nodes {
         let Some(pool) = n.pool().and_then(|name| policy.pool(name)) else {
             continue;
@@ -677,22 +672,49 @@ pub fn keep_free_for_spot(
             || !n.ready
             || n.unschedulable
             || n.is_being_deleted()
-            || busy.contains(n.name.as_str())
             || !unneeded.contains(n.name.as_str())
             || buys_on_demand.contains(pool.name.as_str())
         {
             continue;
         }
+        let busy = busy.get_or_insert_with(|| {
+            snapshot
+                .pods
+                .iter()
+                .filter(|p| p.is_bound_active() && !p.is_daemonset())
+                .filter_map(|p| p.node_name.as_deref())
+                .collect()
+        });
+        if busy.contains(n.name.as_str()) {
+            continue;
+        }
+        let pending = pending
+            .get_or_insert_with(|| snapshot.pods.iter().filter(|p| is_planned_pod(p)).collect());
         let spot = available_spot(templates, &pool.name);
         if spot.is_empty() {
             continue;
         }
-        let needs_it = needs_on_demand(n, &pending, &spot);
+        let needs_it = needs_on_demand(n, pending, &spot);
         if !needs_it {
             out.insert(n.name.clone());
         }
     }
     out
+}
+
+/// A pool that consolidates and prefers spot to on-demand.
+fn prefers_spot(pool: &Pool) -> bool {
+    let at = |c: CapacityType| pool.capacity_types.iter().position(|x| *x == c);
+    matches!((at(CapacityType::Spot), at(CapacityType::OnDemand)), (Some(s), Some(o)) if s < o)
+}
+
+/// Whether some pool of the policy may have nodes kept free for spot ([`keep_free_for_spot`]):
+/// one that consolidates and prefers spot to on-demand.
+pub fn keeps_free_for_spot(policy: &Policy) -> bool {
+    policy
+        .pools
+        .iter()
+        .any(|p| p.consolidation.enabled && prefers_spot(p))
 }
 
 /// The labels of the spot offerings of `pool` available now.

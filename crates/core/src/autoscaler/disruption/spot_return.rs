@@ -34,9 +34,13 @@ impl Autoscaler {
         let Some(templates) = pass.templates.as_ref() else {
             return;
         };
-        let templates = templates.for_snapshot(&pass.snapshot, pass.now);
-        let keep =
-            plan::consolidate::keep_free_for_spot(&pass.snapshot, &templates, &pass.policy, plan);
+        // No pool keeps a node free: none is kept (one tainted before is untainted below).
+        let keep = if plan::consolidate::keeps_free_for_spot(&pass.policy) {
+            let templates = templates.for_snapshot(&pass.snapshot, pass.now);
+            plan::consolidate::keep_free_for_spot(&pass.snapshot, &templates, &pass.policy, plan)
+        } else {
+            Default::default()
+        };
         let draining: BTreeSet<&str> = plan.scale_downs.iter().map(|d| d.node.as_str()).collect();
         for n in &pass.snapshot.nodes {
             let tainted = pass.released.contains(&n.name)
