@@ -266,9 +266,10 @@ impl<'a> PlannedLists<'a> {
     }
 }
 
-fn gpu_count_of_node(n: &crate::model::Node, templates: &[Template]) -> i64 {
-    template_of_node(n, templates)
-        .map(|t| templates[t].gpus as i64)
+/// A node's GPUs: its template's (`template`, [`template_of_node`]), else what it reports.
+fn gpu_count_of_node(n: &crate::model::Node, template: Option<&Template>) -> i64 {
+    template
+        .map(|t| t.gpus as i64)
         .unwrap_or_else(|| n.allocatable.whole_gpus() + n.shared_gpus.len() as i64)
 }
 
@@ -417,7 +418,7 @@ impl<'a> Packer<'a> {
         for (ni, n) in snap.nodes.iter().enumerate() {
             let tmpl = template_of_node(n, self.templates);
             if !n.deleting {
-                let g = gpu_count_of_node(n, self.templates);
+                let g = gpu_count_of_node(n, tmpl.map(|t| &self.templates[t]));
                 let pool = n.pool().and_then(|p| self.pool_index(p));
                 self.usage.add(pool, 1, g);
             }
