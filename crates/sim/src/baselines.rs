@@ -152,12 +152,12 @@ fn template_room(t: &Template, offering: usize, devices: Option<DeviceRoom>) -> 
 /// Registered nodes with what they advertise now (the devices they publish, less those
 /// allocated), then launches in flight at their template's capacity.
 fn rooms(s: &Snapshot, templates: &[Template], view: &DeviceView) -> Vec<Room> {
-    let mut used: BTreeMap<&str, (Resources, Vec<Pod>)> = BTreeMap::new();
+    let mut used: BTreeMap<&str, (Resources, Vec<&Pod>)> = BTreeMap::new();
     for p in &s.pods {
         if let (true, Some(n)) = (p.is_bound_active(), &p.node_name) {
             let e = used.entry(n).or_default();
             e.0.add(&p.requests);
-            e.1.push(p.clone());
+            e.1.push(p);
         }
     }
     let mut out = Vec::new();
@@ -894,20 +894,20 @@ fn consolidate_after(pool: Option<&gpu_node_autoscaler_core::policy::Pool>) -> M
 }
 
 /// A node claim being filled: the templates still possible and the pods on it.
-struct Claim {
+struct Claim<'a> {
     options: Vec<usize>,
-    requests: Vec<Pod>,
+    requests: Vec<&'a Pod>,
 }
 
 /// Every one of `pods` accepts `t`'s offering `oi` (its labels and the template's taints).
-fn accepted(t: &Template, oi: usize, pods: &[Pod]) -> bool {
+fn accepted(t: &Template, oi: usize, pods: &[&Pod]) -> bool {
     let o = &t.offerings[oi];
     pods.iter()
         .all(|p| p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints))
 }
 
 /// All of `pods` on one new node of `t`'s offering `oi`.
-fn fits_offering(t: &Template, oi: usize, pods: &[Pod]) -> bool {
+fn fits_offering(t: &Template, oi: usize, pods: &[&Pod]) -> bool {
     if !accepted(t, oi, pods) {
         return false;
     }
@@ -916,7 +916,7 @@ fn fits_offering(t: &Template, oi: usize, pods: &[Pod]) -> bool {
 }
 
 /// The first offering of `t` every pod accepts, if all of them fit one new node of it.
-fn fits_all(t: &Template, pods: &[Pod]) -> Option<usize> {
+fn fits_all(t: &Template, pods: &[&Pod]) -> Option<usize> {
     let oi = (0..t.offerings.len()).find(|&oi| accepted(t, oi, pods))?;
     fits_offering(t, oi, pods).then_some(oi)
 }
@@ -989,7 +989,7 @@ impl Strategy for KarpenterLike {
             let mut placed = false;
             for c in claims.iter_mut() {
                 let mut with = c.requests.clone();
-                with.push(p.clone());
+                with.push(p);
                 let options: Vec<usize> = c
                     .options
                     .iter()
@@ -1009,7 +1009,7 @@ impl Strategy for KarpenterLike {
             let options: Vec<usize> = templates
                 .iter()
                 .enumerate()
-                .filter(|(ti, t)| usable(*ti, t) && fits_all(t, std::slice::from_ref(p)).is_some())
+                .filter(|(ti, t)| usable(*ti, t) && fits_all(t, &[p]).is_some())
                 .map(|(ti, _)| ti)
                 .collect();
             if options.is_empty() {
@@ -1018,20 +1018,23 @@ impl Strategy for KarpenterLike {
             }
             claims.push(Claim {
                 options,
-                requests: vec![p.clone()],
+                requests: vec![p],
             });
         }
         let mut gpus_now = cluster_gpus(&snapshot, &templates);
         let mut added: BTreeMap<String, i64> = BTreeMap::new();
+        // Each pool's size in the snapshot ([`pool_nodes`]), counted once.
+        let mut sizes: BTreeMap<&str, i64> = BTreeMap::new();
         for c in claims {
             // Cheapest instance type left (its cheapest allowed offering), within limits.
             let mut best: Option<(f64, usize, Vec<OfferingKey>)> = None;
             for &ti in &c.options {
                 let t = &templates[ti];
                 let pool = &self.policy.pools[t.pool];
-                if pool_nodes(&snapshot, &pool.name) + added.get(&pool.name).copied().unwrap_or(0)
-                    >= pool.max_nodes as i64
-                {
+                let size = *sizes
+                    .entry(pool.name.as_str())
+                    .or_insert_with(|| pool_nodes(&snapshot, &pool.name));
+                if size + added.get(&pool.name).copied().unwrap_or(0) >= pool.max_nodes as i64 {
                     continue;
                 }
                 if self
@@ -1311,12 +1314,13 @@ impl KarpenterLike {
         let price =
             plan::scale_down::price_of(n, template_of_node(n, templates).map(|i| &templates[i]));
         let pool = n.pool().unwrap_or_default();
+        let leftover: Vec<&Pod> = leftover.iter().collect();
         let mut offers: Vec<(f64, OfferingKey)> = Vec::new();
         for t in templates.iter().filter(|t| t.pool_name == pool) {
             for (oi, o) in t.offerings.iter().enumerate() {
                 if o.price < price
                     && !self.ice.contains_key(&o.key)
-                    && fits_offering(t, oi, leftover)
+                    && fits_offering(t, oi, &leftover)
                 {
                     offers.push((o.price, o.key.clone()));
                 }
@@ -1382,8 +1386,9 @@ impl KarpenterLike {
         }
         // Since when each node's pods are what they are now.
         let mut live: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-        let mut candidates: Vec<(usize, &gpu_node_autoscaler_core::model::Node)> = Vec::new();
-        for n in &snapshot.nodes {
+        let mut candidates: Vec<(usize, &gpu_node_autoscaler_core::model::Node, usize)> =
+            Vec::new();
+        for (ni, n) in snapshot.nodes.iter().enumerate() {
             let Some(pods) = pods_on.get(n.name.as_str()) else {
                 continue;
             };
@@ -1413,7 +1418,7 @@ impl KarpenterLike {
                         .is_some_and(|v| v == "true")
                 });
             if n.is_schedulable() && n.advertised_gpus() > 0 && n.pool().is_some() && !protected {
-                candidates.push((pods.len(), n));
+                candidates.push((pods.len(), n, ni));
             }
         }
         self.stable_since.retain(|k, _| live.contains(k));
@@ -1437,44 +1442,66 @@ impl KarpenterLike {
             *disrupted.entry(r.pool.clone()).or_default() += 1;
             gone.insert(r.old.clone());
         }
-        for (_, n) in candidates {
+        // Each pool's size ([`pool_nodes`]), counted once: the snapshot does not change here.
+        let mut sizes: BTreeMap<String, i64> = BTreeMap::new();
+        for (_, n, ni) in candidates {
             if gone.contains(&n.name) {
                 continue;
             }
             let pool = n.pool().unwrap_or_default().to_string();
-            let size = pool_nodes(snapshot, &pool);
+            let size = *sizes
+                .entry(pool.clone())
+                .or_insert_with(|| pool_nodes(snapshot, &pool));
             let budget = (size as f64 * 0.1).ceil() as i64;
             if disrupted.get(&pool).copied().unwrap_or(0) >= budget {
                 continue;
             }
-            let mut trial = rooms.clone();
             let mut pods = pods_on[n.name.as_str()].clone();
             pods.sort_by(|a, b| {
                 b.gpu_equivalents()
                     .total_cmp(&a.gpu_equivalents())
                     .then(a.id.cmp(&b.id))
             });
+            // The pods try the room of the other registered nodes that stay; a room they take
+            // is kept as it was before, to be put back if the node stays.
+            let others: Vec<bool> = rooms
+                .iter()
+                .map(|r| {
+                    r.node.is_some_and(|i| i != ni)
+                        && r.name.as_ref().is_some_and(|x| !gone.contains(x))
+                })
+                .collect();
+            let mut before: Vec<(usize, Room)> = Vec::new();
             let leftover: Vec<Pod> = pods
                 .iter()
                 .filter(|p| {
-                    !trial.iter_mut().any(|r| {
-                        r.name
-                            .as_deref()
-                            .is_some_and(|x| x != n.name && !gone.contains(x))
-                            && r.take(p)
+                    !rooms.iter_mut().enumerate().any(|(i, r)| {
+                        if !others[i]
+                            || !p.fits(&r.free, &r.shared, &r.labels, &r.taints, r.name.as_deref())
+                        {
+                            return false;
+                        }
+                        let was = r.clone();
+                        let took = r.take(p);
+                        if took {
+                            before.push((i, was));
+                        }
+                        took
                     })
                 })
                 .map(|p| (*p).clone())
                 .collect();
             if !leftover.is_empty() {
                 if self.replace_one(world, &templates, n, &leftover) {
-                    rooms = trial;
                     gone.insert(n.name.clone());
                     *disrupted.entry(pool).or_default() += 1;
+                } else {
+                    for (i, was) in before.into_iter().rev() {
+                        rooms[i] = was;
+                    }
                 }
                 continue;
             }
-            rooms = trial;
             gone.insert(n.name.clone());
             *disrupted.entry(pool).or_default() += 1;
             let _ = world.drain_and_remove(&n.name);
