@@ -796,6 +796,11 @@ impl MemoryProvider {
         self.lock().calls.clone()
     }
 
+    /// How many API calls so far (without copying them, as [`MemoryProvider::calls`] does).
+    pub fn call_count(&self) -> usize {
+        self.lock().calls.len()
+    }
+
     /// Instances created so far.
     pub fn launched_total(&self) -> u64 {
         self.lock().launched_total

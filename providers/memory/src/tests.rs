@@ -720,6 +720,7 @@ fn the_trait_delegates_to_the_sync_methods() {
     block_on(cloud.terminate(&r.launched[0].id)).unwrap();
     assert_eq!(block_on(cloud.list("p")).unwrap().len(), 1);
     assert_eq!(p.calls().len(), 5);
+    assert_eq!(p.call_count(), 5);
 }
 
 #[test]
