@@ -893,10 +893,69 @@ fn consolidate_after(pool: Option<&gpu_node_autoscaler_core::policy::Pool>) -> M
     t.as_millis() as Ms
 }
 
-/// A node claim being filled: the templates still possible and the pods on it.
+/// A node claim being filled: the templates still possible and the pods on it; per template
+/// still possible, the first offering every pod accepts ([`fits_all`]) and the room a new node
+/// of it has left with the pods on it.
 struct Claim<'a> {
     options: Vec<usize>,
     requests: Vec<&'a Pod>,
+    rooms: Vec<(usize, Room)>,
+}
+
+impl<'a> Claim<'a> {
+    /// A claim for `p` alone on each of `fits`: (template, the offering `fits_all` found).
+    fn new(templates: &[Template], fits: Vec<(usize, usize)>, p: &'a Pod) -> Claim<'a> {
+        let (options, rooms) = fits
+            .into_iter()
+            .map(|(ti, oi)| {
+                let mut r = template_room(&templates[ti], oi, None);
+                r.take(p);
+                (ti, (oi, r))
+            })
+            .unzip();
+        Claim {
+            options,
+            requests: vec![p],
+            rooms,
+        }
+    }
+
+    /// Adds `p` if some template still fits every pod with it, keeping those that do: what
+    /// `fits_all` over the pods and `p` gives, without planning the pods again where the first
+    /// offering they all accept stays the same.
+    fn add(&mut self, templates: &[Template], p: &'a Pod) -> bool {
+        let mut options = Vec::new();
+        let mut rooms = Vec::new();
+        for (&ti, (oi, room)) in self.options.iter().zip(&self.rooms) {
+            let t = &templates[ti];
+            if accepted(t, *oi, &[p]) {
+                // No offering before `oi` accepts all the others: `oi` is still the first.
+                let mut r = room.clone();
+                if r.take(p) {
+                    options.push(ti);
+                    rooms.push((*oi, r));
+                }
+                continue;
+            }
+            let mut with = self.requests.clone();
+            with.push(p);
+            if let Some(oi) = fits_all(t, &with) {
+                let mut r = template_room(t, oi, None);
+                for q in &with {
+                    r.take(q);
+                }
+                options.push(ti);
+                rooms.push((oi, r));
+            }
+        }
+        if options.is_empty() {
+            return false;
+        }
+        self.options = options;
+        self.rooms = rooms;
+        self.requests.push(p);
+        true
+    }
 }
 
 /// Every one of `pods` accepts `t`'s offering `oi` (its labels and the template's taints).
@@ -986,40 +1045,20 @@ impl Strategy for KarpenterLike {
             if rooms.iter_mut().any(|r| r.take(p)) {
                 continue;
             }
-            let mut placed = false;
-            for c in claims.iter_mut() {
-                let mut with = c.requests.clone();
-                with.push(p);
-                let options: Vec<usize> = c
-                    .options
-                    .iter()
-                    .copied()
-                    .filter(|&ti| fits_all(&templates[ti], &with).is_some())
-                    .collect();
-                if !options.is_empty() {
-                    c.options = options;
-                    c.requests = with;
-                    placed = true;
-                    break;
-                }
-            }
-            if placed {
+            if claims.iter_mut().any(|c| c.add(&templates, p)) {
                 continue;
             }
-            let options: Vec<usize> = templates
+            let fits: Vec<(usize, usize)> = templates
                 .iter()
                 .enumerate()
-                .filter(|(ti, t)| usable(*ti, t) && fits_all(t, &[p]).is_some())
-                .map(|(ti, _)| ti)
+                .filter(|(ti, t)| usable(*ti, t))
+                .filter_map(|(ti, t)| fits_all(t, &[p]).map(|oi| (ti, oi)))
                 .collect();
-            if options.is_empty() {
+            if fits.is_empty() {
                 waiting = true;
                 continue;
             }
-            claims.push(Claim {
-                options,
-                requests: vec![p],
-            });
+            claims.push(Claim::new(&templates, fits, p));
         }
         let mut gpus_now = cluster_gpus(&snapshot, &templates);
         let mut added: BTreeMap<String, i64> = BTreeMap::new();
@@ -1444,6 +1483,17 @@ impl KarpenterLike {
         }
         // Each pool's size ([`pool_nodes`]), counted once: the snapshot does not change here.
         let mut sizes: BTreeMap<String, i64> = BTreeMap::new();
+        // Per room: whether it is a registered node that stays (not among the nodes gone); a
+        // candidate taken away below is marked as it goes.
+        let mut stays: Vec<bool> = rooms
+            .iter()
+            .map(|r| r.node.is_some() && r.name.as_ref().is_some_and(|x| !gone.contains(x)))
+            .collect();
+        let room_of: BTreeMap<usize, usize> = rooms
+            .iter()
+            .enumerate()
+            .filter_map(|(ri, r)| r.node.map(|ni| (ni, ri)))
+            .collect();
         for (_, n, ni) in candidates {
             if gone.contains(&n.name) {
                 continue;
@@ -1466,10 +1516,8 @@ impl KarpenterLike {
             // is kept as it was before, to be put back if the node stays.
             let others: Vec<bool> = rooms
                 .iter()
-                .map(|r| {
-                    r.node.is_some_and(|i| i != ni)
-                        && r.name.as_ref().is_some_and(|x| !gone.contains(x))
-                })
+                .zip(&stays)
+                .map(|(r, &stays)| stays && r.node != Some(ni))
                 .collect();
             let mut before: Vec<(usize, Room)> = Vec::new();
             let leftover: Vec<Pod> = pods
@@ -1494,6 +1542,9 @@ impl KarpenterLike {
             if !leftover.is_empty() {
                 if self.replace_one(world, &templates, n, &leftover) {
                     gone.insert(n.name.clone());
+                    if let Some(&ri) = room_of.get(&ni) {
+                        stays[ri] = false;
+                    }
                     *disrupted.entry(pool).or_default() += 1;
                 } else {
                     for (i, was) in before.into_iter().rev() {
@@ -1503,6 +1554,9 @@ impl KarpenterLike {
                 continue;
             }
             gone.insert(n.name.clone());
+            if let Some(&ri) = room_of.get(&ni) {
+                stays[ri] = false;
+            }
             *disrupted.entry(pool).or_default() += 1;
             let _ = world.drain_and_remove(&n.name);
             self.stable_since.remove(&n.name);
