@@ -903,16 +903,9 @@ struct Claim<'a> {
 }
 
 impl<'a> Claim<'a> {
-    /// A claim for `p` alone on each of `fits`: (template, the offering `fits_all` found).
-    fn new(templates: &[Template], fits: Vec<(usize, usize)>, p: &'a Pod) -> Claim<'a> {
-        let (options, rooms) = fits
-            .into_iter()
-            .map(|(ti, oi)| {
-                let mut r = template_room(&templates[ti], oi, None);
-                r.take(p);
-                (ti, (oi, r))
-            })
-            .unzip();
+    /// A claim for `p` alone on each of `fits`: (template, what `fits_all` found for `p`).
+    fn new(fits: Vec<(usize, (usize, Room))>, p: &'a Pod) -> Claim<'a> {
+        let (options, rooms) = fits.into_iter().unzip();
         Claim {
             options,
             requests: vec![p],
@@ -939,13 +932,9 @@ impl<'a> Claim<'a> {
             }
             let mut with = self.requests.clone();
             with.push(p);
-            if let Some(oi) = fits_all(t, &with) {
-                let mut r = template_room(t, oi, None);
-                for q in &with {
-                    r.take(q);
-                }
+            if let Some(fit) = fits_all(t, &with) {
                 options.push(ti);
-                rooms.push((oi, r));
+                rooms.push(fit);
             }
         }
         if options.is_empty() {
@@ -965,19 +954,25 @@ fn accepted(t: &Template, oi: usize, pods: &[&Pod]) -> bool {
         .all(|p| p.constraints.matches_node(&o.labels, None) && p.constraints.tolerates(&t.taints))
 }
 
-/// All of `pods` on one new node of `t`'s offering `oi`.
-fn fits_offering(t: &Template, oi: usize, pods: &[&Pod]) -> bool {
+/// All of `pods` on one new node of `t`'s offering `oi`: the room they leave, if they fit.
+fn room_with(t: &Template, oi: usize, pods: &[&Pod]) -> Option<Room> {
     if !accepted(t, oi, pods) {
-        return false;
+        return None;
     }
     let mut r = template_room(t, oi, None);
-    pods.iter().all(|p| r.take(p))
+    pods.iter().all(|p| r.take(p)).then_some(r)
 }
 
-/// The first offering of `t` every pod accepts, if all of them fit one new node of it.
-fn fits_all(t: &Template, pods: &[&Pod]) -> Option<usize> {
+/// Whether all of `pods` fit one new node of `t`'s offering `oi`.
+fn fits_offering(t: &Template, oi: usize, pods: &[&Pod]) -> bool {
+    room_with(t, oi, pods).is_some()
+}
+
+/// The first offering of `t` every pod accepts, if all of them fit one new node of it, and the
+/// room they leave there.
+fn fits_all(t: &Template, pods: &[&Pod]) -> Option<(usize, Room)> {
     let oi = (0..t.offerings.len()).find(|&oi| accepted(t, oi, pods))?;
-    fits_offering(t, oi, pods).then_some(oi)
+    room_with(t, oi, pods).map(|r| (oi, r))
 }
 
 impl Strategy for KarpenterLike {
@@ -1048,17 +1043,17 @@ impl Strategy for KarpenterLike {
             if claims.iter_mut().any(|c| c.add(&templates, p)) {
                 continue;
             }
-            let fits: Vec<(usize, usize)> = templates
+            let fits: Vec<(usize, (usize, Room))> = templates
                 .iter()
                 .enumerate()
                 .filter(|(ti, t)| usable(*ti, t))
-                .filter_map(|(ti, t)| fits_all(t, &[p]).map(|oi| (ti, oi)))
+                .filter_map(|(ti, t)| fits_all(t, &[p]).map(|fit| (ti, fit)))
                 .collect();
             if fits.is_empty() {
                 waiting = true;
                 continue;
             }
-            claims.push(Claim::new(&templates, fits, p));
+            claims.push(Claim::new(fits, p));
         }
         let mut gpus_now = cluster_gpus(&snapshot, &templates);
         let mut added: BTreeMap<String, i64> = BTreeMap::new();
