@@ -14,9 +14,12 @@
 //! could not fill is seen at the next scan (its AWS provider reads the Auto Scaling group's failed
 //! scaling activities) and the group is backed off exponentially, 5 m doubling up to 30 m, reset
 //! after 3 h without failure (`--initial-node-group-backoff-duration`,
-//! `--max-node-group-backoff-duration`, `--node-group-backoff-reset-timeout`). Scale-down: GPU
-//! utilisation below 0.5, unneeded 10 m, 10 m after any scale-up (the same rules as ours, through
-//! the same scale-down planner). Pods with ResourceClaims (its `--enable-dynamic-resource-allocation`)
+//! `--max-node-group-backoff-duration`, `--node-group-backoff-reset-timeout`). Scale-down: the
+//! same rules as ours through the same scale-down planner, each node group with its pool's
+//! unneeded time and utilisation threshold (what its AWS provider reads from the Auto Scaling
+//! group's `k8s.io/cluster-autoscaler/node-template/autoscaling-options/*` tags), and the flags
+//! that are global only (`--scale-down-delay-after-add`, `--scale-down-delay-after-failure`)
+//! the smallest of the pools'. Pods with ResourceClaims (its `--enable-dynamic-resource-allocation`)
 //! are simulated on the devices of a group's template, and its AWS provider's templates carry no
 //! ResourceSlices: a group has devices only once it has a node, whose published devices its
 //! template copies; an empty group never gets a node for them.
@@ -369,35 +372,33 @@ const CA_BACKOFF_RESET: Ms = 3 * 60 * MINUTE;
 /// How long a registered node that is not ready counts as still starting (`NotStarted`).
 const CA_MAX_NODE_STARTUP: Ms = 15 * MINUTE;
 
-/// The Cluster Autoscaler's one set of scale-down settings for the whole cluster: the smallest
-/// of the pools' (none without pools).
+/// The Cluster Autoscaler's scale-down settings that are flags only, one for the whole cluster:
+/// the smallest of the pools' (none without pools).
 fn ca_scale_down(policy: &Policy) -> Option<gpu_node_autoscaler_core::policy::ScaleDown> {
     let mut pools = policy.pools.iter().map(|p| &p.scale_down);
     let first = pools.next()?.clone();
     Some(pools.fold(first, |mut g, s| {
         g.cooldown_after_scale_up = g.cooldown_after_scale_up.min(s.cooldown_after_scale_up);
-        g.unneeded_time = g.unneeded_time.min(s.unneeded_time);
         g.backoff_after_failure = g.backoff_after_failure.min(s.backoff_after_failure);
-        g.utilization_threshold = g.utilization_threshold.min(s.utilization_threshold);
         g
     }))
 }
 
 impl CaLike {
     pub fn new(input: &SimInput) -> CaLike {
-        // The Cluster Autoscaler's scale-down flags are global: each takes the smallest of the
-        // pools' settings, as `anchors` passes them to the real one
-        // (`--scale-down-unneeded-time`, `--scale-down-delay-after-add`,
-        // `--scale-down-delay-after-failure`, `--scale-down-utilization-threshold`). It has no
-        // separate time for empty nodes.
+        // A node group's unneeded time and utilisation threshold are its own: the Cluster
+        // Autoscaler's AWS provider reads them from the Auto Scaling group's tags
+        // (`.../autoscaling-options/scaledownunneededtime`, `scaledownutilizationthreshold`,
+        // `scaledowngpuutilizationthreshold`), so each pool keeps its own. The delays after a
+        // scale-up and after a failed scale-down are flags for the whole cluster
+        // (`--scale-down-delay-after-add`, `--scale-down-delay-after-failure`): the smallest of
+        // the pools'. It has no separate time for empty nodes.
         let mut policy = input.policy.clone();
         if let Some(global) = ca_scale_down(&policy) {
             for p in &mut policy.pools {
                 p.scale_down.cooldown_after_scale_up = global.cooldown_after_scale_up;
-                p.scale_down.unneeded_time = global.unneeded_time;
-                p.scale_down.empty_unneeded_time = global.unneeded_time;
+                p.scale_down.empty_unneeded_time = p.scale_down.unneeded_time;
                 p.scale_down.backoff_after_failure = global.backoff_after_failure;
-                p.scale_down.utilization_threshold = global.utilization_threshold;
             }
         }
         CaLike {

@@ -1,6 +1,6 @@
-//! The baselines take the policy's scale-down times as `anchors` configures the real products:
-//! the Cluster Autoscaler the smallest of the pools' (its flags are global), Karpenter each
-//! pool's `unneededTime` as its NodePool's `consolidateAfter`.
+//! The baselines take each pool's scale-down time: the Cluster Autoscaler as its node group's
+//! unneeded time (its AWS provider reads it from the Auto Scaling group's tags), Karpenter as the
+//! NodePool's `consolidateAfter`.
 
 use crate::{engine, SimInput, StrategyKind};
 
@@ -8,6 +8,11 @@ use crate::{engine, SimInput, StrategyKind};
 /// on a g5.xlarge from 0 s and three hours on a g5.2xlarge from 10 m (6 CPUs: it fits no g5.xlarge, so Karpenter
 /// cannot consolidate it onto the emptied node; the run ends with the last pod).
 fn input(unneeded: &str) -> SimInput {
+    input_beside(unneeded, "")
+}
+
+/// [`input`] with `other` (pool entries) after its pool.
+fn input_beside(unneeded: &str, other: &str) -> SimInput {
     let text = format!(
         "name: t\n\
          timing: {{bootMin: 60s, bootMax: 60s, devicePluginDelay: 30s}}\n\
@@ -20,6 +25,7 @@ fn input(unneeded: &str) -> SimInput {
          \x20     capacityTypes: [on-demand]\n\
          \x20     maxNodes: 10\n\
          \x20     scaleDown: {{unneededTime: {unneeded}, cooldownAfterScaleUp: 3m}}\n\
+         {other}\
          jobs:\n\
          \x20 - name: short\n    arrival: 0s\n    duration: 1h\n    pods:\n\
          \x20     - name: w\n        requests: {{cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}}\n\
@@ -31,9 +37,12 @@ fn input(unneeded: &str) -> SimInput {
 
 /// Minutes the short pod's node stays empty after it ends.
 fn empty_minutes(unneeded: &str, k: StrategyKind) -> f64 {
-    let input = input(unneeded);
-    let mut s = k.build(&input);
-    let m = engine::run(&input, s.as_mut());
+    empty_minutes_of(&input(unneeded), k)
+}
+
+fn empty_minutes_of(input: &SimInput, k: StrategyKind) -> f64 {
+    let mut s = k.build(input);
+    let m = engine::run(input, s.as_mut());
     assert_eq!(m.pods_never_placed, 0);
     m.idle_gpu_hours_empty * 60.0
 }
@@ -49,5 +58,25 @@ fn the_baselines_remove_an_empty_node_after_the_pools_unneeded_time() {
                 "{k:?} with unneededTime {unneeded}: empty for {got:.2} minutes"
             );
         }
+    }
+}
+
+#[test]
+fn a_pool_keeps_its_own_unneeded_time_beside_a_pool_with_a_shorter_one() {
+    // An L40S pool that removes its nodes after 3 minutes, dearer and more wasteful for these
+    // pods than the A10G pool: the A10G pool's empty node still waits its own 20 minutes, under
+    // both baselines.
+    let l40s = "\x20   - name: l40s\n\
+              \x20     instanceTypes: [g6e.12xlarge]\n\
+              \x20     capacityTypes: [on-demand]\n\
+              \x20     maxNodes: 10\n\
+              \x20     scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}\n";
+    let input = input_beside("20m", l40s);
+    for k in [StrategyKind::CaLike, StrategyKind::KarpenterLike] {
+        let got = empty_minutes_of(&input, k);
+        assert!(
+            (got - 20.0).abs() <= 0.5,
+            "{k:?}: the A10G pool's node empty for {got:.2} minutes"
+        );
     }
 }
