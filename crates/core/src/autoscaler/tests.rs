@@ -1244,25 +1244,33 @@ fn spot_available_taint(actions: &[Action], node: &str) -> Option<bool> {
     })
 }
 
-#[test]
-fn an_empty_on_demand_node_is_kept_free_while_spot_is_to_be_had() {
-    // A pool that prefers spot and consolidates: its empty on-demand node (bought while spot
-    // was short) would take the next pods the scheduler binds, and a Job's pod never leaves.
+/// A run whose A10G pool prefers spot and consolidates.
+fn spot_first_consolidating_run() -> Run {
     let text = POLICY.replace(
         "    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}\n",
         "    scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}\n    consolidation: {enabled: true}\n",
     );
-    let mut run = Run::with_policy(Config::default(), &text);
-    let empty_on_demand = |name: &str| {
-        NodeBuilder::new(name)
-            .pool("a10g", "g5.12xlarge", "us-east-1a")
-            .label(labels::CAPACITY_TYPE, "on-demand")
-            .cpu_milli(48_000)
-            .memory_gib(192)
-            .gpus(4)
-            .created(Time(T0.0 - 3_600_000))
-            .build()
-    };
+    Run::with_policy(Config::default(), &text)
+}
+
+/// An on-demand node of the A10G pool, an hour old.
+fn old_on_demand_node(name: &str, instance_type: &str, gpus: i64) -> crate::model::Node {
+    NodeBuilder::new(name)
+        .pool("a10g", instance_type, "us-east-1a")
+        .label(labels::CAPACITY_TYPE, "on-demand")
+        .cpu_milli(48_000)
+        .memory_gib(192)
+        .gpus(gpus)
+        .created(Time(T0.0 - 3_600_000))
+        .build()
+}
+
+#[test]
+fn an_empty_on_demand_node_is_kept_free_while_spot_is_to_be_had() {
+    // A pool that prefers spot and consolidates: its empty on-demand node (bought while spot
+    // was short) would take the next pods the scheduler binds, and a Job's pod never leaves.
+    let mut run = spot_first_consolidating_run();
+    let empty_on_demand = |name: &str| old_on_demand_node(name, "g5.12xlarge", 4);
     run.nodes.push(empty_on_demand("od"));
     run.with_our_instance();
     // The same, but adopted (its instance is not ours): never kept free, it would sit idle.
@@ -1288,6 +1296,39 @@ fn an_empty_on_demand_node_is_kept_free_while_spot_is_to_be_had() {
     let a = run.pass(T0 + secs(40));
     assert!(launches(&a).is_empty(), "{a:?}");
     assert_eq!(spot_available_taint(&a, "od"), None, "{a:?}");
+}
+
+#[test]
+fn an_on_demand_node_with_every_gpu_taken_is_kept_free_while_spot_is_to_be_had() {
+    // A Job's pod holds the one GPU of an on-demand node bought while spot was short: when it
+    // ends, the next pod would take the GPU at once and keep the node on-demand. Tainted now, it
+    // loses no room. An on-demand node with a GPU free keeps taking pods.
+    let mut run = spot_first_consolidating_run();
+    run.nodes.push(old_on_demand_node("full", "g5.xlarge", 1));
+    run.with_our_instance();
+    run.nodes.push(old_on_demand_node("room", "g5.12xlarge", 4));
+    run.with_our_instance();
+    for (pod, node) in [("a", "full"), ("b", "room")] {
+        let mut p = PodBuilder::new("ml", pod)
+            .gpus(1)
+            .owner(crate::model::OwnerKind::Job, pod)
+            .build();
+        p.node_name = Some(node.into());
+        p.phase = crate::model::PodPhase::Running;
+        run.pods.push(p);
+    }
+    let first = run.pass(T0); // registers them in their pool
+    assert_eq!(spot_available_taint(&first, "full"), None, "{first:?}");
+    let a = run.pass(T0 + secs(10));
+    assert_eq!(spot_available_taint(&a, "full"), Some(true), "{a:?}");
+    assert_eq!(spot_available_taint(&a, "room"), None, "{a:?}");
+    assert!(launches(&a).is_empty(), "{a:?}");
+    assert!(
+        events(&a, "KeptFreeForSpot").iter().any(|n| n
+            .message
+            .contains("full is an on-demand node with every GPU taken")),
+        "{a:?}"
+    );
 }
 
 #[test]

@@ -627,17 +627,21 @@ fn evaluate(
     Ok((net, c))
 }
 
-/// Empty on-demand nodes to keep new pods off while their pool's spot is to be had again: in a
-/// pool that prefers spot and consolidates, an on-demand node bought while spot was short and
-/// emptied since would otherwise be refilled by the next pods the scheduler binds first-fit (a
-/// batch Job's pod is never moved off it later), and stay on-demand for as long as pods keep
-/// coming. Kept free (tainted), it is removed as an empty node, and new pods get spot nodes.
+/// On-demand nodes to keep new pods off while their pool's spot is to be had again: in a pool
+/// that prefers spot and consolidates, an on-demand node bought while spot was short would
+/// otherwise be refilled by the next pods the scheduler binds as soon as it has room (a batch
+/// Job's pod is never moved off it later), and stay on-demand for as long as pods keep coming.
+/// Kept free (tainted), it is removed as an empty node once its pods end, and new pods get spot
+/// nodes.
 ///
-/// A node qualifies when it is a Ready, schedulable on-demand node of such a pool holding no pod
-/// but DaemonSet pods, the plan finds it unneeded, some template of its pool has a spot
-/// offering available now, the plan buys no on-demand node in its pool, and no pending GPU pod
-/// could use it but none of those spot offerings (a pod that must run on on-demand keeps it).
-/// A node the plan means pods for is needed, so one just launched for a pod is not kept free.
+/// A node qualifies when it is a Ready, schedulable on-demand node of such a pool that either
+/// holds no pod but DaemonSet pods and the plan finds unneeded, or has every GPU taken (it has
+/// no room to lose: the taint matters only once a pod ends, when the next pod would otherwise
+/// take the GPU it frees, the same moment in a cluster whose Jobs arrive as their pods end);
+/// some template of its pool has a spot offering available now, the plan buys no on-demand node
+/// in its pool, and no pending GPU pod could use it but none of those spot offerings (a pod that
+/// must run on on-demand keeps it). A node the plan means pods for is needed, so one just
+/// launched for a pod is not kept free.
 pub fn keep_free_for_spot(
     snapshot: &Snapshot,
     templates: &[Template],
@@ -660,7 +664,7 @@ pub fn keep_free_for_spot(
         .collect();
     let mut out = BTreeSet::new();
     // Made when a node first passes the other checks.
-    let mut busy: Option<BTreeSet<&str>> = None;
+    let mut busy: Option<BTreeMap<&str, Vec<&Pod>>> = None;
     let mut pending: Option<Vec<&Pod>> = None;
     for n in &snapshot.nodes {
         let Some(pool) = n.pool().and_then(|name| policy.pool(name)) else {
@@ -672,21 +676,30 @@ pub fn keep_free_for_spot(
             || !n.ready
             || n.unschedulable
             || n.is_being_deleted()
-            || !unneeded.contains(n.name.as_str())
             || buys_on_demand.contains(pool.name.as_str())
         {
             continue;
         }
         let busy = busy.get_or_insert_with(|| {
-            snapshot
-                .pods
-                .iter()
-                .filter(|p| p.is_bound_active() && !p.is_daemonset())
-                .filter_map(|p| p.node_name.as_deref())
-                .collect()
+            let mut on: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+            for p in &snapshot.pods {
+                if let (true, false, Some(node)) = (
+                    p.is_bound_active(),
+                    p.is_daemonset(),
+                    p.node_name.as_deref(),
+                ) {
+                    on.entry(node).or_default().push(p);
+                }
+            }
+            on
         });
-        if busy.contains(n.name.as_str()) {
-            continue;
+        match busy.get(n.name.as_str()) {
+            None if unneeded.contains(n.name.as_str()) => {}
+            Some(pods)
+                if template_of_node(n, templates)
+                    .and_then(|t| utilization(n, Some(&templates[t]), pods))
+                    .is_some_and(|u| u >= 1.0) => {}
+            _ => continue,
         }
         let pending = pending
             .get_or_insert_with(|| snapshot.pods.iter().filter(|p| is_planned_pod(p)).collect());

@@ -5,7 +5,7 @@
 //! - [`lifecycle`]: drifted and expired nodes (replaced first, then drained);
 //! - [`consolidation`]: nodes whose running pods fit cheaper capacity;
 //! - [`scale_down`]: unneeded nodes (empty or underutilized);
-//! - [`spot_return`]: empty on-demand nodes kept free while spot is to be had again.
+//! - [`spot_return`]: on-demand nodes, empty or full, kept free while spot is to be had again.
 //!
 //! A pass asks every method in [`METHODS`] order at the same steps: before planning (start or
 //! call off replacements, whose pods the plan then places as pending), before planning again

@@ -1,6 +1,7 @@
-//! Back to spot: empty on-demand nodes of pools whose spot is to be had again are tainted so new
-//! pods wait for spot nodes ([`crate::plan::consolidate::keep_free_for_spot`]), and removed as
-//! empty nodes.
+//! Back to spot: on-demand nodes of pools whose spot is to be had again, empty or with every GPU
+//! taken, are tainted so new pods wait for spot nodes
+//! ([`crate::plan::consolidate::keep_free_for_spot`]), and removed as empty nodes once their pods
+//! end.
 
 use std::collections::BTreeSet;
 
@@ -20,7 +21,7 @@ impl Method for SpotReturn {
 }
 
 impl Autoscaler {
-    /// Taints the empty on-demand nodes new pods should stay off while spot is to be had
+    /// Taints the on-demand nodes new pods should stay off while spot is to be had
     /// ([`plan::consolidate::keep_free_for_spot`]), and untaints those that no longer qualify.
     pub(in crate::autoscaler) fn keep_free_for_spot(
         &mut self,
@@ -59,14 +60,27 @@ impl Autoscaler {
                 present: wanted,
             });
             if wanted {
+                let empty = !pass.snapshot.pods.iter().any(|p| {
+                    p.is_bound_active()
+                        && !p.is_daemonset()
+                        && p.node_name.as_deref() == Some(n.name.as_str())
+                });
+                let (what, then) = if empty {
+                    ("an empty on-demand node", "it is removed as an empty node")
+                } else {
+                    (
+                        "an on-demand node with every GPU taken",
+                        "it is removed as an empty node once its pods end",
+                    )
+                };
                 out.push(Action::Event(Note {
                     subject: Subject::Node(n.name.clone()),
                     warning: false,
                     reason: "KeptFreeForSpot",
                     action: "Consolidate",
                     message: format!(
-                        "{} is an empty on-demand node and spot is to be had again in its pool: \
-                         new pods get spot nodes, and it is removed as an empty node",
+                        "{} is {what} and spot is to be had again in its pool: new pods get spot \
+                         nodes, and {then}",
                         n.name
                     ),
                 }));
