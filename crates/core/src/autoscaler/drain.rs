@@ -13,8 +13,9 @@ use crate::plan::scale_down::{dies_with_node, not_movable};
 /// Why a node is drained, as far as the drain is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DrainKind {
-    /// Taken away by choice (scale-down, consolidation, an on-demand node kept free for spot): a pod that cannot be moved ([`not_movable`]) keeps the node, grace periods are
-    /// the pods' own, and a drain not done by its deadline gives the node back.
+    /// Taken away by choice (scale-down, consolidation, an on-demand node kept free for spot): a
+    /// pod that cannot be moved ([`not_movable`]) keeps the node, grace periods are the pods'
+    /// own, and a drain not done by its deadline gives the node back.
     Voluntary,
     /// The node goes whatever the drain does (unhealthy, interrupted): every pod but DaemonSet
     /// and mirror pods is evicted, grace periods are cut to end before the deadline
