@@ -19,7 +19,7 @@
 //! unneeded time and utilisation threshold (what its AWS provider reads from the Auto Scaling
 //! group's `k8s.io/cluster-autoscaler/node-template/autoscaling-options/*` tags), and the flags
 //! that are global only (`--scale-down-delay-after-add`, `--scale-down-delay-after-failure`)
-//! the smallest of the pools'. Pods with ResourceClaims (its `--enable-dynamic-resource-allocation`)
+//! the smallest of the pools', a scale-up in any pool holding every pool's scale-down. Pods with ResourceClaims (its `--enable-dynamic-resource-allocation`)
 //! are simulated on the devices of a group's template, and its AWS provider's templates carry no
 //! ResourceSlices: a group has devices only once it has a node, whose published devices its
 //! template copies; an empty group never gets a node for them.
@@ -331,6 +331,25 @@ fn scale_down(
         .filter_map(|u| Time::parse_rfc3339(&u.since).ok())
         .map(|t| t.0)
         .min()
+}
+
+/// `--scale-down-delay-after-add` holds the scale-down of every node group after a scale-up in
+/// any of them (`--scale-down-delay-type-local` is off by default, and `anchors` leaves it off):
+/// each pool's last scale-up is the cluster's latest, a launch or a node of any pool.
+fn hold_every_group_after_a_scale_up(snapshot: &mut Snapshot, policy: &Policy) {
+    let latest = snapshot
+        .nodes
+        .iter()
+        .filter(|n| n.pool().is_some())
+        .map(|n| n.created)
+        .chain(snapshot.in_flight.iter().map(|f| f.launched_at))
+        .max();
+    if let Some(t) = latest {
+        for p in &policy.pools {
+            let state = snapshot.pools.entry(p.name.clone()).or_default();
+            state.last_scale_up = state.last_scale_up.max(Some(t));
+        }
+    }
 }
 
 fn available_catalog(input: &SimInput) -> Catalog {
@@ -768,6 +787,7 @@ impl Strategy for CaLike {
         let mut snapshot = world.snapshot();
         // The buffers' fake pods take their room in the scale-down simulation too.
         snapshot.pods.extend(self.buffer_pods.iter().cloned());
+        hold_every_group_after_a_scale_up(&mut snapshot, &self.policy);
         let first_unneeded = scale_down(world, &self.policy, &self.templates, &snapshot);
         // Scan again in 10 s while anything is pending, waiting or being watched.
         let busy = scaled || requested || waiting || !world.unregistered().is_empty();

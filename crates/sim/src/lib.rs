@@ -216,10 +216,17 @@ pub(crate) fn test_input(text: &str) -> SimInput {
 /// A10G pool (its fields after `name: a10g`, in flow style) and these jobs (YAML list items).
 #[cfg(test)]
 pub(crate) fn test_a10g_input(zones: &str, pool: &str, jobs: &str) -> SimInput {
+    test_pools_input(zones, &[&format!("name: a10g, {pool}")], jobs)
+}
+
+/// [`test_a10g_input`] with these pools (each the fields of a flow-style mapping).
+#[cfg(test)]
+pub(crate) fn test_pools_input(zones: &str, pools: &[&str], jobs: &str) -> SimInput {
+    let pools: String = pools.iter().map(|p| format!("    - {{{p}}}\n")).collect();
     test_input(&format!(
         "name: t\n\
          timing: {{bootMin: 60s, bootMax: 60s, devicePluginDelay: 30s}}\n\
-         policy:\n  clusterName: sim\n  zones: [{zones}]\n  pools:\n    - {{name: a10g, {pool}}}\n\
+         policy:\n  clusterName: sim\n  zones: [{zones}]\n  pools:\n{pools}\
          jobs:\n{jobs}"
     ))
 }

@@ -80,3 +80,38 @@ fn a_pool_keeps_its_own_unneeded_time_beside_a_pool_with_a_shorter_one() {
         );
     }
 }
+
+#[test]
+fn ca_like_holds_every_pools_scale_down_after_a_scale_up_in_any_pool() {
+    // The A10G pool's node empties at about 31 minutes; the L40S pool scales up at 30. The
+    // Cluster Autoscaler's delay after a scale-up (20 minutes) is one for the cluster, so the
+    // A10G node waits until about 51 minutes; Karpenter has no such delay.
+    let pool = |name: &str, ty: &str| {
+        format!(
+            "name: {name}, instanceTypes: [{ty}], capacityTypes: [on-demand], maxNodes: 10, \
+             scaleDown: {{unneededTime: 1m, cooldownAfterScaleUp: 20m}}"
+        )
+    };
+    let job = |name: &str, arrival: &str, duration: &str, model: &str| {
+        format!(
+            "  - name: {name}\n    arrival: {arrival}\n    duration: {duration}\n    pods:\n\
+             \x20     - name: w\n        requests: {{cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}}\n\
+             \x20       nodeSelector: {{gpu-node-autoscaler.io/gpu-model: {model}}}\n"
+        )
+    };
+    let input = crate::test_pools_input(
+        "us-east-1a",
+        &[&pool("a10g", "g5.xlarge"), &pool("l40s", "g6e.xlarge")],
+        &(job("short", "0s", "30m", "A10G") + &job("late", "30m", "2h", "L40S")),
+    );
+    let ca = empty_minutes_of(&input, StrategyKind::CaLike);
+    assert!(
+        (18.0..=21.0).contains(&ca),
+        "ca-like: empty for {ca:.2} minutes"
+    );
+    let karpenter = empty_minutes_of(&input, StrategyKind::KarpenterLike);
+    assert!(
+        karpenter <= 1.5,
+        "karpenter-like: empty for {karpenter:.2} minutes"
+    );
+}
