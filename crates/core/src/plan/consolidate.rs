@@ -641,15 +641,15 @@ fn evaluate(
 /// some template of its pool has a spot offering available now, the plan buys no on-demand node
 /// in its pool, and no pending GPU pod could use it but none of those spot offerings (a pod that
 /// must run on on-demand keeps it). A node the plan means pods for is needed, so one just
-/// launched for a pod is not kept free.
+/// launched for a pod is not kept free. Each node kept free is returned with whether it is empty.
 pub fn keep_free_for_spot(
     snapshot: &Snapshot,
     templates: &[Template],
     policy: &Policy,
     plan: &super::Plan,
-) -> BTreeSet<String> {
+) -> BTreeMap<String, bool> {
     if !keeps_free_for_spot(policy) {
-        return BTreeSet::new();
+        return BTreeMap::new();
     }
     let unneeded: BTreeSet<&str> = plan.unneeded.iter().map(|u| u.node.as_str()).collect();
     let buys_on_demand: BTreeSet<&str> = plan
@@ -662,7 +662,7 @@ pub fn keep_free_for_spot(
         })
         .map(|u| u.pool.as_str())
         .collect();
-    let mut out = BTreeSet::new();
+    let mut out = BTreeMap::new();
     // Made when a node first passes the other checks.
     let mut busy: Option<BTreeMap<&str, Vec<&Pod>>> = None;
     let mut pending: Option<Vec<&Pod>> = None;
@@ -693,14 +693,17 @@ pub fn keep_free_for_spot(
             }
             on
         });
-        match busy.get(n.name.as_str()) {
-            None if unneeded.contains(n.name.as_str()) => {}
+        let empty = match busy.get(n.name.as_str()) {
+            None if unneeded.contains(n.name.as_str()) => true,
             Some(pods)
                 if template_of_node(n, templates)
                     .and_then(|t| utilization(n, Some(&templates[t]), pods))
-                    .is_some_and(|u| u >= 1.0) => {}
+                    .is_some_and(|u| u >= 1.0) =>
+            {
+                false
+            }
             _ => continue,
-        }
+        };
         let pending = pending
             .get_or_insert_with(|| snapshot.pods.iter().filter(|p| is_planned_pod(p)).collect());
         let spot = available_spot(templates, &pool.name);
@@ -709,7 +712,7 @@ pub fn keep_free_for_spot(
         }
         let needs_it = needs_on_demand(n, pending, &spot);
         if !needs_it {
-            out.insert(n.name.clone());
+            out.insert(n.name.clone(), empty);
         }
     }
     out

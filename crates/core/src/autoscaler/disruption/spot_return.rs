@@ -50,7 +50,8 @@ impl Autoscaler {
                     .any(|t| t.key == labels::SPOT_AVAILABLE_TAINT);
             // Only a node whose instance is ours: one we would not remove would sit idle.
             let ours = pass.view.is_ours(n);
-            let wanted = ours && keep.contains(&n.name);
+            let kept = keep.get(&n.name).filter(|_| ours);
+            let wanted = kept.is_some();
             if tainted == wanted || (tainted && draining.contains(n.name.as_str())) {
                 continue;
             }
@@ -59,12 +60,7 @@ impl Autoscaler {
                 taint: plan::consolidate::spot_available_taint(),
                 present: wanted,
             });
-            if wanted {
-                let empty = !pass.snapshot.pods.iter().any(|p| {
-                    p.is_bound_active()
-                        && !p.is_daemonset()
-                        && p.node_name.as_deref() == Some(n.name.as_str())
-                });
+            if let Some(&empty) = kept {
                 let (what, then) = if empty {
                     ("an empty on-demand node", "it is removed as an empty node")
                 } else {
