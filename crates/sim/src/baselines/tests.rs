@@ -8,31 +8,26 @@ use crate::{engine, SimInput, StrategyKind};
 /// on a g5.xlarge from 0 s and three hours on a g5.2xlarge from 10 m (6 CPUs: it fits no g5.xlarge, so Karpenter
 /// cannot consolidate it onto the emptied node; the run ends with the last pod).
 fn input(unneeded: &str) -> SimInput {
-    input_beside(unneeded, "")
+    input_beside(unneeded, &[])
 }
 
-/// [`input`] with `other` (pool entries) after its pool.
-fn input_beside(unneeded: &str, other: &str) -> SimInput {
-    let text = format!(
-        "name: t\n\
-         timing: {{bootMin: 60s, bootMax: 60s, devicePluginDelay: 30s}}\n\
-         policy:\n\
-         \x20 clusterName: sim\n\
-         \x20 zones: [us-east-1a]\n\
-         \x20 pools:\n\
-         \x20   - name: a10g\n\
-         \x20     instanceTypes: [g5.xlarge, g5.2xlarge]\n\
-         \x20     capacityTypes: [on-demand]\n\
-         \x20     maxNodes: 10\n\
-         \x20     scaleDown: {{unneededTime: {unneeded}, cooldownAfterScaleUp: 3m}}\n\
-         {other}\
-         jobs:\n\
-         \x20 - name: short\n    arrival: 0s\n    duration: 1h\n    pods:\n\
-         \x20     - name: w\n        requests: {{cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}}\n\
-         \x20 - name: long\n    arrival: 10m\n    duration: 3h\n    pods:\n\
-         \x20     - name: w\n        requests: {{cpu: \"6\", memory: 8Gi, nvidia.com/gpu: 1}}\n"
+/// [`input`] with `others` (pools, each the fields of a flow-style mapping) after its pool.
+fn input_beside(unneeded: &str, others: &[&str]) -> SimInput {
+    let a10g = format!(
+        "name: a10g, instanceTypes: [g5.xlarge, g5.2xlarge], capacityTypes: [on-demand], \
+         maxNodes: 10, scaleDown: {{unneededTime: {unneeded}, cooldownAfterScaleUp: 3m}}"
     );
-    crate::test_input(&text)
+    let pools: Vec<&str> = std::iter::once(a10g.as_str())
+        .chain(others.iter().copied())
+        .collect();
+    crate::test_pools_input(
+        "us-east-1a",
+        &pools,
+        "  - name: short\n    arrival: 0s\n    duration: 1h\n    pods:\n\
+         \x20     - name: w\n        requests: {cpu: \"2\", memory: 8Gi, nvidia.com/gpu: 1}\n\
+         \x20 - name: long\n    arrival: 10m\n    duration: 3h\n    pods:\n\
+         \x20     - name: w\n        requests: {cpu: \"6\", memory: 8Gi, nvidia.com/gpu: 1}\n",
+    )
 }
 
 /// Minutes the short pod's node stays empty after it ends.
@@ -66,12 +61,9 @@ fn a_pool_keeps_its_own_unneeded_time_beside_a_pool_with_a_shorter_one() {
     // An L40S pool that removes its nodes after 3 minutes, dearer and more wasteful for these
     // pods than the A10G pool: the A10G pool's empty node still waits its own 20 minutes, under
     // both baselines.
-    let l40s = "\x20   - name: l40s\n\
-              \x20     instanceTypes: [g6e.12xlarge]\n\
-              \x20     capacityTypes: [on-demand]\n\
-              \x20     maxNodes: 10\n\
-              \x20     scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}\n";
-    let input = input_beside("20m", l40s);
+    let l40s = "name: l40s, instanceTypes: [g6e.12xlarge], capacityTypes: [on-demand], \
+                maxNodes: 10, scaleDown: {unneededTime: 3m, cooldownAfterScaleUp: 3m}";
+    let input = input_beside("20m", &[l40s]);
     for k in [StrategyKind::CaLike, StrategyKind::KarpenterLike] {
         let got = empty_minutes_of(&input, k);
         assert!(
