@@ -19,8 +19,9 @@
 //! unneeded time and utilisation threshold (what its AWS provider reads from the Auto Scaling
 //! group's `k8s.io/cluster-autoscaler/node-template/autoscaling-options/*` tags), and the flags
 //! that are global only (`--scale-down-delay-after-add`, `--scale-down-delay-after-failure`)
-//! the smallest of the pools', a scale-up in any pool holding every pool's scale-down. Pods with ResourceClaims (its `--enable-dynamic-resource-allocation`)
-//! are simulated on the devices of a group's template, and its AWS provider's templates carry no
+//! the smallest of the pools', a scale-up in any pool holding every pool's scale-down. Pods with
+//! ResourceClaims (its `--enable-dynamic-resource-allocation`) are simulated on the devices of a
+//! group's template, and its AWS provider's templates carry no
 //! ResourceSlices: a group has devices only once it has a node, whose published devices its
 //! template copies; an empty group never gets a node for them.
 //!
