@@ -18,7 +18,7 @@ use super::drain::DrainKind;
 use crate::model::constraints::{Effect, Taint};
 use crate::model::node::GpuXid;
 use crate::model::{labels, Node, PodPhase, Time};
-use crate::plan::{Plan, Template};
+use crate::plan::{Plan, ScaleUp, Template};
 use crate::policy::{Policy, Pool};
 
 /// Why a node is being replaced.
@@ -544,6 +544,34 @@ pub fn unplan_moving(
             p.phase = *phase;
         }
     }
+}
+
+/// A scale-up whose pods all move off nodes being consolidated, cut to the offerings of its
+/// planned capacity type: the move was weighed at that price. Spot running short in every zone
+/// would otherwise buy the on-demand fallback for a move that is then called off (its planned
+/// offering ran short), nodes left empty until scale-down. `None`: launch it as planned (some pod of it is pending, or moves for another
+/// cause: a broken or interrupted node's pods need a place at any price).
+pub fn consolidation_launch(
+    su: &ScaleUp,
+    replacing: &BTreeMap<String, Replacing>,
+    moved_from: &crate::hash::HashMap<String, (String, PodPhase)>,
+) -> Option<ScaleUp> {
+    let planned = su.offerings.first()?.capacity_type;
+    let consolidating = |key: &str| {
+        moved_from
+            .get(key)
+            .and_then(|(node, _)| replacing.get(node))
+            .is_some_and(|r| r.cause == Cause::Consolidating)
+    };
+    if su.pods.is_empty()
+        || !su.pods.iter().all(|p| consolidating(&p.key))
+        || su.offerings.iter().all(|o| o.capacity_type == planned)
+    {
+        return None;
+    }
+    let mut cut = su.clone();
+    cut.offerings.retain(|o| o.capacity_type == planned);
+    Some(cut)
 }
 
 /// Whether every pod of a node being replaced has a place on a node that exists now (not on

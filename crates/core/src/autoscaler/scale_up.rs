@@ -10,11 +10,11 @@ use gpu_node_autoscaler_provider::retry::{backoff, jitter_unit};
 use gpu_node_autoscaler_provider::{Instance, InstanceState, LaunchResult, ProviderError};
 
 use crate::autoscaler::fleet::{launch_request, launch_reservations, NodeIndex};
-use crate::autoscaler::status;
 use crate::autoscaler::{
     pod_subject, Action, Autoscaler, Count, Feedback, Issued, Level, Note, Pass, Stage,
     CAPACITY_ROUNDS,
 };
+use crate::autoscaler::{replace, status};
 use crate::model::snapshot::PoolState;
 use crate::model::{Node, Snapshot, Time};
 use crate::plan;
@@ -107,6 +107,12 @@ impl Autoscaler {
         let mut first_launch = None;
         let mut launching = BTreeMap::new();
         for su in &plan.scale_ups {
+            let cut = replace::consolidation_launch(
+                su,
+                &self.disruption.replace.replacing,
+                &pass.moved_from,
+            );
+            let su = cut.as_ref().unwrap_or(su);
             let pool = pass.policy.pool(&su.pool);
             let version = pass
                 .snapshot

@@ -2274,7 +2274,12 @@ pools:
 /// Four g5.4xlarge nodes of ours, each running one 1-GPU, 10-CPU pod for three hours: together
 /// the pods fit one g5.12xlarge ($5.672/h against 4 × $1.624/h).
 fn four_small_nodes() -> Run {
-    let mut run = Run::with_policy(Config::default(), CONSOLIDATING);
+    four_small_nodes_in(CONSOLIDATING)
+}
+
+/// [`four_small_nodes`] under another policy (its pool `a10g` with g5.4xlarge in us-east-1a).
+fn four_small_nodes_in(policy: &str) -> Run {
+    let mut run = Run::with_policy(Config::default(), policy);
     for i in 0..4 {
         let name = format!("small-{i}");
         run.nodes.push(
@@ -2397,6 +2402,48 @@ fn a_consolidation_whose_new_node_runs_short_is_called_off_and_nothing_else_move
     let a = run.pass(T0 + secs(60));
     assert!(launches(&a).is_empty(), "{a:?}");
     assert!(tainted_replacing(&a).is_empty(), "{a:?}");
+}
+
+#[test]
+fn a_consolidation_planned_onto_spot_launches_no_on_demand_when_spot_runs_short() {
+    // The move pays on spot only: were spot short, its launch falling back to on-demand would buy
+    // nodes for a move then called off (its planned offering ran short), left empty.
+    let mut run = four_small_nodes_in(
+        r#"
+zones: [us-east-1a]
+pools:
+  - name: a10g
+    instanceTypes: [g5.4xlarge, g5.12xlarge]
+    capacityTypes: [spot, on-demand]
+    maxNodes: 20
+    consolidation: {enabled: true, consolidateAfter: 30m, restartCost: 1m}
+"#,
+    );
+    for t in ["g5.4xlarge", "g5.12xlarge"] {
+        run.cloud
+            .capacity
+            .insert(key(t, "us-east-1a", CapacityType::Spot), 0);
+    }
+    run.pass(T0 - secs(10));
+    let a = run.pass(T0);
+    assert_eq!(events(&a, "Consolidating").len(), 4, "{a:?}");
+    let l = launches(&a);
+    assert_eq!(l.len(), 1, "{a:?}");
+    assert!(
+        l[0].offerings
+            .iter()
+            .all(|o| o.capacity_type == CapacityType::Spot),
+        "{:?}",
+        l[0].offerings
+    );
+    assert_eq!(events(&a, "ConsolidationCalledOff").len(), 4, "{a:?}");
+    assert_eq!(
+        run.cloud.instances.len(),
+        4,
+        "nothing bought: {:?}",
+        run.cloud.instances
+    );
+    assert!(drains(&a).is_empty(), "{a:?}");
 }
 
 #[test]
