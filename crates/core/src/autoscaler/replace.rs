@@ -549,8 +549,9 @@ pub fn unplan_moving(
 /// A scale-up whose pods all move off nodes being consolidated, cut to the offerings of its
 /// planned capacity type: the move was weighed at that price. Spot running short in every zone
 /// would otherwise buy the on-demand fallback for a move that is then called off (its planned
-/// offering ran short), nodes left empty until scale-down. `None`: launch it as planned (some pod of it is pending, or moves for another
-/// cause: a broken or interrupted node's pods need a place at any price).
+/// offering ran short), nodes left empty until scale-down. `None`: launch it as planned (some
+/// pod of it is pending, or moves for another cause: a broken or interrupted node's pods need a
+/// place at any price).
 pub fn consolidation_launch(
     su: &ScaleUp,
     replacing: &BTreeMap<String, Replacing>,

@@ -11,10 +11,9 @@ use gpu_node_autoscaler_provider::{Instance, InstanceState, LaunchResult, Provid
 
 use crate::autoscaler::fleet::{launch_request, launch_reservations, NodeIndex};
 use crate::autoscaler::{
-    pod_subject, Action, Autoscaler, Count, Feedback, Issued, Level, Note, Pass, Stage,
-    CAPACITY_ROUNDS,
+    pod_subject, replace, status, Action, Autoscaler, Count, Feedback, Issued, Level, Note, Pass,
+    Stage, CAPACITY_ROUNDS,
 };
-use crate::autoscaler::{replace, status};
 use crate::model::snapshot::PoolState;
 use crate::model::{Node, Snapshot, Time};
 use crate::plan;
